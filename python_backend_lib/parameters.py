@@ -1,0 +1,145 @@
+"""Request parameters: the one place where a client's `parameters` become typed options.
+
+Triton hands every model of the `transcribe` ensemble the same request
+parameters as a JSON object (`request.parameters()`). Each model parses the
+whole object here, so an unknown key or a value of the wrong type is rejected
+by the first model that sees it, with a `ValueError` naming the key.
+
+Types are those tritonclient sends: `bool`, `int`, `str` (and `float` for
+`temperature`). Strings are never reinterpreted: `"true"` is not a bool.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from python_backend_lib.options import DecodingOptions
+
+# Bounds for raw PCM; decoding resamples whatever lies between them to 16 kHz.
+MIN_SAMPLE_RATE = 1_000
+MAX_SAMPLE_RATE = 384_000
+MAX_CHANNELS = 32
+
+
+class InputFormat(str, enum.Enum):
+    """How the bytes of the AUDIO tensor are to be read."""
+
+    FILE = "file"  # an audio file in any format libsndfile reads (wav, flac, ogg, mp3)
+    PCM_F32LE = "pcm_f32le"  # headerless little-endian float32 samples, interleaved channels
+
+
+@dataclass(frozen=True)
+class RequestParameters:
+    """Everything one request asks for, checked.
+
+    decoding: how to decode (language, task, timestamps, prompt, ...).
+    input_format: how to read the AUDIO bytes.
+    sample_rate: samples per second of raw PCM; None for files.
+    channels: interleaved channels of raw PCM (mixed down to mono).
+    """
+
+    decoding: DecodingOptions = field(default_factory=DecodingOptions)
+    input_format: InputFormat = InputFormat.FILE
+    sample_rate: int | None = None
+    channels: int = 1
+
+
+# Each documented key with the Python types it accepts (bool is never an int here).
+_DECODING_KEYS: dict[str, tuple[type, ...]] = {
+    "language": (str,),
+    "task": (str,),
+    "timestamps": (bool,),
+    "prompt": (str,),
+    "max_new_tokens": (int,),
+    "temperature": (int, float),
+}
+_INPUT_KEYS: dict[str, tuple[type, ...]] = {
+    "input_format": (str,),
+    "sample_rate": (int,),
+    "channels": (int,),
+}
+PARAMETER_TYPES: Mapping[str, tuple[type, ...]] = {**_DECODING_KEYS, **_INPUT_KEYS}
+
+
+def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestParameters:
+    """Parse `request.parameters()` (a JSON object, or an already decoded mapping).
+
+    Raises ValueError naming the offending key for an unknown key, a value of
+    the wrong type, or a value out of range.
+    """
+    values = _as_mapping(raw)
+    for key, value in values.items():
+        if key not in PARAMETER_TYPES:
+            raise ValueError(
+                f"unknown request parameter {key!r}; known parameters: {', '.join(PARAMETER_TYPES)}"
+            )
+        _check_type(key, value, PARAMETER_TYPES[key])
+
+    decoding = DecodingOptions(**{key: values[key] for key in _DECODING_KEYS if key in values})
+    input_format = _input_format(values.get("input_format", InputFormat.FILE.value))
+    sample_rate = values.get("sample_rate")
+    channels = values.get("channels", 1)
+    if input_format is InputFormat.FILE:
+        for key in ("sample_rate", "channels"):
+            if key in values:
+                raise ValueError(
+                    f"request parameter {key!r} applies only to input_format "
+                    f"{InputFormat.PCM_F32LE.value!r}; a file carries its own"
+                )
+    else:
+        if sample_rate is None:
+            raise ValueError(
+                f"request parameter 'sample_rate' is required with input_format {input_format.value!r}"
+            )
+        if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
+            raise ValueError(
+                f"request parameter 'sample_rate' must be from {MIN_SAMPLE_RATE} to "
+                f"{MAX_SAMPLE_RATE} Hz, got {sample_rate}"
+            )
+        if not 1 <= channels <= MAX_CHANNELS:
+            raise ValueError(
+                f"request parameter 'channels' must be from 1 to {MAX_CHANNELS}, got {channels}"
+            )
+    return RequestParameters(
+        decoding=decoding, input_format=input_format, sample_rate=sample_rate, channels=channels
+    )
+
+
+def _as_mapping(raw: str | Mapping[str, Any] | None) -> Mapping[str, Any]:
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, Mapping):
+        return raw
+    try:
+        values = json.loads(raw)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"request parameters are not valid JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise ValueError(f"request parameters must be a JSON object, got {type(values).__name__}")
+    return values
+
+
+def _check_type(key: str, value: Any, allowed: tuple[type, ...]) -> None:
+    if isinstance(value, bool) and bool not in allowed:
+        ok = False
+    else:
+        ok = isinstance(value, allowed)
+    if not ok:
+        names = " or ".join(t.__name__ for t in allowed)
+        raise ValueError(
+            f"request parameter {key!r} must be {names}, got {type(value).__name__} {value!r}"
+        )
+
+
+def _input_format(value: str) -> InputFormat:
+    try:
+        return InputFormat(value)
+    except ValueError:
+        raise ValueError(
+            f"request parameter 'input_format' must be one of "
+            f"{[f.value for f in InputFormat]}, got {value!r}"
+        ) from None
