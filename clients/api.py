@@ -1,0 +1,110 @@
+"""A small Python client for the `transcribe` model, over HTTP or gRPC.
+
+    client = WhisperClient("localhost:8000")
+    result = client.transcribe("jfk.wav", timestamps=True)
+    print(result.text, result.segments[0].start)
+
+Options are sent as request parameters (see the README for the list) and
+checked by the server, which answers a bad one with an error naming it.
+A client holds one connection: use one client per thread.
+"""
+
+from __future__ import annotations
+
+import enum
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from tritonclient.utils import InferenceServerException
+
+from python_backend_lib import tensor_names
+from python_backend_lib.formats import TimedText, segments_from_json
+
+DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
+
+
+class Protocol(str, enum.Enum):
+    HTTP = "http"
+    GRPC = "grpc"
+
+
+class TranscriptionError(RuntimeError):
+    """The server refused or failed a request; the message is the server's."""
+
+
+@dataclass(frozen=True)
+class TranscriptionResult:
+    text: str
+    segments: tuple[TimedText, ...]
+
+
+class WhisperClient:
+    """Send audio to a whisper-triton server and get the transcript back."""
+
+    def __init__(
+        self,
+        url: str | None = None,
+        protocol: Protocol | str = Protocol.HTTP,
+        *,
+        model: str = tensor_names.ENSEMBLE_NAME,
+        timeout_s: float | None = None,
+    ) -> None:
+        self.protocol = Protocol(protocol)
+        self.url = url or DEFAULT_URLS[self.protocol.value]
+        self.model = model
+        self._infer_arguments: dict[str, float] = {}
+        if self.protocol is Protocol.HTTP:
+            import tritonclient.http as triton
+
+            timeouts = {} if timeout_s is None else {"network_timeout": timeout_s}
+            self._client = triton.InferenceServerClient(self.url, **timeouts)
+        else:
+            import tritonclient.grpc as triton
+
+            self._client = triton.InferenceServerClient(self.url)
+            if timeout_s is not None:
+                self._infer_arguments["client_timeout"] = timeout_s
+        self._triton = triton
+
+    def is_ready(self) -> bool:
+        """Whether the server answers and every model is loaded."""
+        try:
+            return bool(self._client.is_server_ready())
+        except Exception:  # connection refused, DNS, ... all mean "not ready"
+            return False
+
+    def transcribe(self, audio: bytes | str | os.PathLike[str], **options: object) -> TranscriptionResult:
+        """Transcribe one audio file (a path or its bytes; raw PCM with input_format="pcm_f32le").
+
+        options: request parameters such as language="en", timestamps=True.
+        """
+        data = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
+        audio_input = self._triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+        audio_input.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+        outputs = [self._triton.InferRequestedOutput(name) for name in (tensor_names.TEXT, tensor_names.SEGMENTS)]
+        try:
+            response = self._client.infer(
+                self.model,
+                [audio_input],
+                outputs=outputs,
+                parameters=dict(options) or None,
+                **self._infer_arguments,
+            )
+        except InferenceServerException as error:
+            raise TranscriptionError(error.message() or str(error)) from None
+        except OSError as error:  # HTTP: refused or dropped connection
+            raise TranscriptionError(f"cannot reach the server at {self.url}: {error}") from None
+        text = response.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
+        segments = segments_from_json(response.as_numpy(tensor_names.SEGMENTS).reshape(-1)[0])
+        return TranscriptionResult(text=text, segments=segments)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def __enter__(self) -> WhisperClient:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()

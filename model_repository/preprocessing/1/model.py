@@ -1,0 +1,50 @@
+"""Triton model `preprocessing`: AUDIO (a file, or raw PCM) -> LOG_MEL and AUDIO_SECONDS.
+
+Every request parameter is checked here, so a bad request fails before any audio is decoded.
+"""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+# Serving from a checkout without `pip install -e .`: the library sits beside the repository.
+sys.path.append(str(Path(__file__).resolve().parents[3]))
+
+from python_backend_lib import audio, tensor_names  # noqa: E402
+from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
+from python_backend_lib.serving import (  # noqa: E402
+    ModelSettings,
+    decode_request_audio,
+    error_response,
+    log_mel_features,
+    single_row,
+)
+from python_backend_lib.weights import load_config  # noqa: E402
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.settings = ModelSettings.from_triton(args["model_config"])
+        self.n_mels = load_config(self.settings.checkpoint).dims.n_mels
+
+    def execute(self, requests):
+        return [self._respond(request) for request in requests]
+
+    def _respond(self, request):
+        try:
+            parameters = parse_request_parameters(request.parameters())
+            audio_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO)
+            (data,) = single_row(audio_tensor.as_numpy(), tensor_names.AUDIO)  # [1] bytes
+            waveform = decode_request_audio(data, parameters)
+            features = log_mel_features(waveform, self.n_mels)  # [n_mels, frames]
+        except Exception as error:
+            return error_response(pb_utils, error)
+        seconds = np.array([[len(waveform) / audio.SAMPLE_RATE]], dtype=np.float32)  # [1, 1]
+        return pb_utils.InferenceResponse(
+            output_tensors=[
+                pb_utils.Tensor(tensor_names.LOG_MEL, features.numpy()[None]),  # [1, n_mels, frames]
+                pb_utils.Tensor(tensor_names.AUDIO_SECONDS, seconds),
+            ]
+        )

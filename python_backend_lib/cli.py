@@ -1,0 +1,102 @@
+"""The `whisper-triton` command: `serve` starts Triton, `transcribe` sends it files."""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+from pathlib import Path
+
+from python_backend_lib import server
+from python_backend_lib.server import ServerError, ServerSettings, TritonServer
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: stop the server as for Ctrl-C."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from clients import cli as client_cli
+
+    parser = argparse.ArgumentParser(prog="whisper-triton", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="start Triton with the Whisper models and wait for requests")
+    serve.add_argument("--model-repository", type=Path, help="default: the packaged model_repository/")
+    serve.add_argument(
+        "--checkpoint",
+        help=f"Whisper checkpoint for every model (sets {server.CHECKPOINT_ENV}; default: the packaged tiny.en)",
+    )
+    serve.add_argument("--http-port", type=int, default=server.DEFAULT_HTTP_PORT)
+    serve.add_argument("--grpc-port", type=int, default=server.DEFAULT_GRPC_PORT)
+    serve.add_argument("--metrics-port", type=int, default=server.DEFAULT_METRICS_PORT)
+    serve.add_argument("--log-verbose", type=int, default=0, metavar="N", help="Triton's log verbosity")
+    serve.add_argument(
+        "--startup-timeout",
+        type=float,
+        default=server.DEFAULT_STARTUP_TIMEOUT_S,
+        metavar="SECONDS",
+        help="give up if the models are not ready by then",
+    )
+    serve.set_defaults(run=serve_command)
+
+    transcribe = commands.add_parser("transcribe", help="transcribe audio files on a running server")
+    client_cli.add_arguments(transcribe)
+    transcribe.set_defaults(run=client_cli.run)
+    return parser
+
+
+def serve_command(args: argparse.Namespace) -> int:
+    settings = ServerSettings(
+        model_repository=(args.model_repository or server.packaged_model_repository()).resolve(),
+        checkpoint=args.checkpoint,
+        http_port=args.http_port,
+        grpc_port=args.grpc_port,
+        metrics_port=args.metrics_port,
+        log_verbose=args.log_verbose,
+    )
+    triton = TritonServer(settings, log=sys.stderr)
+    signal.signal(signal.SIGTERM, _raise_terminated)
+    try:
+        triton.start(timeout=args.startup_timeout)
+        print(_ready_message(triton), flush=True)
+        status = triton.wait()
+        print(f"whisper-triton: tritonserver exited with status {status}", file=sys.stderr)
+        return status or 1
+    except (KeyboardInterrupt, _Terminated):
+        print("whisper-triton: stopping tritonserver", file=sys.stderr, flush=True)
+        return 0
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
+        triton.stop()
+
+
+def _raise_terminated(signum: int, frame: object) -> None:
+    raise _Terminated()
+
+
+def _ready_message(triton: TritonServer) -> str:
+    return "\n".join(
+        [
+            "whisper-triton is ready.",
+            f"  HTTP:    http://{triton.http_url}",
+            f"  gRPC:    {triton.grpc_url}",
+            f"  metrics: {triton.metrics_url}",
+            "Transcribe a file from another terminal:",
+            f"  whisper-triton transcribe path/to/audio.wav --url {triton.http_url}",
+            "Stop with Ctrl-C.",
+        ]
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.run(args)
+    except ServerError as error:
+        print(f"whisper-triton: {error}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

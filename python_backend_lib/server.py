@@ -1,0 +1,322 @@
+"""Start, watch and stop a real `tritonserver` on our model repository.
+
+Two installations are supported, looked for in this order:
+1. the official container: `tritonserver` on PATH, backends in /opt/tritonserver/backends;
+2. the `nvidia-pytriton` wheel, which ships `tritonserver` and the Python backend but
+   keeps the backend stubs apart, one per Python version. We assemble a backend
+   directory for this interpreter under the user's cache directory.
+
+The Python backend's stub imports packages from the `python3` first on PATH, so
+this interpreter's directory goes first on PATH: the models then see the same
+packages (torch, our library) as the process that started the server.
+"""
+
+from __future__ import annotations
+
+import collections
+import ctypes
+import hashlib
+import importlib.metadata
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from python_backend_lib.serving import CHECKPOINT_ENV
+
+# Same cache as the checkpoints (`weights.cache_root`), without importing torch here.
+CACHE_ENV = "WHISPER_TRITON_CACHE"
+PACKAGE_ROOT = Path(__file__).resolve().parent
+CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
+STUB_NAME = "triton_python_backend_stub"
+PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
+
+DEFAULT_HTTP_PORT = 8000
+DEFAULT_GRPC_PORT = 8001
+DEFAULT_METRICS_PORT = 8002
+DEFAULT_STARTUP_TIMEOUT_S = 600.0  # loading and warming a large checkpoint on a GPU takes minutes
+STOP_GRACE_S = 40.0  # tritonserver itself waits up to 30 s for in-flight requests
+LOG_TAIL_LINES = 60
+READY_POLL_S = 0.5
+
+
+class ServerError(RuntimeError):
+    """tritonserver could not be found, started, or did not become ready."""
+
+
+@dataclass(frozen=True)
+class TritonInstallation:
+    binary: Path
+    backend_directory: Path
+    library_path: tuple[Path, ...] = ()  # prepended to LD_LIBRARY_PATH
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerSettings:
+    model_repository: Path
+    checkpoint: str | None = None  # None: each model's config.pbtxt (or the inherited environment) decides
+    http_port: int = DEFAULT_HTTP_PORT
+    grpc_port: int = DEFAULT_GRPC_PORT
+    metrics_port: int = DEFAULT_METRICS_PORT
+    log_verbose: int = 0
+
+
+def packaged_model_repository() -> Path:
+    """The repository's `model_repository/`, beside this package (editable install or checkout)."""
+    repository = PACKAGE_ROOT.parent / "model_repository"
+    if not repository.is_dir():
+        raise ServerError(
+            f"no model repository at {repository}; install from a checkout with `pip install -e .` "
+            "or pass --model-repository"
+        )
+    return repository
+
+
+def check_numpy() -> None:
+    """The 2.51 Python-backend stub corrupts input tensors under numpy 2: refuse early."""
+    version = importlib.metadata.version("numpy")
+    if int(version.split(".")[0]) >= 2:
+        raise ServerError(
+            f"numpy {version} is installed, but the Triton Python backend needs numpy < 2 "
+            "(it corrupts inputs under numpy 2); run: pip install 'numpy<2'"
+        )
+
+
+def find_triton(cache_dir: Path | None = None) -> TritonInstallation:
+    """Locate tritonserver and a Python backend that runs this interpreter."""
+    on_path = shutil.which("tritonserver")
+    if on_path is not None:
+        binary = Path(on_path).resolve()
+        backends = CONTAINER_BACKENDS if CONTAINER_BACKENDS.is_dir() else binary.parent.parent / "backends"
+        return TritonInstallation(binary=binary, backend_directory=backends)
+    try:
+        import pytriton
+    except ImportError:
+        raise ServerError(
+            "tritonserver is not on PATH and the nvidia-pytriton wheel is not installed; "
+            "run inside the Triton container or `pip install nvidia-pytriton`"
+        ) from None
+    triton_root = Path(pytriton.__file__).resolve().parent / "tritonserver"
+    libraries = triton_root.parent.parent / "nvidia_pytriton.libs"
+    backends = _assemble_backends(triton_root, cache_dir or _cache_dir())
+    return TritonInstallation(
+        binary=triton_root / "bin" / "tritonserver", backend_directory=backends, library_path=(libraries,)
+    )
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "whisper-triton")
+
+
+def _assemble_backends(triton_root: Path, cache_dir: Path) -> Path:
+    """Copy the wheel's Python backend and this Python's stub into one backend directory."""
+    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
+    stub = triton_root / "python_backend_stubs" / python_version / STUB_NAME
+    if not stub.is_file():
+        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {python_version} ({stub})")
+    sources = [triton_root / "backends" / "python" / name for name in PYTHON_BACKEND_FILES] + [stub]
+    wheel_version = importlib.metadata.version("nvidia-pytriton")
+    backends = cache_dir / f"backends-pytriton{wheel_version}-py{python_version}"
+    target = backends / "python"
+    if all(_same_file_content(source, target / source.name) for source in sources):
+        return backends
+    staging = cache_dir / f".staging-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "python").mkdir(parents=True)
+    for source in sources:
+        shutil.copy2(source, staging / "python" / source.name)
+    shutil.rmtree(backends, ignore_errors=True)
+    try:
+        staging.rename(backends)
+    except OSError:  # another process assembled it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return backends
+
+
+def _same_file_content(source: Path, copy: Path) -> bool:
+    return copy.is_file() and copy.stat().st_size == source.stat().st_size and (
+        copy.stat().st_mtime == source.stat().st_mtime
+    )
+
+
+def server_environment(installation: TritonInstallation, checkpoint: str | None) -> dict[str, str]:
+    """tritonserver's environment: this Python first on PATH, the wheel's libraries, the checkpoint."""
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([str(_python3_directory()), env.get("PATH", "")])
+    if installation.library_path:
+        paths = [str(p) for p in installation.library_path] + [env.get("LD_LIBRARY_PATH", "")]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in paths if p)
+    if checkpoint is not None:
+        env[CHECKPOINT_ENV] = checkpoint
+    return env
+
+
+def _python3_directory() -> Path:
+    """A directory whose `python3` is this interpreter (venv included)."""
+    directory = Path(sys.executable).parent
+    python3 = directory / "python3"
+    if python3.exists() and python3.samefile(sys.executable):
+        return directory
+    shim_dir = _cache_dir() / f"python-{hashlib.sha1(sys.executable.encode()).hexdigest()[:12]}"
+    shim_dir.mkdir(parents=True, exist_ok=True)
+    shim = shim_dir / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    return shim_dir
+
+
+def _check_port_free(port: int) -> None:
+    """Fail before starting rather than poll another server's readiness on a taken port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            raise ServerError(f"port {port} is not free ({error.strerror}); choose another") from None
+
+
+def _die_with_parent() -> None:
+    """In the child: receive SIGTERM when the starting thread ends, so no server is orphaned."""
+    PR_SET_PDEATHSIG = 1
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: nothing to ask for
+        pass
+
+
+class TritonServer:
+    """A tritonserver process serving our model repository.
+
+        with TritonServer(ServerSettings(model_repository=packaged_model_repository())) as server:
+            WhisperClient(server.http_url).transcribe("jfk.wav")
+
+    Triton's log goes to `log` (default: kept only as a tail for error messages).
+    The server is started from, and should be stopped from, the same thread.
+    """
+
+    def __init__(self, settings: ServerSettings, *, log: IO[str] | None = None) -> None:
+        self.settings = settings
+        self._log = log
+        self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
+        self._process: subprocess.Popen[str] | None = None
+        self._pump: threading.Thread | None = None
+
+    @property
+    def http_url(self) -> str:
+        return f"localhost:{self.settings.http_port}"
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.settings.grpc_port}"
+
+    @property
+    def metrics_url(self) -> str:
+        return f"http://localhost:{self.settings.metrics_port}/metrics"
+
+    def command(self, installation: TritonInstallation) -> list[str]:
+        s = self.settings
+        return [
+            str(installation.binary),
+            f"--model-repository={s.model_repository}",
+            f"--backend-directory={installation.backend_directory}",
+            f"--http-port={s.http_port}",
+            f"--grpc-port={s.grpc_port}",
+            f"--metrics-port={s.metrics_port}",
+            f"--log-verbose={s.log_verbose}",
+            "--strict-readiness=true",
+            "--exit-on-error=true",
+        ]
+
+    def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
+        """Start tritonserver and wait until every model is ready; ServerError otherwise."""
+        if self._process is not None:
+            raise ServerError("this server was already started")
+        check_numpy()
+        for port in (self.settings.http_port, self.settings.grpc_port, self.settings.metrics_port):
+            _check_port_free(port)
+        installation = find_triton()
+        self._process = subprocess.Popen(
+            self.command(installation),
+            env=server_environment(installation, self.settings.checkpoint),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            errors="replace",
+            start_new_session=True,  # a terminal's Ctrl-C reaches us; we forward SIGTERM
+            preexec_fn=_die_with_parent,
+        )
+        self._pump = threading.Thread(target=self._pump_log, name="tritonserver-log", daemon=True)
+        self._pump.start()
+        try:
+            self._wait_until_ready(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _pump_log(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        for line in self._process.stdout:
+            self._tail.append(line)
+            if self._log is not None:
+                self._log.write(line)
+                self._log.flush()
+
+    def _wait_until_ready(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        url = f"http://localhost:{self.settings.http_port}/v2/health/ready"
+        while time.monotonic() < deadline:
+            if self._process.poll() is not None:
+                self._pump.join(timeout=5)
+                raise ServerError(
+                    f"tritonserver exited with status {self._process.returncode} before it was ready; "
+                    f"its log ends:\n{self.log_tail()}"
+                )
+            try:
+                with urllib.request.urlopen(url, timeout=READY_POLL_S) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(READY_POLL_S)
+        raise ServerError(f"tritonserver was not ready after {timeout:.0f} s; its log ends:\n{self.log_tail()}")
+
+    def log_tail(self) -> str:
+        return "".join(self._tail)
+
+    def wait(self) -> int:
+        """Block until tritonserver exits by itself; its exit status."""
+        assert self._process is not None, "start() first"
+        return self._process.wait()
+
+    def stop(self) -> int | None:
+        """SIGTERM, wait for in-flight requests, then SIGKILL. Safe to call twice."""
+        process = self._process
+        if process is None:
+            return None
+        if process.poll() is None:
+            process.terminate()
+            try:
+                process.wait(timeout=STOP_GRACE_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+        return process.returncode
+
+    def __enter__(self) -> TritonServer:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()

@@ -1,0 +1,125 @@
+"""What the Triton `model.py` adapters share: their settings, and how a failure becomes an error.
+
+Nothing here imports Triton or torch, so it is tested without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import traceback
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from python_backend_lib.parameters import InputFormat, RequestParameters
+
+if TYPE_CHECKING:
+    import torch
+
+# Overrides every model's `checkpoint` parameter; `whisper-triton serve --checkpoint` sets it.
+CHECKPOINT_ENV = "WHISPER_TRITON_CHECKPOINT"
+DEFAULT_CHECKPOINT = "default"  # the packaged tiny.en
+# The `parameters { key: ... }` a model's config.pbtxt may set.
+CONFIG_PARAMETERS = ("checkpoint",)
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """A model's config.pbtxt, as the adapters need it.
+
+    name: the model's name in the repository.
+    max_batch_size: rows a request may carry at most.
+    checkpoint: the Whisper checkpoint source (see `weights.load_config`).
+    """
+
+    name: str
+    max_batch_size: int
+    checkpoint: str
+
+    @classmethod
+    def from_triton(cls, model_config: str, environ: Mapping[str, str] = os.environ) -> ModelSettings:
+        """Parse `args["model_config"]`; ValueError for a config the adapters cannot serve."""
+        config = json.loads(model_config)
+        name = config.get("name", "?")
+        max_batch_size = int(config.get("max_batch_size", 0))
+        if max_batch_size < 1:
+            raise ValueError(f"model {name!r}: max_batch_size must be at least 1, got {max_batch_size}")
+        parameters = config.get("parameters", {})
+        unknown = sorted(set(parameters) - set(CONFIG_PARAMETERS))
+        if unknown:
+            raise ValueError(
+                f"model {name!r}: unknown config parameter(s) {unknown}; known: {list(CONFIG_PARAMETERS)}"
+            )
+        configured = parameters.get("checkpoint", {}).get("string_value", "") or DEFAULT_CHECKPOINT
+        checkpoint = environ.get(CHECKPOINT_ENV) or configured
+        return cls(name=name, max_batch_size=max_batch_size, checkpoint=checkpoint)
+
+
+def single_row(array: np.ndarray, tensor: str) -> np.ndarray:
+    """The one row of a [1, ...] input; ValueError for any other batch size.
+
+    Every model takes one clip per request: the server batches requests, so
+    clients send clips as separate requests rather than as rows.
+    """
+    if array.ndim < 1 or array.shape[0] != 1:
+        raise ValueError(
+            f"{tensor} must hold exactly one clip (batch dimension 1), got shape {list(array.shape)}; "
+            "send clips as separate requests, which the server batches"
+        )
+    return array[0]
+
+
+def describe_failure(error: BaseException) -> tuple[str, bool]:
+    """(message for the client, whether the client is at fault).
+
+    ValueError (bad audio, bad parameters, bad tensors) is the client's; anything
+    else is ours and is reported by type and message, never with a traceback.
+    """
+    if isinstance(error, ValueError):
+        return str(error), True
+    return f"internal error: {type(error).__name__}: {error}", False
+
+
+def error_response(pb_utils: Any, error: BaseException) -> Any:
+    """An `InferenceResponse` carrying only `error`: INVALID_ARG when the client is at fault.
+
+    pb_utils: the `triton_python_backend_utils` module (only importable inside Triton).
+    """
+    message, client_fault = describe_failure(error)
+    code = pb_utils.TritonError.INVALID_ARG if client_fault else pb_utils.TritonError.INTERNAL
+    if not client_fault:
+        pb_utils.Logger.log_error(f"{message}\n{''.join(traceback.format_exception(error))}")
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+
+
+def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds: float | None = None) -> np.ndarray:
+    """The AUDIO bytes as Whisper's 16 kHz mono waveform, read as `input_format` says.
+
+    Raises audio.AudioError (a ValueError) for audio that cannot be used.
+    """
+    from python_backend_lib import audio  # torch: only where audio is decoded
+
+    if parameters.input_format is InputFormat.PCM_F32LE:
+        return audio.pcm_to_waveform(
+            data, parameters.sample_rate, channels=parameters.channels, max_seconds=max_seconds
+        )
+    return audio.decode_audio(data, max_seconds=max_seconds)
+
+
+def log_mel_features(waveform: np.ndarray, n_mels: int) -> torch.Tensor:
+    """LOG_MEL for one clip: [n_mels, N_FRAMES] per 30 s window, windows side by side.
+
+    Up to 30 s this is exactly `audio.window_features(waveform, n_mels)`.
+    """
+    import torch
+
+    from python_backend_lib import audio
+
+    windows = [
+        audio.window_features(waveform[start : start + audio.N_SAMPLES], n_mels)
+        for start in range(0, len(waveform), audio.N_SAMPLES)
+    ]
+    return torch.cat(windows, dim=-1)  # [n_mels, N_FRAMES * windows]
