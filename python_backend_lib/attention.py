@@ -1,0 +1,138 @@
+"""Attention behind one small interface, so the model never branches on the platform.
+
+Three kinds of attention run in Whisper:
+- the encoder's own non-causal self-attention over 1,500 positions;
+- decoder self-attention over each request's cached tokens (causal);
+- decoder cross-attention over each request's 1,500 encoder positions.
+
+Decoder queries arrive ragged: all rows' new tokens flattened into one
+[tokens, heads, head_dim] tensor, row i owning `query_lens[i]` of them (1 per
+row in a decode step, the prompt in a prefill). A backend is told the step's
+layout once (`begin_step`) and then called per layer. `SdpaAttention` is the
+reference and the CPU path; `flashinfer_attention.FlashInferAttention` is the
+GPU path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+import torch.nn.functional as F
+
+from .kv_cache import KVSlotPool
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """Where one decoder step's tokens go.
+
+    slots: [B] KV slot of each row (device tensor).
+    query_lens: new tokens per row.
+    cached_lens: tokens already in each row's cache before this step.
+    """
+
+    slots: torch.Tensor
+    query_lens: tuple[int, ...]
+    cached_lens: tuple[int, ...]
+
+    @property
+    def batch_size(self) -> int:
+        return len(self.query_lens)
+
+    @property
+    def total_lens(self) -> tuple[int, ...]:
+        return tuple(c + q for c, q in zip(self.cached_lens, self.query_lens))
+
+    def positions(self, device: torch.device) -> torch.Tensor:
+        """[tokens] the text position of every new token, rows concatenated."""
+        return torch.cat(
+            [torch.arange(c, c + q, device=device) for c, q in zip(self.cached_lens, self.query_lens)]
+        )
+
+    def last_token_index(self, device: torch.device) -> torch.Tensor:
+        """[B] index of each row's last new token in the flattened token axis."""
+        return torch.tensor(self.query_lens, device=device).cumsum(0) - 1
+
+
+class AttentionBackend(Protocol):
+    pool: KVSlotPool
+
+    def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: [B, T, heads, head_dim] -> [B, T, heads, head_dim]."""
+
+    def begin_step(self, layout: StepLayout) -> None:
+        """Prepare for the decoder layers of one step."""
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """Append k, v ([tokens, heads, head_dim]) to the rows' caches, then attend
+        causally: q [tokens, heads, head_dim] -> [tokens, heads, head_dim]."""
+
+    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """q [tokens, heads, head_dim] over each row's encoder K/V -> same shape."""
+
+
+class SdpaAttention:
+    """PyTorch scaled-dot-product attention over the slot pool, on any device.
+
+    Rows are padded to the longest query of the step; a boolean mask hides both
+    the padding and the future, so a row's result does not depend on its batch.
+    """
+
+    def __init__(self, pool: KVSlotPool) -> None:
+        self.pool = pool
+        self._layout: StepLayout | None = None
+
+    def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+        return out.transpose(1, 2)
+
+    def begin_step(self, layout: StepLayout) -> None:
+        device = layout.slots.device
+        self._layout = layout
+        max_query = max(layout.query_lens)
+        max_total = max(layout.total_lens)
+        lens = torch.tensor(layout.query_lens, device=device)
+        cached = torch.tensor(layout.cached_lens, device=device)
+        query_index = torch.arange(max_query, device=device)
+        # [B, max_query]: which padded query cells hold a real token.
+        self._valid = query_index[None, :] < lens[:, None]
+        # Row and cache position of every real token, in flattened order.
+        rows = torch.repeat_interleave(torch.arange(layout.batch_size, device=device), lens)
+        self._token_rows = rows
+        self._token_positions = layout.positions(device)
+        self._token_slots = layout.slots[rows]
+        # Key j is visible to the query at position p when j <= p.
+        query_positions = cached[:, None] + query_index[None, :]  # [B, max_query]
+        key_positions = torch.arange(max_total, device=device)
+        self._causal = key_positions[None, None, :] <= query_positions[:, :, None]  # [B, Lq, Lk]
+        self._max_total = max_total
+
+    def _pad(self, x: torch.Tensor) -> torch.Tensor:
+        """[tokens, H, D] -> [B, H, max_query, D], zeros in the padding."""
+        b, lq = self._valid.shape
+        padded = x.new_zeros(b, lq, *x.shape[1:])
+        padded[self._valid] = x
+        return padded.transpose(1, 2)
+
+    def _unpad(self, x: torch.Tensor) -> torch.Tensor:
+        """[B, H, max_query, D] -> [tokens, H, D]."""
+        return x.transpose(1, 2)[self._valid]
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        pool = self.pool
+        pool.self_k[layer][self._token_slots, self._token_positions] = k.to(pool.self_k[layer].dtype)
+        pool.self_v[layer][self._token_slots, self._token_positions] = v.to(pool.self_v[layer].dtype)
+        slots = self._layout.slots
+        keys = pool.self_k[layer][slots, : self._max_total].transpose(1, 2)  # [B, H, Lk, D]
+        values = pool.self_v[layer][slots, : self._max_total].transpose(1, 2)
+        out = F.scaled_dot_product_attention(self._pad(q), keys, values, attn_mask=self._causal[:, None])
+        return self._unpad(out)
+
+    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        slots = self._layout.slots
+        keys = self.pool.cross_k[layer][slots].transpose(1, 2)  # [B, H, 1500, D]
+        values = self.pool.cross_v[layer][slots].transpose(1, 2)
+        out = F.scaled_dot_product_attention(self._pad(q), keys, values)
+        return self._unpad(out)

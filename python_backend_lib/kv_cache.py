@@ -1,0 +1,97 @@
+"""A static pool of KV-cache slots, one slot per request being decoded.
+
+Slot 0 is a zeroed scratch slot that padded batch rows point at; slots 1..S hold
+requests. Per decoder layer the pool holds self-attention K/V for all 448 text
+positions and cross-attention K/V for all 1,500 encoder positions:
+
+    self_k[layer]:  [S + 1, n_text_ctx, heads, head_dim]
+    cross_k[layer]: [S + 1, n_audio_ctx, heads, head_dim]
+
+Slot-major storage is also a paged layout: viewed as [(S + 1) * pages_per_slot,
+PAGE_SIZE, heads, head_dim], slot s owns pages s * pages_per_slot + arange(n),
+which is what FlashInfer's paged kernels read. Nothing is allocated after
+construction, so captured CUDA graphs stay valid.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import torch
+
+from .weights import ModelDims
+
+SCRATCH_SLOT = 0
+PAGE_SIZE = 16
+
+
+def pages_for(positions: int) -> int:
+    return -(-positions // PAGE_SIZE)
+
+
+@dataclass(frozen=True)
+class PoolShape:
+    n_slots: int  # request slots, the scratch slot not counted
+    n_layers: int
+    n_heads: int
+    head_dim: int
+    text_ctx: int
+    audio_ctx: int
+
+    @classmethod
+    def for_model(cls, dims: ModelDims, n_slots: int) -> "PoolShape":
+        return cls(n_slots, dims.n_text_layer, dims.n_text_head, dims.head_dim, dims.n_text_ctx, dims.n_audio_ctx)
+
+    def bytes_per_slot(self, dtype: torch.dtype) -> int:
+        item = torch.empty((), dtype=dtype).element_size()
+        return 2 * self.n_layers * self.n_heads * self.head_dim * (self.text_ctx + self.audio_ctx) * item
+
+
+def slots_for_memory(dims: ModelDims, dtype: torch.dtype, budget_bytes: int, max_slots: int) -> int:
+    """How many request slots fit in a memory budget (the scratch slot included)."""
+    per_slot = PoolShape.for_model(dims, 1).bytes_per_slot(dtype)
+    return max(1, min(max_slots, budget_bytes // per_slot - 1))
+
+
+class KVSlotPool:
+    def __init__(self, shape: PoolShape, *, device: torch.device, dtype: torch.dtype) -> None:
+        self.shape = shape
+        rows = shape.n_slots + 1
+        self_kv = (rows, shape.text_ctx, shape.n_heads, shape.head_dim)
+        cross_kv = (rows, shape.audio_ctx, shape.n_heads, shape.head_dim)
+        self.self_k = [torch.zeros(self_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
+        self.self_v = [torch.zeros(self_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
+        self.cross_k = [torch.zeros(cross_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
+        self.cross_v = [torch.zeros(cross_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
+        self._free = list(range(shape.n_slots, 0, -1))  # pop() hands out slot 1 first
+        self._lock = threading.Lock()
+
+    @property
+    def n_free(self) -> int:
+        return len(self._free)
+
+    def allocate(self) -> int:
+        with self._lock:
+            if not self._free:
+                raise RuntimeError("no free KV slot")
+            return self._free.pop()
+
+    def release(self, slot: int) -> None:
+        if slot == SCRATCH_SLOT:
+            raise ValueError("the scratch slot is never allocated")
+        with self._lock:
+            if slot in self._free:
+                raise ValueError(f"slot {slot} is already free")
+            self._free.append(slot)
+
+    def write_cross(self, slots: torch.Tensor, layer_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+        """Store each layer's cross-attention K/V ([B, audio_ctx, heads, head_dim]) in `slots`."""
+        for layer, (k, v) in enumerate(layer_kv):
+            self.cross_k[layer].index_copy_(0, slots, k.to(self.cross_k[layer].dtype))
+            self.cross_v[layer].index_copy_(0, slots, v.to(self.cross_v[layer].dtype))
+
+    def paged(self, tensors: list[torch.Tensor], layer: int) -> torch.Tensor:
+        """One layer's slot-major K or V seen as pages: [pages, PAGE_SIZE, heads, head_dim]."""
+        t = tensors[layer]
+        return t.view(-1, PAGE_SIZE, t.shape[-2], t.shape[-1])

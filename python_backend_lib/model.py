@@ -1,0 +1,153 @@
+"""Whisper's encoder and decoder in PyTorch, with attention delegated to a backend.
+
+Parameter names follow the Hugging Face checkpoints (`encoder.layers.0.self_attn.q_proj`
+...), so their state dicts load without a mapping. Pre-norm transformer blocks,
+exact GELU, query scale head_dim^-0.5 applied by the attention kernels, output
+projection tied to the token embedding.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .attention import AttentionBackend, StepLayout
+from .weights import Checkpoint, ModelDims
+
+
+class Projections(nn.Module):
+    """q, k, v and output projections of one attention (Whisper's k has no bias)."""
+
+    def __init__(self, width: int) -> None:
+        super().__init__()
+        self.q_proj = nn.Linear(width, width)
+        self.k_proj = nn.Linear(width, width, bias=False)
+        self.v_proj = nn.Linear(width, width)
+        self.out_proj = nn.Linear(width, width)
+
+
+def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """[..., width] -> [..., heads, head_dim]"""
+    return x.unflatten(-1, (n_heads, -1))
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, width: int, n_heads: int) -> None:
+        super().__init__()
+        self.n_heads = n_heads
+        self.self_attn_layer_norm = nn.LayerNorm(width)
+        self.self_attn = Projections(width)
+        self.final_layer_norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        h = self.self_attn_layer_norm(x)
+        p = self.self_attn
+        q, k, v = (_heads(proj(h), self.n_heads) for proj in (p.q_proj, p.k_proj, p.v_proj))
+        x = x + p.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+
+class Encoder(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        width = dims.n_audio_state
+        self.conv1 = nn.Conv1d(dims.n_mels, width, kernel_size=3, padding=1)
+        self.conv2 = nn.Conv1d(width, width, kernel_size=3, stride=2, padding=1)
+        self.embed_positions = nn.Embedding(dims.n_audio_ctx, width)
+        self.layers = nn.ModuleList(EncoderLayer(width, dims.n_audio_head) for _ in range(dims.n_audio_layer))
+        self.layer_norm = nn.LayerNorm(width)
+
+    def forward(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        """mel [B, n_mels, 3000] -> audio features [B, 1500, width]"""
+        x = F.gelu(self.conv1(mel))
+        x = F.gelu(self.conv2(x)).transpose(1, 2)  # [B, 1500, width]
+        x = x + self.embed_positions.weight
+        for layer in self.layers:
+            x = layer(x, attention)
+        return self.layer_norm(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, index: int, width: int, n_heads: int) -> None:
+        super().__init__()
+        self.index = index
+        self.n_heads = n_heads
+        self.self_attn_layer_norm = nn.LayerNorm(width)
+        self.self_attn = Projections(width)
+        self.encoder_attn_layer_norm = nn.LayerNorm(width)
+        self.encoder_attn = Projections(width)
+        self.final_layer_norm = nn.LayerNorm(width)
+        self.fc1 = nn.Linear(width, 4 * width)
+        self.fc2 = nn.Linear(4 * width, width)
+
+    def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        """x [tokens, width], rows flattened as the step's layout says."""
+        h = self.self_attn_layer_norm(x)
+        p = self.self_attn
+        q, k, v = (_heads(proj(h), self.n_heads) for proj in (p.q_proj, p.k_proj, p.v_proj))
+        x = x + p.out_proj(attention.self_attention(self.index, q, k, v).flatten(-2))
+        h = self.encoder_attn_layer_norm(x)
+        c = self.encoder_attn
+        x = x + c.out_proj(attention.cross_attention(self.index, _heads(c.q_proj(h), self.n_heads)).flatten(-2))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+    def cross_kv(self, audio_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """audio features [B, 1500, width] -> K, V [B, 1500, heads, head_dim], computed once per request."""
+        c = self.encoder_attn
+        return _heads(c.k_proj(audio_features), self.n_heads), _heads(c.v_proj(audio_features), self.n_heads)
+
+
+class Decoder(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        width = dims.n_text_state
+        self.embed_tokens = nn.Embedding(dims.n_vocab, width)
+        self.embed_positions = nn.Embedding(dims.n_text_ctx, width)
+        self.layers = nn.ModuleList(DecoderLayer(i, width, dims.n_text_head) for i in range(dims.n_text_layer))
+        self.layer_norm = nn.LayerNorm(width)
+
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        """tokens, positions [tokens] -> hidden states [tokens, width]"""
+        x = self.embed_tokens(tokens) + self.embed_positions(positions)
+        for layer in self.layers:
+            x = layer(x, attention)
+        return self.layer_norm(x)
+
+
+class Whisper(nn.Module):
+    def __init__(self, dims: ModelDims) -> None:
+        super().__init__()
+        self.dims = dims
+        self.encoder = Encoder(dims)
+        self.decoder = Decoder(dims)
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint: Checkpoint, *, device: torch.device, dtype: torch.dtype) -> "Whisper":
+        with torch.device("meta"):
+            model = cls(checkpoint.config.dims)
+        state = {k: v for k, v in checkpoint.state_dict.items() if k != "proj_out.weight"}
+        model.load_state_dict(state, strict=True, assign=True)
+        return model.to(device=device, dtype=dtype).eval()
+
+    def encode(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        return self.encoder(mel, attention)
+
+    def cross_kv(self, audio_features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        return [layer.cross_kv(audio_features) for layer in self.decoder.layers]
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, width] -> logits [N, vocab] in float32 (tied output projection)."""
+        return (hidden @ self.decoder.embed_tokens.weight.T).float()
+
+    def decode_step(
+        self, tokens: torch.Tensor, layout: StepLayout, attention: AttentionBackend, logit_index: torch.Tensor
+    ) -> torch.Tensor:
+        """Run the step's new tokens (rows flattened, as `layout` says) through the
+        decoder, writing their K/V to the cache; return the logits at the
+        flattened token positions `logit_index`: [len(logit_index), vocab]."""
+        attention.begin_step(layout)
+        hidden = self.decoder(tokens, layout.positions(tokens.device), attention)
+        return self.logits(hidden[logit_index])

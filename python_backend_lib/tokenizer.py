@@ -1,0 +1,81 @@
+"""Tokens to text, and timestamp tokens to typed segments.
+
+Text comes from the checkpoint's `tokenizer.json` through the `tokenizers`
+library. Control and timestamp tokens are never looked up by string: their ids
+come from `weights.SpecialTokens` (the packaged tokenizer.json stops at
+<|notimestamps|>, so a string lookup would not find a single timestamp).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+from .weights import DEFAULT_SOURCE, TIME_PRECISION_S, ModelConfig, SpecialTokens, load_config
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of speech: times in seconds from the start of the audio."""
+
+    start: float
+    end: float
+    text: str
+    tokens: tuple[int, ...]
+
+
+class Tokenizer:
+    def __init__(self, tokenizer_json: Path, special: SpecialTokens) -> None:
+        from tokenizers import Tokenizer as HFTokenizer
+
+        self._tokenizer = HFTokenizer.from_file(str(tokenizer_json))
+        self.special = special
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, tokens: Sequence[int]) -> str:
+        """Text of the ordinary tokens; control and timestamp tokens are dropped."""
+        return self._tokenizer.decode([t for t in tokens if t < self.special.eot])
+
+    def timestamp_seconds(self, token: int) -> float:
+        return round((token - self.special.timestamp_begin) * TIME_PRECISION_S, 2)
+
+    def segments(self, tokens: Sequence[int], duration: float, offset: float = 0.0) -> tuple[Segment, ...]:
+        """Split generated tokens into segments at timestamp tokens.
+
+        Whisper writes `<|t0|> text <|t1|>` for each segment; a pair of adjacent
+        timestamps closes one segment and opens the next. Text with no closing
+        timestamp runs to the end of the audio; without any timestamps the whole
+        text is one segment from 0 to `duration`. `offset` shifts the times (a
+        window's start in long audio).
+        """
+        begin = self.special.timestamp_begin
+        segments: list[Segment] = []
+        start: float | None = None
+        text_tokens: list[int] = []
+        for token in tokens:
+            if token < begin:
+                if token < self.special.eot:
+                    text_tokens.append(token)
+                continue
+            time = self.timestamp_seconds(token)
+            if start is not None and text_tokens:
+                segments.append(self._segment(start + offset, time + offset, text_tokens))
+                start, text_tokens = None, []
+            else:
+                start = time
+        if text_tokens:
+            segments.append(self._segment((start or 0.0) + offset, max(duration, start or 0.0) + offset, text_tokens))
+        return tuple(s for s in segments if s.text)
+
+    def _segment(self, start: float, end: float, tokens: list[int]) -> Segment:
+        return Segment(start=start, end=end, text=self.decode(tokens).strip(), tokens=tuple(tokens))
+
+
+def load_tokenizer(source: str | ModelConfig = DEFAULT_SOURCE) -> Tokenizer:
+    config = source if isinstance(source, ModelConfig) else load_config(source)
+    if config.tokenizer_path is None:
+        raise ValueError(f"checkpoint {config.source!r} has no tokenizer.json")
+    return Tokenizer(config.tokenizer_path, config.special)
