@@ -105,13 +105,16 @@ class RuleInputs:
     penultimate_is_timestamp: torch.Tensor  # also true when fewer than two tokens exist
     last_timestamp: torch.Tensor  # id of the last timestamp token, or -1
     max_initial: torch.Tensor  # last allowed first-timestamp id
+    end_allowed: torch.Tensor  # min_new_tokens reached
 
     @classmethod
     def from_rows(cls, rows: Sequence["Row"], timestamp_begin: int, device: torch.device) -> "RuleInputs":
         facts = [row.rule_facts(timestamp_begin) for row in rows]
         table = torch.tensor(facts, dtype=torch.long).T.to(device, non_blocking=True)
-        at_begin, blank, stamps, last, penult, last_ts, max_init = table
-        return cls(at_begin.bool(), blank.bool(), stamps.bool(), last.bool(), penult.bool(), last_ts, max_init)
+        at_begin, blank, stamps, last, penult, last_ts, max_init, end = table
+        return cls(
+            at_begin.bool(), blank.bool(), stamps.bool(), last.bool(), penult.bool(), last_ts, max_init, end.bool()
+        )
 
 
 class LogitRules:
@@ -126,6 +129,7 @@ class LogitRules:
         self._is_timestamp = vocab >= special.timestamp_begin
         self._is_text = vocab < special.eot
         self._is_no_timestamps = vocab == special.no_timestamps
+        self._is_end = vocab == special.eot
         self._suppress = torch.zeros_like(vocab, dtype=torch.bool)
         self._suppress[list(config.suppress_tokens)] = True
         self._blank = torch.zeros_like(vocab, dtype=torch.bool)
@@ -136,6 +140,7 @@ class LogitRules:
         col = lambda flags: flags[:, None]  # noqa: E731  [B] -> [B, 1]
         mask = col(rows.at_begin & rows.suppress_blank) & self._blank
         mask = mask | self._suppress
+        mask |= col(~rows.end_allowed) & self._is_end
 
         stamps = rows.timestamps
         # <|notimestamps|> is for the prompt only.
@@ -197,6 +202,7 @@ class Row:
             len(tokens) < 2 or tokens[-2] >= timestamp_begin,
             last_ts,
             max_initial,
+            len(tokens) >= self.options.min_new_tokens,
         )
 
     def result(self, finished: bool) -> DecodingResult:

@@ -32,6 +32,8 @@ class DecodingOptions:
     timestamps: emit <|t|> tokens and so segments with times.
     prompt: previous text to condition on (openai-whisper's initial_prompt).
     max_new_tokens: cap on generated tokens; None fills the 448 positions.
+    min_new_tokens: <|endoftext|> is suppressed until this many tokens exist
+        (as in transformers; benchmarks use it to force decode lengths).
     temperature: 0 is greedy; above 0 samples from softmax(logits / t).
     """
 
@@ -40,6 +42,7 @@ class DecodingOptions:
     timestamps: bool = False
     prompt: str | None = None
     max_new_tokens: int | None = None
+    min_new_tokens: int = 0
     temperature: float = 0.0
     suppress_blank: bool = True
     max_initial_timestamp: float = DEFAULT_MAX_INITIAL_TIMESTAMP_S
@@ -63,6 +66,14 @@ class DecodingOptions:
         ):
             raise ValueError(
                 f"max_new_tokens must be an integer from 1 to {MAX_TEXT_POSITIONS}, got {self.max_new_tokens!r}"
+            )
+        if (
+            isinstance(self.min_new_tokens, bool)
+            or not isinstance(self.min_new_tokens, int)
+            or not 0 <= self.min_new_tokens <= (self.max_new_tokens or MAX_TEXT_POSITIONS)
+        ):
+            raise ValueError(
+                f"min_new_tokens must be an integer from 0 to max_new_tokens, got {self.min_new_tokens!r}"
             )
         if not isinstance(self.temperature, (int, float)) or not (
             math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0

@@ -248,7 +248,7 @@ def _space_token(multilingual: bool) -> int:
     return 220  # " " in both GPT-2 based vocabularies
 
 
-def _hf_config_json(dims: ModelDims, special: SpecialTokens) -> dict:
+def hf_config_json(dims: ModelDims, special: SpecialTokens) -> dict:
     return {
         "architectures": ["WhisperForConditionalGeneration"],
         "model_type": "whisper",
@@ -274,7 +274,7 @@ def _hf_config_json(dims: ModelDims, special: SpecialTokens) -> dict:
     }
 
 
-def _hf_generation_json(config: ModelConfig) -> dict:
+def hf_generation_json(config: ModelConfig) -> dict:
     special = config.special
     # transformers detects the language whenever a `lang_to_id` map exists, so an
     # English-only checkpoint must not have one.
@@ -312,10 +312,10 @@ def write_hf_checkpoint(checkpoint: Checkpoint, directory: Path) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     config = checkpoint.config
     (directory / "config.json").write_text(
-        json.dumps(_hf_config_json(config.dims, config.special), indent=2)
+        json.dumps(hf_config_json(config.dims, config.special), indent=2)
     )
     (directory / "generation_config.json").write_text(
-        json.dumps(_hf_generation_json(config), indent=2)
+        json.dumps(hf_generation_json(config), indent=2)
     )
     tensors = {f"model.{k}": v.contiguous() for k, v in checkpoint.state_dict.items()}
     save_file(tensors, str(directory / "model.safetensors"), metadata={"format": "pt"})
