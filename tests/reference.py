@@ -1,0 +1,87 @@
+"""Shared helpers for tests that compare us with an independent reference."""
+
+from __future__ import annotations
+
+import csv
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+DATA = Path(__file__).parent / "data" / "audio"
+
+_SMALL_NUMBERS = (
+    "zero one two three four five six seven eight nine ten eleven twelve thirteen fourteen "
+    "fifteen sixteen seventeen eighteen nineteen"
+).split()
+_TENS = "_ _ twenty thirty forty fifty sixty seventy eighty ninety".split()
+_ABBREVIATIONS = {"mr": "mister", "mrs": "missus", "dr": "doctor"}
+
+
+@dataclass(frozen=True)
+class Clip:
+    file: str
+    duration: float
+    transcript: str
+
+    @property
+    def path(self) -> Path:
+        return DATA / self.file
+
+    def read(self) -> bytes:
+        return self.path.read_bytes()
+
+
+def clips() -> list[Clip]:
+    with open(DATA / "manifest.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [Clip(r["file"], float(r["duration_s"]), r["transcript"]) for r in rows]
+
+
+def _number_words(digits: str) -> list[str]:
+    value = int(digits)
+    if len(digits) > 2 or value >= 100:  # read long numbers digit by digit, as the references do
+        return [_SMALL_NUMBERS[int(d)] for d in digits]
+    if value < 20:
+        return [_SMALL_NUMBERS[value]]
+    tens, units = divmod(value, 10)
+    return [_TENS[tens]] + ([_SMALL_NUMBERS[units]] if units else [])
+
+
+def normalize(text: str) -> list[str]:
+    """Lower case, no punctuation, hyphens split, numbers and titles spelled out."""
+    words = []
+    for word in re.sub(r"[-–]", " ", text.lower()).split():
+        word = re.sub(r"[^a-z0-9']", "", word).strip("'")
+        if not word:
+            continue
+        if word.isdigit():
+            words.extend(_number_words(word))
+        else:
+            words.append(_ABBREVIATIONS.get(word, word))
+    return words
+
+
+def hf_model(directory: Path):
+    from transformers import WhisperForConditionalGeneration
+
+    return WhisperForConditionalGeneration.from_pretrained(str(directory), attn_implementation="sdpa").eval()
+
+
+def hf_model_from_state(config, state: dict[str, torch.Tensor]):
+    """transformers' Whisper with exactly our weights (for random checkpoints)."""
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    from python_backend_lib.weights import hf_config_json
+
+    hf_config = WhisperConfig(**hf_config_json(config.dims, config.special))
+    with torch.device("meta"):
+        model = WhisperForConditionalGeneration(hf_config)
+    missing, unexpected = model.load_state_dict(
+        {f"model.{k}": v for k, v in state.items()}, strict=False, assign=True
+    )
+    assert not unexpected, unexpected
+    assert set(missing) <= {"proj_out.weight"}, missing
+    model.tie_weights()
+    return model.eval()

@@ -1,0 +1,165 @@
+"""Whisper's decoding rules, checked against transformers' logits processors
+row by row, and the pure pieces around them (options, prompts, segments)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from python_backend_lib.decoding import LogitRules, Prompt, Row, RuleInputs, initial_tokens
+from python_backend_lib.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
+from python_backend_lib.tokenizer import Segment, load_tokenizer
+from python_backend_lib.weights import load_config
+
+ENGLISH = load_config("default")
+MULTILINGUAL = load_config("random:tiny")
+
+
+def _hf_processors(config, prompt_length: int, options: DecodingOptions):
+    """transformers' processors for one row, in the order its generate() applies them."""
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import (
+        MinNewTokensLengthLogitsProcessor,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor,
+    )
+
+    special = config.special
+    processors = [
+        MinNewTokensLengthLogitsProcessor(prompt_length, options.min_new_tokens, special.eot),
+        SuppressTokensAtBeginLogitsProcessor(list(config.begin_suppress_tokens), prompt_length),
+        SuppressTokensLogitsProcessor(list(config.suppress_tokens)),
+    ]
+    if options.timestamps:
+        generation = GenerationConfig(
+            eos_token_id=special.eot,
+            no_timestamps_token_id=special.no_timestamps,
+            max_initial_timestamp_index=round(options.max_initial_timestamp / 0.02),
+        )
+        processors.append(WhisperTimeStampLogitsProcessor(generation, begin_index=prompt_length))
+    return processors
+
+
+def _random_history(rng: random.Random, config, timestamps: bool) -> list[int]:
+    """Any mix of text and timestamp tokens: the rules must agree on every history."""
+    special = config.special
+    n = rng.choice([0, 0, 1, 2, 3, 5, 9])
+    history = []
+    for _ in range(n):
+        if timestamps and rng.random() < 0.4:
+            history.append(special.timestamp_begin + rng.randrange(0, 1501))
+        else:
+            history.append(rng.randrange(0, special.eot))
+    return history
+
+
+@pytest.mark.parametrize("config", [ENGLISH, MULTILINGUAL], ids=["tiny.en", "multilingual"])
+def test_vectorised_rules_equal_transformers_processors(config):
+    rng = random.Random(5)
+    rules = LogitRules(config, torch.device("cpu"))
+    special = config.special
+    for trial in range(12):
+        rows, expected = [], []
+        logits = torch.randn(8, config.dims.n_vocab, generator=torch.Generator().manual_seed(trial)) * 3
+        # Make timestamps competitive so the probability-mass rule fires in some rows.
+        logits[: 4, special.timestamp_begin :] += rng.choice([0.0, 4.0])
+        for b in range(8):
+            options = DecodingOptions(
+                timestamps=rng.random() < 0.7,
+                min_new_tokens=rng.choice([0, 0, 3]),
+                max_initial_timestamp=rng.choice([1.0, 0.0, 2.5]),
+            )
+            prompt = (special.sot,) if options.timestamps else (special.sot, special.no_timestamps)
+            history = _random_history(rng, config, options.timestamps)
+            row = Row(tag=b, options=options, prompt=Prompt(prompt, 0, False, "en"), slot=1, max_new_tokens=100, pending=[])
+            row.generated = history
+            rows.append(row)
+            ids = torch.tensor([list(prompt) + history])
+            scores = logits[b : b + 1].clone()
+            for processor in _hf_processors(config, len(prompt), options):
+                scores = processor(ids, scores)
+            expected.append(scores[0])
+        ours = rules.apply(logits.clone(), RuleInputs.from_rows(rows, special.timestamp_begin, torch.device("cpu")))
+        expected = torch.stack(expected)
+        assert torch.equal(torch.isinf(ours), torch.isinf(expected)), f"trial {trial}"
+        assert torch.equal(ours.argmax(-1), expected.argmax(-1))
+
+
+def test_initial_tokens_english_only():
+    special = ENGLISH.special
+    assert initial_tokens(ENGLISH, DecodingOptions(), None).tokens == (special.sot, special.no_timestamps)
+    assert initial_tokens(ENGLISH, DecodingOptions(timestamps=True), None).tokens == (special.sot,)
+    tokenizer = load_tokenizer(ENGLISH)
+    prompt = initial_tokens(ENGLISH, DecodingOptions(prompt="  Hello there. "), tokenizer)
+    assert prompt.tokens[0] == special.startofprev
+    assert tokenizer.decode(prompt.tokens[1 : prompt.sot_index]) == " Hello there."
+    assert prompt.tokens[prompt.sot_index :] == (special.sot, special.no_timestamps)
+
+
+def test_initial_tokens_multilingual():
+    special = MULTILINGUAL.special
+    french = initial_tokens(MULTILINGUAL, DecodingOptions(language="fr", task=Task.TRANSLATE), None)
+    assert french.tokens == (special.sot, special.language_token("fr"), special.translate, special.no_timestamps)
+    detect = initial_tokens(MULTILINGUAL, DecodingOptions(), None)
+    assert detect.tokens == (special.sot,) and detect.detect_language
+
+
+@pytest.mark.parametrize(
+    "config, options, message",
+    [
+        (ENGLISH, DecodingOptions(language="fr"), "English-only"),
+        (ENGLISH, DecodingOptions(task="translate"), "translate"),
+        (MULTILINGUAL, DecodingOptions(language="xx"), "unknown language code 'xx'"),
+        (MULTILINGUAL, DecodingOptions(prompt="hi"), "tokenizer"),
+    ],
+)
+def test_options_that_do_not_fit_the_model(config, options, message):
+    with pytest.raises(ValueError, match=message):
+        initial_tokens(config, options, None)
+
+
+def test_prompt_too_long_is_refused():
+    tokenizer = load_tokenizer(ENGLISH)
+    with pytest.raises(ValueError, match=f"at most {MAX_PROMPT_TOKENS}"):
+        initial_tokens(ENGLISH, DecodingOptions(prompt="word " * 400), tokenizer)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"task": "summarize"}, "task must be one of"),
+        ({"temperature": -1}, "temperature"),
+        ({"temperature": float("nan")}, "temperature"),
+        ({"max_new_tokens": 0}, "max_new_tokens"),
+        ({"max_new_tokens": 449}, "max_new_tokens"),
+        ({"min_new_tokens": 10, "max_new_tokens": 5}, "min_new_tokens"),
+        ({"language": ""}, "language"),
+        ({"max_initial_timestamp": 31}, "max_initial_timestamp"),
+    ],
+)
+def test_bad_options_name_the_problem(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        DecodingOptions(**kwargs)
+
+
+def test_segments_from_timestamp_tokens():
+    tokenizer = load_tokenizer(ENGLISH)
+    begin = ENGLISH.special.timestamp_begin
+    hello, world = tokenizer.encode(" Hello"), tokenizer.encode(" world.")
+    tokens = [begin, *hello, begin + 100, begin + 100, *world, begin + 250]
+    assert tokenizer.segments(tokens, duration=6.0) == (
+        Segment(0.0, 2.0, "Hello", tuple(hello)),
+        Segment(2.0, 5.0, "world.", tuple(world)),
+    )
+    # An unclosed last segment runs to the end of the audio; offsets shift times.
+    assert tokenizer.segments([begin + 50, *hello], duration=4.0, offset=30.0) == (
+        Segment(31.0, 34.0, "Hello", tuple(hello)),
+    )
+    # Without timestamps: one segment over the whole audio.
+    assert tokenizer.segments([*hello, *world], duration=3.5) == (
+        Segment(0.0, 3.5, "Hello world.", tuple(hello + world)),
+    )
+    assert tokenizer.timestamp_seconds(begin + 1500) == 30.0
