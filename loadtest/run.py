@@ -1,0 +1,109 @@
+"""A bounded, headless load test of a running server, with CSV and HTML reports.
+
+    python -m loadtest.run --http-url localhost:8000 --grpc-url localhost:8001 \\
+        --users 4 --spawn-rate 2 --run-time 30s --csv-prefix out/loadtest/run
+
+Runs locust without its web UI for --run-time, printing its stats table as it
+goes, and writes locust's reports (<prefix>_stats.csv and the other CSVs,
+<prefix>.html) and the final numbers (<prefix>_summary.json). Exits non-zero
+when any request failed, when locust itself failed, or when no request
+completed at all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+from pathlib import Path
+
+from loadtest.clips import DEFAULT_AUDIO_DIR, Summary
+
+LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
+USER_CLASSES = {"grpc": "GrpcTranscribeUser", "http": "HttpTranscribeUser"}
+# After --run-time, users get this long to finish the request in flight.
+STOP_TIMEOUT_S = 60
+EXIT_ON_FAILURE = 3  # distinct from locust's own 1 (failed requests) and 2 (bad usage)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--http-url", default="localhost:8000", help="Triton's HTTP address, host:port")
+    parser.add_argument("--grpc-url", default="localhost:8001", help="Triton's gRPC address, host:port")
+    parser.add_argument(
+        "--protocols", default="grpc,http", help=f"comma-separated, from {sorted(USER_CLASSES)} (users split evenly)"
+    )
+    parser.add_argument("--users", type=int, default=4, help="concurrent users")
+    parser.add_argument("--spawn-rate", type=float, default=2.0, help="users started per second")
+    parser.add_argument("--run-time", default="30s", help="how long to send requests, e.g. 20s, 2m")
+    parser.add_argument("--csv-prefix", type=Path, default=Path("out/loadtest/run"), help="report files' prefix")
+    parser.add_argument("--audio-dir", type=Path, default=DEFAULT_AUDIO_DIR, help="clips and their manifest.tsv")
+    parser.add_argument("--max-clip-seconds", type=float, default=60.0, help="leave out longer clips")
+    parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request fails")
+    args = parser.parse_args(argv)
+    protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
+    unknown = sorted(set(protocols) - set(USER_CLASSES))
+    if unknown or not protocols:
+        parser.error(f"--protocols must name some of {sorted(USER_CLASSES)}, got {args.protocols!r}")
+    if args.users < 1 or args.spawn_rate <= 0:
+        parser.error("--users must be at least 1 and --spawn-rate above 0")
+    args.protocols = tuple(dict.fromkeys(protocols))
+    return args
+
+
+def summary_path(args: argparse.Namespace) -> Path:
+    return Path(f"{args.csv_prefix}_summary.json")
+
+
+def locust_command(args: argparse.Namespace) -> list[str]:
+    """The locust command line for a headless run of `args`."""
+    return [
+        sys.executable, "-m", "locust",
+        "--locustfile", str(LOCUSTFILE),
+        "--headless",
+        "--users", str(args.users),
+        "--spawn-rate", str(args.spawn_rate),
+        "--run-time", args.run_time,
+        "--stop-timeout", str(STOP_TIMEOUT_S),
+        "--csv", str(args.csv_prefix),
+        "--html", f"{args.csv_prefix}.html",
+        "--exit-code-on-error", "1",
+        "--triton-http", args.http_url,
+        "--triton-grpc", args.grpc_url,
+        "--audio-dir", str(args.audio_dir),
+        "--max-clip-seconds", str(args.max_clip_seconds),
+        "--request-timeout", str(args.request_timeout),
+        "--summary-json", str(summary_path(args)),
+        *(USER_CLASSES[p] for p in args.protocols),
+    ]  # fmt: skip
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    args.csv_prefix.parent.mkdir(parents=True, exist_ok=True)
+    print(
+        f"loadtest: {args.users} users ({', '.join(args.protocols)}) for {args.run_time} against "
+        f"http={args.http_url} grpc={args.grpc_url}",
+        flush=True,
+    )
+    status = subprocess.run(locust_command(args)).returncode
+
+    summary_json = summary_path(args)
+    if not summary_json.is_file():
+        print(f"loadtest: FAILED (locust wrote no {summary_json}; exit status {status})", file=sys.stderr)
+        return status or EXIT_ON_FAILURE
+    summary = Summary.from_json(summary_json.read_text(encoding="utf-8"))
+    print("\n".join(["", "loadtest summary:", *summary.table(), *(f"error: {e}" for e in summary.errors)]))
+    print(f"reports: {args.csv_prefix}_stats.csv, {args.csv_prefix}.html, {summary_json}")
+    if status != 0:
+        print(f"loadtest: FAILED (locust exit status {status})", file=sys.stderr)
+        return status
+    if summary.total.requests == 0:
+        print("loadtest: FAILED (no request completed)", file=sys.stderr)
+        return EXIT_ON_FAILURE
+    print("loadtest: passed")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
