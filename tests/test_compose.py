@@ -1,0 +1,242 @@
+"""docker-compose.yml and docker/Dockerfile, checked without a Docker engine.
+
+The compose file is validated against the Compose Specification's JSON schema
+(the copy that the check-jsonschema package vendors, so its version is pinned
+with the test dependencies), then against what the stack must do: the GPU and
+CPU servers, their health checks, and locust pointed at whichever runs. The
+Dockerfile's install commands must be those the README's "Docker" section
+documents.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+import re
+import shlex
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
+DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
+README = REPO_ROOT / "README.md"
+
+TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
+TRITON_COMMAND = ["tritonserver", "--model-repository=/models"]
+HEALTH_PATH = "/v2/health/ready"
+# Triton's ports inside the container.
+HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
+GPU_SERVICE, CPU_SERVICE = "triton", "triton-cpu"
+LOCUST_MASTER, LOCUST_WORKER = "locust-master", "locust-worker"
+
+
+@pytest.fixture(scope="module")
+def compose() -> dict:
+    return yaml.safe_load(COMPOSE_FILE.read_text())  # safe_load resolves the `<<:` merge keys
+
+
+@pytest.fixture(scope="module")
+def services(compose) -> dict:
+    return compose["services"]
+
+
+def compose_schema() -> dict:
+    vendored = importlib.resources.files("check_jsonschema.builtin_schemas.vendor") / "compose-spec.json"
+    return json.loads(vendored.read_text(encoding="utf-8"))
+
+
+def test_the_compose_file_follows_the_compose_specification(compose):
+    schema = compose_schema()
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    errors = [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}" for e in validator.iter_errors(compose)]
+    assert not errors, "\n".join(errors)
+
+
+def test_the_schema_catches_a_mistake(compose):
+    """The check above is not vacuous: a misspelt key fails it."""
+    schema = compose_schema()
+    broken = {**compose, "services": {**compose["services"], GPU_SERVICE: {**compose["services"][GPU_SERVICE]}}}
+    broken["services"][GPU_SERVICE]["healthchek"] = broken["services"][GPU_SERVICE].pop("healthcheck")
+    assert not jsonschema.validators.validator_for(schema)(schema).is_valid(broken)
+
+
+def test_the_servers_are_one_gpu_and_one_cpu_profile(services):
+    assert services[GPU_SERVICE]["profiles"] == ["gpu"]
+    assert services[CPU_SERVICE]["profiles"] == ["cpu"]
+    servers = [name for name, s in services.items() if s.get("command") == TRITON_COMMAND]
+    assert sorted(servers) == sorted([GPU_SERVICE, CPU_SERVICE])
+
+
+def test_the_gpu_server_reserves_nvidia_gpus(services):
+    devices = services[GPU_SERVICE]["deploy"]["resources"]["reservations"]["devices"]
+    assert any(d["driver"] == "nvidia" and "gpu" in d["capabilities"] for d in devices)
+
+
+def test_the_cpu_server_reserves_no_gpu_and_hides_any(services):
+    cpu = services[CPU_SERVICE]
+    assert "deploy" not in cpu and "gpus" not in cpu
+    assert cpu["environment"]["CUDA_VISIBLE_DEVICES"] == ""
+
+
+@pytest.mark.parametrize("name", [GPU_SERVICE, CPU_SERVICE])
+def test_each_server_runs_the_model_repository_with_a_checkpoint(services, name):
+    service = services[name]
+    assert service["build"]["target"] == "server"
+    assert service["command"] == TRITON_COMMAND
+    assert any(v.split(":")[:2] == ["./model_repository", "/models"] for v in service["volumes"])
+    assert (REPO_ROOT / "model_repository").is_dir()
+    assert service["environment"]["WHISPER_TRITON_CHECKPOINT"]
+    published = {int(p.split(":")[-1]) for p in service["ports"]}
+    assert {HTTP_PORT, GRPC_PORT, METRICS_PORT} <= published
+
+
+def health_command(service: dict) -> list[str]:
+    """The healthcheck's command as argv: CMD lists as they are, CMD-SHELL split like a shell."""
+    test = service["healthcheck"]["test"]
+    if isinstance(test, str):
+        return shlex.split(test)
+    kind, *argv = test
+    assert kind in ("CMD", "CMD-SHELL"), f"a healthcheck test starts with CMD or CMD-SHELL, not {kind!r}"
+    return argv if kind == "CMD" else shlex.split(" ".join(argv))
+
+
+def test_every_healthcheck_asks_triton_whether_it_is_ready(services):
+    checked = {name: s for name, s in services.items() if "healthcheck" in s}
+    assert set(checked) >= {GPU_SERVICE, CPU_SERVICE}
+    for name, service in checked.items():
+        argv = health_command(service)
+        assert argv, f"{name}: empty healthcheck"
+        if argv[:2] == ["python3", "-c"]:
+            code = argv[2]
+            compile(code, f"{name} healthcheck", "exec")  # a SyntaxError fails the test
+            assert f"http://localhost:{HTTP_PORT}{HEALTH_PATH}" in code, code
+        else:
+            assert argv[0] in ("curl", "wget"), f"{name}: unexpected healthcheck program {argv[0]!r}"
+            assert any(a.endswith(f":{HTTP_PORT}{HEALTH_PATH}") for a in argv), argv
+        for duration in ("interval", "timeout", "start_period"):
+            assert re.fullmatch(r"\d+(ms|s|m|h)", service["healthcheck"][duration]), duration
+
+
+def names_on_the_network(service_name: str, service: dict) -> set[str]:
+    """The host names under which other services reach this one."""
+    aliases = set()
+    networks = service.get("networks") or {}
+    if isinstance(networks, dict):
+        for network in networks.values():
+            aliases.update((network or {}).get("aliases", []))
+    return {service_name, *aliases}
+
+
+@pytest.mark.parametrize("locust", [LOCUST_MASTER, LOCUST_WORKER])
+def test_locust_points_at_whichever_server_runs(services, locust):
+    service = services[locust]
+    assert service["build"]["target"] == "loadtest"
+    assert service["profiles"] == ["loadtest"]
+    environment = service["environment"]
+    for variable, port in (("LOCUST_TRITON_HTTP", HTTP_PORT), ("LOCUST_TRITON_GRPC", GRPC_PORT)):
+        host, _, target_port = environment[variable].rpartition(":")
+        assert int(target_port) == port, variable
+        for server in (GPU_SERVICE, CPU_SERVICE):
+            assert host in names_on_the_network(server, services[server]), f"{variable}: {server} is not {host!r}"
+    for server in (GPU_SERVICE, CPU_SERVICE):
+        dependency = service["depends_on"][server]
+        assert dependency["condition"] == "service_healthy"
+        assert dependency["required"] is False  # only one server profile runs at a time
+
+
+def test_the_locust_pair_is_a_master_and_its_worker(services):
+    assert "--master" in services[LOCUST_MASTER]["command"]
+    worker = services[LOCUST_WORKER]["command"]
+    assert "--worker" in worker and f"--master-host={LOCUST_MASTER}" in worker
+
+
+def test_the_locust_options_exist_in_the_locustfile():
+    locustfile = (REPO_ROOT / "loadtest" / "locustfile.py").read_text()
+    for variable in ("LOCUST_TRITON_HTTP", "LOCUST_TRITON_GRPC"):
+        assert f'env_var="{variable}"' in locustfile
+
+
+# --- the Dockerfile ----------------------------------------------------------------
+
+
+def dockerfile_stages(text: str) -> dict[str, list[tuple[str, str]]]:
+    """Stage name -> its instructions as (KEYWORD, arguments), continuations joined, comments dropped."""
+    logical, pending = [], ""
+    for line in text.splitlines():
+        stripped = line.strip()
+        if not pending and (not stripped or stripped.startswith("#")):
+            continue
+        if stripped.endswith("\\"):
+            pending += stripped[:-1] + " "
+            continue
+        logical.append(pending + stripped)
+        pending = ""
+    stages: dict[str, list[tuple[str, str]]] = {}
+    current: list[tuple[str, str]] = []
+    for instruction in logical:
+        keyword, _, arguments = instruction.partition(" ")
+        if keyword.upper() == "FROM":
+            match = re.fullmatch(r"(\S+)\s+AS\s+(\S+)", arguments.strip(), flags=re.IGNORECASE)
+            assert match, f"every stage is named: FROM {arguments}"
+            current = stages.setdefault(match.group(2), [])
+            current.append(("FROM", match.group(1)))
+        else:
+            current.append((keyword.upper(), " ".join(arguments.split())))
+    return stages
+
+
+def pip_commands(commands: list[str]) -> list[str]:
+    return [" ".join(c.split()) for c in commands if "pip install" in c]
+
+
+def readme_docker_commands() -> list[str]:
+    """The shell lines in the fenced code blocks of README.md's "Docker" section."""
+    assert README.is_file(), "README.md is missing; its Docker section documents the image's install commands"
+    text = README.read_text(encoding="utf-8")
+    heading = re.search(r"^(#+)\s+Docker\b.*$", text, flags=re.MULTILINE)
+    assert heading, 'README.md has no "Docker" section documenting the image\'s install commands'
+    level = len(heading.group(1))
+    rest = text[heading.end() :]
+    following = re.search(rf"^#{{1,{level}}}\s", rest, flags=re.MULTILINE)
+    section = rest[: following.start()] if following else rest
+    lines = []
+    for block in re.findall(r"^```[^\n]*\n(.*?)^```", section, flags=re.MULTILINE | re.DOTALL):
+        lines += [line.strip().removeprefix("$ ") for line in block.splitlines()]
+    return [line for line in lines if line and not line.startswith("#")]
+
+
+@pytest.fixture(scope="module")
+def stages() -> dict[str, list[tuple[str, str]]]:
+    return dockerfile_stages(DOCKERFILE.read_text())
+
+
+def test_the_compose_build_targets_are_dockerfile_stages(services, stages):
+    for name, service in services.items():
+        build = service["build"]
+        assert (REPO_ROOT / build["context"] / build["dockerfile"]).resolve() == DOCKERFILE, name
+        assert build["target"] in stages, f"{name}: no stage {build['target']!r} in {DOCKERFILE}"
+
+
+def test_the_server_stage_is_the_official_triton_image(stages):
+    assert stages["server"][0] == ("FROM", TRITON_IMAGE)
+
+
+def test_the_server_installs_exactly_what_the_readme_documents(stages):
+    runs = [arguments for keyword, arguments in stages["server"] if keyword == "RUN"]
+    dockerfile = pip_commands([part.strip() for run in runs for part in run.split("&&")])
+    readme = pip_commands(readme_docker_commands())
+    assert dockerfile, "the server stage installs nothing with pip"
+    assert dockerfile == readme, f"Dockerfile: {dockerfile}\nREADME:     {readme}"
+
+
+def test_every_copied_path_exists(stages):
+    for stage in stages.values():
+        for keyword, arguments in stage:
+            if keyword == "COPY" and not arguments.startswith("--from"):
+                *sources, _destination = arguments.split()
+                for source in sources:
+                    assert (REPO_ROOT / source).exists(), f"COPY {source}: not in the repository"
