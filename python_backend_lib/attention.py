@@ -31,11 +31,17 @@ class StepLayout:
     slots: [B] KV slot of each row (device tensor).
     query_lens: new tokens per row.
     cached_lens: tokens already in each row's cache before this step.
+    slot_ids: the same slots on the host, for backends that plan on the host
+        (empty: read from `slots`).
     """
 
     slots: torch.Tensor
     query_lens: tuple[int, ...]
     cached_lens: tuple[int, ...]
+    slot_ids: tuple[int, ...] = ()
+
+    def host_slots(self) -> tuple[int, ...]:
+        return self.slot_ids or tuple(self.slots.tolist())
 
     @property
     def batch_size(self) -> int:

@@ -13,7 +13,7 @@ to completion for offline use.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
@@ -24,7 +24,13 @@ from .options import MAX_PROMPT_TOKENS, DecodingOptions, DecodingResult, Task
 from .tokenizer import Tokenizer
 from .weights import TIME_PRECISION_S, ModelConfig
 
+if TYPE_CHECKING:
+    from .cuda_graphs import DecodeGraphs
+
 NEG_INF = float("-inf")
+N_RULE_FACTS = 8  # values per row in `Row.rule_facts`, rows of `RuleInputs.from_table`
+# Receives the rows sampled at a step and their filtered logits [rows, vocab].
+LogitObserver = Callable[[Sequence["Row"], torch.Tensor], None]
 
 
 # ------------------------------------------------------------------ initial tokens
@@ -61,7 +67,9 @@ def initial_tokens(config: ModelConfig, options: DecodingOptions, tokenizer: Tok
         if language not in special.language_codes:
             raise ValueError(f"unknown language code {options.language!r}")
     tokens: list[int] = []
-    if options.prompt is not None and options.prompt.strip():
+    if options.previous_tokens:
+        tokens = [special.startofprev, *options.previous_tokens[-MAX_PROMPT_TOKENS:]]
+    elif options.prompt is not None and options.prompt.strip():
         if tokenizer is None:
             raise ValueError("a prompt needs a checkpoint with a tokenizer")
         prompt_tokens = tokenizer.encode(" " + options.prompt.strip())
@@ -110,7 +118,12 @@ class RuleInputs:
     @classmethod
     def from_rows(cls, rows: Sequence["Row"], timestamp_begin: int, device: torch.device) -> "RuleInputs":
         facts = [row.rule_facts(timestamp_begin) for row in rows]
-        table = torch.tensor(facts, dtype=torch.long).T.to(device, non_blocking=True)
+        return cls.from_table(torch.tensor(facts, dtype=torch.long).T.to(device, non_blocking=True))
+
+    @classmethod
+    def from_table(cls, table: torch.Tensor) -> "RuleInputs":
+        """table: [N_RULE_FACTS, B] long, rows in `Row.rule_facts` order (a CUDA
+        graph reads it from a fixed buffer)."""
         at_begin, blank, stamps, last, penult, last_ts, max_init, end = table
         return cls(
             at_begin.bool(), blank.bool(), stamps.bool(), last.bool(), penult.bool(), last_ts, max_init, end.bool()
@@ -188,6 +201,7 @@ class Row:
     sum_logprob: float = 0.0
     no_speech_prob: float = float("nan")
     language: str | None = None
+    language_probability: float | None = None
     prefilled: bool = False
 
     def rule_facts(self, timestamp_begin: int) -> tuple[int, ...]:
@@ -214,6 +228,7 @@ class Row:
             temperature=self.options.temperature,
             finished=finished,
             prompt_tokens=self.prompt.tokens,
+            language_probability=self.language_probability,
         )
 
 
@@ -234,15 +249,25 @@ class DecodeBatch:
     each row's tokens depend only on its own audio and options.
     """
 
-    def __init__(self, model: Whisper, config: ModelConfig, attention: AttentionBackend) -> None:
+    def __init__(
+        self,
+        model: Whisper,
+        config: ModelConfig,
+        attention: AttentionBackend,
+        graphs: "DecodeGraphs | None" = None,
+    ) -> None:
+        """graphs: captured decode steps (GPU); rows with one pending token then
+        step through them, and prompt rows step eagerly beside them."""
         self.model = model
         self.config = config
         self.attention = attention
+        self.graphs = graphs
         self.pool: KVSlotPool = attention.pool
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.rules = LogitRules(config, self.device)
         self.rows: list[Row] = []
+        self.logit_observer: LogitObserver | None = None  # for tests and tracing
 
     @property
     def free_slots(self) -> int:
@@ -285,14 +310,46 @@ class DecodeBatch:
     @torch.inference_mode()
     def step(self) -> list[tuple[Any, DecodingResult]]:
         """One decoder pass over every row; returns the rows that finished."""
-        rows = self.rows
+        rows = list(self.rows)
         if not rows:
             return []
+        if self.graphs is None:
+            return self._step_eager(rows)
+        # Rows past their prompt feed one token each: a captured graph runs them
+        # when one is large enough. Prompt rows run eagerly in the same step.
+        decoding = [r for r in rows if r.prefilled and len(r.pending) == 1]
+        if not self.graphs.fits(len(decoding)):
+            return self._step_eager(rows)
+        prompting = [r for r in rows if not (r.prefilled and len(r.pending) == 1)]
+        done = self._step_eager(prompting) if prompting else []
+        return done + self._step_graph(decoding)
+
+    def _step_graph(self, rows: list[Row]) -> list[tuple[Any, DecodingResult]]:
+        step = self.graphs.run(rows)
+        tokens, logprobs = step.tokens, step.logprobs
+        hot = [i for i, r in enumerate(rows) if r.options.temperature > 0]
+        if hot:  # sampled rows draw from the graph's filtered logits
+            logits = step.logits[torch.tensor(hot, device=self.device)].float()
+            temperatures = torch.tensor([rows[i].options.temperature for i in hot], device=self.device)
+            scaled = logits / temperatures.clamp(min=1e-6)[:, None]
+            sampled = torch.multinomial(scaled.softmax(dim=-1), 1)
+            chosen_logprobs = torch.log_softmax(logits, dim=-1).gather(1, sampled).squeeze(1).tolist()
+            for k, token in enumerate(sampled.squeeze(1).tolist()):
+                tokens[hot[k]], logprobs[hot[k]] = token, chosen_logprobs[k]
+        if self.logit_observer is not None:
+            self.logit_observer(rows, step.logits)
+        for row in rows:
+            row.cached += 1
+            row.pending = []
+        return self._advance(rows, tokens, logprobs)
+
+    def _step_eager(self, rows: list[Row]) -> list[tuple[Any, DecodingResult]]:
         device = self.device
         layout = StepLayout(
             slots=torch.tensor([r.slot for r in rows], device=device),
             query_lens=tuple(len(r.pending) for r in rows),
             cached_lens=tuple(r.cached for r in rows),
+            slot_ids=tuple(r.slot for r in rows),
         )
         tokens = torch.tensor([t for r in rows for t in r.pending], device=device)
         last = layout.last_token_index(device)
@@ -316,8 +373,9 @@ class DecodeBatch:
         special = self.config.special
         if fresh:
             no_speech = sot_logits.float().softmax(dim=-1)[:, special.nospeech].tolist()
-            language_logits = sot_logits[:, list(special.language_tokens)]
-            detected = language_logits.argmax(dim=-1).tolist()
+            language_probs = sot_logits[:, list(special.language_tokens)].float().softmax(dim=-1)
+            best = language_probs.max(dim=-1)
+            detected, confidence = best.indices.tolist(), best.values.tolist()
         waiting = []
         for k, i in enumerate(fresh):
             row = rows[i]
@@ -325,6 +383,7 @@ class DecodeBatch:
             row.no_speech_prob = no_speech[k]
             if row.prompt.detect_language and row.language is None:
                 row.language = special.language_codes[detected[k]]
+                row.language_probability = confidence[k]
                 row.pending = task_tokens(self.config, row.language, row.options)
                 waiting.append(row)
         return waiting
@@ -334,6 +393,8 @@ class DecodeBatch:
             return []
         special = self.config.special
         logits = self.rules.apply(logits, RuleInputs.from_rows(rows, special.timestamp_begin, self.device))
+        if self.logit_observer is not None:
+            self.logit_observer(rows, logits)
         temperatures = torch.tensor([r.options.temperature for r in rows], device=self.device)
         greedy = logits.argmax(dim=-1)
         if bool((temperatures > 0).any()):
@@ -343,8 +404,15 @@ class DecodeBatch:
         else:
             chosen = greedy
         logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, chosen[:, None]).squeeze(1)
+        return self._advance(rows, chosen.tolist(), logprobs.tolist())
+
+    def _advance(
+        self, rows: list[Row], tokens: list[int], logprobs: list[float]
+    ) -> list[tuple[Any, DecodingResult]]:
+        """Append each row's chosen token; retire the rows that finished."""
+        special = self.config.special
         finished = []
-        for row, token, logprob in zip(rows, chosen.tolist(), logprobs.tolist()):
+        for row, token, logprob in zip(rows, tokens, logprobs):
             if token == special.eot:
                 finished.append((row, True))
                 continue

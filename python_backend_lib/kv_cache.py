@@ -9,7 +9,10 @@ positions and cross-attention K/V for all 1,500 encoder positions:
 
 Slot-major storage is also a paged layout: viewed as [(S + 1) * pages_per_slot,
 PAGE_SIZE, heads, head_dim], slot s owns pages s * pages_per_slot + arange(n),
-which is what FlashInfer's paged kernels read. Nothing is allocated after
+which is what FlashInfer's paged kernels read. The 1,500 encoder positions are
+not a whole number of pages, so each slot's cross storage is padded to 94 pages
+(1,504 positions); `cross_k` is a view of the first 1,500, and the paged
+kernels are told that the last page holds 12. Nothing is allocated after
 construction, so captured CUDA graphs stay valid.
 """
 
@@ -43,9 +46,18 @@ class PoolShape:
     def for_model(cls, dims: ModelDims, n_slots: int) -> "PoolShape":
         return cls(n_slots, dims.n_text_layer, dims.n_text_head, dims.head_dim, dims.n_text_ctx, dims.n_audio_ctx)
 
+    @property
+    def self_pages_per_slot(self) -> int:
+        return pages_for(self.text_ctx)
+
+    @property
+    def cross_pages_per_slot(self) -> int:
+        return pages_for(self.audio_ctx)
+
     def bytes_per_slot(self, dtype: torch.dtype) -> int:
         item = torch.empty((), dtype=dtype).element_size()
-        return 2 * self.n_layers * self.n_heads * self.head_dim * (self.text_ctx + self.audio_ctx) * item
+        positions = (self.self_pages_per_slot + self.cross_pages_per_slot) * PAGE_SIZE
+        return 2 * self.n_layers * self.n_heads * self.head_dim * positions * item
 
 
 def slots_for_memory(dims: ModelDims, dtype: torch.dtype, budget_bytes: int, max_slots: int) -> int:
@@ -59,11 +71,14 @@ class KVSlotPool:
         self.shape = shape
         rows = shape.n_slots + 1
         self_kv = (rows, shape.text_ctx, shape.n_heads, shape.head_dim)
-        cross_kv = (rows, shape.audio_ctx, shape.n_heads, shape.head_dim)
+        # Whole pages per slot; the encoder positions are the first audio_ctx of them.
+        cross_kv = (rows, shape.cross_pages_per_slot * PAGE_SIZE, shape.n_heads, shape.head_dim)
         self.self_k = [torch.zeros(self_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
         self.self_v = [torch.zeros(self_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
-        self.cross_k = [torch.zeros(cross_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
-        self.cross_v = [torch.zeros(cross_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
+        self._cross_k = [torch.zeros(cross_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
+        self._cross_v = [torch.zeros(cross_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
+        self.cross_k = [t[:, : shape.audio_ctx] for t in self._cross_k]  # [S + 1, audio_ctx, heads, head_dim]
+        self.cross_v = [t[:, : shape.audio_ctx] for t in self._cross_v]
         self._free = list(range(shape.n_slots, 0, -1))  # pop() hands out slot 1 first
         self._lock = threading.Lock()
 
@@ -91,7 +106,21 @@ class KVSlotPool:
             self.cross_k[layer].index_copy_(0, slots, k.to(self.cross_k[layer].dtype))
             self.cross_v[layer].index_copy_(0, slots, v.to(self.cross_v[layer].dtype))
 
-    def paged(self, tensors: list[torch.Tensor], layer: int) -> torch.Tensor:
-        """One layer's slot-major K or V seen as pages: [pages, PAGE_SIZE, heads, head_dim]."""
-        t = tensors[layer]
-        return t.view(-1, PAGE_SIZE, t.shape[-2], t.shape[-1])
+    def self_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's self-attention K and V seen as pages: [(S + 1) * 28, PAGE_SIZE, heads, head_dim]."""
+        return _as_pages(self.self_k[layer]), _as_pages(self.self_v[layer])
+
+    def cross_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's cross-attention K and V seen as pages: [(S + 1) * 94, PAGE_SIZE, heads, head_dim]."""
+        return _as_pages(self._cross_k[layer]), _as_pages(self._cross_v[layer])
+
+    def self_positions(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's self-attention K and V with slot and position flattened:
+        [(S + 1) * n_text_ctx, heads, head_dim]; slot s, position p is row s * n_text_ctx + p."""
+        k, v = self.self_k[layer], self.self_v[layer]
+        return k.view(-1, *k.shape[2:]), v.view(-1, *v.shape[2:])
+
+
+def _as_pages(t: torch.Tensor) -> torch.Tensor:
+    """[slots, positions, heads, head_dim] (positions a multiple of PAGE_SIZE) -> [pages, PAGE_SIZE, heads, head_dim]"""
+    return t.view(-1, PAGE_SIZE, t.shape[-2], t.shape[-1])

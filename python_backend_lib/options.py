@@ -30,7 +30,10 @@ class DecodingOptions:
     language: ISO code such as "en"; None lets a multilingual model detect it
         (English-only models ignore it).
     timestamps: emit <|t|> tokens and so segments with times.
-    prompt: previous text to condition on (openai-whisper's initial_prompt).
+    prompt: previous text to condition on (openai-whisper's initial_prompt);
+        refused when longer than MAX_PROMPT_TOKENS.
+    previous_tokens: earlier windows' tokens to condition on in long audio;
+        only the last MAX_PROMPT_TOKENS are used. Takes the place of `prompt`.
     max_new_tokens: cap on generated tokens; None fills the 448 positions.
     min_new_tokens: <|endoftext|> is suppressed until this many tokens exist
         (as in transformers; benchmarks use it to force decode lengths).
@@ -41,6 +44,7 @@ class DecodingOptions:
     language: str | None = None
     timestamps: bool = False
     prompt: str | None = None
+    previous_tokens: tuple[int, ...] = ()
     max_new_tokens: int | None = None
     min_new_tokens: int = 0
     temperature: float = 0.0
@@ -104,3 +108,4 @@ class DecodingResult:
     temperature: float
     finished: bool = True  # False when stopped by max_new_tokens or the 448 positions
     prompt_tokens: tuple[int, ...] = field(default=(), repr=False)
+    language_probability: float | None = None  # set when the language was detected

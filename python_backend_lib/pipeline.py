@@ -1,16 +1,18 @@
 """The library's front door: audio in, transcript out.
 
 `Pipeline.load` puts a checkpoint on a device with its attention backend, KV
-slot pool and engine; `transcribe` takes audio bytes or a 16 kHz waveform and
-returns a typed `Transcript`. The Triton `whisper` model uses the same engine,
+slot pool and engine; `transcribe` takes audio bytes or a 16 kHz waveform of
+any length and returns a typed `Transcript`; `decode` returns the model's raw
+result for one 30 s window. The Triton `whisper` model uses the same engine,
 so served results equal these.
 """
 
 from __future__ import annotations
 
+import enum
+import logging
 from concurrent.futures import Future
-from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 import torch
@@ -19,22 +21,26 @@ from . import audio
 from .attention import SdpaAttention
 from .decoding import DecodeBatch
 from .engine import Engine, EngineOptions
-from .kv_cache import KVSlotPool, PoolShape
+from .kv_cache import KVSlotPool, PoolShape, slots_for_memory
+from .longform import LongFormJob, TranscribeOptions, Transcript, features_for
 from .model import Whisper
 from .options import DecodingOptions, DecodingResult
-from .tokenizer import Segment, Tokenizer, load_tokenizer
+from .tokenizer import Tokenizer, load_tokenizer
 from .weights import DEFAULT_SOURCE, ModelConfig, load_checkpoint
 
-DEFAULT_SLOTS = 16
+log = logging.getLogger(__name__)
+
+DEFAULT_SLOTS = 16  # on the CPU
+# On a GPU the KV pool takes this share of the memory left free once the
+# weights are loaded, up to MAX_GPU_SLOTS requests decoded together.
+DEFAULT_KV_MEMORY_FRACTION = 0.5
+MAX_GPU_SLOTS = 256
 
 
-@dataclass(frozen=True)
-class Transcript:
-    text: str
-    segments: tuple[Segment, ...]
-    language: str | None
-    duration: float  # seconds of audio
-    result: DecodingResult
+class AttentionKind(str, enum.Enum):
+    AUTO = "auto"  # FlashInfer on a CUDA device when flashinfer is installed, else SDPA
+    SDPA = "sdpa"
+    FLASHINFER = "flashinfer"
 
 
 def default_device() -> torch.device:
@@ -59,16 +65,32 @@ class Pipeline:
         *,
         device: str | torch.device | None = None,
         dtype: torch.dtype | None = None,
-        slots: int = DEFAULT_SLOTS,
+        slots: int | None = None,
         engine_options: EngineOptions = EngineOptions(),
+        attention: AttentionKind = AttentionKind.AUTO,
+        cuda_graphs: bool = True,
+        kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION,
     ) -> "Pipeline":
+        """slots: requests decoded together (KV slots); None: DEFAULT_SLOTS on
+        the CPU, on a GPU as many as `kv_memory_fraction` of the free memory
+        holds (at most MAX_GPU_SLOTS). cuda_graphs: capture the decode step per
+        batch bucket (FlashInfer attention only)."""
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or default_dtype(device)
         checkpoint = load_checkpoint(source)
         config = checkpoint.config
         model = Whisper.from_checkpoint(checkpoint, device=device, dtype=dtype)
+        if slots is None:
+            slots = gpu_slots(config.dims, dtype, device, kv_memory_fraction) if device.type == "cuda" else DEFAULT_SLOTS
         pool = KVSlotPool(PoolShape.for_model(config.dims, slots), device=device, dtype=dtype)
-        batch = DecodeBatch(model, config, SdpaAttention(pool))
+        backend = make_attention(AttentionKind(attention), pool)
+        graphs = None
+        if cuda_graphs and device.type == "cuda" and not isinstance(backend, SdpaAttention):
+            from .cuda_graphs import DecodeGraphs
+
+            graphs = DecodeGraphs(model, config, backend, max_batch=slots)
+            graphs.capture()
+        batch = DecodeBatch(model, config, backend, graphs)
         tokenizer = load_tokenizer(config) if config.tokenizer_path else None
         return cls(model, config, tokenizer, Engine(batch, config, tokenizer, engine_options))
 
@@ -76,53 +98,100 @@ class Pipeline:
     def n_mels(self) -> int:
         return self.config.dims.n_mels
 
-    def features(self, waveform: np.ndarray) -> torch.Tensor:
-        return audio.window_features(waveform, self.n_mels)
+    def decode(
+        self, waveforms: Sequence[np.ndarray], options: DecodingOptions | Sequence[DecodingOptions]
+    ) -> list[DecodingResult]:
+        """Decode the first 30 s window of each waveform, all in one batch: the
+        model's raw output, without fallback or long-form seeking."""
+        if isinstance(options, DecodingOptions):
+            options = [options] * len(waveforms)
+        futures: list[Future[DecodingResult]] = []
+        for waveform, window_options in zip(waveforms, options):
+            future: Future[DecodingResult] = Future()
+            self.engine.submit(
+                audio.window_features(waveform, self.n_mels), window_options, _settle(future)
+            )
+            futures.append(future)
+        return [f.result() for f in futures]
 
-    def submit(self, waveform: np.ndarray, options: DecodingOptions) -> "Future[Transcript]":
-        """Queue one recording (at most 30 s, 16 kHz mono) for the engine."""
+    def submit(
+        self, waveform: np.ndarray, options: TranscribeOptions, is_cancelled: Callable[[], bool] | None = None
+    ) -> "Future[Transcript]":
+        """Queue a recording of any length (16 kHz mono) for transcription."""
+        if self.tokenizer is None:
+            raise ValueError(f"checkpoint {self.config.source!r} has no tokenizer: it can decode but not transcribe")
         future: Future[Transcript] = Future()
-        duration = len(waveform) / audio.SAMPLE_RATE
-
-        def on_done(outcome: DecodingResult | BaseException) -> None:
-            if isinstance(outcome, BaseException):
-                future.set_exception(outcome)
-            else:
-                future.set_result(self.transcript(outcome, duration))
-
-        self.engine.submit(self.features(waveform), options, on_done)
+        job = LongFormJob(
+            self.engine.submit,
+            self.config,
+            self.tokenizer,
+            features_for(waveform, self.n_mels),
+            len(waveform) / audio.SAMPLE_RATE,
+            options,
+            _settle(future),
+            is_cancelled,
+        )
+        job.start()
         return future
 
-    def transcribe(self, data: bytes | np.ndarray, options: DecodingOptions = DecodingOptions()) -> Transcript:
-        """Transcribe audio file bytes or a 16 kHz mono float32 waveform."""
+    def transcribe(
+        self, data: bytes | np.ndarray, options: TranscribeOptions | DecodingOptions = TranscribeOptions()
+    ) -> Transcript:
+        """Transcribe audio file bytes or a 16 kHz mono float32 waveform, any length."""
         return self.transcribe_many([data], options)[0]
 
     def transcribe_many(
-        self, recordings: Sequence[bytes | np.ndarray], options: DecodingOptions | Sequence[DecodingOptions]
+        self,
+        recordings: Sequence[bytes | np.ndarray],
+        options: TranscribeOptions | DecodingOptions | Sequence[TranscribeOptions],
     ) -> list[Transcript]:
-        """Transcribe several recordings decoded together in one batch."""
+        """Transcribe several recordings; their windows share the engine's batch."""
         if isinstance(options, DecodingOptions):
+            options = TranscribeOptions(decoding=options)
+        if isinstance(options, TranscribeOptions):
             options = [options] * len(recordings)
         waveforms = [audio.decode_audio(r) if isinstance(r, (bytes, bytearray)) else r for r in recordings]
         futures = [self.submit(w, o) for w, o in zip(waveforms, options)]
         return [f.result() for f in futures]
 
-    def transcript(self, result: DecodingResult, duration: float) -> Transcript:
-        """Text and segments of a decoding result (the same functions the served
-        postprocessing model uses)."""
-        if self.tokenizer is None:
-            return Transcript("", (), result.language, duration, result)
-        return make_transcript(self.tokenizer, result, duration)
-
     def close(self) -> None:
         self.engine.close()
 
 
-def make_transcript(tokenizer: Tokenizer, result: DecodingResult, duration: float) -> Transcript:
-    return Transcript(
-        text=tokenizer.decode(result.tokens).strip(),
-        segments=tokenizer.segments(result.tokens, duration),
-        language=result.language,
-        duration=duration,
-        result=result,
-    )
+def _settle(future: Future) -> Callable[[object], None]:
+    """An engine callback that completes `future` with a result or an exception."""
+
+    def on_done(outcome: object) -> None:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    return on_done
+
+
+def gpu_slots(dims, dtype: torch.dtype, device: torch.device, fraction: float) -> int:
+    """Request slots that fit in `fraction` of the GPU memory free now."""
+    free_bytes, _ = torch.cuda.mem_get_info(device)
+    return slots_for_memory(dims, dtype, int(free_bytes * fraction), MAX_GPU_SLOTS)
+
+
+def make_attention(kind: AttentionKind, pool: KVSlotPool):
+    """The attention backend: FlashInfer on CUDA when asked for (or, with AUTO,
+    when it is installed), PyTorch SDPA otherwise."""
+    on_cuda = pool.self_k[0].device.type == "cuda"
+    if kind is AttentionKind.SDPA or (kind is AttentionKind.AUTO and not (on_cuda and _flashinfer_available())):
+        return SdpaAttention(pool)
+    if not on_cuda:
+        raise ValueError("FlashInfer attention needs a CUDA device")
+    from .flashinfer_attention import FlashInferAttention
+
+    return FlashInferAttention(pool)
+
+
+def _flashinfer_available() -> bool:
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return False
+    return True

@@ -15,14 +15,36 @@ from typing import Sequence
 from .weights import DEFAULT_SOURCE, TIME_PRECISION_S, ModelConfig, SpecialTokens, load_config
 
 
+NAN = float("nan")
+
+
+@dataclass(frozen=True)
+class Word:
+    word: str  # with its leading space, as Whisper writes it
+    start: float
+    end: float
+    probability: float
+
+
 @dataclass(frozen=True)
 class Segment:
-    """A stretch of speech: times in seconds from the start of the audio."""
+    """A stretch of speech: times in seconds from the start of the audio.
+
+    The fields after `tokens` describe the window the segment came from
+    (openai-whisper's verbose result) and are filled by long-form decoding.
+    """
 
     start: float
     end: float
     text: str
     tokens: tuple[int, ...]
+    id: int = 0
+    seek: int = 0  # mel frame where the window started
+    temperature: float = 0.0
+    avg_logprob: float = NAN
+    compression_ratio: float = NAN
+    no_speech_prob: float = NAN
+    words: tuple[Word, ...] = ()
 
 
 class Tokenizer:
@@ -71,7 +93,8 @@ class Tokenizer:
         return tuple(s for s in segments if s.text)
 
     def _segment(self, start: float, end: float, tokens: list[int]) -> Segment:
-        return Segment(start=start, end=end, text=self.decode(tokens).strip(), tokens=tuple(tokens))
+        # Times are multiples of 10 ms; rounding drops float noise from offsets.
+        return Segment(start=round(start, 3), end=round(end, 3), text=self.decode(tokens).strip(), tokens=tuple(tokens))
 
 
 def load_tokenizer(source: str | ModelConfig = DEFAULT_SOURCE) -> Tokenizer:

@@ -27,7 +27,7 @@ def pipe():
 
 @pytest.fixture(scope="module")
 def features(pipe):
-    return [pipe.features(audio.decode_audio(c.read())[: audio.N_SAMPLES]) for c in clips()[:6]]
+    return [audio.window_features(audio.decode_audio(c.read())[: audio.N_SAMPLES], pipe.n_mels) for c in clips()[:6]]
 
 
 def _submit(pipe, features, options, **kwargs) -> Future:

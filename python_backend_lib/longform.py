@@ -1,0 +1,375 @@
+"""Audio of any length, decoded 30 s window by window through the engine.
+
+Two modes:
+- SEQUENTIAL is Whisper's own algorithm: decode the window at `seek`, move
+  `seek` to the last complete timestamp (or past the window), and condition the
+  next window on the text so far. Best accuracy; windows of one recording run
+  one after another (other requests still share the batch).
+- BATCHED cuts the audio into back-to-back 30 s windows that are decoded in
+  parallel inside the continuous batch, then stitches their segments into
+  absolute time. Faster for long audio; no conditioning across windows, and a
+  word cut at a window edge may be garbled.
+
+Both apply openai-whisper's quality controls: temperature fallback when the
+text is too repetitive (gzip compression ratio) or too unlikely (average
+log-probability), and skipping windows that are silent (no-speech probability
+high and log-probability low).
+
+A `LongFormJob` is a small state machine whose transitions run in engine
+callbacks, so it never blocks the engine thread.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import math
+import threading
+import zlib
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from . import audio
+from .options import DecodingOptions, DecodingResult
+from .tokenizer import Segment, Tokenizer
+from .weights import ModelConfig
+
+# openai-whisper's defaults.
+DEFAULT_TEMPERATURE_INCREMENT = 0.2
+MAX_TEMPERATURE = 1.0
+DEFAULT_COMPRESSION_RATIO_THRESHOLD = 2.4
+DEFAULT_LOGPROB_THRESHOLD = -1.0
+DEFAULT_NO_SPEECH_THRESHOLD = 0.6
+# Conditioning on text decoded at a high temperature tends to propagate errors.
+MAX_CONDITIONING_TEMPERATURE = 0.5
+# A window whose loudest spectral bin stays below this log10 power (about 90 dB
+# under a full-scale tone, whose peak is near 4) holds digital silence. Whisper's
+# own rule does not catch it (tiny.en writes a confident "you"), so such windows
+# are skipped without decoding.
+SILENCE_LOG10_POWER = -5.0
+
+
+class LongFormMode(str, enum.Enum):
+    SEQUENTIAL = "sequential"
+    BATCHED = "batched"
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """How to transcribe a whole recording. `decoding.temperature` is the first
+    temperature tried; each fallback adds `temperature_increment` up to 1.0
+    (0 disables fallback). A threshold of None disables its check."""
+
+    decoding: DecodingOptions = DecodingOptions()
+    temperature_increment: float = DEFAULT_TEMPERATURE_INCREMENT
+    compression_ratio_threshold: float | None = DEFAULT_COMPRESSION_RATIO_THRESHOLD
+    logprob_threshold: float | None = DEFAULT_LOGPROB_THRESHOLD
+    no_speech_threshold: float | None = DEFAULT_NO_SPEECH_THRESHOLD
+    condition_on_previous_text: bool = True
+    mode: LongFormMode = LongFormMode.SEQUENTIAL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, LongFormMode):
+            try:
+                object.__setattr__(self, "mode", LongFormMode(self.mode))
+            except ValueError:
+                raise ValueError(
+                    f"long_form must be one of {[m.value for m in LongFormMode]}, got {self.mode!r}"
+                ) from None
+        if not 0.0 <= self.temperature_increment <= MAX_TEMPERATURE:
+            raise ValueError(f"temperature_increment must be from 0 to 1, got {self.temperature_increment!r}")
+
+    @property
+    def temperatures(self) -> tuple[float, ...]:
+        first = self.decoding.temperature
+        if self.temperature_increment <= 0 or first >= MAX_TEMPERATURE:
+            return (first,)
+        steps = int(round((MAX_TEMPERATURE - first) / self.temperature_increment))
+        return tuple(round(first + i * self.temperature_increment, 6) for i in range(steps + 1))
+
+
+@dataclass(frozen=True)
+class Transcript:
+    text: str
+    segments: tuple[Segment, ...]
+    language: str | None
+    language_probability: float | None
+    duration: float  # seconds of audio
+    windows: tuple[DecodingResult, ...]  # every accepted window, in order
+
+
+# --------------------------------------------------------------- pure pieces
+
+
+def compression_ratio(text: str) -> float:
+    """Bytes over gzip'ed bytes: high for text that repeats itself."""
+    data = text.encode("utf-8")
+    return len(data) / len(zlib.compress(data)) if data else 0.0
+
+
+def needs_fallback(result: DecodingResult, ratio: float, options: TranscribeOptions) -> bool:
+    too_repetitive = options.compression_ratio_threshold is not None and ratio > options.compression_ratio_threshold
+    too_unlikely = options.logprob_threshold is not None and result.avg_logprob < options.logprob_threshold
+    return (too_repetitive or too_unlikely) and not is_silent(result, options)
+
+
+def is_silent(result: DecodingResult, options: TranscribeOptions) -> bool:
+    """openai-whisper's skip rule: likely no speech, and the text is not confident."""
+    if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
+        return False
+    return options.logprob_threshold is None or result.avg_logprob < options.logprob_threshold
+
+
+def is_digital_silence(window: torch.Tensor) -> bool:
+    """window: log-mel [n_mels, frames] as `audio` normalises it, (log10 + 4) / 4."""
+    peak_log10_power = float(window.max()) * audio.LOG_MEL_SCALE - audio.LOG_MEL_OFFSET
+    return peak_log10_power < SILENCE_LOG10_POWER
+
+
+def content_frames(mel_frames: int, duration: float) -> int:
+    """Mel frames that hold audio. Up to 30 s the features are exactly one
+    window; longer audio comes with 30 s of padding frames appended."""
+    if mel_frames > audio.N_FRAMES:
+        return mel_frames - audio.N_FRAMES
+    return min(audio.N_FRAMES, int(round(duration * audio.SAMPLE_RATE)) // audio.HOP_LENGTH)
+
+
+def features_for(waveform, n_mels: int, device=None) -> torch.Tensor:
+    """Log-mel for `LongFormJob`: one exact window up to 30 s, else the whole
+    recording followed by 30 s of silence (so every window is full)."""
+    if len(waveform) <= audio.N_SAMPLES:
+        return audio.window_features(waveform, n_mels, device)
+    return audio.log_mel_spectrogram(waveform, n_mels, padding=audio.N_SAMPLES, device=device)
+
+
+@dataclass(frozen=True)
+class WindowOutcome:
+    segments: tuple[Segment, ...]
+    advance: int  # frames to move seek by
+
+
+def split_window(
+    tokens: tuple[int, ...], tokenizer: Tokenizer, seek: int, window_frames: int, result: DecodingResult, ratio: float
+) -> WindowOutcome:
+    """Segments of one decoded window in absolute time, and how far to seek.
+
+    When the window ends inside a segment (its last two tokens are timestamps
+    closing one segment and opening the next), the next window starts at that
+    last timestamp, so the unfinished speech is decoded again whole.
+    """
+    begin = tokenizer.special.timestamp_begin
+    offset = seek / audio.FRAMES_PER_SECOND
+    window_seconds = window_frames / audio.FRAMES_PER_SECOND
+    is_ts = [t >= begin for t in tokens]
+    single_ending = is_ts[-2:] == [False, True]
+    boundaries = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
+    stats = dict(
+        seek=seek,
+        temperature=result.temperature,
+        avg_logprob=result.avg_logprob,
+        compression_ratio=ratio,
+        no_speech_prob=result.no_speech_prob,
+    )
+    if boundaries:
+        if single_ending:
+            boundaries.append(len(tokens))
+        segments, start = [], 0
+        for end in boundaries:
+            piece = tokens[start:end]
+            segments.extend(tokenizer.segments(piece, duration=window_seconds, offset=offset))
+            start = end
+        if single_ending:
+            advance = window_frames
+        else:
+            last_timestamp = tokens[start - 1] - begin
+            advance = last_timestamp * audio.ENCODER_STRIDE
+    else:
+        stamps = [t for t in tokens if t >= begin]
+        duration = window_seconds
+        if stamps and stamps[-1] != begin:
+            duration = tokenizer.timestamp_seconds(stamps[-1])
+        text_tokens = tuple(t for t in tokens if t < tokenizer.special.eot)
+        text = tokenizer.decode(text_tokens).strip()
+        segments = [Segment(offset, round(offset + duration, 3), text, tuple(tokens))] if text else []
+        advance = window_frames
+    return WindowOutcome(tuple(dataclasses.replace(s, **stats) for s in segments), max(advance, 1))
+
+
+# ------------------------------------------------------------ the state machine
+
+# What a skipped silent window counts as: certainly no speech, nothing decoded.
+SILENT_WINDOW = DecodingResult(tokens=(), language=None, avg_logprob=-math.inf, no_speech_prob=1.0, temperature=0.0)
+
+Submit = Callable[..., None]  # Engine.submit(features, options, on_done, is_cancelled)
+
+
+class LongFormJob:
+    """Transcribe one recording through the engine; `on_done` receives the
+    `Transcript` or the exception (on the engine thread)."""
+
+    def __init__(
+        self,
+        submit: Submit,
+        config: ModelConfig,
+        tokenizer: Tokenizer,
+        mel: torch.Tensor,
+        duration: float,
+        options: TranscribeOptions,
+        on_done: Callable[[Transcript | BaseException], None],
+        is_cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        self.submit = submit
+        self.config = config
+        self.tokenizer = tokenizer
+        self.mel = mel
+        self.duration = duration
+        self.options = options
+        self.on_done = on_done
+        self.is_cancelled = is_cancelled
+        self.content = content_frames(mel.shape[-1], duration)
+        self.language = options.decoding.language
+        self.language_probability: float | None = None
+        self._lock = threading.Lock()
+        self._accepted: dict[int, tuple[WindowOutcome, DecodingResult]] = {}
+        self._previous: list[int] = self._initial_prompt()
+        self._pending = 0
+        self._failed = False
+        self._finished = False
+
+    def start(self) -> None:
+        """Submit the first window; raises ValueError when the options do not
+        fit the model (nothing is submitted then)."""
+        if self.content == 0:
+            self._finish()
+            return
+        self._decode(0, 0)
+
+    # -- windows
+
+    def _window(self, seek: int) -> tuple[torch.Tensor, int]:
+        """The 3,000 frames decoded from `seek`, and how many of them hold audio.
+        Past the end of short audio the window is padded with zeros, as
+        openai-whisper and transformers pad it."""
+        frames = min(audio.N_FRAMES, self.content - seek)
+        return audio.pad_or_trim(self.mel[:, seek : seek + audio.N_FRAMES], audio.N_FRAMES), frames
+
+    def _decoding_options(self, seek: int, attempt: int) -> DecodingOptions:
+        """The first window (and every window in BATCHED mode) sees the caller's
+        prompt; later SEQUENTIAL windows see the text decoded so far instead."""
+        changes = dict(temperature=self.options.temperatures[attempt], language=self.language)
+        if seek > 0 and self.options.mode is LongFormMode.SEQUENTIAL:
+            changes.update(previous_tokens=tuple(self._previous), prompt=None)
+        return dataclasses.replace(self.options.decoding, **changes)
+
+    def _decode(self, seek: int, attempt: int, reserved: bool = False) -> None:
+        """Submit one window; `reserved` when the caller already counted it."""
+        features, frames = self._window(seek)
+        if not reserved:
+            with self._lock:
+                self._pending += 1
+        if is_digital_silence(features[:, :frames]):
+            self._on_window(seek, attempt, SILENT_WINDOW)
+            return
+        self.submit(
+            features.contiguous(),
+            self._decoding_options(seek, attempt),
+            lambda outcome: self._on_window(seek, attempt, outcome),
+            self.is_cancelled,
+        )
+
+    def _on_window(self, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
+        try:
+            self._handle(seek, attempt, outcome)
+        except BaseException as error:  # never leave the caller waiting
+            self._fail(error)
+
+    def _handle(self, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
+        with self._lock:
+            self._pending -= 1
+        if isinstance(outcome, BaseException):
+            self._fail(outcome)
+            return
+        if self._failed:
+            return
+        result = outcome
+        ratio = compression_ratio(self.tokenizer.decode(result.tokens))
+        if needs_fallback(result, ratio, self.options) and attempt + 1 < len(self.options.temperatures):
+            self._decode(seek, attempt + 1)
+            return
+        if self.language is None and result.language is not None:
+            self.language, self.language_probability = result.language, result.language_probability
+        _, frames = self._window(seek)
+        if is_silent(result, self.options):
+            outcome = WindowOutcome((), frames)
+        else:
+            outcome = split_window(result.tokens, self.tokenizer, seek, frames, result, ratio)
+        with self._lock:
+            self._accepted[seek] = (outcome, result)
+        if self.options.mode is LongFormMode.SEQUENTIAL:
+            self._after_sequential(seek, outcome, result)
+        else:
+            self._after_batched(seek)
+
+    def _after_sequential(self, seek: int, outcome: WindowOutcome, result: DecodingResult) -> None:
+        for segment in outcome.segments:
+            self._previous.extend(segment.tokens)
+        if not self.options.condition_on_previous_text or result.temperature > MAX_CONDITIONING_TEMPERATURE:
+            self._previous = []
+        next_seek = seek + outcome.advance
+        if next_seek < self.content:
+            self._decode(next_seek, 0)
+        else:
+            self._finish()
+
+    def _after_batched(self, seek: int) -> None:
+        if seek == 0 and self.content > audio.N_FRAMES:
+            # The first window fixed the language; the rest run in parallel.
+            # Count them all before submitting any, so that none can see the
+            # job as finished while others are still being submitted.
+            later = range(audio.N_FRAMES, self.content, audio.N_FRAMES)
+            with self._lock:
+                self._pending += len(later)
+            for window_seek in later:
+                self._decode(window_seek, 0, reserved=True)
+            return
+        with self._lock:
+            done = self._pending == 0
+        if done:
+            self._finish()
+
+    def _initial_prompt(self) -> list[int]:
+        """openai-whisper conditions later windows on the initial prompt too, until
+        the first reset."""
+        prompt = self.options.decoding.prompt
+        return self.tokenizer.encode(" " + prompt.strip()) if prompt and prompt.strip() else []
+
+    # -- the end
+
+    def _fail(self, error: BaseException) -> None:
+        with self._lock:
+            if self._failed or self._finished:
+                return
+            self._failed = True
+        self.on_done(error)
+
+    def _finish(self) -> None:
+        with self._lock:
+            if self._failed or self._finished:
+                return
+            self._finished = True
+        ordered = [self._accepted[seek] for seek in sorted(self._accepted)]
+        segments = [s for outcome, _ in ordered for s in outcome.segments]
+        segments = [dataclasses.replace(s, id=i) for i, s in enumerate(segments)]
+        text_tokens = [t for s in segments for t in s.tokens]
+        self.on_done(
+            Transcript(
+                text=self.tokenizer.decode(text_tokens).strip(),
+                segments=tuple(segments),
+                language=self.language,
+                language_probability=self.language_probability,
+                duration=self.duration,
+                windows=tuple(result for _, result in ordered),
+            )
+        )
