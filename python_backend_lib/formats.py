@@ -2,8 +2,8 @@
 
 Pure functions from timed segments to strings. A segment is anything with
 `start` and `end` in seconds and `text` (the tokenizer's `Segment`, the
-client's `TimedText`). Times are written to the millisecond: Whisper's
-timestamps step by 20 ms, so nothing is lost.
+client's `TimedText`). SEGMENTS carries the times exactly as the library
+computed them; the subtitle formats write them to the millisecond.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-TIME_DECIMALS = 3  # milliseconds
 MS_PER_SECOND = 1000
 MS_PER_MINUTE = 60 * MS_PER_SECOND
 MS_PER_HOUR = 60 * MS_PER_MINUTE
@@ -39,18 +38,13 @@ class TimedText:
     text: str
 
 
-def round_time(seconds: float) -> float:
-    """Seconds rounded to the precision of the wire format."""
-    return round(float(seconds), TIME_DECIMALS)
-
-
 def segments_to_json(segments: Iterable[Timed]) -> str:
     """The SEGMENTS tensor's content: a JSON list of {"start", "end", "text"}."""
     return json.dumps(_segment_records(segments), ensure_ascii=False)
 
 
 def _segment_records(segments: Iterable[Timed]) -> list[dict[str, float | str]]:
-    return [{"start": round_time(s.start), "end": round_time(s.end), "text": s.text} for s in segments]
+    return [{"start": float(s.start), "end": float(s.end), "text": s.text} for s in segments]
 
 
 def segments_from_json(data: str | bytes) -> tuple[TimedText, ...]:

@@ -46,6 +46,8 @@ DEFAULT_METRICS_PORT = 8002
 DEFAULT_STARTUP_TIMEOUT_S = 600.0  # loading and warming a large checkpoint on a GPU takes minutes
 STOP_GRACE_S = 40.0  # tritonserver itself waits up to 30 s for in-flight requests
 LOG_TAIL_LINES = 60
+# Log lines after which tritonserver 2.51 neither becomes ready nor exits.
+FATAL_LOG_MARKERS = ("Failed to preinitialize Python stub",)
 READY_POLL_S = 0.5
 
 
@@ -209,6 +211,7 @@ class TritonServer:
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._process: subprocess.Popen[str] | None = None
         self._pump: threading.Thread | None = None
+        self._fatal = threading.Event()
 
     @property
     def http_url(self) -> str:
@@ -267,6 +270,8 @@ class TritonServer:
         assert self._process is not None and self._process.stdout is not None
         for line in self._process.stdout:
             self._tail.append(line)
+            if any(marker in line for marker in FATAL_LOG_MARKERS):
+                self._fatal.set()
             if self._log is not None:
                 self._log.write(line)
                 self._log.flush()
@@ -281,6 +286,8 @@ class TritonServer:
                     f"tritonserver exited with status {self._process.returncode} before it was ready; "
                     f"its log ends:\n{self.log_tail()}"
                 )
+            if self._fatal.is_set():
+                raise ServerError(f"tritonserver cannot load the models; its log ends:\n{self.log_tail()}")
             try:
                 with urllib.request.urlopen(url, timeout=READY_POLL_S) as response:
                     if response.status == 200:

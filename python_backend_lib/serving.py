@@ -6,24 +6,25 @@ Nothing here imports Triton or torch, so it is tested without a server.
 from __future__ import annotations
 
 import json
+import math
 import os
+import time
 import traceback
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from python_backend_lib.parameters import InputFormat, RequestParameters
-
-if TYPE_CHECKING:
-    import torch
 
 # Overrides every model's `checkpoint` parameter; `whisper-triton serve --checkpoint` sets it.
 CHECKPOINT_ENV = "WHISPER_TRITON_CHECKPOINT"
 DEFAULT_CHECKPOINT = "default"  # the packaged tiny.en
 # The `parameters { key: ... }` a model's config.pbtxt may set.
 CONFIG_PARAMETERS = ("checkpoint",)
+# How often a running request asks Triton whether its client has given up.
+CANCELLATION_POLL_S = 0.25
 
 
 @dataclass(frozen=True)
@@ -109,17 +110,35 @@ def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds
     return audio.decode_audio(data, max_seconds=max_seconds)
 
 
-def log_mel_features(waveform: np.ndarray, n_mels: int) -> torch.Tensor:
-    """LOG_MEL for one clip: [n_mels, N_FRAMES] per 30 s window, windows side by side.
 
-    Up to 30 s this is exactly `audio.window_features(waveform, n_mels)`.
+def exact_seconds(audio_seconds: float) -> float:
+    """The duration that AUDIO_SECONDS stands for, as `len(waveform) / SAMPLE_RATE` in float64.
+
+    AUDIO_SECONDS is float32 but always a whole number of samples, so the
+    count is recovered exactly: float32 resolves half a sample up to 2**23
+    samples (8.7 minutes), and to within a sample or two beyond.
     """
-    import torch
+    from python_backend_lib.audio import SAMPLE_RATE
 
-    from python_backend_lib import audio
+    return round(audio_seconds * SAMPLE_RATE) / SAMPLE_RATE
 
-    windows = [
-        audio.window_features(waveform[start : start + audio.N_SAMPLES], n_mels)
-        for start in range(0, len(waveform), audio.N_SAMPLES)
-    ]
-    return torch.cat(windows, dim=-1)  # [n_mels, N_FRAMES * windows]
+
+class CancellationProbe:
+    """Asks Triton whether a request was cancelled, at most once per `interval_s`.
+
+    The engine polls every running request between decoder steps; each real
+    check is a round trip to tritonserver, so most polls reuse the last answer.
+    """
+
+    def __init__(self, is_cancelled: Callable[[], bool], interval_s: float = CANCELLATION_POLL_S) -> None:
+        self._is_cancelled = is_cancelled
+        self._interval_s = interval_s
+        self._checked_at = -math.inf
+        self._cancelled = False
+
+    def __call__(self) -> bool:
+        now = time.monotonic()
+        if not self._cancelled and now - self._checked_at >= self._interval_s:
+            self._checked_at = now
+            self._cancelled = bool(self._is_cancelled())
+        return self._cancelled

@@ -13,12 +13,12 @@ import triton_python_backend_utils as pb_utils
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
 from python_backend_lib import audio, tensor_names  # noqa: E402
+from python_backend_lib.longform import features_for  # noqa: E402
 from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
 from python_backend_lib.serving import (  # noqa: E402
     ModelSettings,
     decode_request_audio,
     error_response,
-    log_mel_features,
     single_row,
 )
 from python_backend_lib.weights import load_config  # noqa: E402
@@ -38,7 +38,7 @@ class TritonPythonModel:
             audio_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO)
             (data,) = single_row(audio_tensor.as_numpy(), tensor_names.AUDIO)  # [1] bytes
             waveform = decode_request_audio(data, parameters)
-            features = log_mel_features(waveform, self.n_mels)  # [n_mels, frames]
+            features = features_for(waveform, self.n_mels)  # [n_mels, frames], as Pipeline.transcribe
         except Exception as error:
             return error_response(pb_utils, error)
         seconds = np.array([[len(waveform) / audio.SAMPLE_RATE]], dtype=np.float32)  # [1, 1]

@@ -1,0 +1,92 @@
+"""Fixtures shared by the test files: a real `whisper-triton serve` for the server tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+AUDIO_DIR = Path(__file__).parent / "data" / "audio"
+STARTUP_TIMEOUT_S = 600
+SHUTDOWN_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class RunningServer:
+    http_url: str
+    grpc_url: str
+    log: Path
+
+    def url(self, protocol: str) -> str:
+        return self.http_url if protocol == "http" else self.grpc_url
+
+
+def whisper_triton_command() -> list[str]:
+    """The installed console script of this interpreter, else the module it points to."""
+    script = Path(sys.executable).parent / "whisper-triton"
+    if script.exists():
+        return [str(script)]
+    found = shutil.which("whisper-triton")
+    return [found] if found else [sys.executable, "-m", "python_backend_lib.cli"]
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return probe.getsockname()[1]
+
+
+def _log_tail(log: Path, lines: int = 40) -> str:
+    return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    """`whisper-triton serve` on free ports, as a user would start it; stopped with SIGTERM."""
+    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    log = tmp_path_factory.mktemp("server") / "whisper-triton-serve.log"
+    command = whisper_triton_command() + [
+        "serve",
+        f"--http-port={http_port}",
+        f"--grpc-port={grpc_port}",
+        f"--metrics-port={metrics_port}",
+    ]
+    with log.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
+    try:
+        _wait_until_ready(process, http_port, log)
+        yield RunningServer(http_url=f"localhost:{http_port}", grpc_url=f"localhost:{grpc_port}", log=log)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            status = process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            pytest.fail(f"whisper-triton serve ignored SIGTERM for {SHUTDOWN_TIMEOUT_S} s:\n{_log_tail(log)}")
+    assert status == 0, f"whisper-triton serve exited with {status} after SIGTERM:\n{_log_tail(log)}"
+
+
+def _wait_until_ready(process: subprocess.Popen, http_port: int, log: Path) -> None:
+    deadline = time.monotonic() + STARTUP_TIMEOUT_S
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"whisper-triton serve exited with {process.returncode}:\n{_log_tail(log)}")
+        try:
+            with urllib.request.urlopen(f"http://localhost:{http_port}/v2/health/ready", timeout=1) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, TimeoutError):
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"whisper-triton serve was not ready after {STARTUP_TIMEOUT_S} s:\n{_log_tail(log)}")

@@ -1,0 +1,80 @@
+"""The pieces of `whisper-triton serve` that can be checked without loading Whisper."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from python_backend_lib import server
+from python_backend_lib.server import ServerError, ServerSettings, TritonServer
+from python_backend_lib.serving import CHECKPOINT_ENV
+
+
+def test_packaged_model_repository_is_found_beside_the_package():
+    repository = server.packaged_model_repository()
+    assert (repository / "transcribe" / "config.pbtxt").is_file()
+
+
+def test_triton_and_a_python_backend_for_this_interpreter_are_found(tmp_path):
+    installation = server.find_triton(cache_dir=tmp_path)
+    assert installation.binary.is_file() and os.access(installation.binary, os.X_OK)
+    backend = installation.backend_directory / "python"
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py", server.STUB_NAME):
+        assert (backend / name).is_file(), name
+    again = server.find_triton(cache_dir=tmp_path)  # reused, not rebuilt
+    assert again == installation
+
+
+def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
+    installation = server.TritonInstallation(
+        binary=Path("/bin/true"), backend_directory=tmp_path, library_path=(tmp_path / "libs",)
+    )
+    env = server.server_environment(installation, checkpoint="/models/small")
+    first = Path(env["PATH"].split(os.pathsep)[0])
+    assert (first / "python3").samefile(sys.executable)
+    assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(tmp_path / "libs")
+    assert env[CHECKPOINT_ENV] == "/models/small"
+
+
+def test_numpy_2_is_refused(monkeypatch):
+    server.check_numpy()  # the installed numpy is < 2
+    monkeypatch.setattr(server.importlib.metadata, "version", lambda name: "2.1.0")
+    with pytest.raises(ServerError, match="numpy < 2"):
+        server.check_numpy()
+
+
+def test_a_taken_port_is_refused_before_starting(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        settings = ServerSettings(model_repository=tmp_path, http_port=port, grpc_port=0, metrics_port=0)
+        with pytest.raises(ServerError, match=f"port {port} is not free"):
+            TritonServer(settings).start()
+
+
+@pytest.mark.server
+def test_a_broken_repository_fails_with_tritons_log(tmp_path):
+    model = tmp_path / "broken"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 1\n')
+    (model / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n"
+        "    def initialize(self, args):\n"
+        "        raise ValueError('checkpoint /nowhere is not a folder')\n"
+    )
+    ports = []
+    for _ in range(3):
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            ports.append(probe.getsockname()[1])
+    settings = ServerSettings(model_repository=tmp_path, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
+    triton = TritonServer(settings)
+    with pytest.raises(ServerError, match="before it was ready") as caught:
+        triton.start(timeout=120)
+    assert "checkpoint /nowhere is not a folder" in str(caught.value)
+    assert triton.stop() is not None  # exited, and stopping again is harmless

@@ -1,0 +1,183 @@
+"""Every config.pbtxt agrees with `tensor_names` and with the other models it feeds."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from python_backend_lib import tensor_names as names
+
+REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
+MAX_ADAPTER_LINES = 100
+
+# model -> ({input: data type}, {output: data type})
+PYTHON_MODELS = {
+    names.PREPROCESSING_NAME: (
+        {names.AUDIO: "TYPE_STRING"},
+        {names.LOG_MEL: "TYPE_FP32", names.AUDIO_SECONDS: "TYPE_FP32"},
+    ),
+    names.WHISPER_NAME: (
+        {names.LOG_MEL: "TYPE_FP32", names.AUDIO_SECONDS: "TYPE_FP32"},
+        {names.TOKENS: "TYPE_INT32"},
+    ),
+    names.POSTPROCESSING_NAME: (
+        {names.TOKENS: "TYPE_INT32", names.AUDIO_SECONDS: "TYPE_FP32"},
+        {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING"},
+    ),
+}
+ENSEMBLE = (
+    {names.AUDIO: "TYPE_STRING"},
+    {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING"},
+)
+TENSORS = [value for key, value in vars(names).items() if key.isupper() and not key.endswith("_NAME")]
+
+
+# --- a small reader for the protobuf text format of config.pbtxt ---------------
+
+_TOKEN = re.compile(r'\s+|#[^\n]*|(?P<tok>"(?:[^"\\]|\\.)*"|[{}\[\]:,]|[^\s{}\[\]:,"#]+)')
+
+
+def parse_pbtxt(text: str) -> dict:
+    """Message -> {field: [values]}; nested messages become dicts, scalars str/int/float."""
+    tokens = [m.group("tok") for m in _TOKEN.finditer(text) if m.group("tok")]
+    message, end = _message(tokens, 0)
+    assert end == len(tokens), f"unexpected {tokens[end]!r}"
+    return message
+
+
+def _message(tokens: list[str], i: int) -> tuple[dict, int]:
+    fields: dict[str, list] = {}
+    while i < len(tokens) and tokens[i] != "}":
+        name = tokens[i]
+        i += 1
+        if tokens[i] == ":":
+            i += 1
+        if tokens[i] == "[":
+            i += 1
+            while tokens[i] != "]":
+                value, i = _value(tokens, i)
+                fields.setdefault(name, []).append(value)
+                if tokens[i] == ",":
+                    i += 1
+            i += 1
+        else:
+            value, i = _value(tokens, i)
+            fields.setdefault(name, []).append(value)
+    return fields, i
+
+
+def _value(tokens: list[str], i: int) -> tuple[object, int]:
+    token = tokens[i]
+    if token == "{":
+        message, i = _message(tokens, i + 1)
+        return message, i + 1
+    if token.startswith('"'):
+        return token[1:-1], i + 1
+    for kind in (int, float):
+        try:
+            return kind(token), i + 1
+        except ValueError:
+            pass
+    return token, i + 1  # an enum such as TYPE_FP32 or KIND_CPU, or true/false
+
+
+def one(message: dict, field: str):
+    (value,) = message[field]
+    return value
+
+
+def load(model: str) -> dict:
+    return parse_pbtxt((REPOSITORY / model / "config.pbtxt").read_text())
+
+
+def tensor_types(config: dict, field: str) -> dict[str, str]:
+    return {one(t, "name"): one(t, "data_type") for t in config.get(field, [])}
+
+
+# --- the tests -------------------------------------------------------------------
+
+
+def test_parser_reads_nested_lists_and_comments():
+    parsed = parse_pbtxt('a: 1 # note\nb [ { c: "x" }, { c: "y" } ]\nd { e: [ 1, -1 ] }')
+    assert parsed == {"a": [1], "b": [{"c": ["x"]}, {"c": ["y"]}], "d": [{"e": [1, -1]}]}
+
+
+def test_repository_holds_exactly_our_models():
+    models = {path.parent.name for path in REPOSITORY.glob("*/config.pbtxt")}
+    assert models == {*PYTHON_MODELS, names.ENSEMBLE_NAME}
+    for model in models:
+        assert one(load(model), "name") == model
+        assert (REPOSITORY / model / "1").is_dir()
+
+
+@pytest.mark.parametrize("model", list(PYTHON_MODELS))
+def test_python_model_tensors_match_tensor_names(model):
+    config = load(model)
+    inputs, outputs = PYTHON_MODELS[model]
+    assert one(config, "backend") == "python"
+    assert tensor_types(config, "input") == inputs
+    assert tensor_types(config, "output") == outputs
+
+
+@pytest.mark.parametrize("model", list(PYTHON_MODELS))
+def test_python_model_scheduling_is_spelled_out(model):
+    config = load(model)
+    assert one(config, "max_batch_size") == one(load(names.ENSEMBLE_NAME), "max_batch_size") > 0
+    assert "dynamic_batching" in config
+    assert [one(group, "kind") for group in config["instance_group"]] == ["KIND_CPU"]
+    assert all(one(tensor, "optional") in ("true", "false") for tensor in config["input"])
+    (parameter,) = config["parameters"]
+    assert one(parameter, "key") == "checkpoint"
+
+
+@pytest.mark.parametrize("model", list(PYTHON_MODELS))
+def test_adapter_is_thin_and_takes_names_from_tensor_names(model):
+    source = (REPOSITORY / model / "1" / "model.py").read_text()
+    assert len(source.splitlines()) <= MAX_ADAPTER_LINES
+    assert "tensor_names" in source
+    for tensor in TENSORS:
+        assert f'"{tensor}"' not in source, f"{model}/1/model.py spells out {tensor!r}"
+
+
+def test_ensemble_interface():
+    config = load(names.ENSEMBLE_NAME)
+    assert one(config, "platform") == "ensemble"
+    assert (tensor_types(config, "input"), tensor_types(config, "output")) == ENSEMBLE
+
+
+def test_ensemble_steps_connect_every_tensor_once():
+    config = load(names.ENSEMBLE_NAME)
+    steps = one(config, "ensemble_scheduling")["step"]
+    assert [one(step, "model_name") for step in steps] == [
+        names.PREPROCESSING_NAME,
+        names.WHISPER_NAME,
+        names.POSTPROCESSING_NAME,
+    ]
+    # value in the ensemble -> its data type; the ensemble's inputs exist from the start
+    available = dict(tensor_types(config, "input"))
+    for step in steps:
+        model = one(step, "model_name")
+        inputs, outputs = PYTHON_MODELS[model]
+        input_map = {one(m, "key"): one(m, "value") for m in step["input_map"]}
+        output_map = {one(m, "key"): one(m, "value") for m in step["output_map"]}
+        assert set(input_map) == set(inputs), f"{model}: every input mapped"
+        assert set(output_map) == set(outputs), f"{model}: every output mapped"
+        for tensor, value in input_map.items():
+            assert value in available, f"{model} reads {value!r} before any step writes it"
+            assert available[value] == inputs[tensor], f"{model}.{tensor}: data type"
+        for tensor, value in output_map.items():
+            assert value not in available, f"{value!r} written twice"
+            available[value] = outputs[tensor]
+    final = tensor_types(config, "output")
+    assert {value: available[value] for value in final} == final
+
+
+def test_ensemble_intermediates_have_descriptive_names():
+    config = load(names.ENSEMBLE_NAME)
+    public = set(tensor_types(config, "input")) | set(tensor_types(config, "output"))
+    for step in one(config, "ensemble_scheduling")["step"]:
+        for mapping in step["input_map"] + step["output_map"]:
+            value = one(mapping, "value")
+            assert value in public or (value.islower() and "_" in value), value

@@ -1,0 +1,172 @@
+"""The served path, end to end: `whisper-triton serve` answers exactly as the library does."""
+
+from __future__ import annotations
+
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc
+import tritonclient.http
+from tritonclient.utils import InferenceServerException
+
+from clients.api import TranscriptionError, TranscriptionResult, WhisperClient
+from python_backend_lib import tensor_names
+from python_backend_lib.formats import TimedText
+from python_backend_lib.options import DecodingOptions
+from conftest import AUDIO_DIR, RunningServer, whisper_triton_command
+
+pytestmark = pytest.mark.server
+
+PROTOCOLS = ("http", "grpc")
+CLIPS = sorted(AUDIO_DIR.glob("*.wav"))
+JFK = AUDIO_DIR / "jfk.wav"
+JFK_TEXT = "And so my fellow Americans, ask not what your country can do for you, ask what you can do for your country."
+TRITON = {"http": tritonclient.http, "grpc": tritonclient.grpc}
+MODELS = (
+    tensor_names.PREPROCESSING_NAME,
+    tensor_names.WHISPER_NAME,
+    tensor_names.POSTPROCESSING_NAME,
+    tensor_names.ENSEMBLE_NAME,
+)
+
+
+@pytest.fixture(scope="session")
+def pipeline():
+    from python_backend_lib.pipeline import Pipeline
+
+    pipe = Pipeline.load("default")
+    yield pipe
+    pipe.close()
+
+
+@pytest.fixture(scope="session")
+def expected(pipeline):
+    """The library's own transcript of a clip."""
+    cache: dict[tuple[Path, bool], TranscriptionResult] = {}
+
+    def transcript(clip: Path, timestamps: bool) -> TranscriptionResult:
+        if (clip, timestamps) not in cache:
+            result = pipeline.transcribe(clip.read_bytes(), DecodingOptions(timestamps=timestamps))
+            segments = tuple(TimedText(start=s.start, end=s.end, text=s.text) for s in result.segments)
+            cache[clip, timestamps] = TranscriptionResult(text=result.text, segments=segments)
+        return cache[clip, timestamps]
+
+    return transcript
+
+
+def raw_client(server: RunningServer, protocol: str):
+    return TRITON[protocol].InferenceServerClient(server.url(protocol))
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_server_and_models_are_ready(server, protocol):
+    client = raw_client(server, protocol)
+    assert client.is_server_live() and client.is_server_ready()
+    for model in MODELS:
+        assert client.is_model_ready(model), model
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_transcribe_metadata(server, protocol):
+    metadata = raw_client(server, protocol).get_model_metadata(tensor_names.ENSEMBLE_NAME)
+    if protocol == "grpc":
+        from google.protobuf.json_format import MessageToDict
+
+        metadata = MessageToDict(metadata, preserving_proto_field_name=True)
+    tensors = {(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in metadata["inputs"]}
+    assert tensors == {(tensor_names.AUDIO, "BYTES", (-1, 1))}
+    tensors = {(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in metadata["outputs"]}
+    assert tensors == {(tensor_names.TEXT, "BYTES", (-1, 1)), (tensor_names.SEGMENTS, "BYTES", (-1, 1))}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("timestamps", [False, True], ids=["text", "timestamps"])
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize("clip", CLIPS, ids=[clip.name for clip in CLIPS])
+def test_served_transcript_equals_the_library(server, expected, clip, protocol, timestamps):
+    with WhisperClient(server.url(protocol), protocol) as client:
+        result = client.transcribe(clip, timestamps=timestamps)
+    assert result == expected(clip, timestamps)
+
+
+@pytest.mark.slow
+def test_concurrent_requests_of_mixed_lengths(server, expected):
+    jobs = [(CLIPS[i % len(CLIPS)], PROTOCOLS[i % 2], i % 3 == 0) for i in range(16)]
+
+    def run(job):
+        clip, protocol, timestamps = job
+        with WhisperClient(server.url(protocol), protocol) as client:  # one client per thread
+            return client.transcribe(clip.read_bytes(), timestamps=timestamps)
+
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        results = list(pool.map(run, jobs))
+    for (clip, _, timestamps), result in zip(jobs, results):
+        assert result == expected(clip, timestamps), clip.name
+
+
+def test_raw_pcm_equals_the_file(server, expected):
+    import soundfile
+
+    samples, sample_rate = soundfile.read(JFK, dtype="float32")
+    with WhisperClient(server.http_url) as client:
+        result = client.transcribe(
+            samples.astype("<f4").tobytes(), input_format="pcm_f32le", sample_rate=sample_rate
+        )
+    assert result == expected(JFK, False)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    ("parameters", "audio", "message"),
+    [
+        ({"beam_size": 5}, JFK.read_bytes(), "unknown request parameter 'beam_size'"),
+        ({"timestamps": "yes"}, JFK.read_bytes(), "'timestamps' must be bool"),
+        ({}, b"certainly not audio", "not a decodable audio file"),
+    ],
+    ids=["unknown-parameter", "wrong-type", "not-audio"],
+)
+def test_a_bad_request_gets_a_clear_invalid_arg_and_the_server_stays_ready(
+    server, expected, protocol, parameters, audio, message
+):
+    client = raw_client(server, protocol)
+    tensor = TRITON[protocol].InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+    tensor.set_data_from_numpy(np.array([[audio]], dtype=np.object_))
+    with pytest.raises(InferenceServerException) as caught:
+        client.infer(tensor_names.ENSEMBLE_NAME, [tensor], parameters=parameters)
+    assert message in caught.value.message()
+    assert "Traceback" not in caught.value.message()
+    assert caught.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
+    assert client.is_server_ready()
+    with WhisperClient(server.url(protocol), protocol) as whisper:
+        assert whisper.transcribe(JFK) == expected(JFK, False)
+
+
+def test_client_raises_the_servers_message(server):
+    with WhisperClient(server.http_url) as client, pytest.raises(TranscriptionError, match="'beam_size'"):
+        client.transcribe(JFK, beam_size=5)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_cli_prints_the_jfk_transcript(server, protocol):
+    command = whisper_triton_command() + [
+        "transcribe", str(JFK), f"--url={server.url(protocol)}", f"--protocol={protocol}"
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    assert completed.stdout == JFK_TEXT + "\n"
+
+
+def test_cli_writes_subtitles_with_timestamps(server, tmp_path):
+    command = whisper_triton_command() + [
+        "transcribe", str(JFK), str(CLIPS[0]), f"--url={server.http_url}", "--format=srt",
+        f"--output-dir={tmp_path}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    srt = (tmp_path / "jfk.srt").read_text()
+    assert srt.startswith("1\n00:00:0")
+    assert srt.count(" --> ") >= 2  # timestamps were asked for: more than one segment
+    assert (tmp_path / f"{CLIPS[0].stem}.srt").exists()
