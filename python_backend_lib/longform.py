@@ -69,6 +69,7 @@ class TranscribeOptions:
     no_speech_threshold: float | None = DEFAULT_NO_SPEECH_THRESHOLD
     condition_on_previous_text: bool = True
     mode: LongFormMode = LongFormMode.SEQUENTIAL
+    word_timestamps: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, LongFormMode):
@@ -203,6 +204,8 @@ def split_window(
 SILENT_WINDOW = DecodingResult(tokens=(), language=None, avg_logprob=-math.inf, no_speech_prob=1.0, temperature=0.0)
 
 Submit = Callable[..., None]  # Engine.submit(features, options, on_done, is_cancelled)
+# Aligner.add_words(segments, features, content_frames, offset, language, task)
+AddWords = Callable[..., tuple[Segment, ...]]
 
 
 class LongFormJob:
@@ -219,8 +222,12 @@ class LongFormJob:
         options: TranscribeOptions,
         on_done: Callable[[Transcript | BaseException], None],
         is_cancelled: Callable[[], bool] | None = None,
+        add_words: AddWords | None = None,
     ) -> None:
+        if options.word_timestamps and add_words is None:
+            raise ValueError("word timestamps need a checkpoint with alignment heads")
         self.submit = submit
+        self.add_words = add_words
         self.config = config
         self.tokenizer = tokenizer
         self.mel = mel
@@ -300,11 +307,18 @@ class LongFormJob:
             return
         if self.language is None and result.language is not None:
             self.language, self.language_probability = result.language, result.language_probability
-        _, frames = self._window(seek)
+        features, frames = self._window(seek)
         if is_silent(result, self.options):
             outcome = WindowOutcome((), frames)
         else:
             outcome = split_window(result.tokens, self.tokenizer, seek, frames, result, ratio)
+            if self.options.word_timestamps:
+                # Runs on the engine thread, between decoder steps.
+                segments = self.add_words(
+                    outcome.segments, features, frames, seek / audio.FRAMES_PER_SECOND,
+                    self.language, self.options.decoding.task,
+                )
+                outcome = WindowOutcome(segments, outcome.advance)
         with self._lock:
             self._accepted[seek] = (outcome, result)
         if self.options.mode is LongFormMode.SEQUENTIAL:

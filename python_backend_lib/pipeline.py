@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from . import audio
+from .alignment import Aligner
 from .attention import SdpaAttention
 from .decoding import DecodeBatch
 from .engine import Engine, EngineOptions
@@ -57,6 +58,8 @@ class Pipeline:
         self.config = config
         self.tokenizer = tokenizer
         self.engine = engine
+        has_heads = tokenizer is not None and bool(config.alignment_heads)
+        self.aligner = Aligner(model, config, tokenizer) if has_heads else None
 
     @classmethod
     def load(
@@ -130,6 +133,7 @@ class Pipeline:
             options,
             _settle(future),
             is_cancelled,
+            self.aligner.add_words if self.aligner else None,
         )
         job.start()
         return future

@@ -85,3 +85,43 @@ def hf_model_from_state(config, state: dict[str, torch.Tensor]):
     assert set(missing) <= {"proj_out.weight"}, missing
     model.tie_weights()
     return model.eval()
+
+
+# Our (Hugging Face) parameter names to openai-whisper's.
+_OPENAI_NAMES = [
+    ("encoder.embed_positions.weight", "encoder.positional_embedding"),
+    ("decoder.embed_positions.weight", "decoder.positional_embedding"),
+    ("decoder.embed_tokens", "decoder.token_embedding"),
+    ("encoder.layer_norm", "encoder.ln_post"),
+    ("decoder.layer_norm", "decoder.ln"),
+    (".layers.", ".blocks."),
+    ("self_attn_layer_norm", "attn_ln"),
+    ("encoder_attn_layer_norm", "cross_attn_ln"),
+    ("final_layer_norm", "mlp_ln"),
+    ("self_attn.", "attn."),
+    ("encoder_attn.", "cross_attn."),
+    ("q_proj", "query"),
+    ("k_proj", "key"),
+    ("v_proj", "value"),
+    ("out_proj", "out"),
+    ("fc1", "mlp.0"),
+    ("fc2", "mlp.2"),
+]
+
+
+def openai_model(config, state: dict[str, torch.Tensor]):
+    """openai-whisper's own model with exactly our weights."""
+    import whisper
+
+    renamed = {}
+    for name, tensor in state.items():
+        for ours, theirs in _OPENAI_NAMES:
+            name = name.replace(ours, theirs)
+        renamed[name] = tensor.float()
+    model = whisper.model.Whisper(whisper.model.ModelDimensions(**vars(config.dims)))
+    model.load_state_dict(renamed, strict=True)
+    heads = torch.zeros(config.dims.n_text_layer, config.dims.n_text_head, dtype=torch.bool)
+    for layer, head in config.alignment_heads:
+        heads[layer, head] = True
+    model.register_buffer("alignment_heads", heads.to_sparse(), persistent=False)
+    return model.eval()

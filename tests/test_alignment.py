@@ -1,0 +1,91 @@
+"""Word timestamps against openai-whisper's own alignment code, on the same weights."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from python_backend_lib import audio, weights
+from python_backend_lib.alignment import Aligner, dynamic_time_warping, merge_punctuation, split_words
+from python_backend_lib.longform import TranscribeOptions
+from python_backend_lib.options import DecodingOptions, Task
+from python_backend_lib.pipeline import Pipeline
+
+from reference import DATA, openai_model
+
+whisper_timing = pytest.importorskip("whisper.timing")
+CLIPS = ["jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav", "cards_005.wav"]
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipeline = Pipeline.load("default", device="cpu")
+    yield pipeline
+    pipeline.close()
+
+
+@pytest.fixture(scope="module")
+def openai(pipe):
+    import whisper.tokenizer
+
+    checkpoint = weights.load_checkpoint("default")
+    return openai_model(checkpoint.config, checkpoint.state_dict), whisper.tokenizer.get_tokenizer(False)
+
+
+@pytest.mark.parametrize("clip", CLIPS)
+def test_word_times_equal_openai_whisper(pipe, openai, clip):
+    model, tokenizer = openai
+    waveform = audio.decode_audio((DATA / clip).read_bytes())
+    features = audio.window_features(waveform, pipe.n_mels)
+    frames = len(waveform) // audio.HOP_LENGTH
+    result = pipe.decode([waveform], DecodingOptions())[0]
+    text = [t for t in result.tokens if t < pipe.config.special.eot]
+
+    expected = whisper_timing.find_alignment(model, tokenizer, text, features, frames)
+    starts, probabilities = Aligner(pipe.model, pipe.config, pipe.tokenizer).token_starts(
+        features, text, frames, "en", Task.TRANSCRIBE
+    )
+    words = split_words(pipe.tokenizer, text)
+    bounds = np.cumsum([0] + [len(tokens) for _, tokens in words])
+    assert [w for w, _ in words] == [t.word for t in expected]
+    np.testing.assert_allclose([starts[b] for b in bounds[:-1]], [t.start for t in expected], atol=1e-6)
+    np.testing.assert_allclose([starts[b] for b in bounds[1:]], [t.end for t in expected], atol=1e-6)
+    mean_probability = [np.mean(probabilities[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+    np.testing.assert_allclose(mean_probability, [t.probability for t in expected], atol=1e-4)
+
+
+def test_dynamic_time_warping_equals_openai():
+    rng = np.random.default_rng(1)
+    for shape in [(5, 40), (30, 300), (12, 12)]:
+        cost = rng.standard_normal(shape)
+        ours = dynamic_time_warping(cost)
+        theirs = whisper_timing.dtw_cpu(cost)
+        assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+
+
+def test_punctuation_joins_its_neighbours(pipe):
+    tokens = pipe.tokenizer.encode(' He said, "go (now)."')
+    words = [w for w, _ in split_words(pipe.tokenizer, tokens)]
+    assert "".join(words) == ' He said, "go (now)."'
+    rows = [[w, float(i), float(i + 1), 1.0, 1] for i, w in enumerate(words)]
+    assert [r[0] for r in merge_punctuation(rows)] == [" He", " said,", ' "go', " (now).\""]
+
+
+def test_transcript_words_lie_in_their_segments(pipe):
+    options = TranscribeOptions(decoding=DecodingOptions(timestamps=True), word_timestamps=True)
+    transcript = pipe.transcribe((DATA / "jfk.wav").read_bytes(), options)
+    words = [w for s in transcript.segments for w in s.words]
+    assert "".join(w.word for w in words).strip() == " ".join(s.text for s in transcript.segments)
+    for segment in transcript.segments:
+        for word in segment.words:
+            assert segment.start - 0.5 <= word.start <= word.end <= segment.end + 0.5
+            assert 0.0 < word.probability <= 1.0
+    starts = [w.start for w in words]
+    assert starts == sorted(starts)
+    # The second "ask" follows a pause that ends at 8.18 s (measured from the
+    # waveform's energy): its onset must land close to it.
+    second_ask = [w for w in words if w.word.strip() == "ask"][1]
+    assert abs(second_ask.start - 8.18) < 0.2
+    # Ordinary requests carry no words and do not pay for them.
+    plain = pipe.transcribe((DATA / "jfk.wav").read_bytes(), TranscribeOptions())
+    assert all(s.words == () for s in plain.segments)
