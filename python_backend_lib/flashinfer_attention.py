@@ -1,0 +1,377 @@
+"""FlashInfer attention over the KV slot pool: the GPU backend.
+
+Decoder self- and cross-attention read the pool's slot-major tensors as pages
+(`KVSlotPool.self_pages`, `cross_pages`): slot s owns self pages
+s * 28 + arange(n) and cross pages s * 94 + arange(94), the last of which holds
+12 of the 1,500 encoder positions. FlashInfer is told the rows' page tables on
+the host (`plan`) and reads them from device buffers when it runs.
+
+One query per row goes through the CUDA-core batch decode kernel
+(`BatchDecodeWithPagedKVCacheWrapper`), Whisper having one query head per KV
+head. A step with prompt tokens (several new tokens in a row) runs, by default,
+through the same kernel with one query per *token*: the token at position p is
+a row of its own whose self-attention keys are positions 0..p of its slot,
+which is causal attention, and whose cross-attention keys are its slot's 1,500
+encoder positions. Prompts are a few tokens long, so this costs little, and it
+needs only the decode module (JIT about 12 s per dtype, against about 80 s for
+the fa3 prefill module). `PromptKernel.PREFILL` runs them through FlashInfer's
+batch prefill kernels instead (causal self, non-causal cross).
+
+The encoder's own attention goes through PyTorch SDPA or FlashInfer's ragged
+prefill kernel (`EncoderKernel`); `bench.gpu` measures both.
+
+flashinfer-python==0.6.4 is imported only when a backend is built, so this
+module imports on machines without it. The pure bookkeeping (`page_table`,
+`token_rows`) is unit-tested on the CPU.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .attention import StepLayout
+from .kv_cache import PAGE_SIZE, KVSlotPool
+
+# One float workspace serves every wrapper (they run one after another on one
+# stream); FlashInfer recommends 128 MiB and needs it zeroed before first use.
+WORKSPACE_BYTES = 128 * 1024 * 1024
+# Each decode wrapper also has an int workspace (and a pinned host copy of it)
+# for its schedule: a few KiB at our batch sizes, 8 MiB by default.
+DECODE_INT_WORKSPACE_BYTES = 1024 * 1024
+
+
+class EncoderKernel(str, enum.Enum):
+    SDPA = "sdpa"  # torch.nn.functional.scaled_dot_product_attention
+    FLASHINFER = "flashinfer"  # BatchPrefillWithRaggedKVCacheWrapper, non-causal
+
+
+class PromptKernel(str, enum.Enum):
+    DECODE = "decode"  # one query per token through the decode kernel (see the module docstring)
+    PREFILL = "prefill"  # BatchPrefillWithPagedKVCacheWrapper: causal self, non-causal cross
+
+
+def import_flashinfer():
+    try:
+        import flashinfer
+    except ImportError as error:
+        raise ImportError(
+            "the FlashInfer attention backend needs flashinfer-python==0.6.4 (pip install flashinfer-python==0.6.4)"
+        ) from error
+    return flashinfer
+
+
+# ------------------------------------------------------------------ bookkeeping
+
+
+@dataclass(frozen=True)
+class PageTable:
+    """FlashInfer's description of which pages each row reads (int32, host).
+
+    indptr [rows + 1]: row i reads indices[indptr[i]:indptr[i + 1]].
+    indices [pages]: page numbers in the pool's paged view.
+    last_page_len [rows]: positions used in each row's last page (1..PAGE_SIZE).
+    """
+
+    indptr: np.ndarray
+    indices: np.ndarray
+    last_page_len: np.ndarray
+
+    @property
+    def pages(self) -> np.ndarray:
+        """[rows] pages per row."""
+        return np.diff(self.indptr)
+
+
+def page_table(slots: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray, pages_per_slot: int) -> PageTable:
+    """Pages of the first `lengths[i]` positions of slot `slots[i]`, for every row.
+
+    Every row needs at least one position: FlashInfer skips a row of length 0,
+    and a graph captured with one would skip it forever.
+    """
+    slots = np.asarray(slots, dtype=np.int64)
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if slots.shape != lengths.shape or slots.ndim != 1:
+        raise ValueError(f"slots and lengths must be two equal 1-D sequences, got {slots.shape} and {lengths.shape}")
+    if (lengths < 1).any():
+        raise ValueError("every row must read at least one position")
+    pages = -(-lengths // PAGE_SIZE)  # [rows]
+    if (pages > pages_per_slot).any():
+        raise ValueError(f"a row reads more than the {pages_per_slot} pages of its slot")
+    indptr = np.zeros(len(slots) + 1, dtype=np.int64)
+    np.cumsum(pages, out=indptr[1:])
+    # Page j of row i is slots[i] * pages_per_slot + j, and it sits at indptr[i] + j.
+    indices = np.repeat(slots * pages_per_slot - indptr[:-1], pages) + np.arange(indptr[-1])
+    last_page_len = lengths - (pages - 1) * PAGE_SIZE
+    return PageTable(indptr.astype(np.int32), indices.astype(np.int32), last_page_len.astype(np.int32))
+
+
+@dataclass(frozen=True)
+class TokenRows:
+    """A step's new tokens, one row each (rows of the layout flattened).
+
+    slots [tokens]: the KV slot of each token's request.
+    positions [tokens]: each token's text position.
+    cache_index [tokens]: where its K/V goes in the pool's flattened self cache
+        (slot * n_text_ctx + position, see `KVSlotPool.self_positions`).
+    """
+
+    slots: np.ndarray
+    positions: np.ndarray
+    cache_index: np.ndarray
+
+    @property
+    def key_lens(self) -> np.ndarray:
+        """[tokens] self-attention keys each token sees: itself and all before it."""
+        return self.positions + 1
+
+
+def token_rows(slots: Sequence[int], query_lens: Sequence[int], cached_lens: Sequence[int], text_ctx: int) -> TokenRows:
+    slots_a = np.asarray(slots, dtype=np.int64)
+    query = np.asarray(query_lens, dtype=np.int64)
+    cached = np.asarray(cached_lens, dtype=np.int64)
+    if ((cached + query) > text_ctx).any():
+        raise ValueError(f"a row would exceed the {text_ctx} text positions")
+    starts = np.cumsum(query) - query  # [B] first token of each row
+    offsets = np.arange(int(query.sum())) - np.repeat(starts, query)  # [tokens] index within the row
+    token_slots = np.repeat(slots_a, query)
+    positions = np.repeat(cached, query) + offsets
+    return TokenRows(token_slots, positions, token_slots * text_ctx + positions)
+
+
+def _int32(array: np.ndarray) -> torch.Tensor:
+    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32))
+
+
+# ------------------------------------------------------------- decode kernels
+
+
+class PagedDecode:
+    """Self- and cross-attention of one query per row through FlashInfer's
+    CUDA-core batch decode kernel, for every decoder layer of a step.
+
+    With `graph_batch` set, the wrappers run over fixed device buffers for
+    exactly that many rows, so their `run` can be captured in a CUDA graph and
+    `plan` (host work) re-run between replays; `cache_index` is then a fixed
+    buffer too, rewritten before each replay.
+    """
+
+    def __init__(
+        self, pool: KVSlotPool, workspace: torch.Tensor, *, graph_batch: int | None = None
+    ) -> None:
+        flashinfer = import_flashinfer()
+        shape = pool.shape
+        self.pool = pool
+        self.dtype = pool.self_k[0].dtype
+        self.device = pool.self_k[0].device
+        self.graph_batch = graph_batch
+        self._self_pages = [pool.self_pages(layer) for layer in range(shape.n_layers)]
+        self._cross_pages = [pool.cross_pages(layer) for layer in range(shape.n_layers)]
+        self._self_positions = [pool.self_positions(layer) for layer in range(shape.n_layers)]
+        self.cache_index: torch.Tensor | None = None  # [rows] long, set per step (or fixed)
+
+        # (indptr [rows + 1], indices [rows * pages_per_slot], last_page_len [rows]) of
+        # the self and cross tables: FlashInfer's own buffers in eager mode, ours
+        # (fixed addresses a graph reads) in graph mode.
+        self.self_buffers: tuple[torch.Tensor, ...] = ()
+        self.cross_buffers: tuple[torch.Tensor, ...] = ()
+
+        def wrapper(pages_per_slot: int):
+            if graph_batch is None:
+                return flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD"), ()
+            int32 = dict(dtype=torch.int32, device=self.device)
+            buffers = (
+                torch.zeros(graph_batch + 1, **int32),
+                torch.zeros(graph_batch * pages_per_slot, **int32),
+                torch.ones(graph_batch, **int32),
+            )
+            made = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
+                workspace,
+                "NHD",
+                use_cuda_graph=True,
+                use_tensor_cores=False,
+                paged_kv_indptr_buffer=buffers[0],
+                paged_kv_indices_buffer=buffers[1],
+                paged_kv_last_page_len_buffer=buffers[2],
+            )
+            small = torch.zeros(DECODE_INT_WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+            made.reset_workspace_buffer(workspace, small)
+            return made, buffers
+
+        self.self_wrapper, self.self_buffers = wrapper(shape.self_pages_per_slot)
+        self.cross_wrapper, self.cross_buffers = wrapper(shape.cross_pages_per_slot)
+        if graph_batch is not None:
+            self.cache_index = torch.zeros(graph_batch, dtype=torch.long, device=self.device)
+
+    def _plan(self, wrapper, table: PageTable) -> None:
+        shape = self.pool.shape
+        wrapper.plan(
+            _int32(table.indptr),
+            _int32(table.indices),
+            _int32(table.last_page_len),
+            shape.n_heads,
+            shape.n_heads,
+            shape.head_dim,
+            PAGE_SIZE,
+            q_data_type=self.dtype,
+            kv_data_type=self.dtype,
+        )
+
+    def plan_self(self, table: PageTable) -> None:
+        self._plan(self.self_wrapper, table)
+
+    def plan_cross(self, table: PageTable) -> None:
+        self._plan(self.cross_wrapper, table)
+
+    @property
+    def plan_info(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The scheduling facts `plan` computed and `run` bakes into a launch
+        (padded batch size, split-KV, workspace offsets), self then cross.
+        Read from FlashInfer's private `_plan_info`: no public accessor exists."""
+        return tuple(self.self_wrapper._plan_info), tuple(self.cross_wrapper._plan_info)
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        flat_k, flat_v = self._self_positions[layer]
+        flat_k.index_copy_(0, self.cache_index, k)
+        flat_v.index_copy_(0, self.cache_index, v)
+        return self.self_wrapper.run(q, self._self_pages[layer])
+
+    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.cross_wrapper.run(q, self._cross_pages[layer])
+
+
+class PagedPrefill:
+    """Prompt rows through FlashInfer's batch prefill kernels (fa3 on Hopper):
+    causal self-attention over each row's cached and new tokens, non-causal
+    cross-attention over its encoder positions."""
+
+    def __init__(self, pool: KVSlotPool, workspace: torch.Tensor) -> None:
+        flashinfer = import_flashinfer()
+        self.pool = pool
+        self.dtype = pool.self_k[0].dtype
+        n_layers = pool.shape.n_layers
+        self._self_pages = [pool.self_pages(layer) for layer in range(n_layers)]
+        self._cross_pages = [pool.cross_pages(layer) for layer in range(n_layers)]
+        self._self_positions = [pool.self_positions(layer) for layer in range(n_layers)]
+        self.self_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        self.cross_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        self.cache_index: torch.Tensor | None = None
+
+    def plan(self, layout: StepLayout, slots: Sequence[int], tokens: TokenRows) -> None:
+        shape = self.pool.shape
+        qo_indptr = np.zeros(layout.batch_size + 1, dtype=np.int64)
+        np.cumsum(layout.query_lens, out=qo_indptr[1:])
+        for wrapper, table, causal in (
+            (self.self_wrapper, page_table(slots, layout.total_lens, shape.self_pages_per_slot), True),
+            (self.cross_wrapper, page_table(slots, [shape.audio_ctx] * len(slots), shape.cross_pages_per_slot), False),
+        ):
+            wrapper.plan(
+                _int32(qo_indptr),
+                _int32(table.indptr),
+                _int32(table.indices),
+                _int32(table.last_page_len),
+                shape.n_heads,
+                shape.n_heads,
+                shape.head_dim,
+                PAGE_SIZE,
+                causal=causal,
+                q_data_type=self.dtype,
+                kv_data_type=self.dtype,
+            )
+        device = self.pool.self_k[0].device
+        self.cache_index = torch.from_numpy(tokens.cache_index).to(device, non_blocking=True)
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        flat_k, flat_v = self._self_positions[layer]
+        flat_k.index_copy_(0, self.cache_index, k)
+        flat_v.index_copy_(0, self.cache_index, v)
+        return self.self_wrapper.run(q, self._self_pages[layer])
+
+    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.cross_wrapper.run(q, self._cross_pages[layer])
+
+
+# ------------------------------------------------------------------- backend
+
+
+def _check_pool(pool: KVSlotPool) -> None:
+    device, dtype = pool.self_k[0].device, pool.self_k[0].dtype
+    if device.type != "cuda":
+        raise ValueError(f"FlashInfer attention needs a CUDA device, got {device}")
+    if dtype not in (torch.float16, torch.bfloat16):
+        raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype}")
+
+
+class FlashInferAttention:
+    """`AttentionBackend` on FlashInfer's paged kernels (CUDA only, fp16 or bf16).
+
+    Every step is planned on the host in `begin_step`; `cuda_graphs.DecodeGraphs`
+    reuses the same kernels over fixed buffers for captured decode steps.
+    """
+
+    def __init__(
+        self,
+        pool: KVSlotPool,
+        *,
+        encoder: EncoderKernel = EncoderKernel.SDPA,
+        prompt: PromptKernel = PromptKernel.DECODE,
+        workspace_bytes: int = WORKSPACE_BYTES,
+    ) -> None:
+        device = pool.self_k[0].device
+        _check_pool(pool)
+        import_flashinfer()
+        self.pool = pool
+        self.encoder = EncoderKernel(encoder)
+        self.prompt = PromptKernel(prompt)
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
+        self._decode = PagedDecode(pool, self.workspace)
+        self._prefill: PagedPrefill | None = None
+        self._encoder_wrapper = None
+        self._encoder_batch = -1
+        self._step: PagedDecode | PagedPrefill = self._decode
+
+    # encoder ------------------------------------------------------------
+
+    def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: [B, T, heads, head_dim] -> [B, T, heads, head_dim]."""
+        if self.encoder is EncoderKernel.SDPA:
+            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+            return out.transpose(1, 2)
+        b, t, h, d = q.shape
+        if self._encoder_wrapper is None:
+            self._encoder_wrapper = import_flashinfer().BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD")
+        if (b, t, q.dtype) != self._encoder_batch:
+            indptr = torch.arange(b + 1, dtype=torch.int32) * t  # every clip has all T positions
+            self._encoder_wrapper.plan(indptr, indptr, h, h, d, causal=False, q_data_type=q.dtype, kv_data_type=k.dtype)
+            self._encoder_batch = (b, t, q.dtype)
+        out = self._encoder_wrapper.run(q.reshape(b * t, h, d), k.reshape(b * t, h, d), v.reshape(b * t, h, d))
+        return out.view(b, t, h, d)
+
+    # decoder ------------------------------------------------------------
+
+    def begin_step(self, layout: StepLayout) -> None:
+        shape = self.pool.shape
+        slots = layout.host_slots()
+        tokens = token_rows(slots, layout.query_lens, layout.cached_lens, shape.text_ctx)
+        if self.prompt is PromptKernel.PREFILL and max(layout.query_lens) > 1:
+            if self._prefill is None:
+                self._prefill = PagedPrefill(self.pool, self.workspace)
+            self._prefill.plan(layout, slots, tokens)
+            self._step = self._prefill
+            return
+        n = len(tokens.slots)
+        self._decode.plan_self(page_table(tokens.slots, tokens.key_lens, shape.self_pages_per_slot))
+        self._decode.plan_cross(page_table(tokens.slots, np.full(n, shape.audio_ctx), shape.cross_pages_per_slot))
+        self._decode.cache_index = torch.from_numpy(tokens.cache_index).to(self.workspace.device, non_blocking=True)
+        self._step = self._decode
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return self._step.self_attention(layer, q, k, v)
+
+    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self._step.cross_attention(layer, q)

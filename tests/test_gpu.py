@@ -1,0 +1,263 @@
+"""The GPU engine against the SDPA reference, on a CUDA device with flashinfer.
+
+Three ways to run the same decoder: PyTorch SDPA (the reference), FlashInfer
+eagerly, and FlashInfer through the captured CUDA-graph table. Random-weight
+models with the real shapes decode 64 forced tokens per request (min = max =
+64), so every step of every row is compared.
+
+Random weights attend almost uniformly, so the audio moves the logits by
+about 2% of their spread and a kernel reading the wrong slot could pass; the
+decoder's query and key projections are therefore scaled up (`sharpen`) until
+attention is peaked and two clips' logits differ by more than their spread.
+`assert_discriminating` checks that margin.
+
+Greedy tokens must be identical. The one exception is a genuine tie: fp16
+kernels that sum in different orders disagree by ~1e-3 of the logit scale, so
+where the reference's best two tokens are closer than the logit tolerance
+either choice is right; the rows then diverge and are compared no further.
+Each test prints how many steps it compared and any such tie, so a run shows
+what was checked.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from python_backend_lib.attention import SdpaAttention
+from python_backend_lib.audio import N_FRAMES
+from python_backend_lib.decoding import Admission, DecodeBatch, decode, initial_tokens
+from python_backend_lib.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.model import Whisper
+from python_backend_lib.options import DecodingOptions
+from python_backend_lib.weights import load_checkpoint
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+FORCED = 64
+CUDA = torch.device("cuda")
+# Largest logit difference allowed, as a share of the reference logits' spread
+# (std over the vocabulary): fp16 through 4 or 32 layers, bf16 has 3 fewer bits.
+LOGIT_TOL = {torch.float16: 0.02, torch.bfloat16: 0.1}
+# Graph replay and eager FlashInfer run the same kernels; only the split of the
+# KV sequence may differ.
+SAME_KERNEL_TOL = 0.005
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _flashinfer():
+    pytest.importorskip("flashinfer")
+
+
+_MODELS: dict = {}
+
+
+def sharpen(model: Whisper, factor_at_384: float = 10.0) -> None:
+    """Scale the decoder's query and key projections (by 10 at width 384, less
+    when wider) so that attention depends on which keys it reads."""
+    factor = factor_at_384 * (384 / model.dims.n_text_state) ** 0.5
+    with torch.no_grad():
+        for layer in model.decoder.layers:
+            for projections in (layer.self_attn, layer.encoder_attn):
+                projections.q_proj.weight.mul_(factor)
+                projections.k_proj.weight.mul_(factor)
+
+
+def model_for(source: str, dtype: torch.dtype):
+    if (source, dtype) not in _MODELS:
+        _MODELS.clear()  # one model on the device at a time
+        torch.cuda.empty_cache()
+        checkpoint = load_checkpoint(source)
+        model = Whisper.from_checkpoint(checkpoint, device=CUDA, dtype=dtype)
+        sharpen(model)
+        _MODELS[(source, dtype)] = (model, checkpoint.config)
+    return _MODELS[(source, dtype)]
+
+
+def make_batch(model, config, kind: str, slots: int, **attention_options) -> DecodeBatch:
+    from python_backend_lib.cuda_graphs import DecodeGraphs
+    from python_backend_lib.flashinfer_attention import FlashInferAttention
+
+    dtype = next(model.parameters()).dtype
+    pool = KVSlotPool(PoolShape.for_model(config.dims, slots), device=CUDA, dtype=dtype)
+    if kind == "sdpa":
+        return DecodeBatch(model, config, SdpaAttention(pool))
+    attention = FlashInferAttention(pool, **attention_options)
+    graphs = None
+    if kind == "graph":
+        graphs = DecodeGraphs(model, config, attention, max_batch=slots)
+        graphs.capture()
+    return DecodeBatch(model, config, attention, graphs)
+
+
+def requests(config, n: int, seed: int, options: DecodingOptions | None = None):
+    options = options or DecodingOptions(language="en", min_new_tokens=FORCED, max_new_tokens=FORCED)
+    generator = torch.Generator().manual_seed(seed)
+    out = []
+    for _ in range(n):
+        features = torch.randn(config.dims.n_mels, N_FRAMES, generator=generator).clamp(-1.5, 1.5)
+        out.append((features, options, initial_tokens(config, options, None)))
+    return out
+
+
+@dataclass
+class Trace:
+    """Each request's tokens and the filtered logits of every step it sampled."""
+
+    tokens: dict = field(default_factory=dict)
+    logits: dict = field(default_factory=dict)  # tag -> list of [vocab] float32 (CPU)
+    graph_steps: int = 0
+
+    def observe(self, rows, logits) -> None:
+        host = logits.float().cpu()
+        for row, row_logits in zip(rows, host):
+            self.logits.setdefault(row.tag, []).append(row_logits)
+
+
+def traced_decode(batch: DecodeBatch, reqs, *, tags=None) -> Trace:
+    trace = Trace()
+    batch.logit_observer = trace.observe
+    results = decode(batch, reqs)
+    for i, result in enumerate(results):
+        trace.tokens[i if tags is None else tags[i]] = list(result.tokens)
+    return trace
+
+
+def compare(reference: Trace, other: Trace, dtype: torch.dtype, tol_share: float | None = None, name: str = "") -> int:
+    """Assert `other` chose the reference's tokens, but at genuine ties, and that
+    its logits agree up to the point the rows diverge; return steps compared."""
+    tol_share = LOGIT_TOL[dtype] if tol_share is None else tol_share
+    compared, ties, worst = 0, [], 0.0
+    for tag, ref_tokens in reference.tokens.items():
+        got = other.tokens[tag]
+        assert len(got) == len(ref_tokens), (name, tag, len(got), len(ref_tokens))
+        for step, (ref_logits, got_logits) in enumerate(zip(reference.logits[tag], other.logits[tag])):
+            finite = torch.isfinite(ref_logits)
+            assert torch.equal(finite, torch.isfinite(got_logits)), f"{name} row {tag} step {step}: masks differ"
+            scale = ref_logits[finite].std().item()
+            error = (ref_logits[finite] - got_logits[finite]).abs().max().item() / scale
+            worst = max(worst, error)
+            assert error <= tol_share, f"{name} row {tag} step {step}: logit error {error:.2e} of the spread"
+            compared += 1
+            if got[step] != ref_tokens[step]:
+                margin = (ref_logits[ref_tokens[step]] - ref_logits[got[step]]).item() / scale
+                assert margin <= tol_share, (
+                    f"{name} row {tag} step {step}: chose {got[step]} over {ref_tokens[step]}, "
+                    f"whose logit is higher by {margin:.2e} of the spread (tolerance {tol_share})"
+                )
+                ties.append((tag, step, margin))
+                break  # the rows now decode different text
+    print(f"\n{name}: {compared} steps compared, worst logit error {worst:.2e} of the spread, ties {ties}")
+    return compared
+
+
+def assert_discriminating(trace: Trace, dtype: torch.dtype, name: str) -> None:
+    """Two clips' first logits differ by far more than the tolerance, so
+    attention over the wrong slot or positions cannot pass for right."""
+    a, b = trace.logits[0][0], trace.logits[1][0]
+    finite = torch.isfinite(a)
+    difference = (a[finite] - b[finite]).abs().max().item() / a[finite].std().item()
+    print(f"\n{name}: two clips' logits differ by {difference:.2f} of the spread")
+    assert difference > 10 * LOGIT_TOL[dtype]
+
+
+@pytest.mark.parametrize(
+    "source, dtype, n",
+    [
+        ("random:tiny:1", torch.float16, 8),
+        ("random:large-v3:2", torch.float16, 6),
+        ("random:tiny:1", torch.bfloat16, 4),
+    ],
+    ids=["tiny-fp16", "large-v3-fp16", "tiny-bf16"],
+)
+def test_graph_replay_equals_eager_equals_sdpa(source, dtype, n) -> None:
+    model, config = model_for(source, dtype)
+    reqs = requests(config, n, seed=5)
+    sdpa = traced_decode(make_batch(model, config, "sdpa", n), reqs)
+    assert_discriminating(sdpa, dtype, source)
+    eager = traced_decode(make_batch(model, config, "eager", n), reqs)
+    graph = traced_decode(make_batch(model, config, "graph", n), reqs)
+    compare(sdpa, eager, dtype, name=f"{source} eager FlashInfer vs SDPA")
+    compare(sdpa, graph, dtype, name=f"{source} graph vs SDPA")
+    compare(eager, graph, dtype, tol_share=SAME_KERNEL_TOL, name=f"{source} graph vs eager FlashInfer")
+
+
+def test_rows_do_not_depend_on_their_batch() -> None:
+    """The same 3 requests alone, then among 17 others, then among 40 (other buckets)."""
+    model, config = model_for("random:tiny:1", torch.float16)
+    batch = make_batch(model, config, "graph", 48)
+    mine = requests(config, 3, seed=9)
+    alone = traced_decode(batch, mine)
+    for others in (17, 40):
+        crowd = requests(config, others, seed=10 + others)
+        together = traced_decode(batch, mine + crowd, tags=list(range(3)) + [f"x{i}" for i in range(others)])
+        together.tokens = {t: together.tokens[t] for t in range(3)}
+        compare(alone, together, torch.float16, tol_share=SAME_KERNEL_TOL, name=f"alone vs among {others}")
+
+
+def test_joining_and_leaving_mid_decode() -> None:
+    """Requests arrive while others decode and leave at different lengths,
+    with different options in one batch; each gets what it gets alone."""
+    model, config = model_for("random:tiny:1", torch.float16)
+    lengths = [5, 64, 17, 40, 64, 1, 33, 64, 12, 50]
+    options = [
+        DecodingOptions(language="en", min_new_tokens=m, max_new_tokens=m, timestamps=(i % 3 == 0))
+        for i, m in enumerate(lengths)
+    ]
+    reqs = [requests(config, 1, seed=100 + i, options=o)[0] for i, o in enumerate(options)]
+
+    solo = Trace()
+    reference = make_batch(model, config, "graph", 4)
+    for i, request in enumerate(reqs):
+        alone = traced_decode(reference, [request])
+        solo.tokens[i], solo.logits[i] = alone.tokens[0], alone.logits[0]
+
+    batch = make_batch(model, config, "graph", 6)  # fewer slots than requests: some wait
+    trace = Trace()
+    batch.logit_observer = trace.observe
+    queue = [Admission(i, *r) for i, r in enumerate(reqs)]
+    results = {}
+    step = 0
+    while queue or batch.rows:
+        if step % 3 == 0 and queue and batch.free_slots:  # join every third step, two at most
+            n = min(2, batch.free_slots, len(queue))
+            batch.admit(queue[:n])
+            queue = queue[n:]
+        results.update(batch.step())
+        step += 1
+        assert len(batch.rows) + batch.free_slots == 6
+    for i, length in enumerate(lengths):
+        assert len(results[i].tokens) == length
+        trace.tokens[i] = list(results[i].tokens)
+    compare(solo, trace, torch.float16, tol_share=SAME_KERNEL_TOL, name="joining and leaving vs alone")
+    print(f"\njoin/leave: {step} steps, {len(lengths)} requests through 6 slots")
+
+
+def test_sampling_rows_share_a_graph_with_greedy_rows() -> None:
+    model, config = model_for("random:tiny:1", torch.float16)
+    batch = make_batch(model, config, "graph", 4)
+    hot = DecodingOptions(language="en", min_new_tokens=20, max_new_tokens=20, temperature=1.0)
+    reqs = requests(config, 2, seed=3) + requests(config, 2, seed=4, options=hot)
+    results = decode(batch, reqs)
+    assert [len(r.tokens) for r in results] == [FORCED, FORCED, 20, 20]
+    assert all(0 <= t < config.dims.n_vocab for r in results for t in r.tokens)
+
+
+@pytest.mark.slow
+def test_flashinfer_prefill_and_encoder_kernels_match() -> None:
+    """The fa3 prefill kernels (prompt and encoder) against the decode-kernel
+    prompt path and SDPA. Compiles FlashInfer's prefill module (about 80 s)."""
+    from python_backend_lib.flashinfer_attention import EncoderKernel, PromptKernel
+
+    model, config = model_for("random:tiny:1", torch.float16)
+    reqs = requests(config, 5, seed=21)
+    base = traced_decode(make_batch(model, config, "eager", 5), reqs)
+    fa3 = traced_decode(
+        make_batch(model, config, "eager", 5, prompt=PromptKernel.PREFILL, encoder=EncoderKernel.FLASHINFER), reqs
+    )
+    compare(base, fa3, torch.float16, name="fa3 prefill + encoder vs decode kernel + SDPA")

@@ -1,0 +1,70 @@
+"""The GPU engine's host-side bookkeeping, which needs no GPU: FlashInfer page
+tables over the slot pool, per-token rows of a prompt step, batch buckets."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from python_backend_lib.cuda_graphs import bucket_sizes, choose_bucket
+from python_backend_lib.flashinfer_attention import page_table, token_rows
+from python_backend_lib.kv_cache import PAGE_SIZE, PoolShape, pages_for
+from python_backend_lib.weights import load_config
+
+
+def _pages_by_hand(slot: int, length: int, pages_per_slot: int) -> list[int]:
+    return [slot * pages_per_slot + j for j in range((length + PAGE_SIZE - 1) // PAGE_SIZE)]
+
+
+@pytest.mark.parametrize(
+    "slots, lengths",
+    [([3], [1]), ([1, 4, 2], [16, 17, 448]), ([0, 0, 5], [1, 1, 33]), ([2, 7], [1500, 1500])],
+)
+def test_page_table_lists_each_rows_pages(slots, lengths) -> None:
+    pages_per_slot = pages_for(max(lengths))
+    table = page_table(slots, lengths, pages_per_slot)
+    expected = [p for s, n in zip(slots, lengths) for p in _pages_by_hand(s, n, pages_per_slot)]
+    assert table.indices.tolist() == expected
+    assert table.indptr.tolist() == [0, *np.cumsum([pages_for(n) for n in lengths]).tolist()]
+    assert table.last_page_len.tolist() == [n - (pages_for(n) - 1) * PAGE_SIZE for n in lengths]
+    assert all(a.dtype == np.int32 for a in (table.indptr, table.indices, table.last_page_len))
+
+
+def test_page_table_cross_geometry() -> None:
+    """1,500 encoder positions: 94 pages, 12 positions in the last."""
+    shape = PoolShape.for_model(load_config("random:tiny").dims, 4)
+    table = page_table([2], [shape.audio_ctx], shape.cross_pages_per_slot)
+    assert shape.cross_pages_per_slot == 94 and shape.self_pages_per_slot == 28
+    assert table.pages.tolist() == [94] and table.last_page_len.tolist() == [12]
+    assert table.indices[0] == 2 * 94 and table.indices[-1] == 3 * 94 - 1
+
+
+@pytest.mark.parametrize("slots, lengths", [([1], [0]), ([1], [449])])
+def test_page_table_rejects_empty_and_overlong_rows(slots, lengths) -> None:
+    with pytest.raises(ValueError):
+        page_table(slots, lengths, 28)
+
+
+def test_token_rows_make_prompt_steps_causal() -> None:
+    # Row 0: a 4-token prompt in slot 5; row 1: one token at position 9 of slot 2.
+    rows = token_rows([5, 2], [4, 1], [0, 9], text_ctx=448)
+    assert rows.slots.tolist() == [5, 5, 5, 5, 2]
+    assert rows.positions.tolist() == [0, 1, 2, 3, 9]
+    assert rows.key_lens.tolist() == [1, 2, 3, 4, 10]  # each token sees itself and what precedes it
+    assert rows.cache_index.tolist() == [5 * 448 + p for p in range(4)] + [2 * 448 + 9]
+
+
+def test_token_rows_reject_overflow() -> None:
+    with pytest.raises(ValueError):
+        token_rows([1], [2], [447], text_ctx=448)
+
+
+def test_buckets() -> None:
+    assert bucket_sizes(1) == (1,)
+    assert bucket_sizes(20) == (1, 2, 4, 8, 12, 16, 20)
+    assert bucket_sizes(64)[-3:] == (32, 48, 64)
+    buckets = bucket_sizes(100)
+    assert [choose_bucket(buckets, n) for n in (1, 3, 9, 64, 65, 100)] == [1, 4, 12, 64, 96, 100]
+    assert choose_bucket(buckets, 101) is None and choose_bucket(buckets, 0) is None
+    with pytest.raises(ValueError):
+        bucket_sizes(0)
