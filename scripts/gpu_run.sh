@@ -5,7 +5,9 @@
 #   scripts/gpu_run.sh [PHASE ...]      phases: tests bench triton slow (default: all four)
 #
 # Carried (ignored by git, named in the device call's `carry`):
-#   .bundle/                 the offline bundle (scripts/build_gpu_bundle.py); needed for `triton`
+#   .gpu-bundle/ or .bundle/ the offline bundle (scripts/build_gpu_bundle.py): wheels/ and the Triton
+#                            tarball; .gpu-bundle is the same without this project's wheel (the
+#                            checkout is used instead), which keeps the call under 64 MiB
 #   .whl/*.whl               or just the wheels a phase needs (flashinfer-python, apache-tvm-ffi, ...)
 #   .flashinfer/aot.tgz      FlashInfer modules compiled by an earlier call (skips the JIT)
 #
@@ -24,6 +26,7 @@ PY=python3
 export PYTHONUNBUFFERED=1
 export FLASHINFER_WORKSPACE_BASE=$PWD/.flashinfer/workspace
 export PYTHONPATH=$PWD  # this checkout, also in the Triton stub, over any installed copy
+BUNDLE=$(ls -d .gpu-bundle .bundle 2>/dev/null | head -1)
 left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
 say() { echo "[gpu_run $(($(date +%s) - START)) s] $*"; }
 has() { [[ " $PHASES " == *" $1 "* ]]; }
@@ -33,7 +36,7 @@ $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torc
 
 # 1. Wheels, numpy 1.26 excepted: the tests and the offline benchmark use the
 #    image's numpy; the Triton stub needs 1.26, installed before the `triton` phase.
-WHEELS=$(ls .bundle/wheels/*.whl .whl/*.whl 2>/dev/null | grep -v -e '/numpy-' -e '/whisper_triton-' || true)
+WHEELS=$(ls ${BUNDLE:+$BUNDLE/wheels/*.whl} .whl/*.whl 2>/dev/null | grep -v -e '/numpy-' -e '/whisper_triton-' || true)
 if [[ -n $WHEELS ]]; then
     $PY -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check $WHEELS || exit 1
 fi
@@ -72,16 +75,20 @@ fi
 
 # 4. Through Triton: needs the bundle's numpy 1.26 and server.
 if has triton; then
-    if [[ -d .bundle ]]; then
-        bash scripts/install_gpu_bundle.sh .bundle /opt/whisper-triton >/dev/null || say "bundle install failed"
-        $PY -m pip uninstall -y -q whisper-triton 2>/dev/null
-        source /opt/whisper-triton/env.sh
+    if [[ -n $BUNDLE ]]; then  # what install_gpu_bundle.sh does, for a bundle without its own wheel
+        $PY -m pip install -q --no-index --no-deps --force-reinstall --disable-pip-version-check $BUNDLE/wheels/numpy-*.whl
+        mkdir -p /opt/whisper-triton && tar -xJf $BUNDLE/tritonserver-*.tar.xz -C /opt/whisper-triton --strip-components=1
+        export WHISPER_TRITON_HOME=/opt/whisper-triton PATH=/opt/whisper-triton/bin:$PATH
+        PY_LIBDIR=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+        export LD_LIBRARY_PATH=/opt/whisper-triton/lib:$PY_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+        ldd /opt/whisper-triton/backends/python/triton_python_backend_stub | grep "not found"
+        $PY -c 'import numpy; print("numpy", numpy.__version__)'
         say "triton (budget $(($(left) - 20)) s)"
         timeout $(($(left) - 20)) $PY -m bench.gpu --sections triton --append --out "$OUT" --profile-dir "$OUT" \
             --triton-startup-s 120
         say "triton exit $?"
     else
-        say "no .bundle: skipping triton"
+        say "no bundle: skipping triton"
     fi
 fi
 
