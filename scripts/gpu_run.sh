@@ -67,7 +67,7 @@ fi
 if has bench; then
     budget=$(($(left) - (has triton && echo 150 || echo 10)))
     say "bench (budget $budget s)"
-    timeout "$budget" $PY -m bench.gpu --models tiny large-v3 --sections steps offline \
+    timeout "$budget" $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections steps offline \
         --out "$OUT" --profile-dir "$OUT"
     say "bench exit $?"
     save_jit
@@ -97,7 +97,7 @@ fi
 if has slow && (($(left) > 140)); then
     say "slow (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) bash -c "$PY -m pytest -q -s -p no:cacheprovider -m 'gpu and slow' tests/test_gpu.py && \
-        $PY -m bench.gpu --models tiny large-v3 --sections encoder --append --out $OUT"
+        $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections encoder --append --out $OUT"
     say "slow exit $?"
     save_jit
 fi
