@@ -65,7 +65,8 @@ fi
 
 # 3. Offline benchmark: transformers against the engine, step times, memory.
 if has bench; then
-    budget=$(($(left) - (has triton && echo 150 || echo 10)))
+    reserve=10; has triton && reserve=150
+    budget=$(($(left) - reserve))
     say "bench (budget $budget s)"
     timeout "$budget" $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections steps offline \
         --out "$OUT" --profile-dir "$OUT"
