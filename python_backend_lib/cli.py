@@ -57,6 +57,8 @@ def serve_command(args: argparse.Namespace) -> int:
     )
     triton = TritonServer(settings, log=sys.stderr)
     signal.signal(signal.SIGTERM, _raise_terminated)
+    # Even where SIGINT was ignored on entry (a background job of a script), Ctrl-C stops the server.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         triton.start(timeout=args.startup_timeout)
         print(_ready_message(triton), flush=True)

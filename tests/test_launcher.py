@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 from python_backend_lib import server
 from python_backend_lib.server import ServerError, ServerSettings, TritonServer
 from python_backend_lib.serving import CHECKPOINT_ENV
+from conftest import free_port, whisper_triton_command
 
 
 def test_packaged_model_repository_is_found_beside_the_package():
@@ -78,3 +81,39 @@ def test_a_broken_repository_fails_with_tritons_log(tmp_path):
         triton.start(timeout=120)
     assert "checkpoint /nowhere is not a folder" in str(caught.value)
     assert triton.stop() is not None  # exited, and stopping again is harmless
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_stops_cleanly_on_a_signal(tmp_path, stop_signal):
+    model = tmp_path / "idle"
+    (model / "1").mkdir(parents=True)
+    (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 1\n')
+    (model / "1" / "model.py").write_text(
+        "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
+    )
+    http_port = free_port()
+    command = whisper_triton_command() + [
+        "serve", f"--model-repository={tmp_path}", f"--http-port={http_port}",
+        f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+    ]
+    log = tmp_path / "serve.log"
+    with log.open("w") as log_file:
+        process = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,  # only the CLI's own messages; Triton's log goes to stderr
+            stderr=log_file,
+            text=True,
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as for a script's background job
+        )
+    try:
+        ready = process.stdout.readline()  # "" if serve exits instead
+        assert ready.startswith("whisper-triton is ready"), log.read_text()
+        process.send_signal(stop_signal)
+        assert process.wait(timeout=60) == 0, log.read_text()
+    finally:
+        process.kill()
+        process.wait()
+    with socket.socket() as probe:  # tritonserver is gone: its port is free again
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        probe.bind(("", http_port))
