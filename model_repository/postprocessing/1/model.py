@@ -32,7 +32,7 @@ class TritonPythonModel:
         try:
             tokens_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.TOKENS)
             seconds_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO_SECONDS)
-            tokens = single_row(tokens_tensor.as_numpy(), tensor_names.TOKENS).tolist()  # [generated]
+            tokens = single_row(tokens_tensor.as_numpy(), tensor_names.TOKENS).tolist()  # windows, each closed by EOT
             (seconds,) = single_row(seconds_tensor.as_numpy(), tensor_names.AUDIO_SECONDS).tolist()
             windows = token_stream.unpack(tokens, self.tokenizer.special.eot)
             text, segments = token_stream.transcript_text_and_segments(self.tokenizer, windows, exact_seconds(seconds))
