@@ -12,6 +12,8 @@ torch, transformers) lacks and cannot download:
       bin/tritonserver, backends/python/, caches/local/, lib/.
   wheels/*.whl
       Pinned wheels missing from the image, and this project's own wheel.
+  model_repository/
+      The Triton model repository, which the wheel does not hold.
   install_gpu_bundle.sh, BUNDLE.json, SHA256SUMS
 
 The whole folder must stay under --limit-mib (64 MiB by default): the build
@@ -41,6 +43,7 @@ from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 INSTALL_SCRIPT = REPO_ROOT / "scripts" / "install_gpu_bundle.sh"
+MODEL_REPOSITORY = "model_repository"
 
 MIB = 1024 * 1024
 DEFAULT_LIMIT_MIB = 64
@@ -131,10 +134,10 @@ def mib(n_bytes: int) -> str:
 def pip_download(requirement: str, dest: Path, *, python_version: str, platforms: tuple[str, ...]) -> Path:
     """Download one binary wheel for the target Python and platform; return its path.
 
-    Each requirement gets its own folder under `dest`, so a second build finds
-    the file there and pip does not fetch it again.
+    Each requirement gets its own folder under `dest`, per Python version, so a
+    second build finds the file there and pip does not fetch it again.
     """
-    folder = dest / requirement.replace("==", "-")
+    folder = dest / f"py{python_version}" / requirement.replace("==", "-")
     folder.mkdir(parents=True, exist_ok=True)
     command = [
         sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
@@ -266,18 +269,27 @@ def pack_server(tree: ServerTree, archive: Path) -> None:
                 next_report += 0.25
 
 
-def build_own_wheel(dest: Path) -> Path:
-    """Build this project's wheel from the files git tracks (or would track)."""
+def checkout_files(under: str = "") -> list[str]:
+    """Files of the checkout that git tracks or would track (untracked, not ignored)."""
     listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"],
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", under or "."],
         cwd=REPO_ROOT, check=True, capture_output=True, text=True,
     ).stdout.split("\0")  # fmt: skip
+    return sorted(name for name in listed if name and (REPO_ROOT / name).is_file())
+
+
+def copy_files(names: list[str], dest: Path, strip: str = "") -> None:
+    """Copy checkout files (relative paths) under `dest`, less the prefix `strip`."""
+    for name in names:
+        target = dest / name.removeprefix(strip)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(REPO_ROOT / name, target)
+
+
+def build_own_wheel(dest: Path) -> Path:
+    """Build this project's wheel from a clean copy of the checkout's files."""
     with tempfile.TemporaryDirectory(prefix="whisper-triton-src-") as source:
-        for relative in filter(None, listed):
-            if (REPO_ROOT / relative).is_file():
-                target = Path(source) / relative
-                target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(REPO_ROOT / relative, target)
+        copy_files(checkout_files(), Path(source))
         if not (Path(source) / "README.md").is_file():
             raise SystemExit("README.md is missing: pyproject.toml names it as the long description")
         subprocess.run(
@@ -352,9 +364,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy2(path, out / "wheels" / path.name)
         log(f"      {path.name}: {mib(path.stat().st_size)}")
 
-    step(n_steps, "build this project's wheel")
+    step(n_steps, "build this project's wheel and copy model_repository/")
     own = build_own_wheel(out / "wheels")
     log(f"      {own.name}: {mib(own.stat().st_size)}")
+    # The wheel does not hold the model repository; the installer puts this
+    # copy into WHISPER_TRITON_HOME/model_repository.
+    models = checkout_files(MODEL_REPOSITORY)
+    copy_files(models, out / MODEL_REPOSITORY, strip=f"{MODEL_REPOSITORY}/")
+    log(f"      {MODEL_REPOSITORY}/: {len(models)} files, {mib(folder_size(out / MODEL_REPOSITORY))}")
 
     shutil.copy2(INSTALL_SCRIPT, out / INSTALL_SCRIPT.name)
     (out / INSTALL_SCRIPT.name).chmod(0o755)
@@ -366,6 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         "host_libraries": tree.host_libraries,
         "wheels": {w.requirement: w.reason for w in WHEELS},
         "project_wheel": own.name,
+        "model_repository": MODEL_REPOSITORY,
     }
     (out / "BUNDLE.json").write_text(json.dumps(manifest, indent=2) + "\n")
     payload = sorted(p for p in out.rglob("*") if p.is_file())
@@ -373,8 +391,9 @@ def main(argv: list[str] | None = None) -> int:
 
     log("")
     log(f"bundle {out} ({time.monotonic() - started:.0f} s):")
-    for path in sorted(p for p in out.rglob("*") if p.is_file()):
+    for path in sorted(p for p in out.rglob("*") if p.is_file() and MODEL_REPOSITORY not in p.relative_to(out).parts):
         log(f"  {path.stat().st_size / MIB:7.2f} MiB  {path.relative_to(out)}")
+    log(f"  {folder_size(out / MODEL_REPOSITORY) / MIB:7.2f} MiB  {MODEL_REPOSITORY}/")
     total = folder_size(out)
     log(f"  {total / MIB:7.2f} MiB  total (limit {args.limit_mib:g} MiB)")
     if total > args.limit_mib * MIB:

@@ -9,10 +9,12 @@
 #    own environment, so models see them): $PYTHON -m pip install --no-index
 #    --no-deps; PYTHON defaults to python3 and must be the bundle's version;
 # 3. unpacks Triton into PREFIX (default /opt/whisper-triton), the folder that
-#    WHISPER_TRITON_HOME names: bin/tritonserver, backends/python/, caches/, lib/;
+#    WHISPER_TRITON_HOME names: bin/tritonserver, backends/python/, caches/, lib/,
+#    and copies the bundle's model_repository/ there;
 # 4. writes PREFIX/env.sh and prints what to set: WHISPER_TRITON_HOME,
 #    LD_LIBRARY_PATH, and PATH starting with the interpreter's bin/ (the stub
-#    takes its Python environment from the python3 it finds first on PATH).
+#    takes its Python environment from the python3 it finds first on PATH),
+#    then PREFIX/bin (so that `whisper-triton serve` finds tritonserver).
 #
 # Environment: PYTHON (interpreter), SKIP_WHEELS=1 (unpack Triton only).
 set -euo pipefail
@@ -25,7 +27,7 @@ PREFIX=${2:-/opt/whisper-triton}
 PYTHON=${PYTHON:-python3}
 SKIP_WHEELS=${SKIP_WHEELS:-0}
 
-[[ -f $BUNDLE/BUNDLE.json ]] || die "$BUNDLE/BUNDLE.json is missing: is this a bundle folder?"
+[[ -f $BUNDLE/BUNDLE.json && -d $BUNDLE/model_repository ]] || die "$BUNDLE is not a complete bundle folder"
 command -v "$PYTHON" >/dev/null || die "no Python interpreter '$PYTHON' (set PYTHON=/path/to/python3)"
 
 # One small Python call reads the manifest, so no JSON tool is needed.
@@ -60,6 +62,9 @@ tar -xJf "$ARCHIVE" -C "$PREFIX" --strip-components=1
 for needed in bin/tritonserver backends/python/libtriton_python.so backends/python/triton_python_backend_stub lib; do
     [[ -e $PREFIX/$needed ]] || die "$PREFIX/$needed is missing after unpacking"
 done
+# The model repository is not in the wheel; a fresh copy replaces any old one.
+rm -rf "$PREFIX/model_repository"
+cp -R "$BUNDLE/model_repository" "$PREFIX/model_repository"
 
 # The stub links libpython$WANT_PY.so.1.0 of the host; put its folder on the
 # library path too, since interpreters outside /usr keep it in their own lib/.
@@ -84,12 +89,14 @@ cat >"$PREFIX/env.sh" <<EOF
 # Source this file to run the server from this bundle.
 export WHISPER_TRITON_HOME=$PREFIX
 export LD_LIBRARY_PATH=$LIBRARY_PATH\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}
-export PATH=$PY_BINDIR:\$PATH
+export PATH=$PY_BINDIR:$PREFIX/bin:\$PATH
 EOF
 
 echo
 echo "tritonserver:         $PREFIX/bin/tritonserver"
 echo "WHISPER_TRITON_HOME:  $PREFIX"
 echo "LD_LIBRARY_PATH:      $LIBRARY_PATH"
-echo "PATH starts with:     $PY_BINDIR (the stub's Python)"
+echo "PATH starts with:     $PY_BINDIR (the stub's Python), $PREFIX/bin"
+echo "model repository:     $PREFIX/model_repository"
 echo "to use it:            source $PREFIX/env.sh"
+echo "                      whisper-triton serve --model-repository $PREFIX/model_repository"
