@@ -1,16 +1,19 @@
 """What the Triton `model.py` adapters share: their settings, and how a failure becomes an error.
 
-Nothing here imports Triton or torch, so it is tested without a server.
+Nothing here imports Triton or torch (audio decoding imports torch when called),
+so it is tested without a server.
 """
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
 import time
 import traceback
 from collections.abc import Callable, Mapping
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
@@ -73,27 +76,37 @@ def single_row(array: np.ndarray, tensor: str) -> np.ndarray:
     return array[0]
 
 
-def describe_failure(error: BaseException) -> tuple[str, bool]:
-    """(message for the client, whether the client is at fault).
+class Fault(enum.Enum):
+    """Whose a failed request's error is; decides its Triton error code."""
 
-    ValueError (bad audio, bad parameters, bad tensors) is the client's; anything
-    else is ours and is reported by type and message, never with a traceback.
-    """
+    CLIENT = "client"  # bad audio, bad parameters, bad tensors: INVALID_ARG
+    CANCELLED = "cancelled"  # the client went away: CANCELLED
+    SERVER = "server"  # ours: INTERNAL, and logged with its traceback
+
+
+def describe_failure(error: BaseException) -> tuple[str, Fault]:
+    """(message for the client, whose fault): never a traceback for the client."""
     if isinstance(error, ValueError):
-        return str(error), True
-    return f"internal error: {type(error).__name__}: {error}", False
+        return str(error), Fault.CLIENT
+    if isinstance(error, CancelledError):
+        return f"cancelled: {error}", Fault.CANCELLED
+    return f"internal error: {type(error).__name__}: {error}", Fault.SERVER
 
 
 def error_response(pb_utils: Any, error: BaseException) -> Any:
-    """An `InferenceResponse` carrying only `error`: INVALID_ARG when the client is at fault.
+    """An `InferenceResponse` carrying only `error`, with the code its `Fault` calls for.
 
     pb_utils: the `triton_python_backend_utils` module (only importable inside Triton).
     """
-    message, client_fault = describe_failure(error)
-    code = pb_utils.TritonError.INVALID_ARG if client_fault else pb_utils.TritonError.INTERNAL
-    if not client_fault:
+    message, fault = describe_failure(error)
+    codes = {
+        Fault.CLIENT: pb_utils.TritonError.INVALID_ARG,
+        Fault.CANCELLED: pb_utils.TritonError.CANCELLED,
+        Fault.SERVER: pb_utils.TritonError.INTERNAL,
+    }
+    if fault is Fault.SERVER:
         pb_utils.Logger.log_error(f"{message}\n{''.join(traceback.format_exception(error))}")
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, codes[fault]))
 
 
 def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds: float | None = None) -> np.ndarray:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -149,14 +150,21 @@ def test_client_raises_the_servers_message(server):
         client.transcribe(JFK, beam_size=5)
 
 
+def words(text: str) -> list[str]:
+    return re.sub(r"[^a-z' ]", " ", text.lower()).split()
+
+
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_cli_prints_the_jfk_transcript(server, protocol):
+def test_cli_prints_the_jfk_transcript(server, expected, protocol):
     command = whisper_triton_command() + [
         "transcribe", str(JFK), f"--url={server.url(protocol)}", f"--protocol={protocol}"
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout == JFK_TEXT + "\n"
+    assert completed.stdout == expected(JFK, False).text + "\n"
+    # The packaged tiny.en decoded greedily places its commas differently from the
+    # reference (faster-whisper on the same weights agrees with us): compare the words.
+    assert words(completed.stdout) == words(JFK_TEXT)
 
 
 def test_cli_writes_subtitles_with_timestamps(server, tmp_path):

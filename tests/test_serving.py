@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from concurrent.futures import CancelledError
 
 import numpy as np
 import pytest
@@ -10,6 +11,7 @@ import pytest
 from python_backend_lib.serving import (
     CHECKPOINT_ENV,
     CancellationProbe,
+    Fault,
     ModelSettings,
     describe_failure,
     exact_seconds,
@@ -52,9 +54,10 @@ def test_single_row_takes_one_clip_and_names_the_tensor():
 
 
 def test_failures_are_the_clients_only_when_they_are_value_errors():
-    assert describe_failure(ValueError("audio is empty")) == ("audio is empty", True)
-    message, client_fault = describe_failure(RuntimeError("CUDA out of memory"))
-    assert message == "internal error: RuntimeError: CUDA out of memory" and not client_fault
+    assert describe_failure(ValueError("audio is empty")) == ("audio is empty", Fault.CLIENT)
+    assert describe_failure(CancelledError("request cancelled")) == ("cancelled: request cancelled", Fault.CANCELLED)
+    message, fault = describe_failure(RuntimeError("CUDA out of memory"))
+    assert message == "internal error: RuntimeError: CUDA out of memory" and fault is Fault.SERVER
 
 
 @pytest.mark.parametrize("samples", [1, 56_040, 852_267, 2**23 - 1])
