@@ -106,7 +106,7 @@ def forced(tokens: int) -> DecodingOptions:
 def clip_features(workload: Workload, n_mels: int) -> list[torch.Tensor]:
     """Log-mel of the first DISTINCT_CLIPS clips (CPU), reused in turn."""
     return [
-        audio.window_features(noise(d, seed=i), n_mels)
+        audio.window_features(noise(d, seed=i), n_mels).pin_memory()  # as a server's staging buffers would be
         for i, d in enumerate(workload.durations[:DISTINCT_CLIPS])
     ]
 
@@ -201,6 +201,40 @@ def run_hf(model, workload: Workload, features: list[torch.Tensor]) -> dict:
     if not workload.tokens <= out.shape[1] <= workload.tokens + 5:
         raise RuntimeError(f"transformers returned {out.shape[1]} positions for {workload.tokens} forced tokens")
     return {"wall_s": wall, "latencies": latencies, "peak_memory_gib": gib(torch.cuda.max_memory_allocated())}
+
+
+def engine_breakdown(batch: DecodeBatch, config, workload: Workload, features) -> dict:
+    """Where an engine run's wall time goes: encoding (admit), eager steps,
+    graph steps, and the rest (engine loop, callbacks). Admission is timed to
+    a synchronize, which the timed runs do not do."""
+    spent = {"admit": 0.0, "eager_steps": 0.0, "graph_steps": 0.0}
+    counts = {"admit": 0, "eager_steps": 0, "graph_steps": 0}
+
+    def timed(name, method, sync=False):
+        def wrapper(*args, **kwargs):
+            start = time.perf_counter()
+            out = method(*args, **kwargs)
+            if sync:
+                torch.cuda.synchronize()
+            spent[name] += time.perf_counter() - start
+            counts[name] += 1
+            return out
+        return wrapper
+
+    batch.admit = timed("admit", batch.admit, sync=True)
+    batch._step_eager = timed("eager_steps", batch._step_eager)
+    batch._step_graph = timed("graph_steps", batch._step_graph)
+    try:
+        run = run_engine(batch, config, workload, features)
+    finally:
+        for name in ("admit", "_step_eager", "_step_graph"):
+            del batch.__dict__[name]
+    record = {"wall_s": round(run["wall_s"], 3)}
+    for name in spent:
+        record[f"{name}_s"] = round(spent[name], 3)
+        record[f"{name}_calls"] = counts[name]
+    record["other_s"] = round(run["wall_s"] - sum(spent.values()), 3)
+    return record
 
 
 def summarize(system: str, model: str, workload: Workload, run: dict, **extra) -> dict:
@@ -308,6 +342,11 @@ def model_sections(name: str, args, results: Results) -> None:
             for w in workloads:
                 run = run_engine(batch, config, w, features[w.name])
                 results.add("offline", summarize(system, name, w, run, slots=slots))
+        if "offline" in args.sections:
+            w = workloads[0]
+            record = engine_breakdown(batch, config, w, features[w.name])
+            results.add("breakdown", {"model": name, "system": system, "workload": w.name, **record})
+            say(f"  breakdown {system} {w.name}: {record}")
         if "steps" in args.sections:
             f = features[workloads[0].name]
             for n_rows in [b for b in STEP_BATCHES if b <= slots]:

@@ -61,24 +61,27 @@ class _Load:
             self._local.client = WhisperClient(self.url, self.protocol, timeout_s=600)
         return self._local.client
 
-    def one(self, data: bytes) -> float:
+    def one(self, data: bytes) -> tuple[float, int]:
+        """(latency, words in the transcript: one per text token with the served word-level tokenizer)"""
         start = time.perf_counter()
-        self._client().transcribe(data, **self.options)
-        return time.perf_counter() - start
+        result = self._client().transcribe(data, **self.options)
+        return time.perf_counter() - start, len(result.text.split())
 
     def run(self, clips: list[tuple[bytes, float]], n: int, concurrency: int) -> dict:
         counter = itertools.count()
         latencies: list[float] = []
         seconds: list[float] = []
+        words: list[int] = []
         lock = threading.Lock()
 
         def worker() -> None:
             while (i := next(counter)) < n:
                 data, duration = clips[i % len(clips)]
-                latency = self.one(data)
+                latency, n_words = self.one(data)
                 with lock:
                     latencies.append(latency)
                     seconds.append(duration)
+                    words.append(n_words)
 
         start = time.perf_counter()
         with ThreadPoolExecutor(concurrency) as pool:
@@ -92,6 +95,7 @@ class _Load:
             "wall_s": round(wall, 3),
             "rtfx": round(float(sum(seconds)) / wall, 1),
             "requests_per_s": round(n / wall, 1),
+            "mean_text_tokens": round(float(np.mean(words)), 1),
             **{f"p{q}_ms": round(float(np.percentile(ms, q)), 2) for q in (50, 95, 99)},
         }
 
@@ -101,8 +105,12 @@ def run_triton(args, results, say) -> None:
     ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
     log_path = Path(args.profile_dir or args.out) / f"triton-serve-{model}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
+    from bench.served_checkpoint import write_served_checkpoint
+
+    source = f"random:{model}:0"  # the weights of the offline runs
+    checkpoint = write_served_checkpoint(source, Path("/tmp") / f"served-{model}")
     command = [
-        sys.executable, "-m", "python_backend_lib.cli", "serve", "--checkpoint", f"random:{model}",
+        sys.executable, "-m", "python_backend_lib.cli", "serve", "--checkpoint", str(checkpoint),
         f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
     ]
     say(f"triton: starting {' '.join(command[2:])}")
@@ -134,7 +142,7 @@ def run_triton(args, results, say) -> None:
             options.pop("min_new_tokens")
             forced = False
             _Load(urls["http"], "http", options).one(short[0][0])
-        common = {"model": model, "forced_tokens": forced, "max_new_tokens": TOKENS, "server_ready_s": round(ready_s, 1)}
+        common = {"model": model, "checkpoint": f"{source} weights, word-level tokenizer", "forced_tokens": forced, "max_new_tokens": TOKENS, "server_ready_s": round(ready_s, 1)}
 
         for protocol in args.triton_protocols:
             load = _Load(urls[protocol], protocol, options)

@@ -203,10 +203,18 @@ class Row:
     language: str | None = None
     language_probability: float | None = None
     prefilled: bool = False
+    # (generated list, tokens scanned, last timestamp among them): rule_facts scans only new tokens
+    _timestamp_scan: tuple = field(default=(None, 0, -1), repr=False)
 
     def rule_facts(self, timestamp_begin: int) -> tuple[int, ...]:
         tokens = self.generated
-        last_ts = next((t for t in reversed(tokens) if t >= timestamp_begin), -1)
+        scanned_list, scanned, last_ts = self._timestamp_scan
+        if scanned_list is not tokens or scanned > len(tokens):
+            scanned, last_ts = 0, -1
+        for t in tokens[scanned:]:
+            if t >= timestamp_begin:
+                last_ts = t
+        self._timestamp_scan = (tokens, len(tokens), last_ts)
         max_initial = timestamp_begin + round(self.options.max_initial_timestamp / TIME_PRECISION_S)
         return (
             not tokens,
@@ -230,6 +238,24 @@ class Row:
             prompt_tokens=self.prompt.tokens,
             language_probability=self.language_probability,
         )
+
+
+@dataclass
+class StepCounts:
+    """What `DecodeBatch.step` did so far (monitoring; read from any thread).
+
+    graph_replays: steps whose one-token rows replayed a captured CUDA graph.
+    eager_passes: eager decoder passes (prompt rows, no graphs, or too many rows).
+    graph_fallbacks: steps that had graphs but ran eagerly because no bucket held the rows.
+    """
+
+    graph_replays: int = 0
+    eager_passes: int = 0
+    graph_fallbacks: int = 0
+
+
+# A row's fields that a step changes, as `DecodeBatch.checkpoint` saves them.
+_RowState = tuple[Row, list[int], int, int, float, bool, float, "str | None", "float | None"]
 
 
 @dataclass(frozen=True)
@@ -268,6 +294,7 @@ class DecodeBatch:
         self.rules = LogitRules(config, self.device)
         self.rows: list[Row] = []
         self.logit_observer: LogitObserver | None = None  # for tests and tracing
+        self.counts = StepCounts()
 
     @property
     def free_slots(self) -> int:
@@ -278,10 +305,16 @@ class DecodeBatch:
         """Encode the new requests together and store their cross-attention K/V."""
         if not admissions:
             return
-        mel = torch.stack([a.features for a in admissions]).to(self.device, self.dtype)
+        # Each clip to the device first (pinned features copy asynchronously), then stacked there.
+        mel = torch.stack([a.features.to(self.device, non_blocking=True) for a in admissions]).to(self.dtype)
         audio = self.model.encode(mel, self.attention)
         slots = [self.pool.allocate() for _ in admissions]
-        self.pool.write_cross(torch.tensor(slots, device=self.device), self.model.cross_kv(audio))
+        try:
+            self.pool.write_cross(torch.tensor(slots, device=self.device), self.model.cross_kv(audio))
+        except BaseException:  # e.g. out of memory: the slots hold nothing yet
+            for slot in slots:
+                self.pool.release(slot)
+            raise
         text_ctx = self.config.dims.n_text_ctx
         for admission, slot in zip(admissions, slots):
             room = text_ctx - len(admission.prompt.tokens)
@@ -307,21 +340,56 @@ class DecodeBatch:
                 return True
         return False
 
+    def checkpoint(self) -> list[_RowState]:
+        """Every row's step-changed fields, for `rewind` after a step that raised.
+
+        A step is not atomic: it changes rows before its last device work (which
+        is where a bad row or a CUDA error shows). One tuple per row; `pending` is
+        kept by reference, since a step replaces a row's pending list, never edits it.
+        """
+        return [
+            (r, r.pending, r.cached, len(r.generated), r.sum_logprob, r.prefilled,
+             r.no_speech_prob, r.language, r.language_probability)
+            for r in self.rows
+        ]  # fmt: skip
+
+    def rewind(self, saved: Sequence[_RowState]) -> list[Row]:
+        """Put the rows back as `checkpoint` saw them; the step that raised may then be
+        run again (it rewrites the same KV positions). Returns the rows that left
+        the batch inside that step: their results are lost and their slots freed."""
+        present = set(self.rows)
+        left = []
+        for row, pending, cached, n_generated, sum_logprob, prefilled, no_speech, language, probability in saved:
+            if row not in present:
+                left.append(row)
+                continue
+            row.pending, row.cached, row.sum_logprob, row.prefilled = pending, cached, sum_logprob, prefilled
+            row.no_speech_prob, row.language, row.language_probability = no_speech, language, probability
+            del row.generated[n_generated:]
+        return left
+
     @torch.inference_mode()
-    def step(self) -> list[tuple[Any, DecodingResult]]:
-        """One decoder pass over every row; returns the rows that finished."""
-        rows = list(self.rows)
+    def step(self, rows: Sequence[Row] | None = None) -> list[tuple[Any, DecodingResult]]:
+        """One decoder pass over `rows` (default: every row); returns the rows that finished."""
+        rows = list(self.rows if rows is None else rows)
         if not rows:
             return []
         if self.graphs is None:
+            self.counts.eager_passes += 1
             return self._step_eager(rows)
         # Rows past their prompt feed one token each: a captured graph runs them
         # when one is large enough. Prompt rows run eagerly in the same step.
         decoding = [r for r in rows if r.prefilled and len(r.pending) == 1]
         if not self.graphs.fits(len(decoding)):
+            self.counts.graph_fallbacks += 1
+            self.counts.eager_passes += 1
             return self._step_eager(rows)
         prompting = [r for r in rows if not (r.prefilled and len(r.pending) == 1)]
-        done = self._step_eager(prompting) if prompting else []
+        done = []
+        if prompting:
+            self.counts.eager_passes += 1
+            done = self._step_eager(prompting)
+        self.counts.graph_replays += 1
         return done + self._step_graph(decoding)
 
     def _step_graph(self, rows: list[Row]) -> list[tuple[Any, DecodingResult]]:

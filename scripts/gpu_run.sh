@@ -68,7 +68,7 @@ if has bench; then
     reserve=10; has triton && reserve=150
     budget=$(($(left) - reserve))
     say "bench (budget $budget s)"
-    timeout "$budget" $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections steps offline \
+    timeout "$budget" $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections steps offline encoder \
         --out "$OUT" --profile-dir "$OUT"
     say "bench exit $?"
     save_jit
@@ -86,7 +86,7 @@ if has triton; then
         $PY -c 'import numpy; print("numpy", numpy.__version__)'
         say "triton (budget $(($(left) - 20)) s)"
         timeout $(($(left) - 20)) $PY -m bench.gpu --sections triton --append --out "$OUT" --profile-dir "$OUT" \
-            --triton-startup-s 120
+            --triton-startup-s 240
         say "triton exit $?"
     else
         say "no bundle: skipping triton"
