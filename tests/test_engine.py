@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from python_backend_lib import audio
+from python_backend_lib.engine import EngineOptions, InjectedFault
 from python_backend_lib.options import DecodingOptions
 from python_backend_lib.pipeline import Pipeline
 
@@ -87,3 +88,58 @@ def test_a_failing_callback_does_not_stop_the_engine(pipe, features):
 
     pipe.engine.submit(features[3], DecodingOptions(max_new_tokens=3), explode)
     assert _submit(pipe, features[3], DecodingOptions(max_new_tokens=3)).result(timeout=60).tokens
+
+
+def test_a_request_that_breaks_the_step_fails_alone(pipe, features):
+    """NaN features sampled at a temperature make `torch.multinomial` raise in the
+    middle of a step, after the rows were changed: the engine rewinds them and
+    steps each alone, so only the NaN request fails and the others' tokens are
+    those they get alone."""
+    solo = [_submit(pipe, f, DecodingOptions()).result().tokens for f in features[:3]]
+    failed_steps = pipe.engine.stats.failed_steps
+    long = _submit(pipe, features[0], DecodingOptions(min_new_tokens=60, max_new_tokens=60))
+    broken = _submit(pipe, torch.full_like(features[0], float("nan")), DecodingOptions(temperature=0.5))
+    neighbours = [_submit(pipe, f, DecodingOptions()) for f in features[:3]]
+    with pytest.raises(RuntimeError, match="probability tensor contains"):
+        broken.result(timeout=60)
+    assert [f.result(timeout=60).tokens for f in neighbours] == solo
+    assert len(long.result(timeout=60).tokens) == 60
+    assert pipe.engine.stats.failed_steps > failed_steps
+    assert pipe.engine.batch.free_slots == SLOTS
+
+
+def test_a_request_that_breaks_encoding_fails_alone(pipe, features):
+    """Features that cannot reach the model's device fail while new requests are
+    encoded together; the others are then encoded one by one and succeed."""
+    solo = _submit(pipe, features[1], DecodingOptions()).result().tokens
+    requests = [
+        _submit(pipe, features[1], DecodingOptions()),
+        _submit(pipe, torch.zeros_like(features[1], device="meta"), DecodingOptions()),
+        _submit(pipe, features[1], DecodingOptions()),
+    ]
+    with pytest.raises(NotImplementedError, match="meta"):
+        requests[1].result(timeout=60)
+    assert [requests[i].result(timeout=60).tokens for i in (0, 2)] == [solo, solo]
+    assert pipe.engine.batch.free_slots == SLOTS
+
+
+def test_the_fault_hook_fails_only_its_request():
+    pipeline = Pipeline.load("default", device="cpu", slots=SLOTS, engine_options=EngineOptions(fault_prompt="boom"))
+    try:
+        feature = audio.window_features(audio.decode_audio(clips()[0].read())[: audio.N_SAMPLES], pipeline.n_mels)
+        solo = _submit(pipeline, feature, DecodingOptions()).result(timeout=60).tokens
+        long = _submit(pipeline, feature, DecodingOptions(min_new_tokens=40, max_new_tokens=40))
+        faulty = _submit(pipeline, feature, DecodingOptions(prompt="boom"))
+        others = [_submit(pipeline, feature, DecodingOptions(prompt=p)) for p in (None, "not boom")]
+        with pytest.raises(InjectedFault, match="boom"):
+            faulty.result(timeout=60)
+        assert others[0].result(timeout=60).tokens == solo
+        assert others[1].result(timeout=60).finished
+        assert len(long.result(timeout=60).tokens) == 40
+        stats = pipeline.engine.stats
+        assert stats.failed == 1 and stats.failed_steps >= 1
+        assert stats.admitted == stats.submitted == 5 and len(stats.recent_waits) == 5
+        assert pipeline.engine.running == pipeline.engine.waiting == 0
+        assert pipeline.engine.batch.counts.eager_passes > 0 and pipeline.engine.batch.counts.graph_replays == 0
+    finally:
+        pipeline.close()
