@@ -26,6 +26,10 @@ class Projections(nn.Module):
         self.v_proj = nn.Linear(width, width)
         self.out_proj = nn.Linear(width, width)
 
+    def qkv(self, x: torch.Tensor, n_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[..., width] -> q, k, v each [..., heads, head_dim]"""
+        return tuple(_heads(proj(x), n_heads) for proj in (self.q_proj, self.k_proj, self.v_proj))
+
 
 def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     """[..., width] -> [..., heads, head_dim]"""
@@ -43,10 +47,8 @@ class EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(4 * width, width)
 
     def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
-        h = self.self_attn_layer_norm(x)
-        p = self.self_attn
-        q, k, v = (_heads(proj(h), self.n_heads) for proj in (p.q_proj, p.k_proj, p.v_proj))
-        x = x + p.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
+        q, k, v = self.self_attn.qkv(self.self_attn_layer_norm(x), self.n_heads)
+        x = x + self.self_attn.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
@@ -85,10 +87,8 @@ class DecoderLayer(nn.Module):
 
     def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         """x [tokens, width], rows flattened as the step's layout says."""
-        h = self.self_attn_layer_norm(x)
-        p = self.self_attn
-        q, k, v = (_heads(proj(h), self.n_heads) for proj in (p.q_proj, p.k_proj, p.v_proj))
-        x = x + p.out_proj(attention.self_attention(self.index, q, k, v).flatten(-2))
+        q, k, v = self.self_attn.qkv(self.self_attn_layer_norm(x), self.n_heads)
+        x = x + self.self_attn.out_proj(attention.self_attention(self.index, q, k, v).flatten(-2))
         h = self.encoder_attn_layer_norm(x)
         c = self.encoder_attn
         x = x + c.out_proj(attention.cross_attention(self.index, _heads(c.q_proj(h), self.n_heads)).flatten(-2))
