@@ -320,6 +320,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--python-version", default=DEFAULT_PYTHON_VERSION, help="the GPU host's Python, X.Y")
     parser.add_argument("--cache", type=Path, default=REPO_ROOT / ".cache" / "gpu-bundle", help="downloads kept here")
     parser.add_argument("--limit-mib", type=float, default=DEFAULT_LIMIT_MIB, help="fail when the bundle is larger")
+    parser.add_argument(
+        "--no-project-wheel",
+        action="store_true",
+        help="leave this project's wheel out (a host that runs from a checkout of it)",
+    )
     args = parser.parse_args(argv)
     parts = args.python_version.split(".")
     if len(parts) != 2 or not all(p.isdigit() for p in parts):
@@ -364,9 +369,14 @@ def main(argv: list[str] | None = None) -> int:
         shutil.copy2(path, out / "wheels" / path.name)
         log(f"      {path.name}: {mib(path.stat().st_size)}")
 
-    step(n_steps, "build this project's wheel and copy model_repository/")
-    own = build_own_wheel(out / "wheels")
-    log(f"      {own.name}: {mib(own.stat().st_size)}")
+    if args.no_project_wheel:
+        step(n_steps, "copy model_repository/ (--no-project-wheel: no wheel of this project)")
+        own_name = None
+    else:
+        step(n_steps, "build this project's wheel and copy model_repository/")
+        own = build_own_wheel(out / "wheels")
+        own_name = own.name
+        log(f"      {own.name}: {mib(own.stat().st_size)}")
     # The wheel does not hold the model repository; the installer puts this
     # copy into WHISPER_TRITON_HOME/model_repository.
     models = checkout_files(MODEL_REPOSITORY)
@@ -382,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
         "triton_from": PYTRITON_REQUIREMENT,
         "host_libraries": tree.host_libraries,
         "wheels": {w.requirement: w.reason for w in WHEELS},
-        "project_wheel": own.name,
+        "project_wheel": own_name,
         "model_repository": MODEL_REPOSITORY,
     }
     (out / "BUNDLE.json").write_text(json.dumps(manifest, indent=2) + "\n")
