@@ -71,30 +71,37 @@ class Tokenizer:
         timestamps closes one segment and opens the next. Text with no closing
         timestamp runs to the end of the audio; without any timestamps the whole
         text is one segment from 0 to `duration`. `offset` shifts the times (a
-        window's start in long audio).
+        window's start in long audio). A segment's tokens are its text tokens with
+        the timestamps around them, as openai-whisper keeps them: long-form
+        decoding conditions later windows on them, timestamps included.
         """
         begin = self.special.timestamp_begin
         segments: list[Segment] = []
         start: float | None = None
-        text_tokens: list[int] = []
+        pending: list[int] = []  # the open segment's tokens: its opening timestamp, then text
         for token in tokens:
             if token < begin:
                 if token < self.special.eot:
-                    text_tokens.append(token)
+                    pending.append(token)
                 continue
             time = self.timestamp_seconds(token)
-            if start is not None and text_tokens:
-                segments.append(self._segment(start + offset, time + offset, text_tokens))
-                start, text_tokens = None, []
-            else:
+            if start is not None and _has_text(pending, begin):
+                segments.append(self._segment(start + offset, time + offset, [*pending, token]))
+                start, pending = None, []
+            else:  # an opening timestamp (text before any timestamp stays in the segment)
                 start = time
-        if text_tokens:
-            segments.append(self._segment((start or 0.0) + offset, max(duration, start or 0.0) + offset, text_tokens))
+                pending = [*pending, token] if _has_text(pending, begin) else [token]
+        if _has_text(pending, begin):
+            segments.append(self._segment((start or 0.0) + offset, max(duration, start or 0.0) + offset, pending))
         return tuple(s for s in segments if s.text)
 
     def _segment(self, start: float, end: float, tokens: list[int]) -> Segment:
         # Times are multiples of 10 ms; rounding drops float noise from offsets.
         return Segment(start=round(start, 3), end=round(end, 3), text=self.decode(tokens).strip(), tokens=tuple(tokens))
+
+
+def _has_text(tokens: Sequence[int], timestamp_begin: int) -> bool:
+    return any(t < timestamp_begin for t in tokens)
 
 
 def load_tokenizer(source: str | ModelConfig = DEFAULT_SOURCE) -> Tokenizer:

@@ -122,6 +122,12 @@ def test_split_window_seeks_to_the_last_complete_segment():
     outcome = split_window(pair, tokenizer, seek=1000, window_frames=3000, result=stats, ratio=1.0)
     assert [(s.start, s.end) for s in outcome.segments] == [(10.0, 12.0), (12.0, 18.0)]
     assert outcome.advance == 800  # 8.00 s in frames of 10 ms
+    # Segments keep their timestamp tokens, which later windows are conditioned on
+    # (openai-whisper's prompt has them too; without them tiny.en drifts into
+    # window-long segments on long audio).
+    assert [s.tokens for s in outcome.segments] == [
+        (begin, *words, begin + 100), (begin + 100, *words, begin + 400)
+    ]
     # Ends with a single timestamp: the window is done.
     single = (begin, *words, begin + 100)
     outcome = split_window(single, tokenizer, seek=0, window_frames=1100, result=stats, ratio=1.0)
