@@ -150,13 +150,14 @@ def test_segments_from_timestamp_tokens():
     begin = ENGLISH.special.timestamp_begin
     hello, world = tokenizer.encode(" Hello"), tokenizer.encode(" world.")
     tokens = [begin, *hello, begin + 100, begin + 100, *world, begin + 250]
+    # Each segment keeps the timestamps around its text, as openai-whisper's do.
     assert tokenizer.segments(tokens, duration=6.0) == (
-        Segment(0.0, 2.0, "Hello", tuple(hello)),
-        Segment(2.0, 5.0, "world.", tuple(world)),
+        Segment(0.0, 2.0, "Hello", (begin, *hello, begin + 100)),
+        Segment(2.0, 5.0, "world.", (begin + 100, *world, begin + 250)),
     )
     # An unclosed last segment runs to the end of the audio; offsets shift times.
     assert tokenizer.segments([begin + 50, *hello], duration=4.0, offset=30.0) == (
-        Segment(31.0, 34.0, "Hello", tuple(hello)),
+        Segment(31.0, 34.0, "Hello", (begin + 50, *hello)),
     )
     # Without timestamps: one segment over the whole audio.
     assert tokenizer.segments([*hello, *world], duration=3.5) == (
