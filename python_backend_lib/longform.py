@@ -22,7 +22,6 @@ callbacks, so it never blocks the engine thread.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import math
 import threading
 import zlib
@@ -32,16 +31,20 @@ from typing import Callable
 import torch
 
 from . import audio
-from .options import DecodingOptions, DecodingResult
+from .options import (  # noqa: F401  (the options are importable from here too)
+    DEFAULT_COMPRESSION_RATIO_THRESHOLD,
+    DEFAULT_LOGPROB_THRESHOLD,
+    DEFAULT_NO_SPEECH_THRESHOLD,
+    DEFAULT_TEMPERATURE_INCREMENT,
+    MAX_TEMPERATURE,
+    DecodingOptions,
+    DecodingResult,
+    LongFormMode,
+    TranscribeOptions,
+)
 from .tokenizer import Segment, Tokenizer
 from .weights import ModelConfig
 
-# openai-whisper's defaults.
-DEFAULT_TEMPERATURE_INCREMENT = 0.2
-MAX_TEMPERATURE = 1.0
-DEFAULT_COMPRESSION_RATIO_THRESHOLD = 2.4
-DEFAULT_LOGPROB_THRESHOLD = -1.0
-DEFAULT_NO_SPEECH_THRESHOLD = 0.6
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5
 # A window whose loudest spectral bin stays below this log10 power (about 90 dB
@@ -49,46 +52,6 @@ MAX_CONDITIONING_TEMPERATURE = 0.5
 # own rule does not catch it (tiny.en writes a confident "you"), so such windows
 # are skipped without decoding.
 SILENCE_LOG10_POWER = -5.0
-
-
-class LongFormMode(str, enum.Enum):
-    SEQUENTIAL = "sequential"
-    BATCHED = "batched"
-
-
-@dataclass(frozen=True)
-class TranscribeOptions:
-    """How to transcribe a whole recording. `decoding.temperature` is the first
-    temperature tried; each fallback adds `temperature_increment` up to 1.0
-    (0 disables fallback). A threshold of None disables its check."""
-
-    decoding: DecodingOptions = DecodingOptions()
-    temperature_increment: float = DEFAULT_TEMPERATURE_INCREMENT
-    compression_ratio_threshold: float | None = DEFAULT_COMPRESSION_RATIO_THRESHOLD
-    logprob_threshold: float | None = DEFAULT_LOGPROB_THRESHOLD
-    no_speech_threshold: float | None = DEFAULT_NO_SPEECH_THRESHOLD
-    condition_on_previous_text: bool = True
-    mode: LongFormMode = LongFormMode.SEQUENTIAL
-    word_timestamps: bool = False
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.mode, LongFormMode):
-            try:
-                object.__setattr__(self, "mode", LongFormMode(self.mode))
-            except ValueError:
-                raise ValueError(
-                    f"long_form must be one of {[m.value for m in LongFormMode]}, got {self.mode!r}"
-                ) from None
-        if not 0.0 <= self.temperature_increment <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature_increment must be from 0 to 1, got {self.temperature_increment!r}")
-
-    @property
-    def temperatures(self) -> tuple[float, ...]:
-        first = self.decoding.temperature
-        if self.temperature_increment <= 0 or first >= MAX_TEMPERATURE:
-            return (first,)
-        steps = int(round((MAX_TEMPERATURE - first) / self.temperature_increment))
-        return tuple(round(first + i * self.temperature_increment, 6) for i in range(steps + 1))
 
 
 @dataclass(frozen=True)
@@ -236,7 +199,8 @@ class LongFormJob:
         self.on_done = on_done
         self.is_cancelled = is_cancelled
         self.content = content_frames(mel.shape[-1], duration)
-        self.language = options.decoding.language
+        # English-only checkpoints know their language before any window is decoded.
+        self.language = options.decoding.language if config.multilingual else "en"
         self.language_probability: float | None = None
         self._lock = threading.Lock()
         self._accepted: dict[int, tuple[WindowOutcome, DecodingResult]] = {}

@@ -18,6 +18,14 @@ MAX_PROMPT_TOKENS = MAX_TEXT_POSITIONS // 2 - 1
 DEFAULT_MAX_INITIAL_TIMESTAMP_S = 1.0
 
 
+# openai-whisper's defaults.
+DEFAULT_TEMPERATURE_INCREMENT = 0.2
+MAX_TEMPERATURE = 1.0
+DEFAULT_COMPRESSION_RATIO_THRESHOLD = 2.4
+DEFAULT_LOGPROB_THRESHOLD = -1.0
+DEFAULT_NO_SPEECH_THRESHOLD = 0.6
+
+
 class Task(str, enum.Enum):
     TRANSCRIBE = "transcribe"
     TRANSLATE = "translate"
@@ -109,3 +117,60 @@ class DecodingResult:
     finished: bool = True  # False when stopped by max_new_tokens or the 448 positions
     prompt_tokens: tuple[int, ...] = field(default=(), repr=False)
     language_probability: float | None = None  # set when the language was detected
+
+
+class LongFormMode(str, enum.Enum):
+    """How audio longer than one window is cut (see `longform`)."""
+
+    SEQUENTIAL = "sequential"
+    BATCHED = "batched"
+
+
+@dataclass(frozen=True)
+class TranscribeOptions:
+    """How to transcribe a whole recording (`longform.LongFormJob`).
+
+    decoding: how to decode each 30 s window; its `temperature` is the first
+        temperature tried, and each fallback adds `temperature_increment`, up
+        to 1.0 (0 disables fallback).
+    compression_ratio_threshold, logprob_threshold: a window whose text is more
+        repetitive or less likely than this is decoded again, hotter.
+    no_speech_threshold: a window whose no-speech probability is above this,
+        with a log-probability below `logprob_threshold`, is skipped as silent.
+        A threshold of None disables its check.
+    condition_on_previous_text: SEQUENTIAL mode conditions each window on the
+        text decoded before it.
+    mode: SEQUENTIAL (Whisper's seeking) or BATCHED (windows in parallel).
+    word_timestamps: time every word (alignment heads and DTW; one extra
+        decoder pass per window).
+    """
+
+    decoding: DecodingOptions = DecodingOptions()
+    temperature_increment: float = DEFAULT_TEMPERATURE_INCREMENT
+    compression_ratio_threshold: float | None = DEFAULT_COMPRESSION_RATIO_THRESHOLD
+    logprob_threshold: float | None = DEFAULT_LOGPROB_THRESHOLD
+    no_speech_threshold: float | None = DEFAULT_NO_SPEECH_THRESHOLD
+    condition_on_previous_text: bool = True
+    mode: LongFormMode = LongFormMode.SEQUENTIAL
+    word_timestamps: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, LongFormMode):
+            try:
+                object.__setattr__(self, "mode", LongFormMode(self.mode))
+            except ValueError:
+                raise ValueError(
+                    f"long_form must be one of {[m.value for m in LongFormMode]}, got {self.mode!r}"
+                ) from None
+        if isinstance(self.temperature_increment, bool) or not (
+            isinstance(self.temperature_increment, (int, float)) and 0.0 <= self.temperature_increment <= MAX_TEMPERATURE
+        ):
+            raise ValueError(f"temperature_increment must be from 0 to 1, got {self.temperature_increment!r}")
+
+    @property
+    def temperatures(self) -> tuple[float, ...]:
+        first = self.decoding.temperature
+        if self.temperature_increment <= 0 or first >= MAX_TEMPERATURE:
+            return (first,)
+        steps = math.floor((MAX_TEMPERATURE - first) / self.temperature_increment + 1e-6)
+        return tuple(round(first + i * self.temperature_increment, 6) for i in range(steps + 1))

@@ -8,43 +8,11 @@ come from `weights.SpecialTokens` (the packaged tokenizer.json stops at
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
+from .segments import Segment, Word  # noqa: F401  (importable from here too)
 from .weights import DEFAULT_SOURCE, TIME_PRECISION_S, ModelConfig, SpecialTokens, load_config
-
-
-NAN = float("nan")
-
-
-@dataclass(frozen=True)
-class Word:
-    word: str  # with its leading space, as Whisper writes it
-    start: float
-    end: float
-    probability: float
-
-
-@dataclass(frozen=True)
-class Segment:
-    """A stretch of speech: times in seconds from the start of the audio.
-
-    The fields after `tokens` describe the window the segment came from
-    (openai-whisper's verbose result) and are filled by long-form decoding.
-    """
-
-    start: float
-    end: float
-    text: str
-    tokens: tuple[int, ...]
-    id: int = 0
-    seek: int = 0  # mel frame where the window started
-    temperature: float = 0.0
-    avg_logprob: float = NAN
-    compression_ratio: float = NAN
-    no_speech_prob: float = NAN
-    words: tuple[Word, ...] = ()
 
 
 class Tokenizer:
