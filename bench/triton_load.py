@@ -27,7 +27,60 @@ from bench.workloads import librispeech_like, noise, wav_bytes
 DISTINCT_CLIPS = 32
 SHORT_CLIP_S = 5.0  # the latency target's clip
 TOKENS = 30
-REQUESTS_AT = {1: 64, 8: 256, 64: 512, 256: 1024}
+REQUESTS_AT = {1: 64, 8: 128, 64: 256, 256: 512}
+
+
+def model_stats(url: str) -> dict:
+    """Triton's cumulative per-model statistics: requests, and time queued and in execute()."""
+    import tritonclient.grpc as grpc
+
+    stats = grpc.InferenceServerClient(url).get_inference_statistics(as_json=True)
+    out = {}
+    for model in stats.get("model_stats", []):
+        inference = model.get("inference_stats", {})
+        out[model["name"]] = {
+            "requests": int(inference.get("success", {}).get("count", 0)),
+            "executions": int(model.get("execution_count", 0)),
+            "queue_ns": int(inference.get("queue", {}).get("ns", 0)),
+            "compute_ns": int(inference.get("compute_infer", {}).get("ns", 0)),
+        }
+    return out
+
+
+def stats_delta(before: dict, after: dict) -> dict:
+    """Per model: requests, executions (batches), mean queue and execute() time per request in ms."""
+    out = {}
+    for name, now in after.items():
+        then = before.get(name, {})
+        requests = now["requests"] - then.get("requests", 0)
+        if requests <= 0:
+            continue
+        out[name] = {
+            "requests": requests,
+            "executions": now["executions"] - then.get("executions", 0),
+            "queue_ms": round((now["queue_ns"] - then.get("queue_ns", 0)) / requests / 1e6, 3),
+            "execute_ms": round((now["compute_ns"] - then.get("compute_ns", 0)) / requests / 1e6, 3),
+        }
+    return out
+
+
+def repository_with_instances(counts: dict[str, int], directory: Path) -> Path:
+    """A copy of the packaged model repository with other instance counts (CPU models only)."""
+    import re
+    import shutil
+
+    from python_backend_lib.server import packaged_model_repository
+
+    if directory.exists():
+        shutil.rmtree(directory)
+    shutil.copytree(packaged_model_repository(), directory, ignore=shutil.ignore_patterns("__pycache__"))
+    for model, count in counts.items():
+        config = directory / model / "config.pbtxt"
+        text, n = re.subn(r"count:\s*\d+", f"count: {count}", config.read_text())
+        if n != 1:
+            raise ValueError(f"{config}: expected one instance count, found {n}")
+        config.write_text(text)
+    return directory
 
 
 def _free_port() -> int:
@@ -100,17 +153,25 @@ class _Load:
         }
 
 
-def run_triton(args, results, say) -> None:
+def run_triton(args, results, say, *, instances: dict[str, int] | None = None,
+               protocols=None, concurrencies=None) -> None:
+    """instances: serve a copy of the repository with these instance counts."""
     model = args.triton_model
+    protocols = protocols or args.triton_protocols
+    concurrencies = concurrencies or args.triton_concurrency
+    label = "as shipped" if not instances else ", ".join(f"{m} x{c}" for m, c in instances.items())
     ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
-    log_path = Path(args.profile_dir or args.out) / f"triton-serve-{model}.log"
+    log_path = Path(args.profile_dir or args.out) / f"triton-serve-{model}{'-instances' if instances else ''}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
     from bench.served_checkpoint import write_served_checkpoint
 
     source = f"random:{model}:0"  # the weights of the offline runs
     checkpoint = write_served_checkpoint(source, Path("/tmp") / f"served-{model}")
+    repository = []
+    if instances:
+        repository = ["--model-repository", str(repository_with_instances(instances, Path("/tmp/repo-instances")))]
     command = [
-        sys.executable, "-m", "python_backend_lib.cli", "serve", "--checkpoint", str(checkpoint),
+        sys.executable, "-m", "python_backend_lib.cli", "serve", "--checkpoint", str(checkpoint), *repository,
         f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
     ]
     say(f"triton: starting {' '.join(command[2:])}")
@@ -142,22 +203,28 @@ def run_triton(args, results, say) -> None:
             options.pop("min_new_tokens")
             forced = False
             _Load(urls["http"], "http", options).one(short[0][0])
-        common = {"model": model, "checkpoint": f"{source} weights, word-level tokenizer", "forced_tokens": forced, "max_new_tokens": TOKENS, "server_ready_s": round(ready_s, 1)}
+        common = {"model": model, "repository": label, "checkpoint": f"{source} weights, word-level tokenizer", "forced_tokens": forced, "max_new_tokens": TOKENS, "server_ready_s": round(ready_s, 1)}
 
-        for protocol in args.triton_protocols:
+        for protocol in protocols:
             load = _Load(urls[protocol], protocol, options)
             load.run(clips, 16, 8)  # warm-up: connections, allocator, every bucket up to 8
+            before = model_stats(urls["grpc"])
             record = load.run(short, 64, 1)
+            record["models"] = stats_delta(before, model_stats(urls["grpc"]))
             results.add("triton", {**common, "protocol": protocol, "concurrency": 1, "workload": "5s-clip", **record})
-            say(f"triton {protocol} 5 s clip, concurrency 1: p50 {record['p50_ms']} ms, p99 {record['p99_ms']} ms")
-            for concurrency in args.triton_concurrency:
+            say(f"triton [{label}] {protocol} 5 s clip, concurrency 1: p50 {record['p50_ms']} ms, "
+                f"p99 {record['p99_ms']} ms; per model {record['models']}")
+            for concurrency in concurrencies:
                 n = REQUESTS_AT.get(concurrency, 4 * concurrency)
+                before = model_stats(urls["grpc"])
                 record = load.run(clips, n, concurrency)
+                record["models"] = stats_delta(before, model_stats(urls["grpc"]))
                 record["gpu_memory_used_gib"] = _gpu_memory_used_gib()
                 results.add("triton", {**common, "protocol": protocol, "concurrency": concurrency,
                                        "workload": "librispeech-like", **record})
-                say(f"triton {protocol:4s} concurrency {concurrency:3d}: RTFx {record['rtfx']:8.1f} "
-                    f"{record['requests_per_s']:7.1f} req/s p50 {record['p50_ms']:8.1f} ms p99 {record['p99_ms']:8.1f} ms")
+                say(f"triton [{label}] {protocol:4s} concurrency {concurrency:3d}: RTFx {record['rtfx']:8.1f} "
+                    f"{record['requests_per_s']:7.1f} req/s p50 {record['p50_ms']:8.1f} ms p99 {record['p99_ms']:8.1f} ms; "
+                    f"per model {record['models']}")
     finally:
         with_group = os.getpgid(server.pid) if server.poll() is None else None
         if with_group is not None:

@@ -15,8 +15,9 @@ Tolerances are measured, not guessed: each test first runs the SDPA reference
 in float32 and in the test's dtype on the same weights; the largest logit
 difference between those two (as a share of the logits' spread) is the
 dtype's noise floor. FlashInfer must stay within FLOOR_FACTOR times the floor
-of the float32 reference, and whatever depends on the batch (other rows,
-another bucket) within the floor itself.
+of the float32 reference, and so must whatever depends on the batch (other
+rows, another bucket): two fp16 runs that each sit within the floor of the
+exact result may differ from each other by up to twice the floor.
 
 Greedy tokens must be identical. The one exception is a genuine tie: where
 the reference's best two tokens are closer than the tolerance either choice is
@@ -51,6 +52,9 @@ CUDA = torch.device("cuda")
 # FlashInfer may differ from an fp32 reference by at most this many times as
 # much as PyTorch's own SDPA in the same dtype does (the dtype's noise floor).
 FLOOR_FACTOR = 2.0
+# Two clips' logits must differ by this many times the tolerance: a kernel that
+# read another request's slot would then fail the comparison by as much.
+DISCRIMINATION = 3.0
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -203,7 +207,7 @@ def assert_discriminating(trace: Trace, tol_share: float, name: str) -> None:
     finite = torch.isfinite(a)
     difference = (a[finite] - b[finite]).abs().max().item() / a[finite].std().item()
     print(f"\n{name}: two clips' logits differ by {difference:.2f} of the spread")
-    assert difference > 10 * tol_share
+    assert difference > DISCRIMINATION * tol_share
 
 
 @pytest.mark.parametrize(
@@ -241,7 +245,7 @@ def test_rows_do_not_depend_on_their_batch() -> None:
         crowd = requests(config, others, seed=10 + others)
         together = traced_decode(batch, mine + crowd, tags=list(range(3)) + [f"x{i}" for i in range(others)])
         together.tokens = {t: together.tokens[t] for t in range(3)}
-        compare(alone, together, floor, name=f"alone vs among {others}")
+        compare(alone, together, FLOOR_FACTOR * floor, name=f"alone vs among {others}")
 
 
 def test_joining_and_leaving_mid_decode() -> None:
@@ -279,7 +283,7 @@ def test_joining_and_leaving_mid_decode() -> None:
     for i, length in enumerate(lengths):
         assert len(results[i].tokens) == length
         trace.tokens[i] = list(results[i].tokens)
-    compare(solo, trace, floor, name="joining and leaving vs alone")
+    compare(solo, trace, FLOOR_FACTOR * floor, name="joining and leaving vs alone")
     print(f"\njoin/leave: {step} steps, {len(lengths)} requests through 6 slots")
 
 
