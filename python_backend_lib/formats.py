@@ -1,23 +1,54 @@
-"""Transcripts as text: the SEGMENTS wire format and the subtitle formats.
+"""Transcripts as text: the response formats and the SEGMENTS wire format.
 
-Pure functions from timed segments to strings. A segment is anything with
-`start` and `end` in seconds and `text` (the tokenizer's `Segment`, the
-client's `TimedText`). SEGMENTS carries the times exactly as the library
-computed them; the subtitle formats write them to the millisecond.
+A finished transcript is a `Document`: its text, its segments (with their
+window statistics and, on request, words), the audio's duration, the task and
+the language. The `whisper` model sends it to `postprocessing` as verbose_json,
+and every other format is written from it:
+
+- text: the transcript on one line;
+- json: {"text", "segments": [{"start", "end", "text"}]};
+- verbose_json: OpenAI's fields (task, language, duration, text, segments with
+  id, seek, start, end, text, tokens, temperature, avg_logprob,
+  compression_ratio, no_speech_prob, and words when they were asked for),
+  plus our own language_code and language_probability;
+- srt and vtt: subtitles, one cue per segment.
+
+Pure functions and frozen dataclasses; nothing here imports torch, so the
+clients and the gateway use this module too. SEGMENTS and verbose_json carry
+times exactly as the library computed them; subtitles write them to the
+millisecond.
 """
 
 from __future__ import annotations
 
+import enum
 import json
-from collections.abc import Iterable, Sequence
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Any, Protocol
+
+from python_backend_lib.languages import language_code, language_name
+from python_backend_lib.options import Task, TranscribeOptions
+from python_backend_lib.segments import NAN, Segment, Word
 
 MS_PER_SECOND = 1000
 MS_PER_MINUTE = 60 * MS_PER_SECOND
 MS_PER_HOUR = 60 * MS_PER_MINUTE
 
-FORMATS = ("text", "json", "srt", "vtt")  # what `to_<format>` exists for
+
+
+class ResponseFormat(str, enum.Enum):
+    TEXT = "text"
+    JSON = "json"
+    VERBOSE_JSON = "verbose_json"
+    SRT = "srt"
+    VTT = "vtt"
+
+
+FORMATS = tuple(f.value for f in ResponseFormat)
+# Formats that are about times: a request for one gets segment timestamps unless it says otherwise.
+TIMED_FORMATS = (ResponseFormat.VERBOSE_JSON, ResponseFormat.SRT, ResponseFormat.VTT)
 
 
 class Timed(Protocol):
@@ -43,8 +74,16 @@ def segments_to_json(segments: Iterable[Timed]) -> str:
     return json.dumps(_segment_records(segments), ensure_ascii=False)
 
 
-def _segment_records(segments: Iterable[Timed]) -> list[dict[str, float | str]]:
-    return [{"start": float(s.start), "end": float(s.end), "text": s.text} for s in segments]
+def _segment_records(segments: Iterable[Timed]) -> list[dict[str, Any]]:
+    """{"start", "end", "text"}, and "words" for segments that have words."""
+    records = []
+    for s in segments:
+        record: dict[str, Any] = {"start": float(s.start), "end": float(s.end), "text": s.text}
+        words = getattr(s, "words", ())
+        if words:
+            record["words"] = [_word_record(w) for w in words]
+        records.append(record)
+    return records
 
 
 def segments_from_json(data: str | bytes) -> tuple[TimedText, ...]:
@@ -65,7 +104,8 @@ def to_text(text: str) -> str:
 
 
 def to_json(text: str, segments: Sequence[Timed], **extra: object) -> str:
-    """One JSON object: {"text", "segments", **extra} (extra such as "file" goes first)."""
+    """One JSON object: {**extra, "text", "segments"} (extra such as "file" goes first);
+    segments that have words carry them."""
     record = {**extra, "text": text, "segments": _segment_records(segments)}
     return json.dumps(record, ensure_ascii=False) + "\n"
 
@@ -98,3 +138,145 @@ def format_timestamp(seconds: float, decimal_marker: str) -> str:
     secs, ms = divmod(rest, MS_PER_SECOND)
     return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{ms:03d}"
 
+
+# ----------------------------------------------------------------- the document
+
+
+@dataclass(frozen=True)
+class Document:
+    """A finished transcript, as every response format writes it.
+
+    language: the spoken language's code ("en"); None when no window was decoded
+        on a multilingual checkpoint (all silence) and none was given.
+    language_probability: how sure detection was; None when the language was given
+        or the checkpoint is English-only.
+    word_timestamps: whether words were asked for (verbose_json then lists them,
+        even when there are none).
+    """
+
+    text: str
+    segments: tuple[Segment, ...]
+    duration: float
+    task: Task = Task.TRANSCRIBE
+    language: str | None = None
+    language_probability: float | None = None
+    word_timestamps: bool = False
+
+    @classmethod
+    def from_transcript(cls, transcript: Any, options: TranscribeOptions) -> Document:
+        """transcript: a `longform.Transcript`; options: those it was made with."""
+        return cls(
+            text=transcript.text,
+            segments=tuple(transcript.segments),
+            duration=float(transcript.duration),
+            task=options.decoding.task,
+            language=transcript.language,
+            language_probability=transcript.language_probability,
+            word_timestamps=options.word_timestamps,
+        )
+
+    @property
+    def words(self) -> tuple[Word, ...]:
+        return tuple(w for s in self.segments for w in s.words)
+
+    def render(self, response_format: ResponseFormat | str, **extra: object) -> str:
+        """The document in `response_format`; `extra` fields (such as "file") go
+        first in the JSON formats and are ignored by the others."""
+        response_format = ResponseFormat(response_format)
+        if response_format is ResponseFormat.TEXT:
+            return to_text(self.text)
+        if response_format is ResponseFormat.JSON:
+            return to_json(self.text, self.segments, **extra)
+        if response_format is ResponseFormat.VERBOSE_JSON:
+            return json.dumps({**extra, **self.verbose_record()}, ensure_ascii=False) + "\n"
+        if response_format is ResponseFormat.SRT:
+            return to_srt(self.segments)
+        return to_vtt(self.segments)
+
+    def verbose_record(self) -> dict[str, Any]:
+        """verbose_json as a dict: OpenAI's fields, then ours."""
+        record: dict[str, Any] = {
+            "task": self.task.value,
+            "language": language_name(self.language) if self.language is not None else None,
+            "duration": self.duration,
+            "text": self.text,
+            "segments": [self._verbose_segment(s) for s in self.segments],
+        }
+        if self.word_timestamps:
+            record["words"] = [_word_record(w) for w in self.words]
+        record["language_code"] = self.language
+        record["language_probability"] = _finite_or_none(self.language_probability)
+        return record
+
+    def _verbose_segment(self, s: Segment) -> dict[str, Any]:
+        record: dict[str, Any] = {
+            "id": s.id,
+            "seek": s.seek,
+            "start": s.start,
+            "end": s.end,
+            "text": s.text,
+            "tokens": list(s.tokens),
+            "temperature": s.temperature,
+            "avg_logprob": _finite_or_none(s.avg_logprob),
+            "compression_ratio": _finite_or_none(s.compression_ratio),
+            "no_speech_prob": _finite_or_none(s.no_speech_prob),
+        }
+        if self.word_timestamps:
+            record["words"] = [_word_record(w) for w in s.words]
+        return record
+
+    @classmethod
+    def from_verbose_json(cls, data: str | bytes | Mapping[str, Any]) -> Document:
+        """Inverse of `render(VERBOSE_JSON)`; ValueError if `data` is not verbose_json."""
+        try:
+            record = json.loads(data) if isinstance(data, (str, bytes)) else data
+            code = record.get("language_code")
+            if code is None and record.get("language") is not None:
+                code = language_code(record["language"])
+            return cls(
+                text=str(record["text"]),
+                segments=tuple(_segment_from_record(s) for s in record["segments"]),
+                duration=float(record["duration"]),
+                task=Task(record["task"]),
+                language=code,
+                language_probability=_float_or_none(record.get("language_probability")),
+                word_timestamps="words" in record,
+            )
+        except (json.JSONDecodeError, TypeError, KeyError, AttributeError, ValueError) as error:
+            raise ValueError(f"not a verbose_json transcript: {error}") from None
+
+
+def _word_record(w: Word) -> dict[str, Any]:
+    return {"word": w.word, "start": w.start, "end": w.end, "probability": _finite_or_none(w.probability)}
+
+
+def _segment_from_record(r: Mapping[str, Any]) -> Segment:
+    return Segment(
+        start=float(r["start"]),
+        end=float(r["end"]),
+        text=str(r["text"]),
+        tokens=tuple(int(t) for t in r["tokens"]),
+        id=int(r["id"]),
+        seek=int(r["seek"]),
+        temperature=float(r["temperature"]),
+        avg_logprob=_nan_for_none(r["avg_logprob"]),
+        compression_ratio=_nan_for_none(r["compression_ratio"]),
+        no_speech_prob=_nan_for_none(r["no_speech_prob"]),
+        words=tuple(
+            Word(str(w["word"]), float(w["start"]), float(w["end"]), _nan_for_none(w["probability"]))
+            for w in r.get("words", ())
+        ),
+    )
+
+
+# JSON has no NaN or infinity: a statistic that is not a number travels as null.
+def _finite_or_none(value: float | None) -> float | None:
+    return float(value) if value is not None and math.isfinite(value) else None
+
+
+def _float_or_none(value: Any) -> float | None:
+    return None if value is None else float(value)
+
+
+def _nan_for_none(value: Any) -> float:
+    return NAN if value is None else float(value)

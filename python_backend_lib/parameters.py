@@ -6,7 +6,8 @@ whole object here, so an unknown key or a value of the wrong type is rejected
 by the first model that sees it, with a `ValueError` naming the key.
 
 Types are those tritonclient sends: `bool`, `int`, `str` (and `float` for
-`temperature`). Strings are never reinterpreted: `"true"` is not a bool.
+`temperature` and `temperature_increment`). Strings are never reinterpreted:
+`"true"` is not a bool.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from python_backend_lib.options import DecodingOptions
+from python_backend_lib.formats import TIMED_FORMATS, ResponseFormat
+from python_backend_lib.options import DecodingOptions, TranscribeOptions
 
 # Bounds for raw PCM; decoding resamples whatever lies between them to 16 kHz.
 MIN_SAMPLE_RATE = 1_000
@@ -36,16 +38,24 @@ class InputFormat(str, enum.Enum):
 class RequestParameters:
     """Everything one request asks for, checked.
 
-    decoding: how to decode (language, task, timestamps, prompt, ...).
+    transcription: how to transcribe (long-form mode, fallback, word timestamps),
+        and in `transcription.decoding` how to decode each window (language,
+        task, timestamps, prompt, ...).
+    response_format: the format of the FORMATTED output.
     input_format: how to read the AUDIO bytes.
     sample_rate: samples per second of raw PCM; None for files.
     channels: interleaved channels of raw PCM (mixed down to mono).
     """
 
-    decoding: DecodingOptions = field(default_factory=DecodingOptions)
+    transcription: TranscribeOptions = field(default_factory=TranscribeOptions)
+    response_format: ResponseFormat = ResponseFormat.JSON
     input_format: InputFormat = InputFormat.FILE
     sample_rate: int | None = None
     channels: int = 1
+
+    @property
+    def decoding(self) -> DecodingOptions:
+        return self.transcription.decoding
 
 
 # Each documented key with the Python types it accepts (bool is never an int here).
@@ -56,13 +66,29 @@ _DECODING_KEYS: dict[str, tuple[type, ...]] = {
     "prompt": (str,),
     "max_new_tokens": (int,),
     "temperature": (int, float),
+    "min_new_tokens": (int,),
+}
+# Request key -> TranscribeOptions field.
+_TRANSCRIBE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
+    "word_timestamps": ("word_timestamps", (bool,)),
+    "long_form": ("mode", (str,)),
+    "condition_on_previous_text": ("condition_on_previous_text", (bool,)),
+    "temperature_increment": ("temperature_increment", (int, float)),
+}
+_OUTPUT_KEYS: dict[str, tuple[type, ...]] = {
+    "response_format": (str,),
 }
 _INPUT_KEYS: dict[str, tuple[type, ...]] = {
     "input_format": (str,),
     "sample_rate": (int,),
     "channels": (int,),
 }
-PARAMETER_TYPES: Mapping[str, tuple[type, ...]] = {**_DECODING_KEYS, **_INPUT_KEYS}
+PARAMETER_TYPES: Mapping[str, tuple[type, ...]] = {
+    **_DECODING_KEYS,
+    **{key: types for key, (_, types) in _TRANSCRIBE_KEYS.items()},
+    **_OUTPUT_KEYS,
+    **_INPUT_KEYS,
+}
 
 
 def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestParameters:
@@ -79,7 +105,14 @@ def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestPara
             )
         _check_type(key, value, PARAMETER_TYPES[key])
 
-    decoding = DecodingOptions(**{key: values[key] for key in _DECODING_KEYS if key in values})
+    response_format = _response_format(values.get("response_format", ResponseFormat.JSON.value))
+    decoding_values = {key: values[key] for key in _DECODING_KEYS if key in values}
+    # Formats that are about times ask for them, unless the request says otherwise.
+    decoding_values.setdefault("timestamps", response_format in TIMED_FORMATS)
+    transcription = TranscribeOptions(
+        decoding=DecodingOptions(**decoding_values),
+        **{field_name: values[key] for key, (field_name, _) in _TRANSCRIBE_KEYS.items() if key in values},
+    )
     input_format = _input_format(values.get("input_format", InputFormat.FILE.value))
     sample_rate = values.get("sample_rate")
     channels = values.get("channels", 1)
@@ -105,7 +138,11 @@ def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestPara
                 f"request parameter 'channels' must be from 1 to {MAX_CHANNELS}, got {channels}"
             )
     return RequestParameters(
-        decoding=decoding, input_format=input_format, sample_rate=sample_rate, channels=channels
+        transcription=transcription,
+        response_format=response_format,
+        input_format=input_format,
+        sample_rate=sample_rate,
+        channels=channels,
     )
 
 
@@ -142,4 +179,13 @@ def _input_format(value: str) -> InputFormat:
         raise ValueError(
             f"request parameter 'input_format' must be one of "
             f"{[f.value for f in InputFormat]}, got {value!r}"
+        ) from None
+
+
+def _response_format(value: str) -> ResponseFormat:
+    try:
+        return ResponseFormat(value)
+    except ValueError:
+        raise ValueError(
+            f"request parameter 'response_format' must be one of {[f.value for f in ResponseFormat]}, got {value!r}"
         ) from None

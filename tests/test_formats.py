@@ -1,9 +1,14 @@
+import dataclasses
 import json
+import math
 
 import pytest
 
 from python_backend_lib import formats
-from python_backend_lib.formats import TimedText
+from python_backend_lib.formats import Document, ResponseFormat, TimedText
+from python_backend_lib.languages import LANGUAGE_NAMES, language_code, language_name
+from python_backend_lib.options import DecodingOptions, Task, TranscribeOptions
+from python_backend_lib.segments import Segment, Word
 
 SEGMENTS = (
     TimedText(start=0.0, end=2.5, text=" And so my fellow Americans,"),
@@ -79,3 +84,109 @@ def test_segments_json_round_trips_exactly():
 def test_segments_from_json_rejects_other_shapes(bad):
     with pytest.raises(ValueError, match="SEGMENTS"):
         formats.segments_from_json(bad)
+
+
+# ---------------------------------------------------------------- the document
+
+OPENAI_SEGMENT_FIELDS = [
+    "id", "seek", "start", "end", "text", "tokens", "temperature", "avg_logprob", "compression_ratio", "no_speech_prob",
+]
+WORDS = (Word(" Ask", 0.0, 0.4, 0.9), Word(" not.", 0.4, 1.0, 0.75))
+DOCUMENT = Document(
+    text="Ask not. Go.",
+    segments=(
+        Segment(0.0, 1.0, "Ask not.", (50364, 16, 17, 50414), id=0, seek=0, temperature=0.0,
+                avg_logprob=-0.25, compression_ratio=0.8, no_speech_prob=0.01, words=WORDS),
+        Segment(31.5, 32.0, "Go.", (50364, 18, 50389), id=1, seek=3000, temperature=0.2,
+                avg_logprob=-0.5, compression_ratio=0.5, no_speech_prob=0.1, words=(Word(" Go.", 31.5, 31.9, 0.5),)),
+    ),
+    duration=32.25,
+    task=Task.TRANSCRIBE,
+    language="en",
+    language_probability=0.96,
+    word_timestamps=True,
+)
+
+
+def test_verbose_json_has_openais_fields_in_order_then_ours():
+    record = json.loads(DOCUMENT.render(ResponseFormat.VERBOSE_JSON))
+    assert list(record) == [
+        "task", "language", "duration", "text", "segments", "words", "language_code", "language_probability"
+    ]
+    assert (record["task"], record["language"], record["duration"]) == ("transcribe", "english", 32.25)
+    assert record["language_code"] == "en" and record["language_probability"] == 0.96
+    assert [list(s)[:10] for s in record["segments"]] == [OPENAI_SEGMENT_FIELDS] * 2
+    assert record["segments"][1] == {
+        "id": 1, "seek": 3000, "start": 31.5, "end": 32.0, "text": "Go.", "tokens": [50364, 18, 50389],
+        "temperature": 0.2, "avg_logprob": -0.5, "compression_ratio": 0.5, "no_speech_prob": 0.1,
+        "words": [{"word": " Go.", "start": 31.5, "end": 31.9, "probability": 0.5}],
+    }
+    assert [w["word"] for w in record["words"]] == [" Ask", " not.", " Go."]
+
+
+def test_verbose_json_without_words_has_no_words_fields():
+    plain = dataclasses.replace(DOCUMENT, word_timestamps=False)
+    record = json.loads(plain.render("verbose_json"))
+    assert "words" not in record and all("words" not in s for s in record["segments"])
+
+
+def test_verbose_json_round_trips_exactly():
+    for document in (DOCUMENT, dataclasses.replace(DOCUMENT, word_timestamps=False, segments=()),
+                     dataclasses.replace(DOCUMENT, task=Task.TRANSLATE, language=None, language_probability=None)):
+        wire = document.render(ResponseFormat.VERBOSE_JSON)
+        parsed = Document.from_verbose_json(wire)
+        if not document.word_timestamps:  # words that were not asked for do not travel
+            document = dataclasses.replace(document, segments=tuple(
+                dataclasses.replace(s, words=()) for s in document.segments))
+        assert parsed == document
+
+
+def test_statistics_that_are_not_numbers_travel_as_null():
+    odd = dataclasses.replace(DOCUMENT, segments=(Segment(0.0, 1.0, "Hm.", (1,)),), word_timestamps=False)
+    wire = odd.render("verbose_json")
+    assert "NaN" not in wire and json.loads(wire)["segments"][0]["avg_logprob"] is None
+    assert math.isnan(Document.from_verbose_json(wire).segments[0].avg_logprob)
+
+
+@pytest.mark.parametrize("bad", ["{", "[]", '{"text": "x"}', json.dumps({"task": "summarise", "text": "",
+                                 "segments": [], "duration": 1})])
+def test_from_verbose_json_rejects_other_documents(bad):
+    with pytest.raises(ValueError, match="not a verbose_json transcript"):
+        Document.from_verbose_json(bad)
+
+
+def test_every_format_renders_from_the_document():
+    assert DOCUMENT.render("text") == "Ask not. Go.\n"
+    record = json.loads(DOCUMENT.render("json", file="a.wav"))
+    assert list(record) == ["file", "text", "segments"]
+    assert record["segments"][0]["words"][0] == {"word": " Ask", "start": 0.0, "end": 0.4, "probability": 0.9}
+    assert DOCUMENT.render("srt") == formats.to_srt(DOCUMENT.segments)
+    assert DOCUMENT.render("vtt").startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\nAsk not.\n\n00:00:31.500")
+    assert json.loads(DOCUMENT.render("verbose_json", file="a.wav"))["file"] == "a.wav"
+    with pytest.raises(ValueError):
+        DOCUMENT.render("diarized_json")
+
+
+def test_document_from_a_transcript_keeps_the_request_facts():
+    from python_backend_lib.longform import Transcript
+
+    transcript = Transcript(DOCUMENT.text, DOCUMENT.segments, "en", 0.96, 32.25, windows=())
+    options = TranscribeOptions(decoding=DecodingOptions(task="translate"), word_timestamps=True)
+    document = Document.from_transcript(transcript, options)
+    assert document == dataclasses.replace(DOCUMENT, task=Task.TRANSLATE)
+    assert document.words == (*WORDS, Word(" Go.", 31.5, 31.9, 0.5))
+
+
+def test_every_whisper_language_has_an_english_name():
+    from python_backend_lib.weights import LANGUAGES
+
+    assert set(LANGUAGE_NAMES) == set(LANGUAGES)
+    assert len(set(LANGUAGE_NAMES.values())) == len(LANGUAGES)
+    assert (language_name("en"), language_code("german"), language_name("yue")) == ("english", "de", "cantonese")
+    with pytest.raises(ValueError, match="unknown language code"):
+        language_name("xx")
+
+
+def test_temperature_ladder_stops_at_one():
+    assert TranscribeOptions(decoding=DecodingOptions(temperature=0.3)).temperatures == (0.3, 0.5, 0.7, 0.9)
+    assert TranscribeOptions(temperature_increment=0.5).temperatures == (0.0, 0.5, 1.0)

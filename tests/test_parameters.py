@@ -2,7 +2,8 @@ import json
 
 import pytest
 
-from python_backend_lib.options import DecodingOptions, Task
+from python_backend_lib.formats import ResponseFormat
+from python_backend_lib.options import DecodingOptions, LongFormMode, Task, TranscribeOptions
 from python_backend_lib.parameters import InputFormat, RequestParameters, parse_request_parameters
 
 
@@ -20,20 +21,34 @@ def test_every_documented_parameter_is_parsed():
             "prompt": "Kennedy.",
             "max_new_tokens": 100,
             "temperature": 0.5,
+            "min_new_tokens": 20,
+            "word_timestamps": True,
+            "long_form": "batched",
+            "condition_on_previous_text": False,
+            "temperature_increment": 0,
+            "response_format": "srt",
             "input_format": "pcm_f32le",
             "sample_rate": 8000,
             "channels": 2,
         }
     )
     assert parse_request_parameters(raw) == RequestParameters(
-        decoding=DecodingOptions(
-            language="en",
-            task=Task.TRANSLATE,
-            timestamps=True,
-            prompt="Kennedy.",
-            max_new_tokens=100,
-            temperature=0.5,
+        transcription=TranscribeOptions(
+            decoding=DecodingOptions(
+                language="en",
+                task=Task.TRANSLATE,
+                timestamps=True,
+                prompt="Kennedy.",
+                max_new_tokens=100,
+                min_new_tokens=20,
+                temperature=0.5,
+            ),
+            word_timestamps=True,
+            mode=LongFormMode.BATCHED,
+            condition_on_previous_text=False,
+            temperature_increment=0,
         ),
+        response_format=ResponseFormat.SRT,
         input_format=InputFormat.PCM_F32LE,
         sample_rate=8000,
         channels=2,
@@ -42,6 +57,29 @@ def test_every_documented_parameter_is_parsed():
 
 def test_integer_temperature_is_a_number():
     assert parse_request_parameters({"temperature": 1}).decoding.temperature == 1
+
+
+def test_defaults_are_openai_whispers():
+    options = parse_request_parameters({}).transcription
+    assert options.temperatures == (0.0, 0.2, 0.4, 0.6, 0.8, 1.0)
+    assert (options.compression_ratio_threshold, options.logprob_threshold, options.no_speech_threshold) == (
+        2.4, -1.0, 0.6
+    )
+    assert options.mode is LongFormMode.SEQUENTIAL and options.condition_on_previous_text
+    assert not options.word_timestamps
+    assert parse_request_parameters({"temperature_increment": 0}).transcription.temperatures == (0.0,)
+
+
+@pytest.mark.parametrize(
+    ("response_format", "timestamps"),
+    [("text", False), ("json", False), ("verbose_json", True), ("srt", True), ("vtt", True)],
+)
+def test_formats_about_times_ask_for_timestamps_unless_told_otherwise(response_format, timestamps):
+    parsed = parse_request_parameters({"response_format": response_format})
+    assert parsed.response_format is ResponseFormat(response_format)
+    assert parsed.decoding.timestamps is timestamps
+    told = parse_request_parameters({"response_format": response_format, "timestamps": not timestamps})
+    assert told.decoding.timestamps is (not timestamps)
 
 
 @pytest.mark.parametrize(
@@ -55,6 +93,14 @@ def test_integer_temperature_is_a_number():
         ({"temperature": "0.5"}, "'temperature' must be int or float, got str"),
         ({"language": 1}, "'language' must be str"),
         ({"sample_rate": 16000.0}, "'sample_rate' must be int, got float"),
+        ({"word_timestamps": "yes"}, "'word_timestamps' must be bool, got str"),
+        ({"condition_on_previous_text": 0}, "'condition_on_previous_text' must be bool, got int"),
+        ({"min_new_tokens": 1.5}, "'min_new_tokens' must be int, got float"),
+        ({"min_new_tokens": 500}, "min_new_tokens must be an integer from 0 to max_new_tokens"),
+        ({"long_form": "parallel"}, "long_form must be one of"),
+        ({"temperature_increment": 2}, "temperature_increment must be from 0 to 1"),
+        ({"temperature_increment": True}, "'temperature_increment' must be int or float, got bool"),
+        ({"response_format": "diarized_json"}, "'response_format' must be one of"),
         ({"task": "summarise"}, "task must be one of"),
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer from 1"),
         ({"input_format": "mp3"}, "'input_format' must be one of"),
