@@ -58,6 +58,11 @@ MIN_SAMPLE_RATE = 1_000  # Hz; below this nothing is left of speech
 MAX_SAMPLE_RATE = 384_000  # Hz; the fastest rate real converters produce
 MAX_CHANNELS = 256  # more than any real capture; stops a wrong count early
 FLOAT32_BYTES = 4
+# RIFF/WAVE: a 12-byte file header, then chunks of (4-byte id, 4-byte little-endian size, data).
+RIFF_HEADER_BYTES = 12
+RIFF_CHUNK_HEADER_BYTES = 8
+# The data-chunk size that streaming writers put in a header before the length is known.
+RIFF_UNKNOWN_SIZE = 0xFFFFFFFF
 # Files are decoded this many frames at a time, so memory follows the audio
 # actually present (not what a header claims) and `max_seconds` stops a
 # decompression bomb early.
@@ -77,12 +82,13 @@ def decode_audio(data: bytes, *, max_seconds: float | None = None) -> np.ndarray
     data: the file's bytes. Anything libsndfile reads is accepted.
     max_seconds: reject longer audio (before resampling it); None for no limit.
     Returns float32 mono at SAMPLE_RATE, shape [samples], never empty.
-    Raises AudioError for empty, undecodable, damaged, non-finite or too long audio.
+    Raises AudioError for empty, undecodable, damaged, truncated, non-finite or too long audio.
     """
     _check_max_seconds(max_seconds)
     data = _as_bytes(data)
     if len(data) == 0:
         raise AudioError("audio is empty")
+    _check_wav_length(data)
     frames, sample_rate = _decode_frames(data, max_seconds)  # [frames, channels]
     return _to_waveform(frames, sample_rate)
 
@@ -203,6 +209,30 @@ def _decode_frames(data: bytes, max_seconds: float | None) -> tuple[np.ndarray, 
     if n_frames == 0:
         raise AudioError("audio decodes to zero samples")
     return np.concatenate(blocks), sample_rate
+
+
+def _check_wav_length(data: bytes) -> None:
+    """A WAV file whose data chunk claims more bytes than follow it is truncated
+    (or its header lies); libsndfile would quietly decode what is there.
+
+    Other formats pass: FLAC and MP3 fail in the codec, and Ogg has no total length.
+    """
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return
+    position = RIFF_HEADER_BYTES
+    while position + RIFF_CHUNK_HEADER_BYTES <= len(data):
+        chunk_id = data[position : position + 4]
+        size = int.from_bytes(data[position + 4 : position + 8], "little")
+        body = position + RIFF_CHUNK_HEADER_BYTES
+        if chunk_id == b"data":
+            present = len(data) - body
+            if size != RIFF_UNKNOWN_SIZE and size > present:
+                raise AudioError(
+                    f"WAV file is truncated (or its header lies): the data chunk declares {size} bytes "
+                    f"of samples, only {present} follow"
+                )
+            return
+        position = body + size + (size & 1)  # chunks are padded to an even length
 
 
 def _reason(err: Exception) -> str:

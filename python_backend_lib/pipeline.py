@@ -82,17 +82,24 @@ class Pipeline:
         dtype = dtype or default_dtype(device)
         checkpoint = load_checkpoint(source)
         config = checkpoint.config
-        model = Whisper.from_checkpoint(checkpoint, device=device, dtype=dtype)
-        if slots is None:
-            slots = gpu_slots(config.dims, dtype, device, kv_memory_fraction) if device.type == "cuda" else DEFAULT_SLOTS
-        pool = KVSlotPool(PoolShape.for_model(config.dims, slots), device=device, dtype=dtype)
-        backend = make_attention(AttentionKind(attention), pool)
-        graphs = None
-        if cuda_graphs and device.type == "cuda" and not isinstance(backend, SdpaAttention):
-            from .cuda_graphs import DecodeGraphs
+        stage, requested = "loading the weights", slots
+        try:
+            model = Whisper.from_checkpoint(checkpoint, device=device, dtype=dtype)
+            if slots is None:
+                slots = gpu_slots(config.dims, dtype, device, kv_memory_fraction) if device.type == "cuda" else DEFAULT_SLOTS
+            shape = PoolShape.for_model(config.dims, slots)
+            stage = f"allocating {slots} KV slots ({shape.bytes_per_slot(dtype) * (slots + 1) / 2**30:.2f} GiB)"
+            pool = KVSlotPool(shape, device=device, dtype=dtype)
+            backend = make_attention(AttentionKind(attention), pool)
+            graphs = None
+            if cuda_graphs and device.type == "cuda" and not isinstance(backend, SdpaAttention):
+                from .cuda_graphs import DecodeGraphs
 
-            graphs = DecodeGraphs(model, config, backend, max_batch=slots)
-            graphs.capture()
+                stage = f"capturing CUDA graphs for up to {slots} requests"
+                graphs = DecodeGraphs(model, config, backend, max_batch=slots)
+                graphs.capture()
+        except torch.cuda.OutOfMemoryError as error:
+            raise GpuMemoryError(out_of_memory_advice(source, device, stage, requested, kv_memory_fraction)) from error
         batch = DecodeBatch(model, config, backend, graphs)
         tokenizer = load_tokenizer(config) if config.tokenizer_path else None
         return cls(model, config, tokenizer, Engine(batch, config, tokenizer, engine_options))
@@ -160,6 +167,26 @@ class Pipeline:
 
     def close(self) -> None:
         self.engine.close()
+
+
+class GpuMemoryError(RuntimeError):
+    """The checkpoint, its KV slots or its CUDA graphs do not fit in GPU memory."""
+
+
+def out_of_memory_advice(
+    source: str, device: torch.device, stage: str, slots: int | None, kv_memory_fraction: float
+) -> str:
+    """What to change when loading ran out of GPU memory while doing `stage`.
+
+    slots: the KV slots asked for (None: sized from free memory by `kv_memory_fraction`).
+    """
+    asked = f"{slots} (set)" if slots else f"auto, sized to {kv_memory_fraction:g} of free memory"
+    return (
+        f"out of GPU memory on {device} while {stage} for checkpoint {source!r}. To fit: set fewer KV slots "
+        f"(the whisper model's `kv_slots` parameter in config.pbtxt, `slots` in Pipeline.load; now {asked}), "
+        "or lower `kv_memory_fraction` to leave more room for activations and CUDA graphs, "
+        "or use a smaller checkpoint; check with nvidia-smi that no other process holds the GPU's memory."
+    )
 
 
 def _settle(future: Future) -> Callable[[object], None]:

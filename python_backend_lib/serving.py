@@ -19,13 +19,21 @@ from typing import Any
 
 import numpy as np
 
+from python_backend_lib.admission import Overloaded
 from python_backend_lib.parameters import InputFormat, RequestParameters
 
 # Overrides every model's `checkpoint` parameter; `whisper-triton serve --checkpoint` sets it.
 CHECKPOINT_ENV = "WHISPER_TRITON_CHECKPOINT"
 DEFAULT_CHECKPOINT = "default"  # the packaged tiny.en
-# The `parameters { key: ... }` a model's config.pbtxt may set.
-CONFIG_PARAMETERS = ("checkpoint",)
+# The `parameters { key: ... }` a model's config.pbtxt may set (all string values there).
+CONFIG_PARAMETERS = ("checkpoint", "max_audio_seconds", "max_queued_requests", "kv_slots", "kv_memory_fraction")
+# Longer audio is refused, naming the limit: an hour of 16 kHz float32 is 230 MB.
+DEFAULT_MAX_AUDIO_SECONDS = 3600.0
+# Numeric parameters set to this (or left out) take the library's default.
+AUTO = "auto"
+# For tests only: the engine fails every decoder step holding a request with this
+# prompt (`EngineOptions.fault_prompt`), to show that the failure stays with it.
+FAULT_PROMPT_ENV = "WHISPER_TRITON_FAULT_PROMPT"
 # How often a running request asks Triton whether its client has given up.
 CANCELLATION_POLL_S = 0.25
 
@@ -37,11 +45,22 @@ class ModelSettings:
     name: the model's name in the repository.
     max_batch_size: rows a request may carry at most.
     checkpoint: the Whisper checkpoint source (see `weights.load_config`).
+    max_audio_seconds: longer audio is refused (INVALID_ARG naming the limit).
+    max_queued_requests: requests the whisper model holds beyond its decoding
+        slots before it refuses new ones (UNAVAILABLE); None: as many as the slots.
+    kv_slots: windows decoded together (KV-cache slots); None: from free GPU
+        memory, 16 on the CPU.
+    kv_memory_fraction: share of the free GPU memory for the KV slots when
+        `kv_slots` is None; None: the library's default.
     """
 
     name: str
     max_batch_size: int
     checkpoint: str
+    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS
+    max_queued_requests: int | None = None
+    kv_slots: int | None = None
+    kv_memory_fraction: float | None = None
 
     @classmethod
     def from_triton(cls, model_config: str, environ: Mapping[str, str] = os.environ) -> ModelSettings:
@@ -57,9 +76,52 @@ class ModelSettings:
             raise ValueError(
                 f"model {name!r}: unknown config parameter(s) {unknown}; known: {list(CONFIG_PARAMETERS)}"
             )
-        configured = parameters.get("checkpoint", {}).get("string_value", "") or DEFAULT_CHECKPOINT
-        checkpoint = environ.get(CHECKPOINT_ENV) or configured
-        return cls(name=name, max_batch_size=max_batch_size, checkpoint=checkpoint)
+        values = {key: parameters[key].get("string_value", "").strip() for key in parameters}
+        checkpoint = environ.get(CHECKPOINT_ENV) or values.get("checkpoint") or DEFAULT_CHECKPOINT
+
+        def number(key: str, kind: type, low: float, high: float = math.inf) -> float | int | None:
+            text = values.get(key, "")
+            if text in ("", AUTO):
+                return None
+            try:
+                value = kind(text)
+            except ValueError:
+                value = None
+            if value is None or not low <= value <= high:
+                bound = "" if high == math.inf else f" and at most {high:g}"
+                raise ValueError(
+                    f"model {name!r}: config parameter {key!r} must be {AUTO!r} or a{'n integer' if kind is int else ' number'}"
+                    f" of at least {low:g}{bound}, got {text!r}"
+                )
+            return value
+
+        max_audio_seconds = number("max_audio_seconds", float, 1.0)
+        return cls(
+            name=name,
+            max_batch_size=max_batch_size,
+            checkpoint=checkpoint,
+            max_audio_seconds=DEFAULT_MAX_AUDIO_SECONDS if max_audio_seconds is None else max_audio_seconds,
+            max_queued_requests=number("max_queued_requests", int, 0),
+            kv_slots=number("kv_slots", int, 1),
+            kv_memory_fraction=number("kv_memory_fraction", float, 0.01, 0.95),
+        )
+
+    def request_limit(self, slots: int) -> int:
+        """Requests the whisper model holds at most: its decoding slots plus `max_queued_requests`."""
+        return slots + (slots if self.max_queued_requests is None else self.max_queued_requests)
+
+
+def load_pipeline(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> Any:
+    """The whisper model's `Pipeline`, as its settings (and `FAULT_PROMPT_ENV`) ask.
+
+    Raises pipeline.GpuMemoryError, saying what to change, when it does not fit on the GPU.
+    """
+    from python_backend_lib.engine import EngineOptions  # torch: only in the whisper model
+    from python_backend_lib.pipeline import Pipeline
+
+    fraction = {} if settings.kv_memory_fraction is None else {"kv_memory_fraction": settings.kv_memory_fraction}
+    engine_options = EngineOptions(fault_prompt=environ.get(FAULT_PROMPT_ENV) or None)
+    return Pipeline.load(settings.checkpoint, slots=settings.kv_slots, engine_options=engine_options, **fraction)
 
 
 def single_row(array: np.ndarray, tensor: str) -> np.ndarray:
@@ -81,6 +143,7 @@ class Fault(enum.Enum):
 
     CLIENT = "client"  # bad audio, bad parameters, bad tensors: INVALID_ARG
     CANCELLED = "cancelled"  # the client went away: CANCELLED
+    OVERLOADED = "overloaded"  # too many requests in flight, retry later: UNAVAILABLE
     SERVER = "server"  # ours: INTERNAL, and logged with its traceback
 
 
@@ -90,6 +153,8 @@ def describe_failure(error: BaseException) -> tuple[str, Fault]:
         return str(error), Fault.CLIENT
     if isinstance(error, CancelledError):
         return f"cancelled: {error}", Fault.CANCELLED
+    if isinstance(error, Overloaded):
+        return str(error), Fault.OVERLOADED
     return f"internal error: {type(error).__name__}: {error}", Fault.SERVER
 
 
@@ -102,6 +167,7 @@ def error_response(pb_utils: Any, error: BaseException) -> Any:
     codes = {
         Fault.CLIENT: pb_utils.TritonError.INVALID_ARG,
         Fault.CANCELLED: pb_utils.TritonError.CANCELLED,
+        Fault.OVERLOADED: pb_utils.TritonError.UNAVAILABLE,
         Fault.SERVER: pb_utils.TritonError.INTERNAL,
     }
     if fault is Fault.SERVER:
@@ -122,6 +188,28 @@ def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds
         )
     return audio.decode_audio(data, max_seconds=max_seconds)
 
+
+def check_log_mel(log_mel: np.ndarray, audio_seconds: float, n_mels: int, max_audio_seconds: float) -> None:
+    """ValueError unless LOG_MEL and AUDIO_SECONDS are what preprocessing writes
+    (the whisper model may also be called directly).
+
+    log_mel: [n_mels, frames]; audio_seconds: the audio's duration.
+    """
+    from python_backend_lib.audio import FRAMES_PER_SECOND, N_FRAMES
+
+    if log_mel.ndim != 2 or log_mel.shape[0] != n_mels:
+        raise ValueError(f"LOG_MEL must be [{n_mels}, frames] for this checkpoint, got {list(log_mel.shape)}")
+    if not (math.isfinite(audio_seconds) and 0 <= audio_seconds):
+        raise ValueError(f"AUDIO_SECONDS must be a finite duration, got {audio_seconds}")
+    if audio_seconds > max_audio_seconds:
+        raise ValueError(f"audio is {audio_seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
+    if log_mel.shape[1] > N_FRAMES + math.ceil(audio_seconds * FRAMES_PER_SECOND) + 1:
+        raise ValueError(
+            f"LOG_MEL has {log_mel.shape[1]} frames, more than {audio_seconds:.2f} s of audio "
+            f"and {N_FRAMES} frames of padding"
+        )
+    if not np.isfinite(log_mel).all():
+        raise ValueError("LOG_MEL contains NaN or infinite values")
 
 
 def exact_seconds(audio_seconds: float) -> float:

@@ -343,12 +343,36 @@ def test_server_mistakes_are_not_audio_errors():
         decode_audio("jfk.wav")
 
 
-def test_a_header_that_overstates_the_length_is_not_a_crash():
-    data = bytearray(_wav(sine(440, SAMPLE_RATE, 0.5), subtype="PCM_16"))
+def _with_data_size(wav: bytes, size: int) -> bytes:
+    data = bytearray(wav)
     data_chunk = data.index(b"data") + 4
-    data[data_chunk : data_chunk + 4] = (0x7FFF0000).to_bytes(4, "little")  # claims ~1 GiB of samples
-    waveform = decode_audio(bytes(data))
-    assert 0 < len(waveform) <= SAMPLE_RATE // 2
+    data[data_chunk : data_chunk + 4] = size.to_bytes(4, "little")
+    return bytes(data)
+
+
+@pytest.mark.parametrize(
+    ("damage", "declared", "present"),
+    [
+        ("cut short", 16000, 10000),  # a half-finished upload
+        ("header claims 1 GiB", 0x40000000, 16000),
+    ],
+)
+def test_a_wav_with_fewer_samples_than_its_header_declares_is_refused(damage, declared, present):
+    wav = _with_data_size(_wav(sine(440, SAMPLE_RATE, 0.5), subtype="PCM_16"), declared)
+    data = wav[: len(wav) - 16000 + present]
+    with pytest.raises(AudioError, match=f"WAV file is truncated .* declares {declared} bytes of samples, only {present} follow"):
+        decode_audio(data)
+
+
+def test_a_streamed_wav_of_unknown_length_decodes():
+    """Writers that stream a WAV put 0xFFFFFFFF in the size field; libsndfile reads to the end."""
+    wav = _wav(sine(440, SAMPLE_RATE, 0.5), subtype="PCM_16")
+    assert len(decode_audio(_with_data_size(wav, 0xFFFFFFFF))) == SAMPLE_RATE // 2
+
+
+def test_a_header_that_understates_the_length_decodes_what_it_declares():
+    wav = _wav(sine(440, SAMPLE_RATE, 0.5), subtype="PCM_16")
+    assert len(decode_audio(_with_data_size(wav, 4000))) == 2000
 
 
 def _corrupted(data: bytes, rng: np.random.Generator, n_bytes: int = 8) -> bytes:

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
 import pytest
 
 from python_backend_lib import tensor_names as names
+from python_backend_lib.serving import CONFIG_PARAMETERS, ModelSettings
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 MAX_ADAPTER_LINES = 100
@@ -128,8 +130,33 @@ def test_python_model_scheduling_is_spelled_out(model):
     assert "dynamic_batching" in config
     assert [one(group, "kind") for group in config["instance_group"]] == ["KIND_CPU"]
     assert all(one(tensor, "optional") in ("true", "false") for tensor in config["input"])
-    (parameter,) = config["parameters"]
-    assert one(parameter, "key") == "checkpoint"
+    assert one(config["parameters"][0], "key") == "checkpoint"
+
+
+@pytest.mark.parametrize("model", list(PYTHON_MODELS))
+def test_python_model_parameters_parse(model):
+    """Every parameter is one `ModelSettings` knows, with a value it accepts."""
+    config = load(model)
+    parameters = {one(p, "key"): {"string_value": one(one(p, "value"), "string_value")} for p in config["parameters"]}
+    assert set(parameters) <= set(CONFIG_PARAMETERS)
+    as_triton_gives_it = json.dumps({"name": model, "max_batch_size": one(config, "max_batch_size"), "parameters": parameters})
+    settings = ModelSettings.from_triton(as_triton_gives_it, environ={})
+    assert settings.checkpoint == "default"
+
+
+@pytest.mark.parametrize("model", [names.PREPROCESSING_NAME, names.WHISPER_NAME])
+def test_a_burst_is_refused_rather_than_queued_without_bound(model):
+    (policy,) = one(load(model), "dynamic_batching")["default_queue_policy"]
+    assert one(policy, "timeout_action") == "REJECT"
+    assert 0 < one(policy, "max_queue_size") <= 1024
+
+
+def test_preprocessing_and_whisper_refuse_the_same_audio_length():
+    def max_seconds(model: str) -> str:
+        values = {one(p, "key"): one(one(p, "value"), "string_value") for p in load(model)["parameters"]}
+        return values["max_audio_seconds"]
+
+    assert max_seconds(names.PREPROCESSING_NAME) == max_seconds(names.WHISPER_NAME)
 
 
 @pytest.mark.parametrize("model", list(PYTHON_MODELS))

@@ -10,11 +10,15 @@ import pytest
 
 from python_backend_lib.serving import (
     CHECKPOINT_ENV,
+    DEFAULT_MAX_AUDIO_SECONDS,
+    FAULT_PROMPT_ENV,
     CancellationProbe,
     Fault,
     ModelSettings,
+    check_log_mel,
     describe_failure,
     exact_seconds,
+    load_pipeline,
     single_row,
 )
 
@@ -79,3 +83,64 @@ def test_cancellation_probe_asks_at_most_once_per_interval():
     eager = CancellationProbe(is_cancelled, interval_s=0)
     assert eager() is True and eager() is True
     assert len(asked) == 2  # a cancelled request stays cancelled without asking again
+
+
+def test_model_settings_parse_the_operating_limits():
+    config = triton_config(
+        parameters={
+            "max_audio_seconds": {"string_value": "600"},
+            "max_queued_requests": {"string_value": "0"},
+            "kv_slots": {"string_value": "8"},
+            "kv_memory_fraction": {"string_value": "auto"},
+        }
+    )
+    settings = ModelSettings.from_triton(config, environ={})
+    assert (settings.max_audio_seconds, settings.max_queued_requests, settings.kv_slots) == (600.0, 0, 8)
+    assert settings.kv_memory_fraction is None
+    assert settings.request_limit(slots=8) == 8  # no queue: only the slots
+    default = ModelSettings.from_triton(triton_config(), environ={})
+    assert default.max_audio_seconds == DEFAULT_MAX_AUDIO_SECONDS and default.request_limit(slots=16) == 32
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [("kv_slots", "0"), ("kv_slots", "1.5"), ("kv_memory_fraction", "1.2"), ("max_audio_seconds", "ten"),
+     ("max_queued_requests", "-1")],
+)  # fmt: skip
+def test_model_settings_refuse_a_bad_limit_naming_it(key, value):
+    config = triton_config(parameters={key: {"string_value": value}})
+    with pytest.raises(ValueError, match=f"config parameter {key!r} must be 'auto' or .* got {value!r}"):
+        ModelSettings.from_triton(config, environ={})
+
+
+MEL = np.zeros((80, 3000), np.float32)
+
+
+@pytest.mark.parametrize(
+    ("log_mel", "seconds", "message"),
+    [
+        (np.zeros((128, 3000), np.float32), 1.0, r"LOG_MEL must be \[80, frames\] for this checkpoint, got \[128, 3000\]"),
+        (np.zeros(3000, np.float32), 1.0, r"LOG_MEL must be \[80, frames\]"),
+        (np.where(np.eye(80, 3000) > 0, np.nan, MEL), 1.0, "LOG_MEL contains NaN or infinite values"),
+        (MEL, float("nan"), "AUDIO_SECONDS must be a finite duration"),
+        (MEL, -1.0, "AUDIO_SECONDS must be a finite duration"),
+        (np.zeros((80, 3000 + 100 * 700), np.float32), 700.0, "audio is 700.0 s long; the limit is 600 s"),
+        (np.zeros((80, 9000), np.float32), 10.0, "LOG_MEL has 9000 frames, more than 10.00 s of audio"),
+    ],
+    ids=["mels", "rank", "nan", "nan-seconds", "negative-seconds", "too-long", "frames"],
+)
+def test_log_mel_sent_to_the_whisper_model_is_checked(log_mel, seconds, message):
+    with pytest.raises(ValueError, match=message):
+        check_log_mel(log_mel, seconds, n_mels=80, max_audio_seconds=600)
+
+
+def test_log_mel_as_preprocessing_writes_it_passes():
+    check_log_mel(MEL, 11.0, n_mels=80, max_audio_seconds=600)
+    check_log_mel(np.zeros((80, 3000 + 5327), np.float32), 53.27, n_mels=80, max_audio_seconds=600)
+
+
+def test_the_fault_hook_is_off_unless_its_variable_is_set():
+    settings = ModelSettings.from_triton(triton_config(parameters={"checkpoint": {"string_value": "random:tiny"}}), environ={})
+    assert load_pipeline(settings, environ={}).engine.options.fault_prompt is None
+    hooked = load_pipeline(settings, environ={FAULT_PROMPT_ENV: "boom"})
+    assert hooked.engine.options.fault_prompt == "boom"

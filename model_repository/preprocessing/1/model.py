@@ -37,7 +37,7 @@ class TritonPythonModel:
             parameters = parse_request_parameters(request.parameters())
             audio_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO)
             (data,) = single_row(audio_tensor.as_numpy(), tensor_names.AUDIO)  # [1] bytes
-            waveform = decode_request_audio(data, parameters)
+            waveform = decode_request_audio(data, parameters, max_seconds=self.settings.max_audio_seconds)
             features = features_for(waveform, self.n_mels)  # [n_mels, frames], as Pipeline.transcribe
         except Exception as error:
             return error_response(pb_utils, error)

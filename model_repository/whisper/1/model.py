@@ -3,7 +3,9 @@
 `execute` only starts each request's transcription (window by window, as
 `Pipeline.transcribe` does) and returns None; the engine thread answers every
 request through its response sender when its last window is decoded, so
-requests join and leave the running batch independently.
+requests join and leave the running batch independently. Beyond the request
+limit (slots + max_queued_requests) a request is refused at once (UNAVAILABLE);
+the `whisper_*` metrics are published from a thread of their own.
 """
 
 import sys
@@ -17,14 +19,17 @@ import triton_python_backend_utils as pb_utils
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
 from python_backend_lib import tensor_names, token_stream  # noqa: E402
+from python_backend_lib.admission import RequestLedger  # noqa: E402
 from python_backend_lib.longform import LongFormJob, TranscribeOptions, Transcript  # noqa: E402
+from python_backend_lib.metrics import WhisperMetrics  # noqa: E402
 from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
-from python_backend_lib.pipeline import Pipeline  # noqa: E402
 from python_backend_lib.serving import (  # noqa: E402
     CancellationProbe,
     ModelSettings,
+    check_log_mel,
     error_response,
     exact_seconds,
+    load_pipeline,
     single_row,
 )
 
@@ -34,35 +39,41 @@ FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 class TritonPythonModel:
     def initialize(self, args):
         self.settings = ModelSettings.from_triton(args["model_config"])
-        self.pipeline = Pipeline.load(self.settings.checkpoint)
+        self.pipeline = load_pipeline(self.settings)
         if self.pipeline.tokenizer is None:
             raise ValueError(f"checkpoint {self.settings.checkpoint!r} has no tokenizer.json")
+        engine = self.pipeline.engine
+        self.ledger = RequestLedger(self.settings.request_limit(engine.slots))
+        self.metrics = WhisperMetrics(pb_utils, engine, self.ledger)
 
     def execute(self, requests):
         for request in requests:
-            sender = request.get_response_sender()
+            sender, entry = request.get_response_sender(), None
             try:
                 options = TranscribeOptions(decoding=parse_request_parameters(request.parameters()).decoding)
                 log_mel = pb_utils.get_input_tensor_by_name(request, tensor_names.LOG_MEL)
                 seconds = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO_SECONDS)
-                mel = torch.from_numpy(single_row(log_mel.as_numpy(), tensor_names.LOG_MEL))  # [n_mels, frames]
+                mel = single_row(log_mel.as_numpy(), tensor_names.LOG_MEL)  # [n_mels, frames]
                 (duration,) = single_row(seconds.as_numpy(), tensor_names.AUDIO_SECONDS).tolist()
+                check_log_mel(mel, duration, self.pipeline.n_mels, self.settings.max_audio_seconds)
+                entry = self.ledger.enter()  # Overloaded (UNAVAILABLE) when the limit is reached
                 LongFormJob(
                     self.pipeline.engine.submit,
                     self.pipeline.config,
                     self.pipeline.tokenizer,
-                    mel,
+                    torch.from_numpy(mel),
                     exact_seconds(duration),
                     options,
-                    on_done=partial(self._answer, sender, options),
+                    on_done=partial(self._answer, sender, options, entry),
                     is_cancelled=CancellationProbe(request.is_cancelled),
                 ).start()  # ValueError at once for features or options that do not fit the model
             except Exception as error:
-                sender.send(error_response(pb_utils, error), flags=FINAL)
+                self._answer(sender, None, entry, error)
         return None
 
-    def _answer(self, sender, options: TranscribeOptions, outcome: Transcript | BaseException) -> None:
-        """On the engine thread: the request's only response."""
+    def _answer(self, sender, options: TranscribeOptions, entry, outcome: Transcript | BaseException) -> None:
+        """The request's only response: on the engine thread, or in `execute` when refused."""
+        self.ledger.leave(entry, outcome)
         if isinstance(outcome, BaseException):
             response = error_response(pb_utils, outcome)
         else:
@@ -72,3 +83,4 @@ class TritonPythonModel:
 
     def finalize(self):
         self.pipeline.close()
+        self.metrics.close()

@@ -1,0 +1,92 @@
+"""Bounded admission: the whisper model holds at most so many requests and refuses the rest at once.
+
+The whisper model's `execute` hands each request to the engine and returns, so
+Triton's own queue (`max_queue_size` in config.pbtxt) never sees the requests
+that wait inside the engine for a decoding slot. Without a bound a burst above
+capacity would wait there ever longer; with one, the excess is refused at once
+with UNAVAILABLE ("server overloaded, retry later") and the admitted requests
+keep a bounded latency: at most `limit` requests ahead of any one of them.
+
+The ledger also keeps what monitoring needs: how many requests are in flight,
+and each finished request's outcome, duration and audio length.
+"""
+
+from __future__ import annotations
+
+import collections
+import threading
+import time
+from dataclasses import dataclass, field
+
+# Finished requests kept for a metrics reader between two reads; older ones are dropped.
+MAX_RECENT_REQUESTS = 10_000
+
+
+class Overloaded(Exception):
+    """The server holds as many requests as it may; the client should retry later."""
+
+
+@dataclass(eq=False)
+class Entry:
+    """One admitted request; `RequestLedger.leave` closes it (once)."""
+
+    started: float = field(default_factory=time.monotonic)
+    closed: bool = False
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request's end, as monitoring sees it.
+
+    outcome: the result (anything but an exception) or the exception it failed with.
+    seconds: from `execute` to the answer; 0 for a request refused before admission.
+    """
+
+    outcome: object
+    seconds: float
+
+
+class RequestLedger:
+    """Counts the requests in flight and refuses one more than `limit`.
+
+    Thread-safe: `enter` runs on Triton's execute thread, `leave` on the engine's.
+    """
+
+    def __init__(self, limit: int, setting: str = "max_queued_requests") -> None:
+        """limit: requests held at most (decoding plus waiting for a slot).
+        setting: the configuration that sets the limit, named in the refusal."""
+        if limit < 1:
+            raise ValueError(f"the request limit must be at least 1, got {limit}")
+        self.limit = limit
+        self._setting = setting
+        self._in_flight = 0
+        self._lock = threading.Lock()
+        self.recent: collections.deque[Finished] = collections.deque(maxlen=MAX_RECENT_REQUESTS)
+
+    @property
+    def in_flight(self) -> int:
+        return self._in_flight
+
+    def enter(self) -> Entry:
+        """Admit one request; Overloaded when `limit` are in flight already."""
+        with self._lock:
+            if self._in_flight >= self.limit:
+                raise Overloaded(
+                    f"server overloaded: {self._in_flight} requests in flight, the limit "
+                    f"(decoding slots + {self._setting}) is {self.limit}; retry later"
+                )
+            self._in_flight += 1
+        return Entry()
+
+    def leave(self, entry: Entry | None, outcome: object) -> None:
+        """Record a request's end; `entry` None for one refused before `enter`
+        (bad input, or overloaded). Closing an entry twice counts once."""
+        seconds = 0.0
+        if entry is not None:
+            with self._lock:
+                if entry.closed:
+                    return
+                entry.closed = True
+                self._in_flight -= 1
+            seconds = time.monotonic() - entry.started
+        self.recent.append(Finished(outcome, seconds))

@@ -1,0 +1,186 @@
+"""The whisper model's own Prometheus metrics, served on Triton's metrics port.
+
+Triton's `/metrics` already counts requests, queue and compute time per model
+(`nv_inference_*`). The whisper model answers from its engine thread, after
+`execute` has returned, so those say little about decoding; these add what the
+engine sees. All are documented in the README ("Operating").
+
+The engine and the request ledger keep plain counters; `WhisperMetrics` reads
+them on its own thread every `interval_s` and hands them to Triton through
+`pb_utils.MetricFamily`, so no metric call (an IPC round trip) ever runs on the
+engine thread or delays a request.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from .admission import RequestLedger
+from .serving import Fault, describe_failure
+
+log = logging.getLogger(__name__)
+
+PUBLISH_INTERVAL_S = 1.0
+SUCCESS = "success"
+# Values of the `outcome` label: success, or whose fault a failure was.
+OUTCOMES = (SUCCESS, *(fault.value for fault in Fault))
+
+# Histogram upper bounds (Prometheus adds +Inf).
+REQUEST_SECONDS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]
+REAL_TIME_FACTOR_BUCKETS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
+QUEUE_WAIT_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+
+
+def outcome_label(outcome: object) -> str:
+    """`success` for a result, else the failure's `Fault` value (client, cancelled, server, overloaded)."""
+    if not isinstance(outcome, BaseException):
+        return SUCCESS
+    return describe_failure(outcome)[1].value
+
+
+def audio_seconds(outcome: object) -> float | None:
+    """Seconds of audio a successful outcome transcribed (a `Transcript`'s duration)."""
+    return getattr(outcome, "duration", None) if not isinstance(outcome, BaseException) else None
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Monotonic totals read from the engine, its decode batch and the ledger."""
+
+    steps_graph: int
+    steps_eager: int
+    graph_fallbacks: int
+    failed_steps: int
+
+
+def read_counters(engine: Any) -> Counters:
+    counts = engine.batch.counts
+    return Counters(counts.graph_replays, counts.eager_passes, counts.graph_fallbacks, engine.stats.failed_steps)
+
+
+class WhisperMetrics:
+    """Publishes the engine's and the ledger's numbers as Prometheus metrics.
+
+    pb_utils: `triton_python_backend_utils` (or anything with its `MetricFamily` API).
+    engine: the `Engine` whose batch is watched; ledger: the whisper model's `RequestLedger`.
+    """
+
+    def __init__(
+        self, pb_utils: Any, engine: Any, ledger: RequestLedger, interval_s: float = PUBLISH_INTERVAL_S
+    ) -> None:
+        self.engine = engine
+        self.ledger = ledger
+        self.interval_s = interval_s
+        family = _Families(pb_utils)
+        self._requests = {
+            label: family.counter("whisper_requests_total", "Requests answered, by outcome", outcome=label)
+            for label in OUTCOMES
+        }
+        self._audio = family.counter("whisper_audio_seconds_total", "Seconds of audio transcribed")
+        self._request_seconds = family.histogram(
+            "whisper_request_duration_seconds",
+            "Seconds from a request reaching the whisper model to its answer (successful requests)",
+            REQUEST_SECONDS_BUCKETS,
+        )
+        self._rtf = family.histogram(
+            "whisper_real_time_factor",
+            "Per successful request: seconds to answer divided by seconds of audio",
+            REAL_TIME_FACTOR_BUCKETS,
+        )
+        self._queue_wait = family.histogram(
+            "whisper_queue_wait_seconds",
+            "Seconds a 30 s window waited for a decoding slot",
+            QUEUE_WAIT_BUCKETS,
+        )
+        self._in_flight = family.gauge("whisper_requests_in_flight", "Requests held by the whisper model")
+        self._running = family.gauge("whisper_running_batch_size", "Windows in the decode batch")
+        self._waiting = family.gauge("whisper_waiting_windows", "Windows waiting for a decoding slot")
+        self._slots = family.gauge("whisper_decoding_slots", "Windows the engine decodes together at most")
+        self._limit = family.gauge("whisper_request_limit", "Requests held at most before new ones are refused")
+        steps = "Decoder steps, by how they ran: cuda_graph (a captured graph replayed) or eager"
+        self._steps = {
+            "cuda_graph": family.counter("whisper_decode_steps_total", steps, path="cuda_graph"),
+            "eager": family.counter("whisper_decode_steps_total", steps, path="eager"),
+        }
+        self._fallbacks = family.counter(
+            "whisper_cuda_graph_fallbacks_total", "Steps run eagerly because no captured graph held the batch"
+        )
+        self._failed_steps = family.counter(
+            "whisper_failed_steps_total", "Decoder steps that raised and were retried request by request"
+        )
+        self._families = family  # families must outlive their metrics
+        self._published = Counters(0, 0, 0, 0)
+        self._slots.set(engine.slots)
+        self._limit.set(ledger.limit)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="whisper-metrics", daemon=True)
+        self._thread.start()
+
+    def publish(self) -> None:
+        """Hand everything new since the last call to Triton (on the metrics thread)."""
+        while self.ledger.recent:
+            finished = self.ledger.recent.popleft()
+            label = outcome_label(finished.outcome)
+            self._requests[label].increment(1)
+            seconds = audio_seconds(finished.outcome)
+            if label == SUCCESS and seconds is not None:
+                self._audio.increment(seconds)
+                self._request_seconds.observe(finished.seconds)
+                if seconds > 0:
+                    self._rtf.observe(finished.seconds / seconds)
+        waits = self.engine.stats.recent_waits
+        while waits:
+            self._queue_wait.observe(waits.popleft())
+        counters, last = read_counters(self.engine), self._published
+        for metric, now, before in (
+            (self._steps["cuda_graph"], counters.steps_graph, last.steps_graph),
+            (self._steps["eager"], counters.steps_eager, last.steps_eager),
+            (self._fallbacks, counters.graph_fallbacks, last.graph_fallbacks),
+            (self._failed_steps, counters.failed_steps, last.failed_steps),
+        ):
+            if now > before:
+                metric.increment(now - before)
+        self._published = counters
+        self._in_flight.set(self.ledger.in_flight)
+        self._running.set(self.engine.running)
+        self._waiting.set(self.engine.waiting)
+
+    def close(self) -> None:
+        """Publish once more and stop the thread."""
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while True:
+            stopping = self._stop.wait(self.interval_s)
+            try:
+                self.publish()
+            except Exception:  # metrics must never take the model down
+                log.exception("publishing whisper metrics failed")
+            if stopping:
+                return
+
+
+class _Families:
+    """One `MetricFamily` per name, created on first use."""
+
+    def __init__(self, pb_utils: Any) -> None:
+        self._family_type = pb_utils.MetricFamily
+        self._families: dict[str, Any] = {}
+
+    def _family(self, name: str, description: str, kind: Any) -> Any:
+        if name not in self._families:
+            self._families[name] = self._family_type(name=name, description=description, kind=kind)
+        return self._families[name]
+
+    def counter(self, name: str, description: str, **labels: str) -> Any:
+        return self._family(name, description, self._family_type.COUNTER).Metric(labels=labels)
+
+    def gauge(self, name: str, description: str) -> Any:
+        return self._family(name, description, self._family_type.GAUGE).Metric(labels={})
+
+    def histogram(self, name: str, description: str, buckets: list[float]) -> Any:
+        return self._family(name, description, self._family_type.HISTOGRAM).Metric(labels={}, buckets=buckets)

@@ -1,0 +1,145 @@
+"""The whisper model's request limit and its metrics, checked without a server."""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import CancelledError
+
+import pytest
+
+from python_backend_lib.admission import Overloaded, RequestLedger
+from python_backend_lib.metrics import OUTCOMES, WhisperMetrics, audio_seconds, outcome_label
+from python_backend_lib.serving import Fault, describe_failure
+
+
+def test_the_ledger_refuses_one_more_than_its_limit_and_names_it():
+    ledger = RequestLedger(2)
+    first, second = ledger.enter(), ledger.enter()
+    with pytest.raises(Overloaded, match=r"server overloaded: 2 requests in flight, .*max_queued_requests\) is 2; retry later"):
+        ledger.enter()
+    ledger.leave(first, "done")
+    third = ledger.enter()  # room again
+    assert ledger.in_flight == 2
+    ledger.leave(second, "done")
+    ledger.leave(third, "done")
+    assert ledger.in_flight == 0
+
+
+def test_closing_an_entry_twice_counts_once():
+    ledger = RequestLedger(1)
+    entry = ledger.enter()
+    ledger.leave(entry, "done")
+    ledger.leave(entry, RuntimeError("late duplicate"))
+    assert ledger.in_flight == 0 and len(ledger.recent) == 1
+    ledger.leave(None, ValueError("refused before entering"))  # recorded, nothing to close
+    assert 0 <= ledger.recent[0].seconds < 60 and ledger.recent[1].seconds == 0.0
+
+
+def test_the_ledger_is_exact_under_concurrent_threads():
+    ledger = RequestLedger(10_000)
+
+    def churn():
+        for _ in range(1000):
+            ledger.leave(ledger.enter(), "done")
+
+    threads = [threading.Thread(target=churn) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert ledger.in_flight == 0
+
+
+def test_overloaded_is_its_own_fault():
+    assert describe_failure(Overloaded("server overloaded")) == ("server overloaded", Fault.OVERLOADED)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "label"),
+    [
+        (ValueError("audio is empty"), "client"),
+        (CancelledError("request cancelled"), "cancelled"),
+        (Overloaded("full"), "overloaded"),
+        (RuntimeError("bug"), "server"),
+        ("a transcript", "success"),
+    ],
+)
+def test_outcome_labels(outcome, label):
+    assert outcome_label(outcome) == label
+    assert label in OUTCOMES
+
+
+class _Metric:
+    def __init__(self, family, labels, buckets):
+        self.family, self.labels, self.buckets = family, labels, buckets
+        self.value, self.observed = 0.0, []
+
+    def increment(self, value):
+        assert value >= 0, "counters only go up"
+        self.value += value
+
+    def set(self, value):
+        self.value = value
+
+    def observe(self, value):
+        self.observed.append(value)
+
+
+class _MetricFamily:
+    """The part of pb_utils.MetricFamily the exporter uses, recording what it is given."""
+
+    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
+    created: list[_Metric] = []
+
+    def __init__(self, name, description, kind):
+        self.name, self.kind = name, kind
+
+    def Metric(self, labels, buckets=None):  # noqa: N802 (Triton's spelling)
+        assert (buckets is not None) == (self.kind == self.HISTOGRAM)
+        metric = _Metric(self, labels, buckets)
+        _MetricFamily.created.append(metric)
+        return metric
+
+
+class _PbUtils:
+    MetricFamily = _MetricFamily
+
+
+def test_metrics_publish_the_ledger_and_a_real_engine():
+    from python_backend_lib import audio
+    from python_backend_lib.longform import Transcript
+    from python_backend_lib.options import DecodingOptions
+    from python_backend_lib.pipeline import Pipeline
+
+    pipeline = Pipeline.load("random:tiny", device="cpu", slots=2)
+    ledger = RequestLedger(4)
+    _MetricFamily.created = []
+    metrics = WhisperMetrics(_PbUtils, pipeline.engine, ledger, interval_s=3600)
+    try:
+        features = audio.window_features(audio.decode_audio(open("tests/data/audio/jfk.wav", "rb").read()), 80)
+        done = threading.Event()
+        pipeline.engine.submit(features, DecodingOptions(max_new_tokens=3), lambda _: done.set())
+        assert done.wait(60)
+        entry = ledger.enter()
+        transcript = Transcript(text="", segments=(), language="en", language_probability=None, duration=8.0, windows=())
+        ledger.leave(entry, transcript)
+        ledger.leave(None, Overloaded("full"))
+        metrics.publish()
+        metrics.publish()  # nothing new: nothing counted twice
+    finally:
+        metrics.close()
+        pipeline.close()
+    by_name = {}
+    for metric in _MetricFamily.created:
+        by_name[metric.family.name, tuple(sorted(metric.labels.items()))] = metric
+    assert by_name["whisper_requests_total", (("outcome", "success"),)].value == 1
+    assert by_name["whisper_requests_total", (("outcome", "overloaded"),)].value == 1
+    assert by_name["whisper_audio_seconds_total", ()].value == 8.0
+    assert len(by_name["whisper_real_time_factor", ()].observed) == 1
+    assert len(by_name["whisper_queue_wait_seconds", ()].observed) == 1
+    assert by_name["whisper_decode_steps_total", (("path", "eager"),)].value >= 1
+    assert by_name["whisper_decode_steps_total", (("path", "cuda_graph"),)].value == 0
+    assert by_name["whisper_decoding_slots", ()].value == 2
+    assert by_name["whisper_request_limit", ()].value == 4
+    assert by_name["whisper_running_batch_size", ()].value == 0
+    assert audio_seconds(transcript) == 8.0 and audio_seconds(RuntimeError()) is None
