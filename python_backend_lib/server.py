@@ -45,6 +45,13 @@ DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
 DEFAULT_STARTUP_TIMEOUT_S = 600.0  # loading and warming a large checkpoint on a GPU takes minutes
 STOP_GRACE_S = 40.0  # tritonserver itself waits up to 30 s for in-flight requests
+# Before stopping, wait this long at most for the requests in flight to be answered:
+# once stopping, Triton refuses an ensemble's next step, so it would fail them.
+DRAIN_TIMEOUT_S = 30.0
+# Idle means: nothing in flight or queued, and no request answered, for this long
+# (two publications of the whisper_* metrics, which are published every second).
+DRAIN_QUIET_S = 2.0
+DRAIN_POLL_S = 0.2
 LOG_TAIL_LINES = 60
 # Log lines after which tritonserver 2.51 neither becomes ready nor exits.
 FATAL_LOG_MARKERS = ("Failed to preinitialize Python stub",)
@@ -195,6 +202,30 @@ def _die_with_parent() -> None:
         pass
 
 
+@dataclass(frozen=True)
+class Activity:
+    """What Triton's /metrics says about work in the server.
+
+    busy: requests held by the whisper model plus requests queued in any model.
+    answered: requests answered so far (successes and failures, all models).
+    """
+
+    busy: float
+    answered: float
+
+    @classmethod
+    def from_metrics(cls, text: str) -> Activity:
+        busy = answered = 0.0
+        for line in text.splitlines():
+            name, _, value = line.rpartition(" ")
+            metric = name.split("{", 1)[0]
+            if metric in ("whisper_requests_in_flight", "nv_inference_pending_request_count"):
+                busy += float(value)
+            elif metric in ("nv_inference_request_success", "nv_inference_request_failure"):
+                answered += float(value)
+        return cls(busy=busy, answered=answered)
+
+
 class TritonServer:
     """A tritonserver process serving our model repository.
 
@@ -212,6 +243,7 @@ class TritonServer:
         self._process: subprocess.Popen[str] | None = None
         self._pump: threading.Thread | None = None
         self._fatal = threading.Event()
+        self._ready = False  # drain only a server that became ready
 
     @property
     def http_url(self) -> str:
@@ -265,6 +297,7 @@ class TritonServer:
         except BaseException:
             self.stop()
             raise
+        self._ready = True
 
     def _pump_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None
@@ -305,12 +338,43 @@ class TritonServer:
         assert self._process is not None, "start() first"
         return self._process.wait()
 
-    def stop(self) -> int | None:
-        """SIGTERM, wait for in-flight requests, then SIGKILL. Safe to call twice."""
+    def activity(self) -> Activity | None:
+        """The server's current `Activity`; None when its metrics cannot be read."""
+        try:
+            with urllib.request.urlopen(self.metrics_url, timeout=READY_POLL_S * 4) as response:
+                return Activity.from_metrics(response.read().decode("utf-8", "replace"))
+        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
+            return None
+
+    def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> bool:
+        """Wait until no request has been in flight or answered for DRAIN_QUIET_S;
+        False after `timeout` (or when the metrics cannot be read). Triton keeps
+        accepting requests meanwhile: take the server out of rotation first."""
+        deadline = time.monotonic() + timeout
+        last, quiet_since = None, time.monotonic()
+        while time.monotonic() < deadline:
+            if self._process is None or self._process.poll() is not None:
+                return False
+            now = self.activity()
+            if now is None:
+                return False
+            if now.busy > 0 or last is None or now.answered != last.answered:
+                quiet_since = time.monotonic()
+            elif time.monotonic() - quiet_since >= DRAIN_QUIET_S:
+                return True
+            last = now
+            time.sleep(DRAIN_POLL_S)
+        return False
+
+    def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> int | None:
+        """Drain (wait for the requests in flight), SIGTERM, wait, then SIGKILL.
+        Safe to call twice."""
         process = self._process
         if process is None:
             return None
         if process.poll() is None:
+            if drain_timeout > 0 and self._ready:
+                self.drain(drain_timeout)
             process.terminate()
             try:
                 process.wait(timeout=STOP_GRACE_S)

@@ -30,7 +30,12 @@ class TritonPythonModel:
         self.n_mels = load_config(self.settings.checkpoint).dims.n_mels
 
     def execute(self, requests):
-        return [self._respond(request) for request in requests]
+        # Each answer leaves as soon as it is ready, not when the whole batch is done:
+        # a request refused later (overload) or a short clip does not wait for 63 others.
+        final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+        for request in requests:
+            request.get_response_sender().send(self._respond(request), flags=final)
+        return None
 
     def _respond(self, request):
         try:
