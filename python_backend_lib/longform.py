@@ -199,8 +199,7 @@ class LongFormJob:
         self.on_done = on_done
         self.is_cancelled = is_cancelled
         self.content = content_frames(mel.shape[-1], duration)
-        # English-only checkpoints know their language before any window is decoded.
-        self.language = options.decoding.language if config.multilingual else "en"
+        self.language = options.decoding.language  # None until detected
         self.language_probability: float | None = None
         self._lock = threading.Lock()
         self._accepted: dict[int, tuple[WindowOutcome, DecodingResult]] = {}
@@ -345,7 +344,8 @@ class LongFormJob:
             Transcript(
                 text=self.tokenizer.decode(text_tokens).strip(),
                 segments=tuple(segments),
-                language=self.language,
+                # English-only checkpoints know their language even when no window was decoded.
+                language=self.language if self.config.multilingual else "en",
                 language_probability=self.language_probability,
                 duration=self.duration,
                 windows=tuple(result for _, result in ordered),

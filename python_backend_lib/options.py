@@ -67,10 +67,10 @@ class DecodingOptions:
                 raise ValueError(
                     f"task must be one of {[t.value for t in Task]}, got {self.task!r}"
                 ) from None
-        if self.language is not None and (
-            not isinstance(self.language, str) or not self.language.strip()
-        ):
-            raise ValueError(f"language must be a language code such as 'en', got {self.language!r}")
+        if self.language is not None:
+            if not isinstance(self.language, str) or not self.language.strip():
+                raise ValueError(f"language must be a language code such as 'en', got {self.language!r}")
+            object.__setattr__(self, "language", self.language.strip().lower())  # "EN" is "en"
         if self.max_new_tokens is not None and (
             isinstance(self.max_new_tokens, bool)
             or not isinstance(self.max_new_tokens, int)

@@ -128,22 +128,36 @@ class Pipeline:
         self, waveform: np.ndarray, options: TranscribeOptions, is_cancelled: Callable[[], bool] | None = None
     ) -> "Future[Transcript]":
         """Queue a recording of any length (16 kHz mono) for transcription."""
+        future: Future[Transcript] = Future()
+        features = features_for(waveform, self.n_mels)
+        self.start(features, len(waveform) / audio.SAMPLE_RATE, options, _settle(future), is_cancelled)
+        return future
+
+    def start(
+        self,
+        features: torch.Tensor,
+        duration: float,
+        options: TranscribeOptions,
+        on_done: Callable[[Transcript | BaseException], None],
+        is_cancelled: Callable[[], bool] | None = None,
+    ) -> None:
+        """Start transcribing log-mel `features` (as `longform.features_for` makes
+        them) of `duration` seconds; `on_done` gets the Transcript or the error,
+        on the engine thread. Raises ValueError at once for options or features
+        that do not fit the checkpoint."""
         if self.tokenizer is None:
             raise ValueError(f"checkpoint {self.config.source!r} has no tokenizer: it can decode but not transcribe")
-        future: Future[Transcript] = Future()
-        job = LongFormJob(
+        LongFormJob(
             self.engine.submit,
             self.config,
             self.tokenizer,
-            features_for(waveform, self.n_mels),
-            len(waveform) / audio.SAMPLE_RATE,
+            features,
+            duration,
             options,
-            _settle(future),
+            on_done,
             is_cancelled,
             self.aligner.add_words if self.aligner else None,
-        )
-        job.start()
-        return future
+        ).start()
 
     def transcribe(
         self, data: bytes | np.ndarray, options: TranscribeOptions | DecodingOptions = TranscribeOptions()

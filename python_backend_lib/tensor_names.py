@@ -9,6 +9,7 @@ ENSEMBLE_NAME = "transcribe"
 AUDIO = "AUDIO"  # BYTES [1]: one audio file (or raw PCM, see request parameters)
 TEXT = "TEXT"  # BYTES [1]: UTF-8 transcript
 SEGMENTS = "SEGMENTS"  # BYTES [1]: JSON list of {"start", "end", "text"} in seconds
+FORMATTED = "FORMATTED"  # BYTES [1]: the transcript in the request's response_format
 
 # preprocessing -> whisper
 PREPROCESSING_NAME = "preprocessing"
@@ -17,6 +18,6 @@ AUDIO_SECONDS = "AUDIO_SECONDS"  # FP32 [1]: duration of the decoded audio
 
 # whisper -> postprocessing
 WHISPER_NAME = "whisper"
-TOKENS = "TOKENS"  # INT32 [-1]: generated tokens, without the prompt
+TRANSCRIPT = "TRANSCRIPT"  # BYTES [1]: the finished transcript as verbose_json (formats.Document)
 
 POSTPROCESSING_NAME = "postprocessing"

@@ -22,17 +22,19 @@ PYTHON_MODELS = {
     ),
     names.WHISPER_NAME: (
         {names.LOG_MEL: "TYPE_FP32", names.AUDIO_SECONDS: "TYPE_FP32"},
-        {names.TOKENS: "TYPE_INT32"},
+        {names.TRANSCRIPT: "TYPE_STRING"},
     ),
     names.POSTPROCESSING_NAME: (
-        {names.TOKENS: "TYPE_INT32", names.AUDIO_SECONDS: "TYPE_FP32"},
-        {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING"},
+        {names.TRANSCRIPT: "TYPE_STRING"},
+        {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"},
     ),
 }
 ENSEMBLE = (
     {names.AUDIO: "TYPE_STRING"},
-    {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING"},
+    {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"},
 )
+# Models that read a checkpoint (postprocessing only formats what whisper wrote).
+CHECKPOINT_MODELS = [names.PREPROCESSING_NAME, names.WHISPER_NAME]
 TENSORS = [value for key, value in vars(names).items() if key.isupper() and not key.endswith("_NAME")]
 
 
@@ -130,14 +132,21 @@ def test_python_model_scheduling_is_spelled_out(model):
     assert "dynamic_batching" in config
     assert [one(group, "kind") for group in config["instance_group"]] == ["KIND_CPU"]
     assert all(one(tensor, "optional") in ("true", "false") for tensor in config["input"])
-    assert one(config["parameters"][0], "key") == "checkpoint"
+
+
+@pytest.mark.parametrize("model", list(PYTHON_MODELS))
+def test_a_checkpoint_is_named_exactly_where_one_is_read(model):
+    keys = [one(p, "key") for p in load(model).get("parameters", [])]
+    assert (keys[:1] == ["checkpoint"]) == (model in CHECKPOINT_MODELS), keys
 
 
 @pytest.mark.parametrize("model", list(PYTHON_MODELS))
 def test_python_model_parameters_parse(model):
     """Every parameter is one `ModelSettings` knows, with a value it accepts."""
     config = load(model)
-    parameters = {one(p, "key"): {"string_value": one(one(p, "value"), "string_value")} for p in config["parameters"]}
+    parameters = {
+        one(p, "key"): {"string_value": one(one(p, "value"), "string_value")} for p in config.get("parameters", [])
+    }
     assert set(parameters) <= set(CONFIG_PARAMETERS)
     as_triton_gives_it = json.dumps({"name": model, "max_batch_size": one(config, "max_batch_size"), "parameters": parameters})
     settings = ModelSettings.from_triton(as_triton_gives_it, environ={})

@@ -80,7 +80,8 @@ def test_transcribe_metadata(server, protocol):
     tensors = {(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in metadata["inputs"]}
     assert tensors == {(tensor_names.AUDIO, "BYTES", (-1, 1))}
     tensors = {(t["name"], t["datatype"], tuple(int(d) for d in t["shape"])) for t in metadata["outputs"]}
-    assert tensors == {(tensor_names.TEXT, "BYTES", (-1, 1)), (tensor_names.SEGMENTS, "BYTES", (-1, 1))}
+    outputs = (tensor_names.TEXT, tensor_names.SEGMENTS, tensor_names.FORMATTED)
+    assert tensors == {(name, "BYTES", (-1, 1)) for name in outputs}
 
 
 @pytest.mark.slow

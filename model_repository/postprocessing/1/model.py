@@ -1,8 +1,9 @@
-"""Triton model `postprocessing`: TOKENS and AUDIO_SECONDS -> TEXT and SEGMENTS (JSON).
+"""Triton model `postprocessing`: TRANSCRIPT (verbose_json) -> TEXT, SEGMENTS and FORMATTED.
 
-Text and segments come from the windows' tokens by the library's own rules
-(`token_stream`), so served transcripts equal `Pipeline.transcribe`'s.
-Request parameters are not read: timestamp tokens, when asked for, are in TOKENS.
+The `whisper` model sends each finished transcript as verbose_json
+(`formats.Document`); here it becomes the ensemble's TEXT and SEGMENTS, and
+FORMATTED in the request's `response_format` (text, json, verbose_json, srt, vtt).
+Served transcripts therefore equal `Pipeline.transcribe`'s.
 """
 
 import sys
@@ -14,35 +15,34 @@ import triton_python_backend_utils as pb_utils
 # Serving from a checkout without `pip install -e .`: the library sits beside the repository.
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from python_backend_lib import tensor_names, token_stream  # noqa: E402
-from python_backend_lib.formats import segments_to_json  # noqa: E402
-from python_backend_lib.serving import ModelSettings, error_response, exact_seconds, single_row  # noqa: E402
-from python_backend_lib.tokenizer import load_tokenizer  # noqa: E402
+from python_backend_lib import tensor_names  # noqa: E402
+from python_backend_lib.formats import Document, segments_to_json  # noqa: E402
+from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
+from python_backend_lib.serving import ModelSettings, error_response, single_row  # noqa: E402
 
 
 class TritonPythonModel:
     def initialize(self, args):
         self.settings = ModelSettings.from_triton(args["model_config"])
-        self.tokenizer = load_tokenizer(self.settings.checkpoint)
 
     def execute(self, requests):
         return [self._respond(request) for request in requests]
 
     def _respond(self, request):
         try:
-            tokens_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.TOKENS)
-            seconds_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO_SECONDS)
-            tokens = single_row(tokens_tensor.as_numpy(), tensor_names.TOKENS).tolist()  # windows, each closed by EOT
-            (seconds,) = single_row(seconds_tensor.as_numpy(), tensor_names.AUDIO_SECONDS).tolist()
-            windows = token_stream.unpack(tokens, self.tokenizer.special.eot)
-            text, segments = token_stream.transcript_text_and_segments(self.tokenizer, windows, exact_seconds(seconds))
+            response_format = parse_request_parameters(request.parameters()).response_format
+            transcript = pb_utils.get_input_tensor_by_name(request, tensor_names.TRANSCRIPT)
+            (data,) = single_row(transcript.as_numpy(), tensor_names.TRANSCRIPT)  # [1] bytes
+            document = Document.from_verbose_json(data)
+            outputs = {
+                tensor_names.TEXT: document.text,
+                tensor_names.SEGMENTS: segments_to_json(document.segments),
+                tensor_names.FORMATTED: document.render(response_format),
+            }
         except Exception as error:
             return error_response(pb_utils, error)
         return pb_utils.InferenceResponse(
-            output_tensors=[
-                pb_utils.Tensor(tensor_names.TEXT, _bytes_row(text)),
-                pb_utils.Tensor(tensor_names.SEGMENTS, _bytes_row(segments_to_json(segments))),
-            ]
+            output_tensors=[pb_utils.Tensor(name, _bytes_row(text)) for name, text in outputs.items()]
         )
 
 

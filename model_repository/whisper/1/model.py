@@ -1,26 +1,29 @@
-"""Triton model `whisper`: LOG_MEL and AUDIO_SECONDS -> TOKENS, on the library's engine.
+"""Triton model `whisper`: LOG_MEL and AUDIO_SECONDS -> TRANSCRIPT, on the library's engine.
 
 `execute` only starts each request's transcription (window by window, as
 `Pipeline.transcribe` does) and returns None; the engine thread answers every
 request through its response sender when its last window is decoded, so
 requests join and leave the running batch independently. Beyond the request
 limit (slots + max_queued_requests) a request is refused at once (UNAVAILABLE);
-the `whisper_*` metrics are published from a thread of their own.
+the `whisper_*` metrics are published from a thread of their own. TRANSCRIPT is
+the whole result as verbose_json, for `postprocessing` to write in every format.
 """
 
 import sys
 from functools import partial
 from pathlib import Path
 
+import numpy as np
 import torch
 import triton_python_backend_utils as pb_utils
 
 # Serving from a checkout without `pip install -e .`: the library sits beside the repository.
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from python_backend_lib import tensor_names, token_stream  # noqa: E402
+from python_backend_lib import tensor_names  # noqa: E402
 from python_backend_lib.admission import RequestLedger  # noqa: E402
-from python_backend_lib.longform import LongFormJob, TranscribeOptions, Transcript  # noqa: E402
+from python_backend_lib.formats import Document, ResponseFormat  # noqa: E402
+from python_backend_lib.longform import TranscribeOptions, Transcript  # noqa: E402
 from python_backend_lib.metrics import WhisperMetrics  # noqa: E402
 from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
 from python_backend_lib.serving import (  # noqa: E402
@@ -50,23 +53,20 @@ class TritonPythonModel:
         for request in requests:
             sender, entry = request.get_response_sender(), None
             try:
-                options = TranscribeOptions(decoding=parse_request_parameters(request.parameters()).decoding)
+                options = parse_request_parameters(request.parameters()).transcription
                 log_mel = pb_utils.get_input_tensor_by_name(request, tensor_names.LOG_MEL)
                 seconds = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO_SECONDS)
                 mel = single_row(log_mel.as_numpy(), tensor_names.LOG_MEL)  # [n_mels, frames]
                 (duration,) = single_row(seconds.as_numpy(), tensor_names.AUDIO_SECONDS).tolist()
                 check_log_mel(mel, duration, self.pipeline.n_mels, self.settings.max_audio_seconds)
                 entry = self.ledger.enter()  # Overloaded (UNAVAILABLE) when the limit is reached
-                LongFormJob(
-                    self.pipeline.engine.submit,
-                    self.pipeline.config,
-                    self.pipeline.tokenizer,
+                self.pipeline.start(
                     torch.from_numpy(mel),
                     exact_seconds(duration),
                     options,
                     on_done=partial(self._answer, sender, options, entry),
                     is_cancelled=CancellationProbe(request.is_cancelled),
-                ).start()  # ValueError at once for features or options that do not fit the model
+                )  # ValueError at once for features or options that do not fit the model
             except Exception as error:
                 self._answer(sender, None, entry, error)
         return None
@@ -77,8 +77,9 @@ class TritonPythonModel:
         if isinstance(outcome, BaseException):
             response = error_response(pb_utils, outcome)
         else:
-            tokens = token_stream.pack(outcome, options, self.pipeline.tokenizer.special.eot)[None]  # [1, n]
-            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(tensor_names.TOKENS, tokens)])
+            document = Document.from_transcript(outcome, options).render(ResponseFormat.VERBOSE_JSON)
+            transcript = np.array([[document.encode("utf-8")]], dtype=np.object_)  # [1, 1] BYTES
+            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(tensor_names.TRANSCRIPT, transcript)])
         sender.send(response, flags=FINAL)
 
     def finalize(self):
