@@ -17,6 +17,10 @@ from pathlib import Path
 import pytest
 
 AUDIO_DIR = Path(__file__).parent / "data" / "audio"
+# The session server fails every decoder step holding a request with this prompt
+# (python_backend_lib.serving.FAULT_PROMPT_ENV): tests/test_faults.py shows the
+# failure stays with that request. No other request carries it.
+FAULT_PROMPT = "fail this request inside the engine"
 STARTUP_TIMEOUT_S = 600
 SHUTDOWN_TIMEOUT_S = 60
 
@@ -25,6 +29,7 @@ SHUTDOWN_TIMEOUT_S = 60
 class RunningServer:
     http_url: str
     grpc_url: str
+    metrics_url: str  # Triton's Prometheus endpoint, http://.../metrics
     log: Path
 
     def url(self, protocol: str) -> str:
@@ -61,11 +66,17 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
         f"--grpc-port={grpc_port}",
         f"--metrics-port={metrics_port}",
     ]
+    env = {**os.environ, "WHISPER_TRITON_FAULT_PROMPT": FAULT_PROMPT}
     with log.open("w") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
     try:
         _wait_until_ready(process, http_port, log)
-        yield RunningServer(http_url=f"localhost:{http_port}", grpc_url=f"localhost:{grpc_port}", log=log)
+        yield RunningServer(
+            http_url=f"localhost:{http_port}",
+            grpc_url=f"localhost:{grpc_port}",
+            metrics_url=f"http://localhost:{metrics_port}/metrics",
+            log=log,
+        )
     finally:
         process.send_signal(signal.SIGTERM)
         try:
