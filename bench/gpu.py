@@ -410,13 +410,14 @@ def encoder_kernels(name: str, config, results: Results) -> None:
 def triton_section(args, results: Results) -> None:
     from bench.triton_load import run_triton
 
-    run_triton(args, results, say)
+    if not args.triton_skip_shipped:
+        run_triton(args, results, say)
     if args.triton_preprocessing_instances:
         # The same server with more CPU instances of the audio models: is the
         # GPU engine or the preprocessing the bound?
         n = args.triton_preprocessing_instances
         run_triton(args, results, say, instances={"preprocessing": n, "postprocessing": max(1, n // 2)},
-                   protocols=["grpc"], concurrencies=[64, 256])
+                   protocols=["grpc"], concurrencies=[64, 256], threads=args.triton_threads)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -436,6 +437,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--triton-startup-s", type=float, default=240.0)
     parser.add_argument("--triton-preprocessing-instances", type=int, default=0,
                         help="then serve again with this many preprocessing instances (0: don't)")
+    parser.add_argument("--triton-threads", type=int, help="OMP_NUM_THREADS of that second server")
+    parser.add_argument("--triton-skip-shipped", action="store_true", help="only the second server")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.gpu needs a CUDA GPU", file=sys.stderr)

@@ -154,12 +154,17 @@ class _Load:
 
 
 def run_triton(args, results, say, *, instances: dict[str, int] | None = None,
-               protocols=None, concurrencies=None) -> None:
-    """instances: serve a copy of the repository with these instance counts."""
+               protocols=None, concurrencies=None, threads: int | None = None) -> None:
+    """instances: serve a copy of the repository with these instance counts;
+    threads: OMP_NUM_THREADS for the server's processes (torch's CPU threads)."""
     model = args.triton_model
     protocols = protocols or args.triton_protocols
     concurrencies = concurrencies or args.triton_concurrency
     label = "as shipped" if not instances else ", ".join(f"{m} x{c}" for m, c in instances.items())
+    env = dict(os.environ)
+    if threads:
+        env.update(OMP_NUM_THREADS=str(threads), MKL_NUM_THREADS=str(threads))
+        label += f", {threads} CPU threads each"
     ports = {"http": _free_port(), "grpc": _free_port(), "metrics": _free_port()}
     log_path = Path(args.profile_dir or args.out) / f"triton-serve-{model}{'-instances' if instances else ''}.log"
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -177,7 +182,7 @@ def run_triton(args, results, say, *, instances: dict[str, int] | None = None,
     say(f"triton: starting {' '.join(command[2:])}")
     started = time.perf_counter()
     with open(log_path, "w") as log:
-        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        server = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     try:
         urls = {"http": f"localhost:{ports['http']}", "grpc": f"localhost:{ports['grpc']}"}
         from clients.api import WhisperClient

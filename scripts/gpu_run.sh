@@ -86,7 +86,7 @@ if has triton; then
         $PY -c 'import numpy; print("numpy", numpy.__version__)'
         say "triton (budget $(($(left) - 20)) s)"
         timeout $(($(left) - 20)) $PY -m bench.gpu --sections triton --append --out "$OUT" --profile-dir "$OUT" \
-            --triton-startup-s 240 --triton-preprocessing-instances ${PREPROCESSING_INSTANCES:-8}
+            --triton-startup-s 240 --triton-preprocessing-instances ${PREPROCESSING_INSTANCES:-8} ${TRITON_ARGS:-}
         say "triton exit $?"
     else
         say "no bundle: skipping triton"
