@@ -187,7 +187,8 @@ def run_triton(args, results, say, *, instances: dict[str, int] | None = None,
         urls = {"http": f"localhost:{ports['http']}", "grpc": f"localhost:{ports['grpc']}"}
         from clients.api import WhisperClient
 
-        probe = WhisperClient(urls["http"], "http")
+        first = protocols[0]  # the only client library carried may be this one
+        probe = WhisperClient(urls[first], first)
         while not probe.is_ready():
             if server.poll() is not None or time.perf_counter() - started > args.triton_startup_s:
                 tail = log_path.read_text(errors="replace")[-3000:]
@@ -202,12 +203,12 @@ def run_triton(args, results, say, *, instances: dict[str, int] | None = None,
         options = {"language": "en", "max_new_tokens": TOKENS, "min_new_tokens": TOKENS}
         forced = True
         try:
-            _Load(urls["http"], "http", options).one(short[0][0])
+            _Load(urls[first], first, options).one(short[0][0])
         except Exception as error:  # the served parameters may lack min_new_tokens
             say(f"triton: min_new_tokens refused ({error}); lengths are not forced")
             options.pop("min_new_tokens")
             forced = False
-            _Load(urls["http"], "http", options).one(short[0][0])
+            _Load(urls[first], first, options).one(short[0][0])
         common = {"model": model, "repository": label, "checkpoint": f"{source} weights, word-level tokenizer", "forced_tokens": forced, "max_new_tokens": TOKENS, "server_ready_s": round(ready_s, 1)}
 
         for protocol in protocols:

@@ -26,7 +26,7 @@ PY=python3
 export PYTHONUNBUFFERED=1
 export FLASHINFER_WORKSPACE_BASE=$PWD/.flashinfer/workspace
 export PYTHONPATH=$PWD  # this checkout, also in the Triton stub, over any installed copy
-BUNDLE=$(ls -d .gpu-bundle .bundle 2>/dev/null | head -1)
+BUNDLE=${BUNDLE:-$(ls -d .gpu-bundle .bundle 2>/dev/null | head -1)}
 left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
 say() { echo "[gpu_run $(($(date +%s) - START)) s] $*"; }
 has() { [[ " $PHASES " == *" $1 "* ]]; }
