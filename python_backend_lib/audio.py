@@ -184,7 +184,7 @@ def _as_bytes(data) -> bytes:
 def _decode_frames(data: bytes, max_seconds: float | None) -> tuple[np.ndarray, int]:
     """Decode with libsndfile, block by block: ([frames, channels] float32, sample rate)."""
     try:
-        sound_file = soundfile.SoundFile(io.BytesIO(data))
+        sound_file = soundfile.SoundFile(_InMemoryFile(data))
     except Exception as err:  # libsndfile reports bad data through several exception types
         raise AudioError(f"not a decodable audio file: {_reason(err)}") from None
     with sound_file:
@@ -209,6 +209,25 @@ def _decode_frames(data: bytes, max_seconds: float | None) -> tuple[np.ndarray, 
     if n_frames == 0:
         raise AudioError("audio decodes to zero samples")
     return np.concatenate(blocks), sample_rate
+
+
+class _InMemoryFile(io.BytesIO):
+    """The bytes libsndfile reads through soundfile's callbacks.
+
+    A damaged header can make libsndfile seek before the start of the file.
+    BytesIO raises there, inside a C callback, where Python only prints the error;
+    such a seek stays where it is instead, and decoding fails on what it reads next.
+    """
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence == io.SEEK_END:
+            with self.getbuffer() as view:
+                start = view.nbytes
+        else:
+            start = self.tell() if whence == io.SEEK_CUR else 0
+        if start + offset < 0:
+            return self.tell()
+        return super().seek(offset, whence)
 
 
 def _check_wav_length(data: bytes) -> None:
