@@ -28,6 +28,15 @@ from .tokenizer import Segment, Tokenizer, Word
 from .weights import ModelConfig
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
+# DTW lets the first word after a pause begin anywhere in the silence before it.
+# Such a word is cut to WORD_AFTER_PAUSE_MEDIANS times the window's median word
+# duration (that median taken as at most MAX_MEDIAN_WORD_S), the length
+# openai-whisper cuts it to; a segment's first word follows a pause when it ends
+# more than PAUSE_MEDIANS median words after the previous segment's last word
+# (or the window's start).
+MAX_MEDIAN_WORD_S = 0.7
+WORD_AFTER_PAUSE_MEDIANS = 2
+PAUSE_MEDIANS = 4
 # Punctuation joins the neighbouring word instead of getting a time of its own.
 LEADING_PUNCTUATION = "\"'“¿([{-"
 TRAILING_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
@@ -87,16 +96,17 @@ class Aligner:
             return segments
         starts, probabilities = self.token_starts(features, text_tokens, content_frames, language, task)
         words = iter(timed_words(self.tokenizer, text_tokens, starts, probabilities, offset))
-        result, pending = [], next(words, None)
-        for segment, tokens in zip(segments, per_segment):
+        grouped, pending = [], next(words, None)
+        for tokens in per_segment:
             mine, remaining = [], len(tokens)
             while pending is not None and remaining > 0:
                 word, n_tokens = pending
                 mine.append(word)
                 remaining -= n_tokens
                 pending = next(words, None)
-            result.append(dataclasses.replace(segment, words=tuple(mine)))
-        return tuple(result)
+            grouped.append(mine)
+        grouped = shorten_words_after_pauses(grouped, offset)
+        return tuple(dataclasses.replace(segment, words=tuple(mine)) for segment, mine in zip(segments, grouped))
 
     @torch.inference_mode()
     def token_starts(
@@ -137,6 +147,27 @@ class Aligner:
         text_index, time_index = dynamic_time_warping(-matrix.double().cpu().numpy())
         jumps = np.pad(np.diff(text_index), (1, 0), constant_values=1).astype(bool)
         return time_index[jumps] * audio.SECONDS_PER_POSITION, probabilities
+
+
+def shorten_words_after_pauses(segments: list[list[Word]], window_start: float) -> list[list[Word]]:
+    """The words of one window's segments, the first word of a segment that
+    follows a pause cut to WORD_AFTER_PAUSE_MEDIANS median words (its end
+    stays). Only segment openings: inside a segment a long word is as likely
+    to hold the silence after it as the one before."""
+    durations = [w.end - w.start for words in segments for w in words if w.end > w.start]
+    if not durations:
+        return segments
+    median = min(MAX_MEDIAN_WORD_S, float(np.median(durations)))
+    longest = WORD_AFTER_PAUSE_MEDIANS * median
+    result, last_speech = [], window_start
+    for words in segments:
+        if words:
+            first = words[0]
+            if first.end - last_speech > PAUSE_MEDIANS * median and first.end - first.start > longest:
+                words = [dataclasses.replace(first, start=round(first.end - longest, 3)), *words[1:]]
+            last_speech = words[-1].end
+        result.append(words)
+    return result
 
 
 def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -6,10 +6,17 @@ import numpy as np
 import pytest
 
 from python_backend_lib import audio, weights
-from python_backend_lib.alignment import Aligner, dynamic_time_warping, merge_punctuation, split_words
+from python_backend_lib.alignment import (
+    Aligner,
+    dynamic_time_warping,
+    merge_punctuation,
+    shorten_words_after_pauses,
+    split_words,
+)
 from python_backend_lib.longform import TranscribeOptions
 from python_backend_lib.options import DecodingOptions, Task
 from python_backend_lib.pipeline import Pipeline
+from python_backend_lib.segments import Word
 
 from reference import DATA, openai_model
 
@@ -89,3 +96,21 @@ def test_transcript_words_lie_in_their_segments(pipe):
     # Ordinary requests carry no words and do not pay for them.
     plain = pipe.transcribe((DATA / "jfk.wav").read_bytes(), TranscribeOptions())
     assert all(s.words == () for s in plain.segments)
+
+
+def test_a_segment_opening_after_a_pause_is_cut_to_two_median_words():
+    def words(*spans):
+        return [Word(f" w{i}", start, end, 0.9) for i, (start, end) in enumerate(spans)]
+
+    # Median word 0.3 s: a pause is more than 1.2 s, a word after one at most 0.6 s long.
+    first = words((10.0, 10.3), (10.3, 10.6), (10.6, 10.9))
+    after_pause = words((10.9, 13.5), (13.5, 13.8))  # DTW began it in the silence
+    no_pause = words((10.6, 11.5), (11.5, 11.8))  # long, but it ends 0.9 s after the last word
+    result = shorten_words_after_pauses([first, after_pause], window_start=10.0)
+    assert result[0] == first
+    assert [(w.start, w.end) for w in result[1]] == [(12.9, 13.5), (13.5, 13.8)]
+    assert shorten_words_after_pauses([first[:2], no_pause], window_start=10.0)[1] == no_pause
+    # The window's start counts as speech before its first segment.
+    late = words((0.0, 2.0), (2.0, 2.3), (2.3, 2.6), (2.6, 2.9))
+    assert shorten_words_after_pauses([late], window_start=0.0)[0][0].start == 1.4
+    assert shorten_words_after_pauses([[], []], window_start=0.0) == [[], []]
