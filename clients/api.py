@@ -3,6 +3,8 @@
     client = WhisperClient("localhost:8000")
     result = client.transcribe("jfk.wav", timestamps=True)
     print(result.text, result.segments[0].start)
+    document = client.transcribe_document("talk.mp3", word_timestamps=True)  # everything: verbose_json
+    srt = client.formatted("talk.mp3", "srt")                                 # as the server writes it
 
 Options are sent as request parameters (see the README for the list) and
 checked by the server, which answers a bad one with an error naming it.
@@ -20,7 +22,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from python_backend_lib import tensor_names
-from python_backend_lib.formats import TimedText, segments_from_json
+from python_backend_lib.formats import Document, ResponseFormat, TimedText, segments_from_json
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
 
@@ -80,15 +82,35 @@ class WhisperClient:
 
         options: request parameters such as language="en", timestamps=True.
         """
+        text, segments = self._infer(audio, (tensor_names.TEXT, tensor_names.SEGMENTS), options)
+        return TranscriptionResult(text=text, segments=segments_from_json(segments))
+
+    def formatted(
+        self, audio: bytes | str | os.PathLike[str], response_format: ResponseFormat | str, **options: object
+    ) -> str:
+        """The transcript as the server writes it in `response_format` (text, json,
+        verbose_json, srt, vtt): the FORMATTED output."""
+        options["response_format"] = ResponseFormat(response_format).value
+        (formatted,) = self._infer(audio, (tensor_names.FORMATTED,), options)
+        return formatted
+
+    def transcribe_document(self, audio: bytes | str | os.PathLike[str], **options: object) -> Document:
+        """Everything the server knows of the transcript: segments with their window
+        statistics, words (with word_timestamps=True), duration, language."""
+        return Document.from_verbose_json(self.formatted(audio, ResponseFormat.VERBOSE_JSON, **options))
+
+    def _infer(
+        self, audio: bytes | str | os.PathLike[str], outputs: tuple[str, ...], options: dict[str, object]
+    ) -> list[str]:
+        """The requested BYTES outputs of one request, as text."""
         data = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
         audio_input = self._triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
         audio_input.set_data_from_numpy(np.array([[data]], dtype=np.object_))
-        outputs = [self._triton.InferRequestedOutput(name) for name in (tensor_names.TEXT, tensor_names.SEGMENTS)]
         try:
             response = self._client.infer(
                 self.model,
                 [audio_input],
-                outputs=outputs,
+                outputs=[self._triton.InferRequestedOutput(name) for name in outputs],
                 parameters=dict(options) or None,
                 **self._infer_arguments,
             )
@@ -96,9 +118,7 @@ class WhisperClient:
             raise TranscriptionError(error.message() or str(error)) from None
         except OSError as error:  # HTTP: refused or dropped connection
             raise TranscriptionError(f"cannot reach the server at {self.url}: {error}") from None
-        text = response.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
-        segments = segments_from_json(response.as_numpy(tensor_names.SEGMENTS).reshape(-1)[0])
-        return TranscriptionResult(text=text, segments=segments)
+        return [response.as_numpy(name).reshape(-1)[0].decode("utf-8") for name in outputs]
 
     def close(self) -> None:
         self._client.close()

@@ -2,6 +2,8 @@
 
 Files are sent `--concurrency` at a time (the server batches them) and printed
 in the order given. With more than one file, a progress bar goes to stderr.
+The server sends each transcript whole (verbose_json); it is written here in
+the chosen format by the same code the server's FORMATTED output uses.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from clients.api import Protocol, TranscriptionError, TranscriptionResult, WhisperClient
+from clients.api import Protocol, TranscriptionError, WhisperClient
 from python_backend_lib import formats
+from python_backend_lib.formats import Document, ResponseFormat
+from python_backend_lib.options import LongFormMode
 
-EXTENSIONS = {"text": "txt", "json": "json", "srt": "srt", "vtt": "vtt"}
-SUBTITLE_FORMATS = ("srt", "vtt")  # need timestamps to be useful, so they ask for them by default
+EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,7 +34,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timestamps",
         action=argparse.BooleanOptionalAction,
-        help="segment timestamps (default: on for srt and vtt, off otherwise)",
+        help="segment timestamps (default: on for verbose_json, srt and vtt, off otherwise)",
+    )
+    parser.add_argument("--word-timestamps", action="store_true", help="time every word (json and verbose_json show them)")
+    parser.add_argument(
+        "--long-form",
+        choices=[m.value for m in LongFormMode],
+        help="audio over 30 s: window after window (sequential, the default) or all windows at once (batched)",
     )
     parser.add_argument("--prompt", help="text to condition the decoding on (names, spelling)")
     parser.add_argument("--concurrency", type=_positive_int, default=4, help="requests in flight (default: 4)")
@@ -47,23 +56,20 @@ def _positive_int(text: str) -> int:
 
 def request_options(args: argparse.Namespace) -> dict[str, object]:
     """The request parameters that the command-line flags ask for."""
-    timestamps = args.timestamps if args.timestamps is not None else args.output_format in SUBTITLE_FORMATS
-    options: dict[str, object] = {"timestamps": timestamps}
-    for name in ("language", "task", "prompt"):
+    timed = ResponseFormat(args.output_format) in formats.TIMED_FORMATS
+    options: dict[str, object] = {"timestamps": args.timestamps if args.timestamps is not None else timed}
+    if args.word_timestamps:
+        options["word_timestamps"] = True
+    for name in ("language", "task", "prompt", "long_form"):
         value = getattr(args, name)
         if value is not None:
             options[name] = value
     return options
 
 
-def render(output_format: str, path: Path, result: TranscriptionResult) -> str:
-    if output_format == "json":
-        return formats.to_json(result.text, result.segments, file=str(path))
-    if output_format == "srt":
-        return formats.to_srt(result.segments)
-    if output_format == "vtt":
-        return formats.to_vtt(result.segments)
-    return formats.to_text(result.text)
+def render(output_format: str, path: Path, document: Document) -> str:
+    """The file's transcript in `output_format`; the JSON formats name the file first."""
+    return document.render(output_format, file=str(path))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -71,10 +77,10 @@ def run(args: argparse.Namespace) -> int:
     options = request_options(args)
     local = threading.local()
 
-    def transcribe(path: Path) -> TranscriptionResult:
+    def transcribe(path: Path) -> Document:
         if not hasattr(local, "client"):  # tritonclient clients are not shared between threads
             local.client = WhisperClient(args.url, args.protocol)
-        return local.client.transcribe(path, **options)
+        return local.client.transcribe_document(path, **options)
 
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
@@ -82,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool, tqdm(
         total=len(args.files), unit="file", file=sys.stderr, disable=True if len(args.files) < 2 else None
     ) as progress:
-        futures: list[Future[TranscriptionResult]] = []
+        futures: list[Future[Document]] = []
         for path in args.files:
             future = pool.submit(transcribe, path)
             future.add_done_callback(lambda _: progress.update())
@@ -101,7 +107,7 @@ def run(args: argparse.Namespace) -> int:
 def _emit(args: argparse.Namespace, path: Path, rendered: str) -> None:
     if args.output_dir is not None:
         (args.output_dir / f"{path.stem}.{EXTENSIONS[args.output_format]}").write_text(rendered, encoding="utf-8")
-    elif len(args.files) > 1 and args.output_format != "json":  # json lines carry the file name
+    elif len(args.files) > 1 and args.output_format not in ("json", "verbose_json"):  # json lines name the file
         sys.stdout.write(f"==> {path} <==\n{rendered}\n")
     else:
         sys.stdout.write(rendered)

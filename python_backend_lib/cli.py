@@ -1,4 +1,5 @@
-"""The `whisper-triton` command: `serve` starts Triton, `transcribe` sends it files."""
+"""The `whisper-triton` command: `serve` starts Triton, `transcribe` sends it files,
+`gateway` puts OpenAI's audio API in front of it."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
-from python_backend_lib import server
+from python_backend_lib import gateway, server
 from python_backend_lib.server import ServerError, ServerSettings, TritonServer
 
 
@@ -43,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe = commands.add_parser("transcribe", help="transcribe audio files on a running server")
     client_cli.add_arguments(transcribe)
     transcribe.set_defaults(run=client_cli.run)
+
+    openai_gateway = commands.add_parser("gateway", help="serve OpenAI's audio API in front of a running Triton")
+    gateway.add_arguments(openai_gateway)
+    openai_gateway.set_defaults(run=gateway.run)
     return parser
 
 

@@ -7,13 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from clients.api import TranscriptionResult
 from clients.cli import render, request_options
 from python_backend_lib.cli import build_parser
-from python_backend_lib.formats import TimedText
+from python_backend_lib.formats import Document
+from python_backend_lib.segments import Segment
 
-RESULT = TranscriptionResult(
-    text="Ask not.", segments=(TimedText(0.0, 1.0, "Ask"), TimedText(1.0, 2.5, "not."))
+RESULT = Document(
+    text="Ask not.", segments=(Segment(0.0, 1.0, "Ask", (1,)), Segment(1.0, 2.5, "not.", (2,), id=1)), duration=2.5,
+    language="en",
 )
 
 
@@ -26,6 +27,8 @@ def parse(*argv: str):
     [
         ((), {"timestamps": False}),
         (("--format=srt",), {"timestamps": True}),
+        (("--format=verbose_json",), {"timestamps": True}),
+        (("--word-timestamps", "--long-form=batched"), {"timestamps": False, "word_timestamps": True, "long_form": "batched"}),
         (("--format=vtt", "--no-timestamps"), {"timestamps": False}),
         (("--timestamps",), {"timestamps": True}),
         (
@@ -43,6 +46,16 @@ def test_protocol_and_concurrency_are_checked():
         parse("--protocol=ftp")
     with pytest.raises(SystemExit):
         parse("--concurrency=0")
+    with pytest.raises(SystemExit):
+        parse("--long-form=parallel")
+
+
+def test_gateway_flags_have_the_documented_defaults():
+    args = build_parser().parse_args(["gateway"])
+    assert (args.triton_url, args.host, args.port, args.max_file_mb) == ("localhost:8001", "127.0.0.1", 9000, 25)
+    assert args.model_ids is None  # whisper-1
+    args = build_parser().parse_args(["gateway", "--model-id=whisper-1", "--model-id=tiny.en", "--port=9100"])
+    assert (args.model_ids, args.port) == (["whisper-1", "tiny.en"], 9100)
 
 
 def test_render_each_format():
@@ -51,6 +64,8 @@ def test_render_each_format():
     assert json.loads(render("json", path, RESULT))["file"] == "talk.wav"
     assert render("srt", path, RESULT).startswith("1\n00:00:00,000 --> 00:00:01,000\nAsk\n")
     assert render("vtt", path, RESULT).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\nAsk\n")
+    verbose = json.loads(render("verbose_json", path, RESULT))
+    assert (verbose["file"], verbose["language"], verbose["segments"][1]["id"]) == ("talk.wav", "english", 1)
 
 
 def test_serve_flags_have_the_documented_defaults():
