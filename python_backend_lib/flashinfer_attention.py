@@ -19,9 +19,9 @@ batch prefill kernels instead (causal self, non-causal cross).
 
 The encoder's own attention goes through FlashInfer's ragged prefill kernel
 (fa3 on Hopper) or PyTorch SDPA (`EncoderKernel`). On an H100 the fa3 kernel
-took 0.07 ms against SDPA's 0.14 ms for 8 tiny-shaped clips, 0.25 against 0.40
-for 32 (`bench.gpu --sections encoder`), so it is the default; its module
-compiles once, in about 80 s, on first use.
+was 1.2 to 1.4 times as fast as SDPA (32 clips: 0.25 against 0.29 ms a layer
+for tiny, 0.79 against 0.94 ms for large-v3; docs/benchmarks/gpu.md), so it is
+the default; its module compiles once per dtype, in about 80 s, on first use.
 
 flashinfer-python==0.6.4 is imported only when a backend is built, so this
 module imports on machines without it. The pure bookkeeping (`page_table`,

@@ -8,6 +8,7 @@
 #   .gpu-bundle/ or .bundle/ the offline bundle (scripts/build_gpu_bundle.py): wheels/ and the Triton
 #                            tarball; .gpu-bundle is the same without this project's wheel (the
 #                            checkout is used instead), which keeps the call under 64 MiB
+#                            (BUNDLE=dir picks another, e.g. one without the HTTP client wheels)
 #   .whl/*.whl               or just the wheels a phase needs (flashinfer-python, apache-tvm-ffi, ...)
 #   .flashinfer/aot.tgz      FlashInfer modules compiled by an earlier call (skips the JIT)
 #
