@@ -31,6 +31,14 @@ HEALTH_PATH = "/v2/health/ready"
 # Triton's ports inside the container.
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
 GPU_SERVICE, CPU_SERVICE = "triton", "triton-cpu"
+GATEWAY = "gateway"
+GATEWAY_PORT = 9000
+# What each service's healthcheck must ask.
+HEALTH_URLS = {
+    GPU_SERVICE: f"http://localhost:{HTTP_PORT}{HEALTH_PATH}",
+    CPU_SERVICE: f"http://localhost:{HTTP_PORT}{HEALTH_PATH}",
+    GATEWAY: f"http://localhost:{GATEWAY_PORT}/health",
+}
 LOCUST_MASTER, LOCUST_WORKER = "locust-master", "locust-worker"
 
 
@@ -104,19 +112,20 @@ def health_command(service: dict) -> list[str]:
     return argv if kind == "CMD" else shlex.split(" ".join(argv))
 
 
-def test_every_healthcheck_asks_triton_whether_it_is_ready(services):
+def test_every_healthcheck_asks_whether_its_service_is_ready(services):
     checked = {name: s for name, s in services.items() if "healthcheck" in s}
-    assert set(checked) >= {GPU_SERVICE, CPU_SERVICE}
+    assert set(checked) == set(HEALTH_URLS)
     for name, service in checked.items():
         argv = health_command(service)
         assert argv, f"{name}: empty healthcheck"
+        url = HEALTH_URLS[name]
         if argv[:2] == ["python3", "-c"]:
             code = argv[2]
             compile(code, f"{name} healthcheck", "exec")  # a SyntaxError fails the test
-            assert f"http://localhost:{HTTP_PORT}{HEALTH_PATH}" in code, code
+            assert url in code, code
         else:
             assert argv[0] in ("curl", "wget"), f"{name}: unexpected healthcheck program {argv[0]!r}"
-            assert any(a.endswith(f":{HTTP_PORT}{HEALTH_PATH}") for a in argv), argv
+            assert url in argv, argv
         for duration in ("interval", "timeout", "start_period"):
             assert re.fullmatch(r"\d+(ms|s|m|h)", service["healthcheck"][duration]), duration
 
@@ -146,6 +155,25 @@ def test_locust_points_at_whichever_server_runs(services, locust):
         dependency = service["depends_on"][server]
         assert dependency["condition"] == "service_healthy"
         assert dependency["required"] is False  # only one server profile runs at a time
+
+
+def test_the_gateway_runs_beside_either_server_and_reaches_it_over_grpc(services):
+    from python_backend_lib.cli import build_parser
+
+    gateway = services[GATEWAY]
+    assert sorted(gateway["profiles"]) == ["cpu", "gpu"]
+    assert gateway["build"]["target"] == "server"  # the image that installs whisper-triton
+    program, *arguments = gateway["command"]
+    assert program == "whisper-triton" and arguments[0] == "gateway"
+    options = build_parser().parse_args(arguments)  # the real command line accepts every flag
+    host, _, port = options.triton_url.rpartition(":")
+    assert int(port) == GRPC_PORT
+    for server in (GPU_SERVICE, CPU_SERVICE):
+        assert host in names_on_the_network(server, services[server]), f"{server} is not {host!r}"
+        dependency = gateway["depends_on"][server]
+        assert dependency["condition"] == "service_healthy" and dependency["required"] is False
+    assert options.host == "0.0.0.0"  # reachable from outside its container
+    assert f"{options.port}:{options.port}" in gateway["ports"] and options.port == GATEWAY_PORT
 
 
 def test_the_locust_pair_is_a_master_and_its_worker(services):
