@@ -28,6 +28,7 @@ that is not multipart/form-data, 503 when Triton is unreachable or overloaded,
 import argparse
 import json
 import math
+import signal
 from collections.abc import Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
@@ -106,6 +107,10 @@ class AudioRequest:
     prompt: str | None = None
     temperature: float = 0.0
     granularities: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "task", Task(self.task))
+        object.__setattr__(self, "response_format", ResponseFormat(self.response_format))
 
     @property
     def word_timestamps(self) -> bool:
@@ -357,7 +362,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="per request to Triton (default: none)")
 
 
+class _Stopped(Exception):
+    """SIGTERM, raised again by uvicorn once it has shut down gracefully."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped()
+
+
 def run(args: argparse.Namespace) -> int:
+    """Serve until SIGINT or SIGTERM; 0 after a graceful stop."""
     import uvicorn
 
     settings = GatewaySettings(
@@ -366,7 +380,15 @@ def run(args: argparse.Namespace) -> int:
         max_file_bytes=int(args.max_file_mb * BYTES_PER_MB),
         timeout_s=args.timeout,
     )
-    uvicorn.run(create_app(settings), host=args.host, port=args.port, log_level="info")
+    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=args.host, port=args.port, log_level="info"))
+    # uvicorn finishes the requests in flight on SIGINT or SIGTERM, restores the
+    # handlers it found and raises the signal again: these turn it into a clean exit.
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        server.run()
+    except (KeyboardInterrupt, _Stopped):
+        pass
     return 0
 
 

@@ -101,3 +101,46 @@ def _wait_until_ready(process: subprocess.Popen, http_port: int, log: Path) -> N
             pass
         time.sleep(0.5)
     pytest.fail(f"whisper-triton serve was not ready after {STARTUP_TIMEOUT_S} s:\n{_log_tail(log)}")
+
+
+# The gateway's upload limit in the tests: above the three-minute recording
+# (5.8 MB as 16-bit WAV), low enough to test the 413 cheaply.
+GATEWAY_MAX_FILE_MB = 8
+GATEWAY_MODEL_IDS = ("whisper-1", "tiny.en")
+
+
+@pytest.fixture(scope="session")
+def gateway(server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """`whisper-triton gateway` in front of the session server; yields its base URL
+    (http://127.0.0.1:PORT/v1, as the openai client wants it)."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("gateway") / "whisper-triton-gateway.log"
+    command = whisper_triton_command() + [
+        "gateway", f"--triton-url={server.grpc_url}", f"--port={port}", f"--max-file-mb={GATEWAY_MAX_FILE_MB}",
+        *[f"--model-id={model_id}" for model_id in GATEWAY_MODEL_IDS],
+    ]
+    with log.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            if process.poll() is not None:
+                pytest.fail(f"whisper-triton gateway exited with {process.returncode}:\n{_log_tail(log)}")
+            try:
+                with urllib.request.urlopen(f"{base_url}/models", timeout=1):
+                    break
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                if time.monotonic() > deadline:
+                    pytest.fail(f"whisper-triton gateway did not answer in 60 s:\n{_log_tail(log)}")
+                time.sleep(0.2)
+        yield base_url
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            status = process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+            pytest.fail(f"whisper-triton gateway ignored SIGTERM:\n{_log_tail(log)}")
+    assert status == 0, f"whisper-triton gateway exited with {status} after SIGTERM:\n{_log_tail(log)}"

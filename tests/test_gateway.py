@@ -1,0 +1,220 @@
+"""The OpenAI-compatible gateway, through the official `openai` client, against the real server."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+
+import numpy as np
+import pytest
+import tritonclient.grpc
+
+from python_backend_lib import tensor_names
+from python_backend_lib.formats import Document
+from python_backend_lib.gateway import AudioRequest, ApiError, GatewaySettings, parse_form
+from python_backend_lib.options import Task
+from conftest import AUDIO_DIR, GATEWAY_MAX_FILE_MB, GATEWAY_MODEL_IDS, RunningServer
+
+openai = pytest.importorskip("openai")
+
+pytestmark = [pytest.mark.server, pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # "whisper-1"
+
+JFK = AUDIO_DIR / "jfk.wav"
+FORMATS = ["json", "text", "srt", "verbose_json", "vtt"]
+
+
+@pytest.fixture(scope="module")
+def client(gateway: str):
+    with openai.OpenAI(base_url=gateway, api_key="unused", max_retries=0) as openai_client:
+        yield openai_client
+
+
+def transcribe(client, clip=JFK, **options):
+    with open(clip, "rb") as audio:
+        return client.audio.transcriptions.create(model="whisper-1", file=audio, **options)
+
+
+def served(server: RunningServer, request: AudioRequest, clip=JFK) -> str:
+    """FORMATTED straight from Triton, with the parameters the gateway sends."""
+    triton = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+    audio = tritonclient.grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+    audio.set_data_from_numpy(np.array([[clip.read_bytes()]], dtype=np.object_))
+    response = triton.infer(tensor_names.ENSEMBLE_NAME, [audio], parameters=request.triton_parameters())
+    return response.as_numpy(tensor_names.FORMATTED)[0, 0].decode()
+
+
+def test_models_lists_the_ids_the_gateway_answers_to(client):
+    assert [m.id for m in client.models.list().data] == list(GATEWAY_MODEL_IDS)
+    assert client.models.retrieve("tiny.en").owned_by == "whisper-triton"
+    with pytest.raises(openai.NotFoundError) as caught:
+        client.models.retrieve("gpt-4o-transcribe")
+    assert caught.value.body["code"] == "model_not_found"
+
+
+@pytest.mark.parametrize("response_format", FORMATS)
+def test_every_response_format_is_what_triton_writes(client, server, response_format):
+    result = transcribe(client, response_format=response_format)
+    expected = served(server, AudioRequest(model="whisper-1", task=Task.TRANSCRIBE, response_format=response_format))
+    if response_format in ("text", "srt", "vtt"):
+        assert isinstance(result, str) and result == expected
+    else:
+        assert json.loads(result.model_dump_json(exclude_unset=True)) == json.loads(expected)
+    words = "ask not what your country can do for you"
+    text = result if isinstance(result, str) else result.text
+    assert words in text.lower()
+
+
+def test_verbose_json_has_openais_fields(client):
+    result = transcribe(client, response_format="verbose_json")
+    assert (result.language, result.duration) == ("english", 11.0)
+    assert result.text == " ".join(s.text for s in result.segments)
+    assert [s.id for s in result.segments] == list(range(len(result.segments)))
+    for segment in result.segments:
+        assert 0 <= segment.start < segment.end <= result.duration
+        assert segment.seek == 0 and segment.temperature == 0.0
+        assert segment.avg_logprob < 0 and 0 <= segment.no_speech_prob <= 1 and segment.compression_ratio > 0
+        assert segment.tokens and all(isinstance(t, int) for t in segment.tokens)
+    assert result.words is None
+
+
+@pytest.mark.parametrize(
+    ("granularities", "segments"), [(["word"], False), (["word", "segment"], True), (["segment"], True)]
+)
+def test_timestamp_granularities(client, granularities, segments):
+    result = transcribe(client, response_format="verbose_json", timestamp_granularities=granularities)
+    assert (result.segments is not None) == segments
+    if "word" not in granularities:
+        assert result.words is None
+        return
+    words = result.words
+    assert "".join(w.word for w in words).strip() == result.text
+    assert all(0 <= w.start <= w.end <= result.duration for w in words)
+    assert [w.start for w in words] == sorted(w.start for w in words)
+    # The second "ask" follows a pause that ends at 8.18 s (tests/test_alignment.py).
+    second_ask = [w for w in words if w.word.strip(" ,.") == "ask"][1]
+    assert abs(second_ask.start - 8.18) < 0.2
+
+
+def test_language_and_prompt_reach_the_model(client):
+    assert "country" in transcribe(client, language="en", prompt="Kennedy's inaugural address.").text
+    with pytest.raises(openai.BadRequestError, match="English-only"):
+        transcribe(client, language="de")
+
+
+@pytest.mark.parametrize("response_format", ["json", "text"])
+def test_translation_on_an_english_only_checkpoint_is_a_clear_400(client, response_format):
+    with open(JFK, "rb") as audio, pytest.raises(openai.BadRequestError) as caught:
+        client.audio.translations.create(model="whisper-1", file=audio, response_format=response_format)
+    body = caught.value.body
+    assert "task 'translate' needs a multilingual checkpoint" in body["message"]
+    assert body["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "param"),
+    [
+        ({"model": "whisper-2"}, openai.NotFoundError, "model"),
+        ({"response_format": "diarized_json"}, openai.BadRequestError, "response_format"),
+        ({"temperature": 1.5}, openai.BadRequestError, "temperature"),
+        ({"timestamp_granularities": ["word"]}, openai.BadRequestError, "timestamp_granularities[]"),
+        ({"timestamp_granularities": ["sentence"], "response_format": "verbose_json"}, openai.BadRequestError,
+         "timestamp_granularities[]"),
+    ],
+)
+def test_bad_requests_get_openais_error_shape(client, options, error, param):
+    with open(JFK, "rb") as audio, pytest.raises(error) as caught:
+        client.audio.transcriptions.create(file=audio, **{"model": "whisper-1", **options})
+    body = caught.value.body
+    assert set(body) == {"message", "type", "param", "code"}
+    assert (body["type"], body["param"]) == ("invalid_request_error", param)
+
+
+def test_audio_that_cannot_be_decoded_is_a_400(client):
+    with pytest.raises(openai.BadRequestError, match="not a decodable audio file"):
+        client.audio.transcriptions.create(model="whisper-1", file=("notes.wav", b"certainly not audio"))
+
+
+def post(url: str, body: bytes, content_type: str) -> tuple[int, dict]:
+    request = urllib.request.Request(url, data=body, headers={"Content-Type": content_type}, method="POST")
+    try:
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as error:
+        return error.code, json.loads(error.read())
+
+
+def multipart(fields: dict[str, bytes | str], boundary: str = "testboundary") -> tuple[bytes, str]:
+    parts = []
+    for name, value in fields.items():
+        if isinstance(value, bytes):
+            header = f'Content-Disposition: form-data; name="{name}"; filename="{name}.wav"\r\n\r\n'
+            parts.append(f"--{boundary}\r\n{header}".encode() + value + b"\r\n")
+        else:
+            parts.append(f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode())
+    return b"".join(parts) + f"--{boundary}--\r\n".encode(), f"multipart/form-data; boundary={boundary}"
+
+
+@pytest.mark.parametrize(
+    ("fields", "status", "param"),
+    [
+        ({"model": "whisper-1"}, 400, "file"),
+        ({"file": JFK.read_bytes()}, 400, "model"),
+        ({"model": "whisper-1", "file": b""}, 400, "file"),
+        ({"model": "whisper-1", "file": b"\0" * (GATEWAY_MAX_FILE_MB * 1024 * 1024 + 1)}, 413, "file"),
+    ],
+    ids=["no-file", "no-model", "empty-file", "too-large"],
+)
+def test_malformed_uploads(gateway, fields, status, param):
+    body, content_type = multipart(fields)
+    code, reply = post(f"{gateway}/audio/transcriptions", body, content_type)
+    assert (code, reply["error"]["param"]) == (status, param)
+
+
+def test_a_body_that_is_not_multipart_is_a_415(gateway):
+    code, reply = post(f"{gateway}/audio/transcriptions", b'{"model": "whisper-1"}', "application/json")
+    assert code == 415 and reply["error"]["code"] == "unsupported_media_type"
+
+
+def test_unknown_paths_are_404s_in_openais_shape(gateway):
+    code, reply = post(f"{gateway}/chat/completions", b"{}", "application/json")
+    assert code == 404 and reply["error"]["type"] == "invalid_request_error"
+
+
+def test_health_follows_triton(gateway):
+    with urllib.request.urlopen(gateway.removesuffix("/v1") + "/health", timeout=10) as reply:
+        assert reply.status == 200
+
+
+# --- the form, without a server ------------------------------------------------------
+
+
+def test_form_fields_become_triton_parameters():
+    form = {"model": ["whisper-1"], "language": ["en"], "prompt": ["Names."], "temperature": ["0.4"],
+            "response_format": ["verbose_json"], "timestamp_granularities[]": ["word", "segment", "word"]}
+    request = parse_form(form, Task.TRANSCRIBE, GatewaySettings())
+    assert request.granularities == ("word", "segment")
+    assert request.triton_parameters() == {
+        "task": "transcribe", "response_format": "verbose_json", "timestamps": True, "temperature": 0.4,
+        "word_timestamps": True, "language": "en", "prompt": "Names.",
+    }
+    translation = parse_form({"model": ["whisper-1"], "language": ["de"]}, Task.TRANSLATE, GatewaySettings())
+    assert translation.triton_parameters() == {
+        "task": "translate", "response_format": "json", "timestamps": True, "temperature": 0.0,
+        "word_timestamps": False,
+    }
+
+
+def test_words_alone_drop_the_segments():
+    document = Document(text="Hi.", segments=(), duration=1.0, language="en", word_timestamps=True)
+    request = AudioRequest(model="whisper-1", task=Task.TRANSCRIBE, response_format="verbose_json",
+                           granularities=("word",))
+    shaped = json.loads(request.shape(document.render("verbose_json")))
+    assert "segments" not in shaped and shaped["words"] == []
+
+
+@pytest.mark.parametrize("temperature", ["-0.1", "nan", "warm", "1.01"])
+def test_temperature_must_be_from_zero_to_one(temperature):
+    with pytest.raises(ApiError) as caught:
+        parse_form({"model": ["whisper-1"], "temperature": [temperature]}, Task.TRANSCRIBE, GatewaySettings())
+    assert caught.value.status == 400 and caught.value.param == "temperature"
