@@ -105,6 +105,10 @@ class Pipeline:
         return cls(model, config, tokenizer, Engine(batch, config, tokenizer, engine_options))
 
     @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
     def n_mels(self) -> int:
         return self.config.dims.n_mels
 
@@ -129,7 +133,7 @@ class Pipeline:
     ) -> "Future[Transcript]":
         """Queue a recording of any length (16 kHz mono) for transcription."""
         future: Future[Transcript] = Future()
-        features = features_for(waveform, self.n_mels)
+        features = features_for(waveform, self.n_mels, self.device)
         self.start(features, len(waveform) / audio.SAMPLE_RATE, options, _settle(future), is_cancelled)
         return future
 

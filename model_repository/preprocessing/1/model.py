@@ -15,6 +15,7 @@ sys.path.append(str(Path(__file__).resolve().parents[3]))
 from python_backend_lib import audio, tensor_names  # noqa: E402
 from python_backend_lib.longform import features_for  # noqa: E402
 from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
+from python_backend_lib.pipeline import default_device  # noqa: E402
 from python_backend_lib.serving import (  # noqa: E402
     ModelSettings,
     decode_request_audio,
@@ -28,6 +29,9 @@ class TritonPythonModel:
     def initialize(self, args):
         self.settings = ModelSettings.from_triton(args["model_config"])
         self.n_mels = load_config(self.settings.checkpoint).dims.n_mels
+        # The log-mel is most of this model's work: on a GPU it takes a fraction of a
+        # millisecond instead of ~25 ms of a CPU core.
+        self.device = default_device()
 
     def execute(self, requests):
         # Each answer leaves as soon as it is ready, not when the whole batch is done:
@@ -43,7 +47,7 @@ class TritonPythonModel:
             audio_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO)
             (data,) = single_row(audio_tensor.as_numpy(), tensor_names.AUDIO)  # [1] bytes
             waveform = decode_request_audio(data, parameters, max_seconds=self.settings.max_audio_seconds)
-            features = features_for(waveform, self.n_mels)  # [n_mels, frames], as Pipeline.transcribe
+            features = features_for(waveform, self.n_mels, self.device).cpu()  # [n_mels, frames], as Pipeline.transcribe
         except Exception as error:
             return error_response(pb_utils, error)
         seconds = np.array([[len(waveform) / audio.SAMPLE_RATE]], dtype=np.float32)  # [1, 1]
