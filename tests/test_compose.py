@@ -20,13 +20,16 @@ import jsonschema
 import pytest
 import yaml
 
+from python_backend_lib.server import DRAIN_TIMEOUT_S, STOP_GRACE_S
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 README = REPO_ROOT / "README.md"
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
-TRITON_COMMAND = ["tritonserver", "--model-repository=/models"]
+# tritonserver, through the launcher that drains requests in flight on SIGTERM.
+TRITON_COMMAND = ["whisper-triton", "serve", "--model-repository=/models"]
 HEALTH_PATH = "/v2/health/ready"
 # Triton's ports inside the container.
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -95,6 +98,8 @@ def test_each_server_runs_the_model_repository_with_a_checkpoint(services, name)
     service = services[name]
     assert service["build"]["target"] == "server"
     assert service["command"] == TRITON_COMMAND
+    # Docker's SIGKILL must not come before the drain (30 s) and Triton's own stop are over.
+    assert int(service["stop_grace_period"].removesuffix("s")) > DRAIN_TIMEOUT_S + STOP_GRACE_S
     assert any(v.split(":")[:2] == ["./model_repository", "/models"] for v in service["volumes"])
     assert (REPO_ROOT / "model_repository").is_dir()
     assert service["environment"]["WHISPER_TRITON_CHECKPOINT"]
@@ -251,6 +256,8 @@ def test_the_compose_build_targets_are_dockerfile_stages(services, stages):
 
 def test_the_server_stage_is_the_official_triton_image(stages):
     assert stages["server"][0] == ("FROM", TRITON_IMAGE)
+    (command,) = [json.loads(arguments) for keyword, arguments in stages["server"] if keyword == "CMD"]
+    assert command == TRITON_COMMAND  # as docker-compose.yml runs it
 
 
 def test_the_server_installs_exactly_what_the_readme_documents(stages):
