@@ -1,0 +1,248 @@
+"""A three-minute recording made of the test clips, with every clip's place in it known.
+
+The clips follow one another with `GAP_S` of silence between them, so where
+each one starts is known exactly: a forced alignment that needs no other tool
+to verify. `tests/test_long_audio.py` transcribes the recording through the
+server; `python tests/long_recording.py` measures both long-form modes on it
+for docs/long-audio.md.
+"""
+
+from __future__ import annotations
+
+import io
+import re
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).parent))  # run as a script too
+
+from reference import Clip, clips, normalize  # noqa: E402
+
+SAMPLE_RATE = 16_000
+GAP_S = 2.5
+# Every clip once in the manifest's order (the 53 s sonnet included), then four
+# again, to reach three minutes.
+REPEATED = (
+    "jfk.wav",
+    "sense_and_sensibility_01_austen_64kb-0870.wav",
+    "sense_and_sensibility_01_austen_64kb-0890.wav",
+    "sense_and_sensibility_01_austen_64kb-0920.wav",
+)
+# How close a clip's first segment (or word) must start to where the clip was put.
+START_TOLERANCE_S = 1.5
+
+
+@dataclass(frozen=True)
+class Placed:
+    clip: Clip
+    start: float  # seconds into the recording
+    end: float
+
+    @property
+    def words(self) -> list[str]:
+        return normalize(self.clip.transcript)
+
+
+@dataclass(frozen=True)
+class Recording:
+    waveform: np.ndarray  # float32, 16 kHz mono
+    placed: tuple[Placed, ...]
+
+    @property
+    def duration(self) -> float:
+        return len(self.waveform) / SAMPLE_RATE
+
+    @property
+    def reference_words(self) -> list[str]:
+        return [w for p in self.placed for w in p.words]
+
+    def wav_bytes(self) -> bytes:
+        import soundfile
+
+        buffer = io.BytesIO()
+        soundfile.write(buffer, self.waveform, SAMPLE_RATE, format="WAV", subtype="PCM_16")
+        return buffer.getvalue()
+
+
+def build(gap_s: float = GAP_S) -> Recording:
+    import soundfile
+
+    by_name = {c.file: c for c in clips()}
+    order = [c.file for c in clips()] + list(REPEATED)
+    gap = np.zeros(round(gap_s * SAMPLE_RATE), dtype=np.float32)
+    parts: list[np.ndarray] = []
+    placed: list[Placed] = []
+    samples = 0
+    for index, name in enumerate(order):
+        if index:
+            parts.append(gap)
+            samples += len(gap)
+        waveform, rate = soundfile.read(by_name[name].path, dtype="float32")
+        assert rate == SAMPLE_RATE and waveform.ndim == 1, name
+        placed.append(Placed(by_name[name], samples / SAMPLE_RATE, (samples + len(waveform)) / SAMPLE_RATE))
+        parts.append(waveform)
+        samples += len(waveform)
+    return Recording(np.concatenate(parts), tuple(placed))
+
+
+# ------------------------------------------------------------- checking a transcript
+
+
+@dataclass(frozen=True)
+class TimedWord:
+    word: str  # normalised
+    start: float  # of the word, or of the segment that holds it
+    end: float
+
+
+def segment_words(segments: Sequence) -> list[TimedWord]:
+    """Each normalised word of each segment, with its segment's times."""
+    return [TimedWord(w, s.start, s.end) for s in segments for w in normalize(s.text)]
+
+
+def word_timings(words: Sequence) -> list[TimedWord]:
+    """Word timestamps (objects with word, start, end), normalised; punctuation-only words dropped."""
+    timed = []
+    for w in words:
+        for part in normalize(w.word):
+            timed.append(TimedWord(part, w.start, w.end))
+    return timed
+
+
+def align(hypothesis: Sequence[str], reference: Sequence[str]) -> dict[int, int]:
+    """Reference index -> hypothesis index of the words that a minimum-edit
+    alignment pairs exactly; the pairs are in order in both."""
+    n, m = len(hypothesis), len(reference)
+    cost = np.zeros((n + 1, m + 1), dtype=np.int32)
+    cost[:, 0] = np.arange(n + 1)
+    cost[0, :] = np.arange(m + 1)
+    for i in range(1, n + 1):
+        for j in range(1, m + 1):
+            same = hypothesis[i - 1] == reference[j - 1]
+            cost[i, j] = min(cost[i - 1, j] + 1, cost[i, j - 1] + 1, cost[i - 1, j - 1] + (0 if same else 1))
+    pairs: dict[int, int] = {}
+    i, j = n, m
+    while i > 0 and j > 0:
+        same = hypothesis[i - 1] == reference[j - 1]
+        if cost[i, j] == cost[i - 1, j - 1] + (0 if same else 1):
+            if same:
+                pairs[j - 1] = i - 1
+            i, j = i - 1, j - 1
+        elif cost[i, j] == cost[i - 1, j] + 1:
+            i -= 1
+        else:
+            j -= 1
+    return pairs
+
+
+def word_error_rate(hypothesis: Sequence[str], reference: Sequence[str]) -> float:
+    previous = list(range(len(reference) + 1))
+    for i, word in enumerate(hypothesis, 1):
+        current = [i]
+        for j, ref in enumerate(reference, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != ref)))
+        previous = current
+    return previous[-1] / len(reference)
+
+
+@dataclass(frozen=True)
+class ClipFinding:
+    placed: Placed
+    found: list[TimedWord]  # the clip's words that the transcript has, in order
+
+    @property
+    def share(self) -> float:
+        return len(self.found) / len(self.placed.words)
+
+
+def find_clips(recording: Recording, timed: Sequence[TimedWord]) -> list[ClipFinding]:
+    """Where the transcript has each clip's words (aligned to the reference)."""
+    pairs = align([t.word for t in timed], recording.reference_words)
+    findings, offset = [], 0
+    for placed in recording.placed:
+        count = len(placed.words)
+        found = [timed[pairs[j]] for j in range(offset, offset + count) if j in pairs]
+        findings.append(ClipFinding(placed, found))
+        offset += count
+    return findings
+
+
+def problems(findings: Sequence[ClipFinding], min_share: float, tolerance_s: float = START_TOLERANCE_S) -> list[str]:
+    """What is wrong with the clips' words and times; empty when all is well.
+
+    Every clip must have at least `min_share` of its words, the first of them
+    (or the segment holding it) starting within `tolerance_s` of where the clip
+    was put, and all of them inside the clip's span widened by `tolerance_s`.
+    """
+    found_problems = []
+    for f in findings:
+        name, start, end = f.placed.clip.file, f.placed.start, f.placed.end
+        if f.share < min_share or not f.found:
+            found_problems.append(f"{name} at {start:.2f} s: only {f.share:.0%} of its words")
+            continue
+        first = min(abs(t.start - start) for t in f.found)
+        if first > tolerance_s:
+            found_problems.append(f"{name} at {start:.2f} s: nearest start {first:.2f} s away")
+        outside = [t for t in f.found if t.end < start - tolerance_s or t.start > end + tolerance_s]
+        if outside:
+            found_problems.append(f"{name} at {start:.2f}-{end:.2f} s: {outside[:3]} lie outside")
+    return found_problems
+
+
+_CUE_TIME = r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d)"
+_CUE = re.compile(_CUE_TIME + r" --> " + _CUE_TIME + r"\n(.*?)(?:\n\n|\n?$)", re.S)
+
+
+@dataclass(frozen=True)
+class Cue:
+    start: float
+    end: float
+    text: str
+
+
+def parse_subtitles(text: str) -> list[Cue]:
+    """The cues of SRT or WebVTT text."""
+    def seconds(h: str, m: str, s: str, ms: str) -> float:
+        return int(h) * 3600 + int(m) * 60 + int(s) + int(ms) / 1000
+
+    return [Cue(seconds(*m.groups()[:4]), seconds(*m.groups()[4:8]), m.group(9).strip()) for m in _CUE.finditer(text)]
+
+
+# ----------------------------------------------------------------- the figures
+
+
+def measure(repeats: int = 2) -> None:
+    """Wall time and word error rate of each long-form mode on this machine
+    (the library, one recording at a time, best of `repeats`)."""
+    from python_backend_lib.longform import LongFormMode, TranscribeOptions
+    from python_backend_lib.options import DecodingOptions
+    from python_backend_lib.pipeline import Pipeline
+
+    recording = build()
+    pipeline = Pipeline.load("default", device="cpu")
+    try:
+        pipeline.transcribe(recording.waveform[: 5 * SAMPLE_RATE], TranscribeOptions())  # warm up
+        print(f"{recording.duration:.1f} s recording, {len(recording.placed)} clips")
+        print("| mode | timestamps | wall time (s) | WER |")
+        print("| --- | --- | --- | --- |")
+        for mode in LongFormMode:
+            for timestamps in (True, False):
+                options = TranscribeOptions(decoding=DecodingOptions(timestamps=timestamps), mode=mode)
+                times = []
+                for _ in range(repeats):
+                    began = time.perf_counter()
+                    transcript = pipeline.transcribe(recording.waveform, options)
+                    times.append(time.perf_counter() - began)
+                wer = word_error_rate(normalize(transcript.text), recording.reference_words)
+                print(f"| {mode.value} | {'yes' if timestamps else 'no'} | {min(times):.1f} | {wer:.3f} |")
+    finally:
+        pipeline.close()
+
+
+if __name__ == "__main__":
+    measure()
