@@ -1,0 +1,103 @@
+"""Translation and language detection on a multilingual checkpoint, against
+transformers on the same weights; and how the served document reports them."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from python_backend_lib import audio
+from python_backend_lib.formats import Document, ResponseFormat
+from python_backend_lib.longform import LongFormJob, features_for
+from python_backend_lib.options import DecodingOptions, DecodingResult, Task, TranscribeOptions
+from python_backend_lib.pipeline import Pipeline
+from python_backend_lib.tokenizer import Tokenizer
+from python_backend_lib.weights import load_checkpoint, load_config, write_hf_checkpoint
+
+from reference import DATA, hf_model
+
+pytestmark = pytest.mark.slow
+
+SOURCE = "random:tiny:5"  # multilingual: 99 languages, <|translate|>
+STEPS = 6  # tokens forced after the prompt (min_new_tokens = max_new_tokens)
+
+
+@pytest.fixture(scope="module")
+def pipe():
+    pipeline = Pipeline.load(SOURCE, device="cpu", slots=4)
+    yield pipeline
+    pipeline.close()
+
+
+@pytest.fixture(scope="module")
+def hf(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("random-tiny")
+    write_hf_checkpoint(load_checkpoint(SOURCE), folder)
+    return hf_model(folder)
+
+
+@pytest.fixture(scope="module")
+def waveforms():
+    rng = np.random.default_rng(7)
+    noise = [rng.standard_normal(audio.SAMPLE_RATE * s).astype(np.float32) * 0.1 for s in (4, 17)]
+    return [*noise, audio.decode_audio((DATA / "jfk.wav").read_bytes())]
+
+
+@pytest.mark.parametrize("language", ["de", "fr", None], ids=["de", "fr", "detected"])
+def test_translation_tokens_equal_transformers(pipe, hf, waveforms, language):
+    """Same prompt (language given or detected, <|translate|>), then the same forced tokens.
+
+    A random model with tied embeddings mostly repeats the last prompt token, so
+    the tokens say little beyond the prompt; tests/test_random_models.py shows the
+    logits themselves equal transformers' for any prompt.
+    """
+    options = DecodingOptions(task=Task.TRANSLATE, language=language, max_new_tokens=STEPS, min_new_tokens=STEPS)
+    ours = pipe.decode(waveforms, options)
+    features = torch.stack([audio.window_features(w, pipe.n_mels) for w in waveforms])
+    with torch.no_grad():
+        generated = hf.generate(
+            features, task="translate", language=language, max_new_tokens=STEPS, min_new_tokens=STEPS
+        ).tolist()
+        detected = hf.detect_language(features).tolist()
+    special = pipe.config.special
+    for result, row, language_token in zip(ours, generated, detected):
+        prompt = [special.sot, special.language_token(result.language), special.translate, special.no_timestamps]
+        if row[:1] == [special.sot]:  # transformers 4 returns the prompt too; 5 only the new tokens
+            assert row[: len(prompt)] == prompt
+            row = row[len(prompt) :]
+        assert list(result.tokens) == row and len(row) == STEPS
+        if language is None:
+            assert special.language_token(result.language) == language_token
+            assert 0.0 < result.language_probability <= 1.0
+        else:
+            assert result.language == language and result.language_probability is None
+            assert tuple(result.prompt_tokens) == tuple(prompt)
+
+
+def test_the_first_windows_language_is_kept_and_reported(pipe):
+    """Long audio on a multilingual checkpoint: the language detected on the first
+    window is given to every later window and reported, with its probability, by
+    the document the whisper model sends to postprocessing."""
+    config = pipe.config
+    tokenizer = Tokenizer(load_config("default").tokenizer_path, config.special)  # no windows hold text here
+    asked: list[DecodingOptions] = []
+
+    def submit(features, options, on_done, is_cancelled):  # a stand-in for the engine
+        asked.append(options)
+        detected = ("de", 0.87) if options.language is None else (None, None)
+        on_done(DecodingResult((), detected[0], -0.2, 0.1, options.temperature, language_probability=detected[1]))
+
+    waveform = np.random.default_rng(1).standard_normal(45 * audio.SAMPLE_RATE).astype(np.float32) * 0.1
+    options = TranscribeOptions(decoding=DecodingOptions(task=Task.TRANSLATE))
+    outcome: list = []
+    LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), 45.0, options, outcome.append).start()
+    (transcript,) = outcome
+    assert [o.language for o in asked] == [None, "de"]  # two windows; the second told the language
+    assert all(o.task is Task.TRANSLATE for o in asked)
+    record = json.loads(Document.from_transcript(transcript, options).render(ResponseFormat.VERBOSE_JSON))
+    assert (record["task"], record["language"], record["language_code"], record["language_probability"]) == (
+        "translate", "german", "de", 0.87
+    )
