@@ -217,29 +217,44 @@ def parse_subtitles(text: str) -> list[Cue]:
 
 
 def measure(repeats: int = 2) -> None:
-    """Wall time and word error rate of each long-form mode on this machine
-    (the library, one recording at a time, best of `repeats`)."""
+    """Wall time and word error rate of each long-form mode on this machine: the
+    library, one recording at a time, the best time of `repeats`."""
+    from python_backend_lib import audio
     from python_backend_lib.longform import LongFormMode, TranscribeOptions
     from python_backend_lib.options import DecodingOptions
     from python_backend_lib.pipeline import Pipeline
 
     recording = build()
+    sonnet = next(c for c in clips() if c.file == "sonnet1_longform.wav")
+    cases = [
+        (f"{sonnet.duration:.0f} s sonnet", audio.decode_audio(sonnet.read()), normalize(sonnet.transcript)),
+        (f"{recording.duration:.0f} s recording", recording.waveform, recording.reference_words),
+    ]
+    settings = [
+        (LongFormMode.SEQUENTIAL, True, False),
+        (LongFormMode.SEQUENTIAL, True, True),
+        (LongFormMode.SEQUENTIAL, False, False),
+        (LongFormMode.BATCHED, True, False),
+        (LongFormMode.BATCHED, False, False),
+    ]
     pipeline = Pipeline.load("default", device="cpu")
     try:
         pipeline.transcribe(recording.waveform[: 5 * SAMPLE_RATE], TranscribeOptions())  # warm up
-        print(f"{recording.duration:.1f} s recording, {len(recording.placed)} clips")
-        print("| mode | timestamps | wall time (s) | WER |")
-        print("| --- | --- | --- | --- |")
-        for mode in LongFormMode:
-            for timestamps in (True, False):
-                options = TranscribeOptions(decoding=DecodingOptions(timestamps=timestamps), mode=mode)
+        print("| audio | mode | timestamps | words | wall time (s) | WER |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        for name, waveform, reference in cases:
+            for mode, timestamps, words in settings:
+                options = TranscribeOptions(
+                    decoding=DecodingOptions(timestamps=timestamps), mode=mode, word_timestamps=words
+                )
                 times = []
                 for _ in range(repeats):
                     began = time.perf_counter()
-                    transcript = pipeline.transcribe(recording.waveform, options)
+                    transcript = pipeline.transcribe(waveform, options)
                     times.append(time.perf_counter() - began)
-                wer = word_error_rate(normalize(transcript.text), recording.reference_words)
-                print(f"| {mode.value} | {'yes' if timestamps else 'no'} | {min(times):.1f} | {wer:.3f} |")
+                wer = word_error_rate(normalize(transcript.text), reference)
+                flags = ("yes" if timestamps else "no", "yes" if words else "no")
+                print(f"| {name} | {mode.value} | {flags[0]} | {flags[1]} | {min(times):.1f} | {wer:.3f} |")
     finally:
         pipeline.close()
 

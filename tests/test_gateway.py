@@ -130,6 +130,24 @@ def test_bad_requests_get_openais_error_shape(client, options, error, param):
     assert (body["type"], body["param"]) == ("invalid_request_error", param)
 
 
+@pytest.mark.parametrize(
+    "samples",
+    [np.zeros(30 * 16_000), np.random.default_rng(0).standard_normal(30 * 16_000) * 0.1],
+    ids=["silence", "white-noise"],
+)
+def test_thirty_seconds_without_speech_give_no_text(client, samples):
+    import io
+
+    import soundfile
+
+    wav = io.BytesIO()
+    soundfile.write(wav, samples.astype(np.float32), 16_000, format="WAV", subtype="FLOAT")
+    result = client.audio.transcriptions.create(
+        model="whisper-1", file=("quiet.wav", wav.getvalue()), response_format="verbose_json"
+    )
+    assert (result.text, result.segments, result.duration) == ("", [], 30.0)
+
+
 def test_audio_that_cannot_be_decoded_is_a_400(client):
     with pytest.raises(openai.BadRequestError, match="not a decodable audio file"):
         client.audio.transcriptions.create(model="whisper-1", file=("notes.wav", b"certainly not audio"))
