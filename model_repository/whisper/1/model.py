@@ -73,14 +73,19 @@ class TritonPythonModel:
 
     def _answer(self, sender, options: TranscribeOptions, entry, outcome: Transcript | BaseException) -> None:
         """The request's only response: on the engine thread, or in `execute` when refused."""
+        try:
+            response = self._response(options, outcome)
+        except Exception as error:  # a result that cannot be written still gets an answer
+            outcome, response = error, error_response(pb_utils, error)
         self.ledger.leave(entry, outcome)
-        if isinstance(outcome, BaseException):
-            response = error_response(pb_utils, outcome)
-        else:
-            document = Document.from_transcript(outcome, options).render(ResponseFormat.VERBOSE_JSON)
-            transcript = np.array([[document.encode("utf-8")]], dtype=np.object_)  # [1, 1] BYTES
-            response = pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(tensor_names.TRANSCRIPT, transcript)])
         sender.send(response, flags=FINAL)
+
+    def _response(self, options: TranscribeOptions, outcome: Transcript | BaseException):
+        if isinstance(outcome, BaseException):
+            return error_response(pb_utils, outcome)
+        document = Document.from_transcript(outcome, options).render(ResponseFormat.VERBOSE_JSON)
+        transcript = np.array([[document.encode("utf-8")]], dtype=np.object_)  # [1, 1] BYTES
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(tensor_names.TRANSCRIPT, transcript)])
 
     def finalize(self):
         self.pipeline.close()
