@@ -216,17 +216,22 @@ def _granularities(values: Sequence[Any]) -> list[str]:
     return list(values)
 
 
-def error_from_triton(error: Exception) -> ApiError:
-    """Triton's error as the client should see it: its message, OpenAI's status."""
-    message = error.message() if hasattr(error, "message") and callable(error.message) else str(error)
-    status = str(error.status() if hasattr(error, "status") and callable(error.status) else "")
-    if status.endswith("INVALID_ARGUMENT") or status == "400":
-        return ApiError(400, message or "invalid request")
-    if status.endswith(("UNAVAILABLE", "RESOURCE_EXHAUSTED")):
-        return ApiError(503, f"the transcription server is unavailable: {message}", code="service_unavailable")
-    if status.endswith("DEADLINE_EXCEEDED"):
-        return ApiError(504, f"the transcription took too long: {message}", code="timeout")
-    return ApiError(500, f"the transcription failed: {message}", code="server_error")
+# Triton's gRPC status -> (HTTP status, OpenAI error code, what to say before Triton's message).
+TRITON_STATUS = {
+    "INVALID_ARGUMENT": (400, None, ""),
+    "UNAVAILABLE": (503, "service_unavailable", "the transcription server is unavailable: "),
+    "RESOURCE_EXHAUSTED": (503, "service_unavailable", "the transcription server is unavailable: "),
+    "DEADLINE_EXCEEDED": (504, "timeout", "the transcription took too long: "),
+}
+OTHER_TRITON_STATUS = (500, "server_error", "the transcription failed: ")
+
+
+def error_from_triton(error: "InferenceServerException") -> ApiError:  # noqa: F821
+    """Triton's error as the client should see it: its message, OpenAI's status.
+    error.status() is gRPC's status name, such as "StatusCode.INVALID_ARGUMENT"."""
+    name = str(error.status() or "").rsplit(".", 1)[-1]
+    status, code, preface = TRITON_STATUS.get(name, OTHER_TRITON_STATUS)
+    return ApiError(status, preface + (error.message() or str(error)), code=code)
 
 
 # ---------------------------------------------------------------- the app

@@ -12,7 +12,7 @@ import tritonclient.grpc
 
 from python_backend_lib import tensor_names
 from python_backend_lib.formats import Document
-from python_backend_lib.gateway import AudioRequest, ApiError, GatewaySettings, parse_form
+from python_backend_lib.gateway import ApiError, AudioRequest, GatewaySettings, error_from_triton, parse_form
 from python_backend_lib.options import Task
 from conftest import AUDIO_DIR, GATEWAY_MAX_FILE_MB, GATEWAY_MODEL_IDS, RunningServer
 
@@ -236,3 +236,21 @@ def test_temperature_must_be_from_zero_to_one(temperature):
     with pytest.raises(ApiError) as caught:
         parse_form({"model": ["whisper-1"], "temperature": [temperature]}, Task.TRANSCRIBE, GatewaySettings())
     assert caught.value.status == 400 and caught.value.param == "temperature"
+
+
+@pytest.mark.parametrize(
+    ("status", "http", "code"),
+    [
+        ("StatusCode.INVALID_ARGUMENT", 400, None),
+        ("StatusCode.UNAVAILABLE", 503, "service_unavailable"),  # overloaded, or Triton not there
+        ("StatusCode.DEADLINE_EXCEEDED", 504, "timeout"),
+        ("StatusCode.INTERNAL", 500, "server_error"),
+        (None, 500, "server_error"),
+    ],
+)
+def test_triton_errors_map_to_http_statuses(status, http, code):
+    from tritonclient.utils import InferenceServerException
+
+    error = error_from_triton(InferenceServerException("the message", status=status))
+    assert (error.status, error.code) == (http, code) and error.message.endswith("the message")
+    assert error.body()["error"]["type"] == ("invalid_request_error" if http < 500 else "server_error")
