@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script too
 
-from reference import Clip, clips, normalize  # noqa: E402
+from reference import Clip, clips, normalize, word_error_rate  # noqa: E402
 
 SAMPLE_RATE = 16_000
 GAP_S = 2.5
@@ -139,15 +139,6 @@ def align(hypothesis: Sequence[str], reference: Sequence[str]) -> dict[int, int]
             j -= 1
     return pairs
 
-
-def word_error_rate(hypothesis: Sequence[str], reference: Sequence[str]) -> float:
-    previous = list(range(len(reference) + 1))
-    for i, word in enumerate(hypothesis, 1):
-        current = [i]
-        for j, ref in enumerate(reference, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != ref)))
-        previous = current
-    return previous[-1] / len(reference)
 
 
 @dataclass(frozen=True)

@@ -63,6 +63,17 @@ def normalize(text: str) -> list[str]:
     return words
 
 
+def word_error_rate(hypothesis: list[str], reference: list[str]) -> float:
+    """Word-level edit distance over the reference length."""
+    previous = list(range(len(reference) + 1))
+    for i, word in enumerate(hypothesis, 1):
+        current = [i]
+        for j, ref in enumerate(reference, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != ref)))
+        previous = current
+    return previous[-1] / len(reference)
+
+
 def hf_model(directory: Path):
     from transformers import WhisperForConditionalGeneration
 

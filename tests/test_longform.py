@@ -20,7 +20,7 @@ from python_backend_lib.pipeline import Pipeline
 from python_backend_lib.tokenizer import load_tokenizer
 from python_backend_lib.weights import load_checkpoint
 
-from reference import DATA, hf_model_from_state, normalize
+from reference import DATA, hf_model_from_state, normalize, word_error_rate
 
 SONNET = DATA / "sonnet1_longform.wav"
 SONNET_TEXT = next(
@@ -32,15 +32,6 @@ SONNET_TEXT = next(
 # doubled window would cost about 0.5.
 MAX_SONNET_WORD_ERROR_RATE = {LongFormMode.SEQUENTIAL: 0.16, LongFormMode.BATCHED: 0.28}
 
-
-def word_error_rate(hypothesis: list[str], reference: list[str]) -> float:
-    previous = list(range(len(reference) + 1))
-    for i, word in enumerate(hypothesis, 1):
-        current = [i]
-        for j, ref in enumerate(reference, 1):
-            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (word != ref)))
-        previous = current
-    return previous[-1] / len(reference)
 
 
 @pytest.fixture(scope="module")
