@@ -78,14 +78,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
             log=log,
         )
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            status = process.wait(timeout=SHUTDOWN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            pytest.fail(f"whisper-triton serve ignored SIGTERM for {SHUTDOWN_TIMEOUT_S} s:\n{_log_tail(log)}")
-    assert status == 0, f"whisper-triton serve exited with {status} after SIGTERM:\n{_log_tail(log)}"
+        _stop(process, "whisper-triton serve", log)
 
 
 def _wait_until_ready(process: subprocess.Popen, http_port: int, log: Path) -> None:
@@ -136,11 +129,16 @@ def gateway(server: RunningServer, tmp_path_factory: pytest.TempPathFactory) -> 
                 time.sleep(0.2)
         yield base_url
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            status = process.wait(timeout=SHUTDOWN_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-            pytest.fail(f"whisper-triton gateway ignored SIGTERM:\n{_log_tail(log)}")
-    assert status == 0, f"whisper-triton gateway exited with {status} after SIGTERM:\n{_log_tail(log)}"
+        _stop(process, "whisper-triton gateway", log)
+
+
+def _stop(process: subprocess.Popen, command: str, log) -> None:
+    """SIGTERM `process` and check that it exits 0 within SHUTDOWN_TIMEOUT_S."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        status = process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        pytest.fail(f"{command} ignored SIGTERM for {SHUTDOWN_TIMEOUT_S} s:\n{_log_tail(log)}")
+    assert status == 0, f"{command} exited with {status} after SIGTERM:\n{_log_tail(log)}"
