@@ -26,21 +26,21 @@ import pstats
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import torch
 
 from bench.workloads import Workload, librispeech_like, long_clips, noise
-from python_backend_lib import audio
-from python_backend_lib.decoding import Admission, DecodeBatch, initial_tokens
-from python_backend_lib.engine import Engine, EngineOptions
-from python_backend_lib.kv_cache import KVSlotPool, PoolShape
-from python_backend_lib.model import Whisper
-from python_backend_lib.options import DecodingOptions
-from python_backend_lib.pipeline import DEFAULT_KV_MEMORY_FRACTION, gpu_slots
-from python_backend_lib.weights import hf_config_json, hf_generation_json, load_checkpoint
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.checkpoints.weights import hf_config_json, hf_generation_json, load_checkpoint
+from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.engine.decoding import Admission, DecodeBatch, initial_tokens
+from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.scheduler import Engine, EngineOptions
+from python_backend_lib.transcription.pipeline import DEFAULT_KV_MEMORY_FRACTION, gpu_slots
 
 CUDA = torch.device("cuda")
 DTYPE = torch.float16
@@ -106,7 +106,7 @@ def forced(tokens: int) -> DecodingOptions:
 def clip_features(workload: Workload, n_mels: int) -> list[torch.Tensor]:
     """Log-mel of the first DISTINCT_CLIPS clips (CPU), reused in turn."""
     return [
-        audio.window_features(noise(d, seed=i), n_mels).pin_memory()  # as a server's staging buffers would be
+        window_features(noise(d, seed=i), n_mels).pin_memory()  # as a server's staging buffers would be
         for i, d in enumerate(workload.durations[:DISTINCT_CLIPS])
     ]
 
@@ -120,8 +120,8 @@ def free_cuda() -> None:
 
 
 def make_batch(model: Whisper, config, slots: int, graphs: bool) -> DecodeBatch:
-    from python_backend_lib.cuda_graphs import DecodeGraphs
-    from python_backend_lib.flashinfer_attention import FlashInferAttention
+    from python_backend_lib.engine.cuda_graphs import DecodeGraphs
+    from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
     pool = KVSlotPool(PoolShape.for_model(config.dims, slots), device=CUDA, dtype=DTYPE)
     attention = FlashInferAttention(pool)
@@ -376,7 +376,7 @@ def model_sections(name: str, args, results: Results) -> None:
 
 def encoder_kernels(name: str, config, results: Results) -> None:
     """The encoder's non-causal self-attention: SDPA against FlashInfer's ragged prefill."""
-    from python_backend_lib.flashinfer_attention import EncoderKernel, FlashInferAttention
+    from python_backend_lib.engine.flashinfer_attention import EncoderKernel, FlashInferAttention
 
     pool = KVSlotPool(PoolShape.for_model(config.dims, 1), device=CUDA, dtype=DTYPE)
     heads, head_dim = config.dims.n_audio_head, config.dims.n_audio_state // config.dims.n_audio_head

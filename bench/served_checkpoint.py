@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from python_backend_lib.weights import load_checkpoint, write_hf_checkpoint
+from python_backend_lib.checkpoints.weights import load_checkpoint, write_hf_checkpoint
 
 
 def write_served_checkpoint(source: str, directory: Path) -> Path:

@@ -69,7 +69,7 @@ def repository_with_instances(counts: dict[str, int], directory: Path) -> Path:
     import re
     import shutil
 
-    from python_backend_lib.server import packaged_model_repository
+    from python_backend_lib.apps.server import packaged_model_repository
 
     if directory.exists():
         shutil.rmtree(directory)
@@ -176,7 +176,7 @@ def run_triton(args, results, say, *, instances: dict[str, int] | None = None,
     if instances:
         repository = ["--model-repository", str(repository_with_instances(instances, Path("/tmp/repo-instances")))]
     command = [
-        sys.executable, "-m", "python_backend_lib.cli", "serve", "--checkpoint", str(checkpoint), *repository,
+        sys.executable, "-m", "python_backend_lib.apps.cli", "serve", "--checkpoint", str(checkpoint), *repository,
         f"--http-port={ports['http']}", f"--grpc-port={ports['grpc']}", f"--metrics-port={ports['metrics']}",
     ]
     say(f"triton: starting {' '.join(command[2:])}")

@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib import tensor_names
-from python_backend_lib.formats import Document, ResponseFormat, TimedText, segments_from_json
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.text.formats import Document, ResponseFormat, TimedText, segments_from_json
 
 DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
 

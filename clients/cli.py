@@ -17,9 +17,9 @@ from pathlib import Path
 from tqdm import tqdm
 
 from clients.api import Protocol, TranscriptionError, WhisperClient
-from python_backend_lib import formats
-from python_backend_lib.formats import Document, ResponseFormat
-from python_backend_lib.options import LongFormMode
+from python_backend_lib.core.options import LongFormMode
+from python_backend_lib.text import formats
+from python_backend_lib.text.formats import Document, ResponseFormat
 
 EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
 

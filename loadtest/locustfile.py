@@ -25,13 +25,13 @@ import time
 from functools import lru_cache
 from pathlib import Path
 
-# locust first: it patches the standard library for gevent on import.
-from locust import User, between, events, task
-
 import grpc.experimental.gevent as grpc_gevent
 import numpy as np
 import tritonclient.grpc
 import tritonclient.http
+
+# locust first: it patches the standard library for gevent on import.
+from locust import User, between, events, task
 from tritonclient.utils import InferenceServerException
 
 # grpcio blocks gevent's loop unless told to cooperate; this must run before
@@ -42,7 +42,7 @@ grpc_gevent.init_gevent()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtest.clips import DEFAULT_AUDIO_DIR, Clip, RequestStats, Summary, load_clips, request_name  # noqa: E402
-from python_backend_lib import tensor_names  # noqa: E402
+from python_backend_lib.serving import tensor_names  # noqa: E402
 
 DEFAULT_HTTP_URL = "localhost:8000"
 DEFAULT_GRPC_URL = "localhost:8001"

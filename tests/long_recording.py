@@ -210,15 +210,15 @@ def parse_subtitles(text: str) -> list[Cue]:
 def measure(repeats: int = 2) -> None:
     """Wall time and word error rate of each long-form mode on this machine: the
     library, one recording at a time, the best time of `repeats`."""
-    from python_backend_lib import audio
-    from python_backend_lib.longform import LongFormMode, TranscribeOptions
-    from python_backend_lib.options import DecodingOptions
-    from python_backend_lib.pipeline import Pipeline
+    from python_backend_lib.audio.decode import decode_audio
+    from python_backend_lib.core.options import DecodingOptions
+    from python_backend_lib.transcription.longform import LongFormMode, TranscribeOptions
+    from python_backend_lib.transcription.pipeline import Pipeline
 
     recording = build()
     sonnet = next(c for c in clips() if c.file == "sonnet1_longform.wav")
     cases = [
-        (f"{sonnet.duration:.0f} s sonnet", audio.decode_audio(sonnet.read()), normalize(sonnet.transcript)),
+        (f"{sonnet.duration:.0f} s sonnet", decode_audio(sonnet.read()), normalize(sonnet.transcript)),
         (f"{recording.duration:.0f} s recording", recording.waveform, recording.reference_words),
     ]
     settings = [

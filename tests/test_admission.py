@@ -7,9 +7,9 @@ from concurrent.futures import CancelledError
 
 import pytest
 
-from python_backend_lib.admission import Overloaded, RequestLedger
-from python_backend_lib.metrics import OUTCOMES, WhisperMetrics, audio_seconds, outcome_label
-from python_backend_lib.serving import Fault, describe_failure
+from python_backend_lib.serving.admission import Overloaded, RequestLedger
+from python_backend_lib.serving.metrics import OUTCOMES, WhisperMetrics, audio_seconds, outcome_label
+from python_backend_lib.serving.responses import Fault, describe_failure
 
 
 def test_the_ledger_refuses_one_more_than_its_limit_and_names_it():
@@ -106,17 +106,18 @@ class _PbUtils:
 
 
 def test_metrics_publish_the_ledger_and_a_real_engine():
-    from python_backend_lib import audio
-    from python_backend_lib.longform import Transcript
-    from python_backend_lib.options import DecodingOptions
-    from python_backend_lib.pipeline import Pipeline
+    from python_backend_lib.audio.decode import decode_audio
+    from python_backend_lib.audio.features import window_features
+    from python_backend_lib.core.options import DecodingOptions
+    from python_backend_lib.transcription.longform import Transcript
+    from python_backend_lib.transcription.pipeline import Pipeline
 
     pipeline = Pipeline.load("random:tiny", device="cpu", slots=2)
     ledger = RequestLedger(4)
     _MetricFamily.created = []
     metrics = WhisperMetrics(_PbUtils, pipeline.engine, ledger, interval_s=3600)
     try:
-        features = audio.window_features(audio.decode_audio(open("tests/data/audio/jfk.wav", "rb").read()), 80)
+        features = window_features(decode_audio(open("tests/data/audio/jfk.wav", "rb").read()), 80)
         done = threading.Event()
         pipeline.engine.submit(features, DecodingOptions(max_new_tokens=3), lambda _: done.set())
         assert done.wait(60)

@@ -4,21 +4,23 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from reference import DATA, openai_model
 
-from python_backend_lib import audio, weights
-from python_backend_lib.alignment import (
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.checkpoints import weights
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import DecodingOptions, Task
+from python_backend_lib.core.segments import Word
+from python_backend_lib.transcription.alignment import (
     Aligner,
     dynamic_time_warping,
     merge_punctuation,
     shorten_words_after_pauses,
     split_words,
 )
-from python_backend_lib.longform import TranscribeOptions
-from python_backend_lib.options import DecodingOptions, Task
-from python_backend_lib.pipeline import Pipeline
-from python_backend_lib.segments import Word
-
-from reference import DATA, openai_model
+from python_backend_lib.transcription.longform import TranscribeOptions
+from python_backend_lib.transcription.pipeline import Pipeline
 
 whisper_timing = pytest.importorskip("whisper.timing")
 CLIPS = ["jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav", "cards_005.wav"]
@@ -42,9 +44,9 @@ def openai(pipe):
 @pytest.mark.parametrize("clip", CLIPS)
 def test_word_times_equal_openai_whisper(pipe, openai, clip):
     model, tokenizer = openai
-    waveform = audio.decode_audio((DATA / clip).read_bytes())
-    features = audio.window_features(waveform, pipe.n_mels)
-    frames = len(waveform) // audio.HOP_LENGTH
+    waveform = decode_audio((DATA / clip).read_bytes())
+    features = window_features(waveform, pipe.n_mels)
+    frames = len(waveform) // geometry.HOP_LENGTH
     result = pipe.decode([waveform], DecodingOptions())[0]
     text = [t for t in result.tokens if t < pipe.config.special.eot]
 

@@ -11,22 +11,16 @@ import pytest
 import soundfile
 import torch
 
-from python_backend_lib import audio
-from python_backend_lib.audio import (
-    HOP_LENGTH,
-    N_FRAMES,
-    N_SAMPLES,
-    SAMPLE_RATE,
-    AudioError,
-    decode_audio,
+from python_backend_lib.audio.decode import AudioError, decode_audio, pcm_to_waveform, resample, to_mono
+from python_backend_lib.audio.features import (
+    SUPPORTED_N_MELS,
     log_mel_spectrogram,
     mel_filters,
     pad_or_trim,
-    pcm_to_waveform,
-    resample,
-    to_mono,
     window_features,
 )
+from python_backend_lib.core import geometry
+from python_backend_lib.core.geometry import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 
 AUDIO_DIR = Path(__file__).parent / "data" / "audio"
 CLIPS = sorted(p.name for p in AUDIO_DIR.glob("*.wav"))
@@ -58,7 +52,7 @@ def snr_db(reference: np.ndarray, other: np.ndarray) -> float:
 @pytest.fixture(scope="module")
 def extractors():
     transformers = pytest.importorskip("transformers")
-    return {n: transformers.WhisperFeatureExtractor(feature_size=n) for n in audio.SUPPORTED_N_MELS}
+    return {n: transformers.WhisperFeatureExtractor(feature_size=n) for n in SUPPORTED_N_MELS}
 
 
 @pytest.fixture(scope="module")
@@ -72,16 +66,16 @@ def speech() -> np.ndarray:
 
 
 def test_constants_are_whispers():
-    assert (audio.N_FFT, HOP_LENGTH, audio.CHUNK_SECONDS) == (400, 160, 30)
-    assert (N_SAMPLES, N_FRAMES, audio.N_AUDIO_CTX) == (480_000, 3_000, 1_500)
-    assert audio.SECONDS_PER_FRAME == pytest.approx(0.01)
-    assert audio.SECONDS_PER_POSITION == pytest.approx(0.02)
+    assert (geometry.N_FFT, HOP_LENGTH, geometry.CHUNK_SECONDS) == (400, 160, 30)
+    assert (N_SAMPLES, N_FRAMES, geometry.N_AUDIO_CTX) == (480_000, 3_000, 1_500)
+    assert geometry.SECONDS_PER_FRAME == pytest.approx(0.01)
+    assert geometry.SECONDS_PER_POSITION == pytest.approx(0.02)
 
 
 # --- Features against transformers --------------------------------------------
 
 
-@pytest.mark.parametrize("n_mels", audio.SUPPORTED_N_MELS)
+@pytest.mark.parametrize("n_mels", SUPPORTED_N_MELS)
 @pytest.mark.parametrize("clip", CLIPS)
 def test_window_features_match_whisper_feature_extractor(extractors, clip, n_mels):
     samples, rate = soundfile.read(AUDIO_DIR / clip, dtype="float32")
@@ -94,11 +88,11 @@ def test_window_features_match_whisper_feature_extractor(extractors, clip, n_mel
     np.testing.assert_allclose(features.numpy(), expected, rtol=0, atol=FEATURE_ATOL)
 
 
-@pytest.mark.parametrize("n_mels", audio.SUPPORTED_N_MELS)
+@pytest.mark.parametrize("n_mels", SUPPORTED_N_MELS)
 def test_mel_filters_match_transformers(n_mels):
     audio_utils = pytest.importorskip("transformers.audio_utils")
     expected = audio_utils.mel_filter_bank(
-        num_frequency_bins=audio.N_FREQ_BINS,
+        num_frequency_bins=geometry.N_FREQ_BINS,
         num_mel_filters=n_mels,
         min_frequency=0.0,
         max_frequency=8000.0,
@@ -107,7 +101,7 @@ def test_mel_filters_match_transformers(n_mels):
         mel_scale="slaney",
     ).T
     filters = mel_filters(n_mels)
-    assert filters.shape == (n_mels, audio.N_FREQ_BINS) and filters.dtype == torch.float32
+    assert filters.shape == (n_mels, geometry.N_FREQ_BINS) and filters.dtype == torch.float32
     np.testing.assert_allclose(filters.numpy(), expected, rtol=1e-6, atol=1e-9)
     assert mel_filters(n_mels, "cpu") is filters  # cached per (n_mels, device)
 
@@ -150,7 +144,7 @@ def test_output_dtype_is_an_argument_and_float64_input_is_rounded_like_the_extra
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
-@pytest.mark.parametrize("n_mels", audio.SUPPORTED_N_MELS)
+@pytest.mark.parametrize("n_mels", SUPPORTED_N_MELS)
 def test_gpu_features_match_the_extractor(extractors, speech, n_mels):
     expected = extractors[n_mels](speech, sampling_rate=SAMPLE_RATE, return_tensors="np").input_features[0]
     features = window_features(torch.from_numpy(speech).cuda(), n_mels)

@@ -21,11 +21,11 @@ import soundfile
 import soxr
 import tritonclient.grpc
 import tritonclient.http
+from conftest import AUDIO_DIR, RunningServer
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib import tensor_names
-from python_backend_lib.options import MAX_PROMPT_TOKENS
-from conftest import AUDIO_DIR, RunningServer
+from python_backend_lib.core.options import MAX_PROMPT_TOKENS
+from python_backend_lib.serving import tensor_names
 
 pytestmark = pytest.mark.server
 

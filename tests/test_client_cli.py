@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 
 from clients.cli import render, request_options
-from python_backend_lib.cli import build_parser
-from python_backend_lib.formats import Document
-from python_backend_lib.segments import Segment
+from python_backend_lib.apps.cli import build_parser
+from python_backend_lib.core.segments import Segment
+from python_backend_lib.text.formats import Document
 
 RESULT = Document(
     text="Ask not.", segments=(Segment(0.0, 1.0, "Ask", (1,)), Segment(1.0, 2.5, "not.", (2,), id=1)), duration=2.5,
@@ -75,7 +75,7 @@ def test_serve_flags_have_the_documented_defaults():
 
 
 def test_an_unreachable_server_is_reported_per_file(tmp_path, capsys):
-    from python_backend_lib.cli import main
+    from python_backend_lib.apps.cli import main
 
     clip = tmp_path / "a.wav"
     clip.write_bytes(b"RIFF")

@@ -20,7 +20,7 @@ import jsonschema
 import pytest
 import yaml
 
-from python_backend_lib.server import DRAIN_TIMEOUT_S, STOP_GRACE_S
+from python_backend_lib.apps.server import DRAIN_TIMEOUT_S, STOP_GRACE_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
@@ -29,7 +29,7 @@ README = REPO_ROOT / "README.md"
 
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 # tritonserver, through the launcher that drains requests in flight on SIGTERM.
-TRITON_COMMAND = ["whisper-triton", "serve", "--model-repository=/models"]
+TRITON_COMMAND = ["whisper-triton", "serve", "--host=0.0.0.0", "--model-repository=/models"]
 HEALTH_PATH = "/v2/health/ready"
 # Triton's ports inside the container.
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -80,6 +80,15 @@ def test_the_servers_are_one_gpu_and_one_cpu_profile(services):
     assert services[CPU_SERVICE]["profiles"] == ["cpu"]
     servers = [name for name, s in services.items() if s.get("command") == TRITON_COMMAND]
     assert sorted(servers) == sorted([GPU_SERVICE, CPU_SERVICE])
+
+
+def test_the_server_command_parses_and_listens_beyond_its_container():
+    from python_backend_lib.apps.cli import build_parser
+
+    program, *arguments = TRITON_COMMAND
+    assert program == "whisper-triton"
+    options = build_parser().parse_args(arguments)  # the real command line accepts every flag
+    assert options.host == "0.0.0.0"  # Triton's default, 127.0.0.1, is unreachable from other containers
 
 
 def test_the_gpu_server_reserves_nvidia_gpus(services):
@@ -163,7 +172,7 @@ def test_locust_points_at_whichever_server_runs(services, locust):
 
 
 def test_the_gateway_runs_beside_either_server_and_reaches_it_over_grpc(services):
-    from python_backend_lib.cli import build_parser
+    from python_backend_lib.apps.cli import build_parser
 
     gateway = services[GATEWAY]
     assert sorted(gateway["profiles"]) == ["cpu", "gpu"]

@@ -8,10 +8,10 @@ import random
 import pytest
 import torch
 
-from python_backend_lib.decoding import LogitRules, Prompt, Row, RuleInputs, initial_tokens
-from python_backend_lib.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
-from python_backend_lib.tokenizer import Segment, load_tokenizer
-from python_backend_lib.weights import load_config
+from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
+from python_backend_lib.engine.decoding import LogitRules, Prompt, Row, RuleInputs, initial_tokens
+from python_backend_lib.text.tokenizer import Segment, load_tokenizer
 
 ENGLISH = load_config("default")
 MULTILINGUAL = load_config("random:tiny")

@@ -8,13 +8,14 @@ from concurrent.futures import CancelledError, Future
 
 import pytest
 import torch
-
-from python_backend_lib import audio
-from python_backend_lib.engine import EngineOptions, InjectedFault
-from python_backend_lib.options import DecodingOptions
-from python_backend_lib.pipeline import Pipeline
-
 from reference import clips
+
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.engine.scheduler import EngineOptions, InjectedFault
+from python_backend_lib.transcription.pipeline import Pipeline
 
 SLOTS = 4
 
@@ -28,7 +29,7 @@ def pipe():
 
 @pytest.fixture(scope="module")
 def features(pipe):
-    return [audio.window_features(audio.decode_audio(c.read())[: audio.N_SAMPLES], pipe.n_mels) for c in clips()[:6]]
+    return [window_features(decode_audio(c.read())[: geometry.N_SAMPLES], pipe.n_mels) for c in clips()[:6]]
 
 
 def _submit(pipe, features, options, **kwargs) -> Future:
@@ -126,7 +127,7 @@ def test_a_request_that_breaks_encoding_fails_alone(pipe, features):
 def test_the_fault_hook_fails_only_its_request():
     pipeline = Pipeline.load("default", device="cpu", slots=SLOTS, engine_options=EngineOptions(fault_prompt="boom"))
     try:
-        feature = audio.window_features(audio.decode_audio(clips()[0].read())[: audio.N_SAMPLES], pipeline.n_mels)
+        feature = window_features(decode_audio(clips()[0].read())[: geometry.N_SAMPLES], pipeline.n_mels)
         solo = _submit(pipeline, feature, DecodingOptions()).result(timeout=60).tokens
         long = _submit(pipeline, feature, DecodingOptions(min_new_tokens=40, max_new_tokens=40))
         faulty = _submit(pipeline, feature, DecodingOptions(prompt="boom"))

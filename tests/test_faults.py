@@ -22,12 +22,20 @@ import pytest
 import soundfile
 import tritonclient.grpc
 import tritonclient.http
+from conftest import (
+    AUDIO_DIR,
+    FAULT_PROMPT,
+    RunningServer,
+    _log_tail,
+    _wait_until_ready,
+    free_port,
+    whisper_triton_command,
+)
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib import tensor_names
-from python_backend_lib.metrics import PUBLISH_INTERVAL_S
-from python_backend_lib.server import Activity
-from conftest import AUDIO_DIR, FAULT_PROMPT, RunningServer, _log_tail, _wait_until_ready, free_port, whisper_triton_command
+from python_backend_lib.apps.server import Activity
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 
 PROTOCOLS = ("http", "grpc")
 TRITON = {"http": tritonclient.http, "grpc": tritonclient.grpc}
@@ -155,12 +163,13 @@ def test_activity_reads_what_is_in_flight_and_what_was_answered():
 
 def long_log_mel(minutes: float) -> tuple[np.ndarray, float]:
     """LOG_MEL and AUDIO_SECONDS as preprocessing writes them, for JFK repeated for `minutes`."""
-    from python_backend_lib import audio
-    from python_backend_lib.longform import features_for
+    from python_backend_lib.audio.decode import decode_audio
+    from python_backend_lib.audio.features import features_for
+    from python_backend_lib.core import geometry
 
-    samples = audio.decode_audio(JFK)
-    waveform = np.tile(samples, int(np.ceil(minutes * 60 * audio.SAMPLE_RATE / len(samples))))
-    return features_for(waveform, 80).numpy(), len(waveform) / audio.SAMPLE_RATE
+    samples = decode_audio(JFK)
+    waveform = np.tile(samples, int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples))))
+    return features_for(waveform, 80).numpy(), len(waveform) / geometry.SAMPLE_RATE
 
 
 @pytest.mark.server

@@ -4,11 +4,11 @@ import math
 
 import pytest
 
-from python_backend_lib import formats
-from python_backend_lib.formats import Document, ResponseFormat, TimedText
-from python_backend_lib.languages import LANGUAGE_NAMES, language_code, language_name
-from python_backend_lib.options import DecodingOptions, Task, TranscribeOptions
-from python_backend_lib.segments import Segment, Word
+from python_backend_lib.core.languages import LANGUAGE_NAMES, language_code, language_name
+from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
+from python_backend_lib.core.segments import Segment, Word
+from python_backend_lib.text import formats
+from python_backend_lib.text.formats import Document, ResponseFormat, TimedText
 
 SEGMENTS = (
     TimedText(start=0.0, end=2.5, text=" And so my fellow Americans,"),
@@ -168,7 +168,7 @@ def test_every_format_renders_from_the_document():
 
 
 def test_document_from_a_transcript_keeps_the_request_facts():
-    from python_backend_lib.longform import Transcript
+    from python_backend_lib.transcription.longform import Transcript
 
     transcript = Transcript(DOCUMENT.text, DOCUMENT.segments, "en", 0.96, 32.25, windows=())
     options = TranscribeOptions(decoding=DecodingOptions(task="translate"), word_timestamps=True)
@@ -178,7 +178,7 @@ def test_document_from_a_transcript_keeps_the_request_facts():
 
 
 def test_every_whisper_language_has_an_english_name():
-    from python_backend_lib.weights import LANGUAGES
+    from python_backend_lib.checkpoints.weights import LANGUAGES
 
     assert set(LANGUAGE_NAMES) == set(LANGUAGES)
     assert len(set(LANGUAGE_NAMES.values())) == len(LANGUAGES)

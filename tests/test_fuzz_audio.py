@@ -19,7 +19,7 @@ import soundfile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from python_backend_lib.audio import AudioError, decode_audio, pcm_to_waveform
+from python_backend_lib.audio.decode import AudioError, decode_audio, pcm_to_waveform
 
 # An exception inside soundfile's C callbacks is only printed (to the server's log):
 # count it as a failure.

@@ -9,12 +9,12 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc
-
-from python_backend_lib import tensor_names
-from python_backend_lib.formats import Document
-from python_backend_lib.gateway import ApiError, AudioRequest, GatewaySettings, error_from_triton, parse_form
-from python_backend_lib.options import Task
 from conftest import AUDIO_DIR, GATEWAY_MAX_FILE_MB, GATEWAY_MODEL_IDS, RunningServer
+
+from python_backend_lib.apps.gateway import ApiError, AudioRequest, GatewaySettings, error_from_triton, parse_form
+from python_backend_lib.core.options import Task
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.text.formats import Document
 
 openai = pytest.importorskip("openai")
 

@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 
-from python_backend_lib.attention import SdpaAttention
-from python_backend_lib.audio import N_FRAMES
-from python_backend_lib.decoding import Admission, DecodeBatch, decode, initial_tokens
-from python_backend_lib.kv_cache import KVSlotPool, PoolShape
-from python_backend_lib.model import Whisper
-from python_backend_lib.options import DecodingOptions
-from python_backend_lib.weights import load_checkpoint
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.engine.attention import SdpaAttention
+from python_backend_lib.engine.decoding import Admission, DecodeBatch, decode, initial_tokens
+from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.engine.model import Whisper
 
 pytestmark = [
     pytest.mark.gpu,
@@ -88,8 +88,8 @@ def model_for(source: str, dtype: torch.dtype):
 
 
 def make_batch(model, config, kind: str, slots: int, **attention_options) -> DecodeBatch:
-    from python_backend_lib.cuda_graphs import DecodeGraphs
-    from python_backend_lib.flashinfer_attention import FlashInferAttention
+    from python_backend_lib.engine.cuda_graphs import DecodeGraphs
+    from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
     dtype = next(model.parameters()).dtype
     pool = KVSlotPool(PoolShape.for_model(config.dims, slots), device=CUDA, dtype=dtype)
@@ -301,7 +301,7 @@ def test_sampling_rows_share_a_graph_with_greedy_rows() -> None:
 def test_flashinfer_prefill_and_encoder_kernels_match() -> None:
     """The fa3 prefill kernels (prompt and encoder) against the decode-kernel
     prompt path and SDPA. Compiles FlashInfer's prefill module (about 80 s)."""
-    from python_backend_lib.flashinfer_attention import EncoderKernel, PromptKernel
+    from python_backend_lib.engine.flashinfer_attention import EncoderKernel, PromptKernel
 
     model, config = model_for("random:tiny:1", torch.float16)
     reqs = requests(config, 5, seed=21)

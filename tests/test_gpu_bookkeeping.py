@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from python_backend_lib.cuda_graphs import bucket_sizes, choose_bucket
-from python_backend_lib.flashinfer_attention import page_table, token_rows
-from python_backend_lib.kv_cache import PAGE_SIZE, PoolShape, pages_for
-from python_backend_lib.weights import load_config
+from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.engine.cuda_graphs import bucket_sizes, choose_bucket
+from python_backend_lib.engine.flashinfer_attention import page_table, token_rows
+from python_backend_lib.engine.kv_cache import PAGE_SIZE, PoolShape, pages_for
 
 
 def _pages_by_hand(slot: int, length: int, pages_per_slot: int) -> list[int]:

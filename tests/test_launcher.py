@@ -10,11 +10,11 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from python_backend_lib import server
-from python_backend_lib.server import ServerError, ServerSettings, TritonServer
-from python_backend_lib.serving import CHECKPOINT_ENV
 from conftest import free_port, whisper_triton_command
+
+from python_backend_lib.apps import server
+from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
+from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
 
 def test_packaged_model_repository_is_found_beside_the_package():
@@ -117,3 +117,42 @@ def test_serve_stops_cleanly_on_a_signal(tmp_path, stop_signal):
     with socket.socket() as probe:  # tritonserver is gone: its port is free again
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         probe.bind(("", http_port))
+
+
+def _non_loopback_ipv4() -> str | None:
+    """This machine's address on its default route, if it has one (no packet is sent)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1: only picks the outgoing interface
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if address.startswith("127.") else address
+
+
+def _accepts(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def test_serve_listens_on_localhost_only_by_default(server):
+    ports = [int(url.rsplit(":", 1)[1].split("/")[0]) for url in (server.http_url, server.grpc_url, server.metrics_url)]
+    assert all(_accepts("127.0.0.1", port) for port in ports)
+    outside = _non_loopback_ipv4()
+    if outside is None:
+        pytest.skip("this machine has no non-loopback IPv4 address to try")
+    assert not any(_accepts(outside, port) for port in ports), f"Triton answers on {outside}"
+
+
+def test_host_flag_binds_every_endpoint():
+    from python_backend_lib.apps.cli import build_parser
+    from python_backend_lib.apps.server import ServerSettings, TritonInstallation, TritonServer
+
+    args = build_parser().parse_args(["serve", "--host", "0.0.0.0"])
+    settings = ServerSettings(model_repository=Path("/models"), host=args.host)
+    command = TritonServer(settings).command(TritonInstallation(Path("tritonserver"), Path("/backends")))
+    for endpoint in ("http", "grpc", "metrics"):
+        assert f"--{endpoint}-address=0.0.0.0" in command

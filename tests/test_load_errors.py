@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_backend_lib import pipeline as pipeline_module
-from python_backend_lib.pipeline import GpuMemoryError, Pipeline, out_of_memory_advice
+from python_backend_lib.transcription import pipeline as pipeline_module
+from python_backend_lib.transcription.pipeline import GpuMemoryError, Pipeline, out_of_memory_advice
 
 
 def _out_of_memory(*args, **kwargs):

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import AUDIO_DIR, RunningServer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,6 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tritonclient.grpc
-
 from long_recording import (
     GAP_S,
     START_TOLERANCE_S,
@@ -29,9 +28,10 @@ from long_recording import (
     word_error_rate,
     word_timings,
 )
-from python_backend_lib import tensor_names
-from python_backend_lib.formats import Document, TimedText
 from reference import normalize
+
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.text.formats import Document, TimedText
 
 openai = pytest.importorskip("openai")
 

@@ -5,9 +5,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from reference import DATA, hf_model_from_state, normalize, word_error_rate
 
-from python_backend_lib import audio
-from python_backend_lib.longform import (
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.text.tokenizer import load_tokenizer
+from python_backend_lib.transcription.longform import (
     LongFormMode,
     TranscribeOptions,
     compression_ratio,
@@ -15,12 +21,7 @@ from python_backend_lib.longform import (
     needs_fallback,
     split_window,
 )
-from python_backend_lib.options import DecodingOptions, DecodingResult
-from python_backend_lib.pipeline import Pipeline
-from python_backend_lib.tokenizer import load_tokenizer
-from python_backend_lib.weights import load_checkpoint
-
-from reference import DATA, hf_model_from_state, normalize, word_error_rate
+from python_backend_lib.transcription.pipeline import Pipeline
 
 SONNET = DATA / "sonnet1_longform.wav"
 SONNET_TEXT = next(
@@ -67,9 +68,9 @@ def test_sonnet_is_transcribed_whole_and_in_time(pipe, mode, timestamps):
 @pytest.mark.parametrize(
     "name, waveform",
     [
-        ("silence", np.zeros(audio.N_SAMPLES, dtype=np.float32)),
-        ("white noise", np.random.default_rng(0).standard_normal(audio.N_SAMPLES).astype(np.float32) * 0.1),
-        ("long silence", np.zeros(75 * audio.SAMPLE_RATE, dtype=np.float32)),
+        ("silence", np.zeros(geometry.N_SAMPLES, dtype=np.float32)),
+        ("white noise", np.random.default_rng(0).standard_normal(geometry.N_SAMPLES).astype(np.float32) * 0.1),
+        ("long silence", np.zeros(75 * geometry.SAMPLE_RATE, dtype=np.float32)),
     ],
 )
 def test_no_invented_text(pipe, mode, name, waveform):
@@ -135,11 +136,11 @@ def test_language_detection_matches_transformers():
         f"<|{code}|>": checkpoint.config.special.language_token(code) for code in checkpoint.config.special.language_codes
     }
     rng = np.random.default_rng(3)
-    waveforms = [rng.standard_normal(audio.SAMPLE_RATE * s).astype(np.float32) * 0.1 for s in (3, 9, 20)]
-    waveforms.append(audio.decode_audio((DATA / "jfk.wav").read_bytes()))
+    waveforms = [rng.standard_normal(geometry.SAMPLE_RATE * s).astype(np.float32) * 0.1 for s in (3, 9, 20)]
+    waveforms.append(decode_audio((DATA / "jfk.wav").read_bytes()))
     try:
         ours = pipe.decode(waveforms, DecodingOptions(max_new_tokens=2))
-        features = torch.stack([audio.window_features(w, 80) for w in waveforms])
+        features = torch.stack([window_features(w, 80) for w in waveforms])
         with torch.no_grad():
             expected = hf.detect_language(features).tolist()
         special = checkpoint.config.special

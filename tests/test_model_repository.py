@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from python_backend_lib import tensor_names as names
-from python_backend_lib.serving import CONFIG_PARAMETERS, ModelSettings
+from python_backend_lib.serving import tensor_names as names
+from python_backend_lib.serving.settings import CONFIG_PARAMETERS, ModelSettings
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 MAX_ADAPTER_LINES = 100

@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import tritonclient.grpc
+from conftest import AUDIO_DIR, RunningServer
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib import tensor_names
-from conftest import AUDIO_DIR, RunningServer
+from python_backend_lib.serving import tensor_names
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 

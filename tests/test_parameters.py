@@ -2,9 +2,9 @@ import json
 
 import pytest
 
-from python_backend_lib.formats import ResponseFormat
-from python_backend_lib.options import DecodingOptions, LongFormMode, Task, TranscribeOptions
-from python_backend_lib.parameters import InputFormat, RequestParameters, parse_request_parameters
+from python_backend_lib.core.options import DecodingOptions, LongFormMode, Task, TranscribeOptions
+from python_backend_lib.serving.parameters import InputFormat, RequestParameters, parse_request_parameters
+from python_backend_lib.text.formats import ResponseFormat
 
 
 @pytest.mark.parametrize("raw", [None, "", "{}", {}])

@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-
-from python_backend_lib.attention import SdpaAttention, StepLayout
-from python_backend_lib.audio import N_FRAMES
-from python_backend_lib.kv_cache import KVSlotPool, PoolShape
-from python_backend_lib.model import Whisper
-from python_backend_lib.weights import load_checkpoint
-
 from reference import hf_model_from_state
+
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.engine.attention import SdpaAttention, StepLayout
+from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.engine.model import Whisper
 
 CPU = torch.device("cpu")
 # float32 on both sides; differences come only from summation order.

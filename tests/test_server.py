@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import tritonclient.grpc
 import tritonclient.http
+from conftest import AUDIO_DIR, RunningServer, whisper_triton_command
 from tritonclient.utils import InferenceServerException
 
 from clients.api import TranscriptionError, TranscriptionResult, WhisperClient
-from python_backend_lib import tensor_names
-from python_backend_lib.formats import TimedText
-from python_backend_lib.options import DecodingOptions
-from conftest import AUDIO_DIR, RunningServer, whisper_triton_command
+from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.text.formats import TimedText
 
 pytestmark = pytest.mark.server
 
@@ -36,7 +36,7 @@ MODELS = (
 
 @pytest.fixture(scope="session")
 def pipeline():
-    from python_backend_lib.pipeline import Pipeline
+    from python_backend_lib.transcription.pipeline import Pipeline
 
     pipe = Pipeline.load("default")
     yield pipe

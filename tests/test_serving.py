@@ -8,18 +8,14 @@ from concurrent.futures import CancelledError
 import numpy as np
 import pytest
 
-from python_backend_lib.serving import (
+from python_backend_lib.serving.inputs import CancellationProbe, check_log_mel, exact_seconds, single_row
+from python_backend_lib.serving.responses import Fault, describe_failure
+from python_backend_lib.serving.settings import (
     CHECKPOINT_ENV,
     DEFAULT_MAX_AUDIO_SECONDS,
     FAULT_PROMPT_ENV,
-    CancellationProbe,
-    Fault,
     ModelSettings,
-    check_log_mel,
-    describe_failure,
-    exact_seconds,
     load_pipeline,
-    single_row,
 )
 
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-
-from python_backend_lib import audio
-from python_backend_lib.decoding import initial_tokens
-from python_backend_lib.options import DecodingOptions
-from python_backend_lib.pipeline import Pipeline
-
 from reference import clips, hf_model, normalize
+
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.engine.decoding import initial_tokens
+from python_backend_lib.transcription.pipeline import Pipeline
 
 CLIPS = clips()
 # Clips the reference model gets right, at least (checked below against transformers).
@@ -34,12 +35,12 @@ def hf(pipe):
 @pytest.fixture(scope="module")
 def waveforms() -> list[np.ndarray]:
     # The first 30 s window of each clip; longer audio is the long-form decoder's job.
-    return [audio.decode_audio(c.read())[: audio.N_SAMPLES] for c in CLIPS]
+    return [decode_audio(c.read())[: geometry.N_SAMPLES] for c in CLIPS]
 
 
 def _hf_window_tokens(hf, pipe, waveforms, timestamps: bool) -> list[list[int]]:
     """transformers' tokens for each clip's first window, prompt and <|endoftext|> removed."""
-    features = torch.stack([audio.window_features(w, pipe.n_mels) for w in waveforms])
+    features = torch.stack([window_features(w, pipe.n_mels) for w in waveforms])
     eot = pipe.config.special.eot
     with torch.no_grad():
         if not timestamps:
@@ -89,9 +90,9 @@ def test_jfk_transcript_and_segments(pipe):
 def test_prompt_matches_transformers_prompt_ids(pipe, hf, timestamps):
     clip = next(c for c in CLIPS if c.file == "cards_002.wav")
     options = DecodingOptions(prompt="Playing cards: queen of clubs, four of hearts.", timestamps=timestamps)
-    ours = pipe.decode([audio.decode_audio(clip.read())], options)[0]
+    ours = pipe.decode([decode_audio(clip.read())], options)[0]
     prompt = initial_tokens(pipe.config, options, pipe.tokenizer)
-    features = audio.window_features(audio.decode_audio(clip.read()), pipe.n_mels)
+    features = window_features(decode_audio(clip.read()), pipe.n_mels)
     with torch.no_grad():
         expected = hf.generate(
             features[None], prompt_ids=torch.tensor(prompt.tokens[: prompt.sot_index]), return_timestamps=timestamps
@@ -132,7 +133,7 @@ def test_max_and_min_new_tokens(pipe, waveforms):
 
 def test_silence_reports_high_no_speech_probability(pipe):
     silent, speech = pipe.decode(
-        [np.zeros(audio.SAMPLE_RATE * 5, dtype=np.float32), audio.decode_audio(CLIPS[0].read())], DecodingOptions()
+        [np.zeros(geometry.SAMPLE_RATE * 5, dtype=np.float32), decode_audio(CLIPS[0].read())], DecodingOptions()
     )
     assert speech.no_speech_prob < 0.2
     assert silent.no_speech_prob > 0.6

@@ -8,16 +8,17 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from python_backend_lib import audio
-from python_backend_lib.formats import Document, ResponseFormat
-from python_backend_lib.longform import LongFormJob, features_for
-from python_backend_lib.options import DecodingOptions, DecodingResult, Task, TranscribeOptions
-from python_backend_lib.pipeline import Pipeline
-from python_backend_lib.tokenizer import Tokenizer
-from python_backend_lib.weights import load_checkpoint, load_config, write_hf_checkpoint
-
 from reference import DATA, hf_model
+
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import features_for, window_features
+from python_backend_lib.checkpoints.weights import load_checkpoint, load_config, write_hf_checkpoint
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import DecodingOptions, DecodingResult, Task, TranscribeOptions
+from python_backend_lib.text.formats import Document, ResponseFormat
+from python_backend_lib.text.tokenizer import Tokenizer
+from python_backend_lib.transcription.longform import LongFormJob
+from python_backend_lib.transcription.pipeline import Pipeline
 
 pytestmark = pytest.mark.slow
 
@@ -42,8 +43,8 @@ def hf(tmp_path_factory):
 @pytest.fixture(scope="module")
 def waveforms():
     rng = np.random.default_rng(7)
-    noise = [rng.standard_normal(audio.SAMPLE_RATE * s).astype(np.float32) * 0.1 for s in (4, 17)]
-    return [*noise, audio.decode_audio((DATA / "jfk.wav").read_bytes())]
+    noise = [rng.standard_normal(geometry.SAMPLE_RATE * s).astype(np.float32) * 0.1 for s in (4, 17)]
+    return [*noise, decode_audio((DATA / "jfk.wav").read_bytes())]
 
 
 @pytest.mark.parametrize("language", ["de", "fr", None], ids=["de", "fr", "detected"])
@@ -56,7 +57,7 @@ def test_translation_tokens_equal_transformers(pipe, hf, waveforms, language):
     """
     options = DecodingOptions(task=Task.TRANSLATE, language=language, max_new_tokens=STEPS, min_new_tokens=STEPS)
     ours = pipe.decode(waveforms, options)
-    features = torch.stack([audio.window_features(w, pipe.n_mels) for w in waveforms])
+    features = torch.stack([window_features(w, pipe.n_mels) for w in waveforms])
     with torch.no_grad():
         generated = hf.generate(
             features, task="translate", language=language, max_new_tokens=STEPS, min_new_tokens=STEPS
@@ -90,7 +91,7 @@ def test_the_first_windows_language_is_kept_and_reported(pipe):
         detected = ("de", 0.87) if options.language is None else (None, None)
         on_done(DecodingResult((), detected[0], -0.2, 0.1, options.temperature, language_probability=detected[1]))
 
-    waveform = np.random.default_rng(1).standard_normal(45 * audio.SAMPLE_RATE).astype(np.float32) * 0.1
+    waveform = np.random.default_rng(1).standard_normal(45 * geometry.SAMPLE_RATE).astype(np.float32) * 0.1
     options = TranscribeOptions(decoding=DecodingOptions(task=Task.TRANSLATE))
     outcome: list = []
     LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), 45.0, options, outcome.append).start()

@@ -7,13 +7,15 @@ import json
 import numpy as np
 import pytest
 import torch
-
-from python_backend_lib import audio, weights
-from python_backend_lib.attention import SdpaAttention
-from python_backend_lib.kv_cache import KVSlotPool, PoolShape
-from python_backend_lib.model import Whisper
-
 from reference import DATA, hf_model
+
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.checkpoints import weights
+from python_backend_lib.core import geometry
+from python_backend_lib.engine.attention import SdpaAttention
+from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.engine.model import Whisper
 
 PACKAGED = weights.packaged_model_directory()
 
@@ -79,7 +81,7 @@ def test_encoder_matches_ctranslate2():
     """ctranslate2 reads model.bin itself: an independent check of our conversion."""
     import ctranslate2
 
-    features = audio.window_features(audio.decode_audio((DATA / "jfk.wav").read_bytes()), 80)
+    features = window_features(decode_audio((DATA / "jfk.wav").read_bytes()), 80)
     reference = ctranslate2.models.Whisper(str(PACKAGED), device="cpu", compute_type="float32")
     expected = np.array(reference.encode(ctranslate2.StorageView.from_array(features[None].numpy())))
     checkpoint = weights.load_checkpoint("default")
@@ -97,7 +99,7 @@ def test_random_configs_have_real_shapes(size):
     assert (dims.n_audio_state, dims.n_text_head, dims.n_audio_layer, dims.n_text_layer) == (
         width, heads, encoder_layers, decoder_layers,
     )
-    assert (dims.n_mels, dims.n_vocab, dims.head_dim, dims.n_audio_ctx) == (n_mels, n_vocab, 64, audio.N_AUDIO_CTX)
+    assert (dims.n_mels, dims.n_vocab, dims.head_dim, dims.n_audio_ctx) == (n_mels, n_vocab, 64, geometry.N_AUDIO_CTX)
 
 
 def test_random_weights_are_seeded():

@@ -12,17 +12,15 @@ import triton_python_backend_utils as pb_utils
 # Serving from a checkout without `pip install -e .`: the library sits beside the repository.
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from python_backend_lib import audio, tensor_names  # noqa: E402
-from python_backend_lib.longform import features_for  # noqa: E402
-from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
-from python_backend_lib.pipeline import default_device  # noqa: E402
-from python_backend_lib.serving import (  # noqa: E402
-    ModelSettings,
-    decode_request_audio,
-    error_response,
-    single_row,
-)
-from python_backend_lib.weights import load_config  # noqa: E402
+from python_backend_lib.audio.features import features_for  # noqa: E402
+from python_backend_lib.checkpoints.weights import load_config  # noqa: E402
+from python_backend_lib.core import geometry
+from python_backend_lib.serving import tensor_names  # noqa: E402
+from python_backend_lib.serving.inputs import decode_request_audio, single_row
+from python_backend_lib.serving.parameters import parse_request_parameters  # noqa: E402
+from python_backend_lib.serving.responses import error_response
+from python_backend_lib.serving.settings import ModelSettings  # noqa: E402
+from python_backend_lib.transcription.pipeline import default_device  # noqa: E402
 
 
 class TritonPythonModel:
@@ -50,7 +48,7 @@ class TritonPythonModel:
             features = features_for(waveform, self.n_mels, self.device).cpu()  # [n_mels, frames], as Pipeline.transcribe
         except Exception as error:
             return error_response(pb_utils, error)
-        seconds = np.array([[len(waveform) / audio.SAMPLE_RATE]], dtype=np.float32)  # [1, 1]
+        seconds = np.array([[len(waveform) / geometry.SAMPLE_RATE]], dtype=np.float32)  # [1, 1]
         return pb_utils.InferenceResponse(
             output_tensors=[
                 pb_utils.Tensor(tensor_names.LOG_MEL, features.numpy()[None]),  # [1, n_mels, frames]

@@ -20,21 +20,15 @@ import triton_python_backend_utils as pb_utils
 # Serving from a checkout without `pip install -e .`: the library sits beside the repository.
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from python_backend_lib import tensor_names  # noqa: E402
-from python_backend_lib.admission import RequestLedger  # noqa: E402
-from python_backend_lib.formats import Document, ResponseFormat  # noqa: E402
-from python_backend_lib.longform import TranscribeOptions, Transcript  # noqa: E402
-from python_backend_lib.metrics import WhisperMetrics  # noqa: E402
-from python_backend_lib.parameters import parse_request_parameters  # noqa: E402
-from python_backend_lib.serving import (  # noqa: E402
-    CancellationProbe,
-    ModelSettings,
-    check_log_mel,
-    error_response,
-    exact_seconds,
-    load_pipeline,
-    single_row,
-)
+from python_backend_lib.serving import tensor_names  # noqa: E402
+from python_backend_lib.serving.admission import RequestLedger  # noqa: E402
+from python_backend_lib.serving.inputs import CancellationProbe, check_log_mel, exact_seconds, single_row  # noqa: E402
+from python_backend_lib.serving.metrics import WhisperMetrics  # noqa: E402
+from python_backend_lib.serving.parameters import parse_request_parameters  # noqa: E402
+from python_backend_lib.serving.responses import error_response
+from python_backend_lib.serving.settings import ModelSettings, load_pipeline
+from python_backend_lib.text.formats import Document, ResponseFormat  # noqa: E402
+from python_backend_lib.transcription.longform import TranscribeOptions, Transcript  # noqa: E402
 
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
 

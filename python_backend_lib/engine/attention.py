@@ -21,7 +21,7 @@ from typing import Protocol
 import torch
 import torch.nn.functional as F
 
-from .kv_cache import KVSlotPool
+from python_backend_lib.engine.kv_cache import KVSlotPool
 
 
 @dataclass(frozen=True)

@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass
 from typing import Any
 
-from .admission import RequestLedger
-from .serving import Fault, describe_failure
+from python_backend_lib.serving.admission import RequestLedger
+from python_backend_lib.serving.responses import Fault, describe_failure
 
 log = logging.getLogger(__name__)
 

@@ -17,15 +17,15 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import torch
 
-from .attention import AttentionBackend, StepLayout
-from .kv_cache import KVSlotPool
-from .model import Whisper
-from .options import MAX_PROMPT_TOKENS, DecodingOptions, DecodingResult, Task
-from .tokenizer import Tokenizer
-from .weights import TIME_PRECISION_S, ModelConfig
+from python_backend_lib.checkpoints.weights import TIME_PRECISION_S, ModelConfig
+from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, DecodingResult, Task
+from python_backend_lib.engine.attention import AttentionBackend, StepLayout
+from python_backend_lib.engine.kv_cache import KVSlotPool
+from python_backend_lib.engine.model import Whisper
+from python_backend_lib.text.tokenizer import Tokenizer
 
 if TYPE_CHECKING:
-    from .cuda_graphs import DecodeGraphs
+    from python_backend_lib.engine.cuda_graphs import DecodeGraphs
 
 NEG_INF = float("-inf")
 N_RULE_FACTS = 8  # values per row in `Row.rule_facts`, rows of `RuleInputs.from_table`

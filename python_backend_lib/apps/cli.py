@@ -8,8 +8,8 @@ import signal
 import sys
 from pathlib import Path
 
-from python_backend_lib import gateway, server
-from python_backend_lib.server import ServerError, ServerSettings, TritonServer
+from python_backend_lib.apps import gateway, server
+from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 
 
 class _Terminated(Exception):
@@ -27,6 +27,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--checkpoint",
         help=f"Whisper checkpoint for every model (sets {server.CHECKPOINT_ENV}; default: the packaged tiny.en)",
+    )
+    serve.add_argument(
+        "--host",
+        default=server.DEFAULT_HOST,
+        metavar="ADDRESS",
+        help=f"address Triton's HTTP, gRPC and metrics endpoints listen on (default {server.DEFAULT_HOST}: "
+        "this machine only; 0.0.0.0 for every interface, as in a container)",
     )
     serve.add_argument("--http-port", type=int, default=server.DEFAULT_HTTP_PORT)
     serve.add_argument("--grpc-port", type=int, default=server.DEFAULT_GRPC_PORT)
@@ -55,6 +62,7 @@ def serve_command(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model_repository=(args.model_repository or server.packaged_model_repository()).resolve(),
         checkpoint=args.checkpoint,
+        host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import torch
 
-from .options import MAX_TEXT_POSITIONS
-from .audio import N_AUDIO_CTX
+from python_backend_lib.core.geometry import N_AUDIO_CTX
+from python_backend_lib.core.options import MAX_TEXT_POSITIONS
 
 DEFAULT_SOURCE = "default"
 RANDOM_PREFIX = "random:"

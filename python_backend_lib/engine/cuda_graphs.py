@@ -46,11 +46,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .decoding import N_RULE_FACTS, LogitRules, Row, RuleInputs
-from .flashinfer_attention import FlashInferAttention, PagedDecode, page_table
-from .kv_cache import PAGE_SIZE, SCRATCH_SLOT
-from .model import Whisper
-from .weights import ModelConfig
+from python_backend_lib.checkpoints.weights import ModelConfig
+from python_backend_lib.engine.decoding import N_RULE_FACTS, LogitRules, Row, RuleInputs
+from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
+from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT
+from python_backend_lib.engine.model import Whisper
 
 log = logging.getLogger(__name__)
 

@@ -11,8 +11,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from .segments import Segment, Word  # noqa: F401  (importable from here too)
-from .weights import DEFAULT_SOURCE, TIME_PRECISION_S, ModelConfig, SpecialTokens, load_config
+from python_backend_lib.checkpoints.weights import (
+    DEFAULT_SOURCE,
+    TIME_PRECISION_S,
+    ModelConfig,
+    SpecialTokens,
+    load_config,
+)
+from python_backend_lib.core.segments import Segment, Word  # noqa: F401  (importable from here too)
 
 
 class Tokenizer:

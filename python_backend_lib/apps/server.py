@@ -31,15 +31,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from python_backend_lib.serving import CHECKPOINT_ENV
+from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
 # Same cache as the checkpoints (`weights.cache_root`), without importing torch here.
 CACHE_ENV = "WHISPER_TRITON_CACHE"
-PACKAGE_ROOT = Path(__file__).resolve().parent
+# python_backend_lib/, two folders up from this file (apps/server.py).
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
 STUB_NAME = "triton_python_backend_stub"
 PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 
+# Triton listens on this address only, unless told otherwise: a server is not
+# reachable from other machines until its owner says so (`--host 0.0.0.0`).
+DEFAULT_HOST = "127.0.0.1"
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
@@ -73,6 +77,7 @@ class TritonInstallation:
 class ServerSettings:
     model_repository: Path
     checkpoint: str | None = None  # None: each model's config.pbtxt (or the inherited environment) decides
+    host: str = DEFAULT_HOST  # the address Triton's HTTP, gRPC and metrics endpoints listen on
     http_port: int = DEFAULT_HTTP_PORT
     grpc_port: int = DEFAULT_GRPC_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
@@ -263,8 +268,11 @@ class TritonServer:
             str(installation.binary),
             f"--model-repository={s.model_repository}",
             f"--backend-directory={installation.backend_directory}",
+            f"--http-address={s.host}",
             f"--http-port={s.http_port}",
+            f"--grpc-address={s.host}",
             f"--grpc-port={s.grpc_port}",
+            f"--metrics-address={s.host}",
             f"--metrics-port={s.metrics_port}",
             f"--log-verbose={s.log_verbose}",
             "--strict-readiness=true",

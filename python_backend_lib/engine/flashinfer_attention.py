@@ -38,8 +38,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from .attention import StepLayout
-from .kv_cache import PAGE_SIZE, KVSlotPool
+from python_backend_lib.engine.attention import StepLayout
+from python_backend_lib.engine.kv_cache import PAGE_SIZE, KVSlotPool
 
 # One float workspace serves every wrapper (they run one after another on one
 # stream); FlashInfer recommends 128 MiB and needs it zeroed before first use.

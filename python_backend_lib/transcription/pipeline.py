@@ -17,17 +17,19 @@ from typing import Callable, Sequence
 import numpy as np
 import torch
 
-from . import audio
-from .alignment import Aligner
-from .attention import SdpaAttention
-from .decoding import DecodeBatch
-from .engine import Engine, EngineOptions
-from .kv_cache import KVSlotPool, PoolShape, slots_for_memory
-from .longform import LongFormJob, TranscribeOptions, Transcript, features_for
-from .model import Whisper
-from .options import DecodingOptions, DecodingResult
-from .tokenizer import Tokenizer, load_tokenizer
-from .weights import DEFAULT_SOURCE, ModelConfig, load_checkpoint
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import features_for, window_features
+from python_backend_lib.checkpoints.weights import DEFAULT_SOURCE, ModelConfig, load_checkpoint
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.engine.attention import SdpaAttention
+from python_backend_lib.engine.decoding import DecodeBatch
+from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape, slots_for_memory
+from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.scheduler import Engine, EngineOptions
+from python_backend_lib.text.tokenizer import Tokenizer, load_tokenizer
+from python_backend_lib.transcription.alignment import Aligner
+from python_backend_lib.transcription.longform import LongFormJob, TranscribeOptions, Transcript
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +95,7 @@ class Pipeline:
             backend = make_attention(AttentionKind(attention), pool)
             graphs = None
             if cuda_graphs and device.type == "cuda" and not isinstance(backend, SdpaAttention):
-                from .cuda_graphs import DecodeGraphs
+                from python_backend_lib.engine.cuda_graphs import DecodeGraphs
 
                 stage = f"capturing CUDA graphs for up to {slots} requests"
                 graphs = DecodeGraphs(model, config, backend, max_batch=slots)
@@ -123,7 +125,7 @@ class Pipeline:
         for waveform, window_options in zip(waveforms, options):
             future: Future[DecodingResult] = Future()
             self.engine.submit(
-                audio.window_features(waveform, self.n_mels), window_options, _settle(future)
+                window_features(waveform, self.n_mels), window_options, _settle(future)
             )
             futures.append(future)
         return [f.result() for f in futures]
@@ -134,7 +136,7 @@ class Pipeline:
         """Queue a recording of any length (16 kHz mono) for transcription."""
         future: Future[Transcript] = Future()
         features = features_for(waveform, self.n_mels, self.device)
-        self.start(features, len(waveform) / audio.SAMPLE_RATE, options, _settle(future), is_cancelled)
+        self.start(features, len(waveform) / geometry.SAMPLE_RATE, options, _settle(future), is_cancelled)
         return future
 
     def start(
@@ -179,7 +181,7 @@ class Pipeline:
             options = TranscribeOptions(decoding=options)
         if isinstance(options, TranscribeOptions):
             options = [options] * len(recordings)
-        waveforms = [audio.decode_audio(r) if isinstance(r, (bytes, bytearray)) else r for r in recordings]
+        waveforms = [decode_audio(r) if isinstance(r, (bytes, bytearray)) else r for r in recordings]
         futures = [self.submit(w, o) for w, o in zip(waveforms, options)]
         return [f.result() for f in futures]
 
@@ -233,7 +235,7 @@ def make_attention(kind: AttentionKind, pool: KVSlotPool):
         return SdpaAttention(pool)
     if not on_cuda:
         raise ValueError("FlashInfer attention needs a CUDA device")
-    from .flashinfer_attention import FlashInferAttention
+    from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
     return FlashInferAttention(pool)
 

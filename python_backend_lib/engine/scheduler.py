@@ -24,11 +24,11 @@ from typing import Callable, Iterable
 
 import torch
 
-from .audio import N_FRAMES
-from .decoding import Admission, DecodeBatch, initial_tokens
-from .options import DecodingOptions, DecodingResult
-from .tokenizer import Tokenizer
-from .weights import ModelConfig
+from python_backend_lib.checkpoints.weights import ModelConfig
+from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.engine.decoding import Admission, DecodeBatch, initial_tokens
+from python_backend_lib.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .weights import ModelDims
+from python_backend_lib.checkpoints.weights import ModelDims
 
 SCRATCH_SLOT = 0
 PAGE_SIZE = 16

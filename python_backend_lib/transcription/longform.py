@@ -30,8 +30,10 @@ from typing import Callable
 
 import torch
 
-from . import audio
-from .options import (  # noqa: F401  (the options are importable from here too)
+from python_backend_lib.audio.features import LOG_MEL_OFFSET, LOG_MEL_SCALE, content_frames, pad_or_trim
+from python_backend_lib.checkpoints.weights import ModelConfig
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import (  # noqa: F401  (the options are importable from here too)
     DEFAULT_COMPRESSION_RATIO_THRESHOLD,
     DEFAULT_LOGPROB_THRESHOLD,
     DEFAULT_NO_SPEECH_THRESHOLD,
@@ -42,8 +44,7 @@ from .options import (  # noqa: F401  (the options are importable from here too)
     LongFormMode,
     TranscribeOptions,
 )
-from .tokenizer import Segment, Tokenizer
-from .weights import ModelConfig
+from python_backend_lib.text.tokenizer import Segment, Tokenizer
 
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5
@@ -88,24 +89,8 @@ def is_silent(result: DecodingResult, options: TranscribeOptions) -> bool:
 
 def is_digital_silence(window: torch.Tensor) -> bool:
     """window: log-mel [n_mels, frames] as `audio` normalises it, (log10 + 4) / 4."""
-    peak_log10_power = float(window.max()) * audio.LOG_MEL_SCALE - audio.LOG_MEL_OFFSET
+    peak_log10_power = float(window.max()) * LOG_MEL_SCALE - LOG_MEL_OFFSET
     return peak_log10_power < SILENCE_LOG10_POWER
-
-
-def content_frames(mel_frames: int, duration: float) -> int:
-    """Mel frames that hold audio. Up to 30 s the features are exactly one
-    window; longer audio comes with 30 s of padding frames appended."""
-    if mel_frames > audio.N_FRAMES:
-        return mel_frames - audio.N_FRAMES
-    return min(audio.N_FRAMES, int(round(duration * audio.SAMPLE_RATE)) // audio.HOP_LENGTH)
-
-
-def features_for(waveform, n_mels: int, device=None) -> torch.Tensor:
-    """Log-mel for `LongFormJob`: one exact window up to 30 s, else the whole
-    recording followed by 30 s of silence (so every window is full)."""
-    if len(waveform) <= audio.N_SAMPLES:
-        return audio.window_features(waveform, n_mels, device)
-    return audio.log_mel_spectrogram(waveform, n_mels, padding=audio.N_SAMPLES, device=device)
 
 
 @dataclass(frozen=True)
@@ -124,8 +109,8 @@ def split_window(
     last timestamp, so the unfinished speech is decoded again whole.
     """
     begin = tokenizer.special.timestamp_begin
-    offset = seek / audio.FRAMES_PER_SECOND
-    window_seconds = window_frames / audio.FRAMES_PER_SECOND
+    offset = seek / geometry.FRAMES_PER_SECOND
+    window_seconds = window_frames / geometry.FRAMES_PER_SECOND
     is_ts = [t >= begin for t in tokens]
     single_ending = is_ts[-2:] == [False, True]
     boundaries = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
@@ -148,7 +133,7 @@ def split_window(
             advance = window_frames
         else:
             last_timestamp = tokens[start - 1] - begin
-            advance = last_timestamp * audio.ENCODER_STRIDE
+            advance = last_timestamp * geometry.ENCODER_STRIDE
     else:
         stamps = [t for t in tokens if t >= begin]
         duration = window_seconds
@@ -222,8 +207,8 @@ class LongFormJob:
         """The 3,000 frames decoded from `seek`, and how many of them hold audio.
         Past the end of short audio the window is padded with zeros, as
         openai-whisper and transformers pad it."""
-        frames = min(audio.N_FRAMES, self.content - seek)
-        return audio.pad_or_trim(self.mel[:, seek : seek + audio.N_FRAMES], audio.N_FRAMES), frames
+        frames = min(geometry.N_FRAMES, self.content - seek)
+        return pad_or_trim(self.mel[:, seek : seek + geometry.N_FRAMES], geometry.N_FRAMES), frames
 
     def _decoding_options(self, seek: int, attempt: int) -> DecodingOptions:
         """The first window (and every window in BATCHED mode) sees the caller's
@@ -278,7 +263,7 @@ class LongFormJob:
             if self.options.word_timestamps:
                 # Runs on the engine thread, between decoder steps.
                 segments = self.add_words(
-                    outcome.segments, features, frames, seek / audio.FRAMES_PER_SECOND,
+                    outcome.segments, features, frames, seek / geometry.FRAMES_PER_SECOND,
                     self.language, self.options.decoding.task,
                 )
                 outcome = WindowOutcome(segments, outcome.advance)
@@ -301,11 +286,11 @@ class LongFormJob:
             self._finish()
 
     def _after_batched(self, seek: int) -> None:
-        if seek == 0 and self.content > audio.N_FRAMES:
+        if seek == 0 and self.content > geometry.N_FRAMES:
             # The first window fixed the language; the rest run in parallel.
             # Count them all before submitting any, so that none can see the
             # job as finished while others are still being submitted.
-            later = range(audio.N_FRAMES, self.content, audio.N_FRAMES)
+            later = range(geometry.N_FRAMES, self.content, geometry.N_FRAMES)
             with self._lock:
                 self._pending += len(later)
             for window_seek in later:

@@ -20,12 +20,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import audio
-from .attention import StepLayout
-from .model import Whisper
-from .options import Task
-from .tokenizer import Segment, Tokenizer, Word
-from .weights import ModelConfig
+from python_backend_lib.checkpoints.weights import ModelConfig
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import Task
+from python_backend_lib.engine.attention import StepLayout
+from python_backend_lib.engine.model import Whisper
+from python_backend_lib.text.tokenizer import Segment, Tokenizer, Word
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
 # DTW lets the first word after a pause begin anywhere in the silence before it.
@@ -136,7 +136,7 @@ class Aligner:
 
         # Attention over the frames that hold audio only: the padding must not
         # take probability away from them.
-        frames = max(1, content_frames // audio.ENCODER_STRIDE)
+        frames = max(1, content_frames // geometry.ENCODER_STRIDE)
         scores = torch.stack([recorder.scores[layer][head, :, :frames] for layer, head in heads])
         weights = scores.softmax(dim=-1)
         std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
@@ -146,7 +146,7 @@ class Aligner:
         matrix = weights.mean(dim=0)[len(prefix) : -1]
         text_index, time_index = dynamic_time_warping(-matrix.double().cpu().numpy())
         jumps = np.pad(np.diff(text_index), (1, 0), constant_values=1).astype(bool)
-        return time_index[jumps] * audio.SECONDS_PER_POSITION, probabilities
+        return time_index[jumps] * geometry.SECONDS_PER_POSITION, probabilities
 
 
 def shorten_words_after_pauses(segments: list[list[Word]], window_start: float) -> list[list[Word]]:

@@ -12,8 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .attention import AttentionBackend, StepLayout
-from .weights import Checkpoint, ModelDims
+from python_backend_lib.checkpoints.weights import Checkpoint, ModelDims
+from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 
 
 class Projections(nn.Module):

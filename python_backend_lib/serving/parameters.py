@@ -18,8 +18,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from python_backend_lib.formats import TIMED_FORMATS, ResponseFormat
-from python_backend_lib.options import DecodingOptions, TranscribeOptions
+from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+from python_backend_lib.text.formats import TIMED_FORMATS, ResponseFormat
 
 # Bounds for raw PCM; decoding resamples whatever lies between them to 16 kHz.
 MIN_SAMPLE_RATE = 1_000

@@ -28,9 +28,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from python_backend_lib.languages import language_code, language_name
-from python_backend_lib.options import Task, TranscribeOptions
-from python_backend_lib.segments import NAN, Segment, Word
+from python_backend_lib.core.languages import language_code, language_name
+from python_backend_lib.core.options import Task, TranscribeOptions
+from python_backend_lib.core.segments import NAN, Segment, Word
 
 MS_PER_SECOND = 1000
 MS_PER_MINUTE = 60 * MS_PER_SECOND

@@ -36,9 +36,9 @@ from typing import Any
 
 import numpy as np
 
-from python_backend_lib import tensor_names
-from python_backend_lib.formats import ResponseFormat
-from python_backend_lib.options import Task
+from python_backend_lib.core.options import Task
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.text.formats import ResponseFormat
 
 DEFAULT_MODEL_ID = "whisper-1"  # what OpenAI's examples ask for
 DEFAULT_PORT = 9000

@@ -1,57 +1,20 @@
-"""Audio in, Whisper features out: bytes -> 16 kHz mono waveform -> log-mel spectrogram.
+"""Audio bytes to Whisper's input waveform: 16 kHz mono float32 (numpy, no torch).
 
-Decoding uses libsndfile (through `soundfile`) for files and numpy for raw
-float32 PCM; resampling uses libsoxr. The log-mel is computed in torch so that
-it runs wherever the model runs, and equals `transformers.WhisperFeatureExtractor`
-(which is what the Whisper checkpoints were trained on) to float32 rounding.
-
-Every function here is pure: the only state is a cache of constant mel filter
-banks, so one process may serve concurrent requests.
+Files are decoded by libsndfile (through `soundfile`), raw float32 PCM by numpy,
+and resampled by libsoxr. Bad input raises `AudioError`, whose message names
+the problem; nothing here keeps state, so one process serves concurrent requests.
 """
 
 from __future__ import annotations
 
-import functools
 import io
 import math
 
 import numpy as np
 import soundfile
 import soxr
-import torch
-import torch.nn.functional as F
 
-# --- Whisper's fixed audio geometry -----------------------------------------
-SAMPLE_RATE = 16000  # Hz; every checkpoint was trained at this rate
-N_FFT = 400  # samples per STFT window: 25 ms
-HOP_LENGTH = 160  # samples between STFT frames: 10 ms
-CHUNK_SECONDS = 30  # the encoder sees exactly this much audio at a time
-N_SAMPLES = CHUNK_SECONDS * SAMPLE_RATE  # 480,000 samples in one window
-N_FRAMES = N_SAMPLES // HOP_LENGTH  # 3,000 mel frames in one window
-N_FREQ_BINS = N_FFT // 2 + 1  # 201 rows of a one-sided spectrum
-ENCODER_STRIDE = 2  # the encoder's second conv halves the frame rate
-N_AUDIO_CTX = N_FRAMES // ENCODER_STRIDE  # 1,500 encoder positions per window
-
-FRAMES_PER_SECOND = SAMPLE_RATE // HOP_LENGTH  # 100 mel frames per second
-SECONDS_PER_FRAME = HOP_LENGTH / SAMPLE_RATE  # 0.01 s
-SAMPLES_PER_POSITION = HOP_LENGTH * ENCODER_STRIDE  # 320 samples per encoder position
-# 0.02 s: one encoder position, which is also the step between timestamp tokens.
-SECONDS_PER_POSITION = SAMPLES_PER_POSITION / SAMPLE_RATE
-
-# --- Log-mel parameters (Whisper's training recipe) --------------------------
-SUPPORTED_N_MELS = (80, 128)  # 80 up to large-v2, 128 from large-v3 on
-MEL_MAX_HZ = SAMPLE_RATE / 2  # filters span 0 Hz up to Nyquist, 8 kHz
-LOG_POWER_FLOOR = 1e-10  # keeps log10 finite on digital silence (-100 dB)
-DYNAMIC_RANGE = 8.0  # log10 units (80 dB) kept below the loudest bin
-# (x + 4) / 4 maps the usual log10-power range of speech to roughly [-1, 1].
-LOG_MEL_OFFSET = 4.0
-LOG_MEL_SCALE = 4.0
-
-# Slaney's mel scale: linear below 1 kHz, logarithmic above, joined at 15 mel.
-MEL_HZ_PER_MEL = 200.0 / 3.0
-MEL_BREAK_HZ = 1000.0
-MEL_BREAK_MEL = MEL_BREAK_HZ / MEL_HZ_PER_MEL  # 15 mel
-MEL_LOG_STEP = math.log(6.4) / 27.0  # natural-log Hz per mel above the break
+from python_backend_lib.core.geometry import SAMPLE_RATE
 
 # --- Limits on what a request may send ---------------------------------------
 MIN_SAMPLE_RATE = 1_000  # Hz; below this nothing is left of speech
@@ -157,22 +120,6 @@ def resample(waveform: np.ndarray, from_rate: int, to_rate: int = SAMPLE_RATE) -
     if from_rate == to_rate:
         return waveform
     return soxr.resample(waveform, from_rate, to_rate, quality="HQ")
-
-
-def pad_or_trim(waveform, length: int = N_SAMPLES):
-    """Zero-pad or cut the last axis to exactly `length` samples.
-
-    waveform: numpy array or torch tensor [..., samples]; returns the same kind [..., length].
-    """
-    n = waveform.shape[-1]
-    if n == length:
-        return waveform
-    if n > length:
-        return waveform[..., :length]
-    if isinstance(waveform, torch.Tensor):
-        return F.pad(waveform, (0, length - n))
-    widths = [(0, 0)] * (waveform.ndim - 1) + [(0, length - n)]
-    return np.pad(waveform, widths)
 
 
 def _as_bytes(data) -> bytes:
@@ -298,127 +245,3 @@ def _frame_limit(max_seconds: float | None, sample_rate: int) -> float:
 def _too_long(n_frames: int, sample_rate: int, max_seconds: float, *, exact: bool) -> AudioError:
     length = "" if exact else "at least "
     return AudioError(f"audio is {length}{n_frames / sample_rate:.1f} s long; the limit is {max_seconds:g} s")
-
-
-# --- Log-mel spectrogram ------------------------------------------------------
-
-
-def mel_filters(n_mels: int, device=None) -> torch.Tensor:
-    """Slaney-normalised triangular mel filters on Slaney's mel scale, 0 Hz to 8 kHz.
-
-    Returns float32 [n_mels, N_FREQ_BINS], cached per (n_mels, device) and
-    shared between callers: treat it as read-only.
-    """
-    if n_mels not in SUPPORTED_N_MELS:
-        raise ValueError(f"n_mels must be one of {SUPPORTED_N_MELS}, got {n_mels!r}")
-    return _cached_mel_filters(n_mels, torch.device("cpu" if device is None else device))
-
-
-@functools.lru_cache(maxsize=None)
-def _cached_mel_filters(n_mels: int, device: torch.device) -> torch.Tensor:
-    return torch.from_numpy(_mel_filter_bank(n_mels)).to(device, torch.float32)
-
-
-def _mel_filter_bank(n_mels: int) -> np.ndarray:
-    """float64 [n_mels, N_FREQ_BINS]; row m rises from edge m to m+1 and falls to m+2."""
-    edges_mel = np.linspace(_hz_to_mel(0.0), _hz_to_mel(MEL_MAX_HZ), n_mels + 2)
-    edges_hz = _mel_to_hz(edges_mel)  # [n_mels + 2]
-    lower, centre, upper = (e[:, None] for e in (edges_hz[:-2], edges_hz[1:-1], edges_hz[2:]))
-    bin_hz = np.linspace(0.0, SAMPLE_RATE / 2, N_FREQ_BINS)[None, :]  # [1, N_FREQ_BINS]
-    rising = (bin_hz - lower) / (centre - lower)  # [n_mels, N_FREQ_BINS]
-    falling = (upper - bin_hz) / (upper - centre)
-    triangles = np.maximum(0.0, np.minimum(rising, falling))
-    # Slaney normalisation: every filter has the same area, so wide high
-    # filters do not collect more energy than narrow low ones.
-    return triangles * (2.0 / (upper - lower))
-
-
-def _hz_to_mel(hz) -> np.ndarray:
-    hz = np.asarray(hz, dtype=np.float64)
-    log_part = MEL_BREAK_MEL + np.log(np.maximum(hz, MEL_BREAK_HZ) / MEL_BREAK_HZ) / MEL_LOG_STEP
-    return np.where(hz < MEL_BREAK_HZ, hz / MEL_HZ_PER_MEL, log_part)
-
-
-def _mel_to_hz(mel) -> np.ndarray:
-    mel = np.asarray(mel, dtype=np.float64)
-    log_part = MEL_BREAK_HZ * np.exp(MEL_LOG_STEP * (np.maximum(mel, MEL_BREAK_MEL) - MEL_BREAK_MEL))
-    return np.where(mel < MEL_BREAK_MEL, mel * MEL_HZ_PER_MEL, log_part)
-
-
-def log_mel_spectrogram(
-    waveform,
-    n_mels: int,
-    *,
-    padding: int = 0,
-    device=None,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Whisper's log-mel spectrogram of 16 kHz audio.
-
-    waveform: numpy array or tensor [samples] or [batch, samples].
-    padding: zero samples appended before the STFT (as the 30 s window pads).
-    device: where to compute; None means the tensor's device, or CPU for numpy.
-    dtype: of the result; the STFT itself is always float32.
-    Returns [n_mels, frames] (or [batch, n_mels, frames]) with
-    frames = (samples + padding) // HOP_LENGTH: the STFT's centred last frame is dropped.
-    The 8.0 dynamic-range floor is taken per item, over all its frames.
-    """
-    if isinstance(padding, bool) or not isinstance(padding, int) or padding < 0:
-        raise ValueError(f"padding must be a non-negative integer, got {padding!r}")
-    filters = mel_filters(n_mels, _resolve_device(waveform, device))
-    audio = _as_float32_tensor(waveform, filters.device)
-    if padding:
-        audio = F.pad(audio, (0, padding))
-    # Centred reflect padding needs more than N_FFT // 2 samples to reflect.
-    if audio.shape[-1] <= N_FFT // 2:
-        raise ValueError(f"need more than {N_FFT // 2} samples (with padding), got {audio.shape[-1]}")
-    leading = audio.shape[:-1]
-    stft = torch.stft(
-        audio.reshape(-1, audio.shape[-1]),  # [items, samples]
-        N_FFT,
-        HOP_LENGTH,
-        window=torch.hann_window(N_FFT, periodic=True, device=filters.device),
-        center=True,
-        pad_mode="reflect",
-        return_complex=True,
-    )  # [items, N_FREQ_BINS, frames + 1]
-    power = stft[..., :-1].abs().pow(2)  # [items, N_FREQ_BINS, frames]
-    log_mel = torch.clamp(filters @ power, min=LOG_POWER_FLOOR).log10()  # [items, n_mels, frames]
-    loudest = log_mel.amax(dim=(-2, -1), keepdim=True)  # [items, 1, 1]
-    log_mel = torch.maximum(log_mel, loudest - DYNAMIC_RANGE)
-    log_mel = (log_mel + LOG_MEL_OFFSET) / LOG_MEL_SCALE
-    return log_mel.reshape(*leading, n_mels, log_mel.shape[-1]).to(dtype)
-
-
-def window_features(
-    waveform,
-    n_mels: int,
-    device=None,
-    *,
-    dtype: torch.dtype = torch.float32,
-) -> torch.Tensor:
-    """Features of one 30 s window: exactly WhisperFeatureExtractor's input_features.
-
-    waveform: [samples] at 16 kHz, numpy or tensor; cut or zero-padded to
-    N_SAMPLES before the STFT. Returns [n_mels, N_FRAMES] (or [batch, n_mels, N_FRAMES]).
-    """
-    audio = _as_float32_tensor(waveform, _resolve_device(waveform, device))
-    return log_mel_spectrogram(pad_or_trim(audio, N_SAMPLES), n_mels, dtype=dtype)
-
-
-def _resolve_device(waveform, device) -> torch.device:
-    if device is not None:
-        return torch.device(device)
-    if isinstance(waveform, torch.Tensor):
-        return waveform.device
-    return torch.device("cpu")
-
-
-def _as_float32_tensor(waveform, device: torch.device) -> torch.Tensor:
-    if isinstance(waveform, torch.Tensor):
-        return waveform.to(device, torch.float32)
-    # Through float32 numpy first, as the feature extractor rounds float64 input.
-    array = np.ascontiguousarray(waveform, dtype=np.float32)
-    if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
-        array = array.copy()
-    return torch.from_numpy(array).to(device)

@@ -1,0 +1,50 @@
+"""How a failed request becomes its Triton error: whose fault it was decides the code.
+
+Nothing here imports Triton (the `pb_utils` module is passed in), so it is tested without a server.
+"""
+
+from __future__ import annotations
+
+import enum
+import traceback
+from concurrent.futures import CancelledError
+from typing import Any
+
+from python_backend_lib.serving.admission import Overloaded
+
+
+class Fault(enum.Enum):
+    """Whose a failed request's error is; decides its Triton error code."""
+
+    CLIENT = "client"  # bad audio, bad parameters, bad tensors: INVALID_ARG
+    CANCELLED = "cancelled"  # the client went away: CANCELLED
+    OVERLOADED = "overloaded"  # too many requests in flight, retry later: UNAVAILABLE
+    SERVER = "server"  # ours: INTERNAL, and logged with its traceback
+
+
+def describe_failure(error: BaseException) -> tuple[str, Fault]:
+    """(message for the client, whose fault): never a traceback for the client."""
+    if isinstance(error, ValueError):
+        return str(error), Fault.CLIENT
+    if isinstance(error, CancelledError):
+        return f"cancelled: {error}", Fault.CANCELLED
+    if isinstance(error, Overloaded):
+        return str(error), Fault.OVERLOADED
+    return f"internal error: {type(error).__name__}: {error}", Fault.SERVER
+
+
+def error_response(pb_utils: Any, error: BaseException) -> Any:
+    """An `InferenceResponse` carrying only `error`, with the code its `Fault` calls for.
+
+    pb_utils: the `triton_python_backend_utils` module (only importable inside Triton).
+    """
+    message, fault = describe_failure(error)
+    codes = {
+        Fault.CLIENT: pb_utils.TritonError.INVALID_ARG,
+        Fault.CANCELLED: pb_utils.TritonError.CANCELLED,
+        Fault.OVERLOADED: pb_utils.TritonError.UNAVAILABLE,
+        Fault.SERVER: pb_utils.TritonError.INTERNAL,
+    }
+    if fault is Fault.SERVER:
+        pb_utils.Logger.log_error(f"{message}\n{''.join(traceback.format_exception(error))}")
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, codes[fault]))

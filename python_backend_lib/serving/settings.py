@@ -1,0 +1,113 @@
+"""A Triton model's config.pbtxt as the adapters need it, parsed once in `initialize`.
+
+Nothing here imports Triton or torch (the whisper model's pipeline imports torch
+when loaded), so it is tested without a server.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# Overrides every model's `checkpoint` parameter; `whisper-triton serve --checkpoint` sets it.
+CHECKPOINT_ENV = "WHISPER_TRITON_CHECKPOINT"
+DEFAULT_CHECKPOINT = "default"  # the packaged tiny.en
+# The `parameters { key: ... }` a model's config.pbtxt may set (all string values there).
+CONFIG_PARAMETERS = ("checkpoint", "max_audio_seconds", "max_queued_requests", "kv_slots", "kv_memory_fraction")
+# Longer audio is refused, naming the limit: an hour of 16 kHz float32 is 230 MB.
+DEFAULT_MAX_AUDIO_SECONDS = 3600.0
+# Numeric parameters set to this (or left out) take the library's default.
+AUTO = "auto"
+# For tests only: the engine fails every decoder step holding a request with this
+# prompt (`EngineOptions.fault_prompt`), to show that the failure stays with it.
+FAULT_PROMPT_ENV = "WHISPER_TRITON_FAULT_PROMPT"
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """A model's config.pbtxt, as the adapters need it.
+
+    name: the model's name in the repository.
+    max_batch_size: rows a request may carry at most.
+    checkpoint: the Whisper checkpoint source (see `weights.load_config`).
+    max_audio_seconds: longer audio is refused (INVALID_ARG naming the limit).
+    max_queued_requests: requests the whisper model holds beyond its decoding
+        slots before it refuses new ones (UNAVAILABLE); None: as many as the slots.
+    kv_slots: windows decoded together (KV-cache slots); None: from free GPU
+        memory, 16 on the CPU.
+    kv_memory_fraction: share of the free GPU memory for the KV slots when
+        `kv_slots` is None; None: the library's default.
+    """
+
+    name: str
+    max_batch_size: int
+    checkpoint: str
+    max_audio_seconds: float = DEFAULT_MAX_AUDIO_SECONDS
+    max_queued_requests: int | None = None
+    kv_slots: int | None = None
+    kv_memory_fraction: float | None = None
+
+    @classmethod
+    def from_triton(cls, model_config: str, environ: Mapping[str, str] = os.environ) -> ModelSettings:
+        """Parse `args["model_config"]`; ValueError for a config the adapters cannot serve."""
+        config = json.loads(model_config)
+        name = config.get("name", "?")
+        max_batch_size = int(config.get("max_batch_size", 0))
+        if max_batch_size < 1:
+            raise ValueError(f"model {name!r}: max_batch_size must be at least 1, got {max_batch_size}")
+        parameters = config.get("parameters", {})
+        unknown = sorted(set(parameters) - set(CONFIG_PARAMETERS))
+        if unknown:
+            raise ValueError(
+                f"model {name!r}: unknown config parameter(s) {unknown}; known: {list(CONFIG_PARAMETERS)}"
+            )
+        values = {key: parameters[key].get("string_value", "").strip() for key in parameters}
+        checkpoint = environ.get(CHECKPOINT_ENV) or values.get("checkpoint") or DEFAULT_CHECKPOINT
+
+        def number(key: str, kind: type, low: float, high: float = math.inf) -> float | int | None:
+            text = values.get(key, "")
+            if text in ("", AUTO):
+                return None
+            try:
+                value = kind(text)
+            except ValueError:
+                value = None
+            if value is None or not low <= value <= high:
+                bound = "" if high == math.inf else f" and at most {high:g}"
+                raise ValueError(
+                    f"model {name!r}: config parameter {key!r} must be {AUTO!r} or a{'n integer' if kind is int else ' number'}"
+                    f" of at least {low:g}{bound}, got {text!r}"
+                )
+            return value
+
+        max_audio_seconds = number("max_audio_seconds", float, 1.0)
+        return cls(
+            name=name,
+            max_batch_size=max_batch_size,
+            checkpoint=checkpoint,
+            max_audio_seconds=DEFAULT_MAX_AUDIO_SECONDS if max_audio_seconds is None else max_audio_seconds,
+            max_queued_requests=number("max_queued_requests", int, 0),
+            kv_slots=number("kv_slots", int, 1),
+            kv_memory_fraction=number("kv_memory_fraction", float, 0.01, 0.95),
+        )
+
+    def request_limit(self, slots: int) -> int:
+        """Requests the whisper model holds at most: its decoding slots plus `max_queued_requests`."""
+        return slots + (slots if self.max_queued_requests is None else self.max_queued_requests)
+
+
+def load_pipeline(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> Any:
+    """The whisper model's `Pipeline`, as its settings (and `FAULT_PROMPT_ENV`) ask.
+
+    Raises pipeline.GpuMemoryError, saying what to change, when it does not fit on the GPU.
+    """
+    from python_backend_lib.engine.scheduler import EngineOptions  # torch: only in the whisper model
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    fraction = {} if settings.kv_memory_fraction is None else {"kv_memory_fraction": settings.kv_memory_fraction}
+    engine_options = EngineOptions(fault_prompt=environ.get(FAULT_PROMPT_ENV) or None)
+    return Pipeline.load(settings.checkpoint, slots=settings.kv_slots, engine_options=engine_options, **fraction)
