@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
 from python_backend_lib.engine.decoding import LogitRules, Prompt, Row, RuleInputs, initial_tokens
 from python_backend_lib.text.tokenizer import Segment, load_tokenizer
@@ -108,22 +109,24 @@ def test_initial_tokens_multilingual():
 
 
 @pytest.mark.parametrize(
-    "config, options, message",
+    "config, options, message, client_fault",
     [
-        (ENGLISH, DecodingOptions(language="fr"), "English-only"),
-        (ENGLISH, DecodingOptions(task="translate"), "translate"),
-        (MULTILINGUAL, DecodingOptions(language="xx"), "unknown language code 'xx'"),
-        (MULTILINGUAL, DecodingOptions(prompt="hi"), "tokenizer"),
+        (ENGLISH, DecodingOptions(language="fr"), "English-only", True),
+        (ENGLISH, DecodingOptions(task="translate"), "translate", True),
+        (MULTILINGUAL, DecodingOptions(language="xx"), "unknown language code 'xx'", True),
+        # The checkpoint lacks a tokenizer: the server's setup, not the request, is at fault.
+        (MULTILINGUAL, DecodingOptions(prompt="hi"), "tokenizer", False),
     ],
 )
-def test_options_that_do_not_fit_the_model(config, options, message):
-    with pytest.raises(ValueError, match=message):
+def test_options_that_do_not_fit_the_model(config, options, message, client_fault):
+    with pytest.raises(ValueError, match=message) as caught:
         initial_tokens(config, options, None)
+    assert isinstance(caught.value, RequestError) == client_fault
 
 
 def test_prompt_too_long_is_refused():
     tokenizer = load_tokenizer(ENGLISH)
-    with pytest.raises(ValueError, match=f"at most {MAX_PROMPT_TOKENS}"):
+    with pytest.raises(RequestError, match=f"at most {MAX_PROMPT_TOKENS}"):
         initial_tokens(ENGLISH, DecodingOptions(prompt="word " * 400), tokenizer)
 
 

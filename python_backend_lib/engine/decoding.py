@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from python_backend_lib.checkpoints.weights import TIME_PRECISION_S, ModelConfig
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, DecodingResult, Task
 from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 from python_backend_lib.engine.kv_cache import KVSlotPool
@@ -58,14 +59,14 @@ def initial_tokens(config: ModelConfig, options: DecodingOptions, tokenizer: Tok
     language = options.language
     if not config.multilingual:
         if options.task is Task.TRANSLATE:
-            raise ValueError("task 'translate' needs a multilingual checkpoint; this one is English-only")
+            raise RequestError("task 'translate' needs a multilingual checkpoint; this one is English-only")
         if language not in (None, "en"):
-            raise ValueError(f"this checkpoint is English-only; language {language!r} is not supported")
+            raise RequestError(f"this checkpoint is English-only; language {language!r} is not supported")
         language = "en"
     elif language is not None:
         language = language.lower()
         if language not in special.language_codes:
-            raise ValueError(f"unknown language code {options.language!r}")
+            raise RequestError(f"unknown language code {options.language!r}")
     tokens: list[int] = []
     if options.previous_tokens:
         tokens = [special.startofprev, *options.previous_tokens[-MAX_PROMPT_TOKENS:]]
@@ -74,7 +75,7 @@ def initial_tokens(config: ModelConfig, options: DecodingOptions, tokenizer: Tok
             raise ValueError("a prompt needs a checkpoint with a tokenizer")
         prompt_tokens = tokenizer.encode(" " + options.prompt.strip())
         if len(prompt_tokens) > MAX_PROMPT_TOKENS:
-            raise ValueError(
+            raise RequestError(
                 f"prompt is {len(prompt_tokens)} tokens long; the model allows at most {MAX_PROMPT_TOKENS}"
             )
         tokens = [special.startofprev, *prompt_tokens]
