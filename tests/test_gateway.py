@@ -9,9 +9,18 @@ import urllib.request
 import numpy as np
 import pytest
 import tritonclient.grpc
-from conftest import AUDIO_DIR, GATEWAY_MAX_FILE_MB, GATEWAY_MODEL_IDS, RunningServer
+from conftest import AUDIO_DIR, FAULT_PROMPT, GATEWAY_MAX_FILE_MB, GATEWAY_MODEL_IDS, RunningServer
 
-from python_backend_lib.apps.gateway import ApiError, AudioRequest, GatewaySettings, error_from_triton, parse_form
+from python_backend_lib.apps.gateway import GatewaySettings, create_app
+from python_backend_lib.apps.openai_api import (
+    ApiError,
+    AudioRequest,
+    InvalidRequest,
+    api_error,
+    error_from_triton,
+    parse_form,
+)
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import Document
@@ -130,6 +139,18 @@ def test_bad_requests_get_openais_error_shape(client, options, error, param):
     assert (body["type"], body["param"]) == ("invalid_request_error", param)
 
 
+def test_a_fault_of_the_server_is_a_500_that_blames_no_client(client, server):
+    """The engine's fault hook raises a ValueError that is not a RequestError:
+    the server's fault, so Triton says INTERNAL and the gateway 500."""
+    with open(JFK, "rb") as audio, pytest.raises(openai.InternalServerError) as caught:
+        client.audio.transcriptions.create(model="whisper-1", file=audio, prompt=FAULT_PROMPT)
+    assert caught.value.status_code == 500
+    body = caught.value.body
+    assert body["type"] == "server_error" and body["code"] == "server_error"
+    assert "internal error: InjectedFault: injected fault for the prompt" in body["message"]
+    assert "Traceback" not in body["message"]
+
+
 @pytest.mark.parametrize(
     "samples",
     [np.zeros(30 * 16_000), np.random.default_rng(0).standard_normal(30 * 16_000) * 0.1],
@@ -210,13 +231,13 @@ def test_health_follows_triton(gateway):
 def test_form_fields_become_triton_parameters():
     form = {"model": ["whisper-1"], "language": ["en"], "prompt": ["Names."], "temperature": ["0.4"],
             "response_format": ["verbose_json"], "timestamp_granularities[]": ["word", "segment", "word"]}
-    request = parse_form(form, Task.TRANSCRIBE, GatewaySettings())
+    request = parse_form(form, Task.TRANSCRIBE, GatewaySettings().model_ids)
     assert request.granularities == ("word", "segment")
     assert request.triton_parameters() == {
         "task": "transcribe", "response_format": "verbose_json", "timestamps": True, "temperature": 0.4,
         "word_timestamps": True, "language": "en", "prompt": "Names.",
     }
-    translation = parse_form({"model": ["whisper-1"], "language": ["de"]}, Task.TRANSLATE, GatewaySettings())
+    translation = parse_form({"model": ["whisper-1"], "language": ["de"]}, Task.TRANSLATE, GatewaySettings().model_ids)
     assert translation.triton_parameters() == {
         "task": "translate", "response_format": "json", "timestamps": True, "temperature": 0.0,
         "word_timestamps": False,
@@ -234,8 +255,9 @@ def test_words_alone_drop_the_segments():
 @pytest.mark.parametrize("temperature", ["-0.1", "nan", "warm", "1.01"])
 def test_temperature_must_be_from_zero_to_one(temperature):
     with pytest.raises(ApiError) as caught:
-        parse_form({"model": ["whisper-1"], "temperature": [temperature]}, Task.TRANSCRIBE, GatewaySettings())
+        parse_form({"model": ["whisper-1"], "temperature": [temperature]}, Task.TRANSCRIBE, ("whisper-1",))
     assert caught.value.status == 400 and caught.value.param == "temperature"
+    assert isinstance(caught.value, RequestError)  # the client's mistake
 
 
 @pytest.mark.parametrize(
@@ -254,3 +276,36 @@ def test_triton_errors_map_to_http_statuses(status, http, code):
     error = error_from_triton(InferenceServerException("the message", status=status))
     assert (error.status, error.code) == (http, code) and error.message.endswith("the message")
     assert error.body()["error"]["type"] == ("invalid_request_error" if http < 500 else "server_error")
+
+
+def test_whose_fault_decides_the_status():
+    assert isinstance(InvalidRequest(404, "no such model"), RequestError)
+    assert api_error(RequestError("audio is empty")).status == 400
+    internal = api_error(ValueError("an invariant broke"))
+    assert (internal.status, internal.kind) == (500, "server_error")
+    assert internal.message == "internal error: ValueError: an invariant broke"
+
+
+def test_the_app_answers_every_failure_in_openais_shape():
+    """A real app: a RequestError raised anywhere is a 400, any other exception a
+    500 whose body names no traceback (the test adds the two failing routes)."""
+    from fastapi.testclient import TestClient
+
+    app = create_app(GatewaySettings(triton_url="localhost:1"))
+
+    @app.get("/client-mistake")
+    async def client_mistake():
+        raise RequestError("the request is wrong")
+
+    @app.get("/server-bug")
+    async def server_bug():
+        raise ValueError("an invariant broke")
+
+    with TestClient(app, raise_server_exceptions=False) as http:
+        mistake, bug = http.get("/client-mistake"), http.get("/server-bug")
+    assert mistake.status_code == 400 and mistake.json()["error"]["message"] == "the request is wrong"
+    assert bug.status_code == 500
+    assert bug.json()["error"] == {
+        "message": "internal error: ValueError: an invariant broke", "type": "server_error", "param": None,
+        "code": "server_error",
+    }

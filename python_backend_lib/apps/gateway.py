@@ -16,47 +16,49 @@ Endpoints, as OpenAI's audio API has them:
 
 Each request becomes one gRPC call to Triton's `transcribe` ensemble (the
 async tritonclient, so one process serves many requests at once), asking
-for its FORMATTED output in the requested format. Errors have OpenAI's shape,
+for its FORMATTED output in the requested format. The form and the errors
+are `openai_api`'s. Errors have OpenAI's shape,
 `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request
 (Triton's INVALID_ARG included: audio it cannot decode, a language the
 checkpoint does not know, translation on an English-only checkpoint), 404 for
 an unknown model or path, 413 for a file over the size limit, 415 for a body
 that is not multipart/form-data, 503 when Triton is unreachable or overloaded,
-500 for anything else.
+500 for anything else: the server's fault, said as such, with the traceback in
+the gateway's log only.
 """
 
 import argparse
-import json
-import math
 import signal
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from python_backend_lib.apps.openai_api import (
+    DEFAULT_MODEL_ID,
+    MEDIA_TYPES,
+    ApiError,
+    AudioRequest,
+    InvalidRequest,
+    api_error,
+    error_from_triton,
+    http_error,
+    parse_form,
+)
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 from python_backend_lib.serving import tensor_names
-from python_backend_lib.text.formats import ResponseFormat
 
-DEFAULT_MODEL_ID = "whisper-1"  # what OpenAI's examples ask for
+if TYPE_CHECKING:
+    import fastapi
+
 DEFAULT_PORT = 9000
 DEFAULT_TRITON_URL = "localhost:8001"
 DEFAULT_MAX_FILE_MB = 25  # OpenAI's own limit
 BYTES_PER_MB = 1024 * 1024
-MAX_TEMPERATURE = 1.0  # OpenAI's range is 0 to 1
 OWNER = "whisper-triton"
-# verbose_json lists segments unless the request asks for words alone.
-WORD, SEGMENT = "word", "segment"
-GRANULARITIES = (WORD, SEGMENT)
-MEDIA_TYPES = {
-    ResponseFormat.TEXT: "text/plain; charset=utf-8",
-    ResponseFormat.SRT: "text/plain; charset=utf-8",
-    ResponseFormat.VTT: "text/plain; charset=utf-8",
-    ResponseFormat.JSON: "application/json",
-    ResponseFormat.VERBOSE_JSON: "application/json",
-}
 
 
 @dataclass(frozen=True)
@@ -78,166 +80,10 @@ class GatewaySettings:
             raise ValueError(f"max_file_bytes must be positive, got {self.max_file_bytes}")
 
 
-class ApiError(Exception):
-    """A request that fails, with what OpenAI's error body says about it."""
-
-    def __init__(self, status: int, message: str, param: str | None = None, code: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param, self.code = status, message, param, code
-
-    @property
-    def kind(self) -> str:
-        return "invalid_request_error" if self.status < 500 else "server_error"
-
-    def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.kind, "param": self.param, "code": self.code}}
-
-
-# ------------------------------------------------------------- the request
-
-
-@dataclass(frozen=True)
-class AudioRequest:
-    """One transcription or translation, checked (the audio travels beside it)."""
-
-    model: str
-    task: Task
-    response_format: ResponseFormat = ResponseFormat.JSON
-    language: str | None = None
-    prompt: str | None = None
-    temperature: float = 0.0
-    granularities: tuple[str, ...] = field(default=())
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "task", Task(self.task))
-        object.__setattr__(self, "response_format", ResponseFormat(self.response_format))
-
-    @property
-    def word_timestamps(self) -> bool:
-        return WORD in self.granularities
-
-    def triton_parameters(self) -> dict[str, Any]:
-        """The `transcribe` request parameters. Segment timestamps are always on:
-        they are what long audio is seeked by, and every format but text shows them."""
-        parameters: dict[str, Any] = {
-            "task": self.task.value,
-            "response_format": self.response_format.value,
-            "timestamps": True,
-            "temperature": self.temperature,
-            "word_timestamps": self.word_timestamps,
-        }
-        if self.language is not None:
-            parameters["language"] = self.language
-        if self.prompt is not None:
-            parameters["prompt"] = self.prompt
-        return parameters
-
-    def shape(self, formatted: str) -> str:
-        """The response body from the FORMATTED output: verbose_json lists only
-        the granularities asked for (segments by default)."""
-        if self.response_format is not ResponseFormat.VERBOSE_JSON or not self.granularities:
-            return formatted
-        record = json.loads(formatted)
-        if SEGMENT not in self.granularities:
-            record.pop("segments", None)
-        return json.dumps(record, ensure_ascii=False)
-
-
-def parse_form(form: Mapping[str, Any], task: Task, settings: GatewaySettings) -> AudioRequest:
-    """The multipart fields of one request. form: field -> list of values
-    (str, or an object with `read` for files). Raises ApiError."""
-
-    def text(name: str, required: bool = False) -> str | None:
-        values = form.get(name) or [None]
-        value = values[-1]
-        if value is not None and not isinstance(value, str):
-            raise ApiError(400, f"'{name}' must be a text field, not a file", param=name, code="invalid_type")
-        if not value:
-            if required:
-                raise ApiError(400, f"you must provide a '{name}' parameter", param=name, code="missing_required_parameter")
-            return None
-        return value
-
-    model = text("model", required=True)
-    if model not in settings.model_ids:
-        raise ApiError(
-            404, f"the model {model!r} does not exist; this server has {list(settings.model_ids)}",
-            param="model", code="model_not_found",
-        )
-    response_format = text("response_format") or ResponseFormat.JSON.value
-    try:
-        response_format = ResponseFormat(response_format)
-    except ValueError:
-        raise ApiError(
-            400, f"response_format must be one of {[f.value for f in ResponseFormat]}, got {response_format!r}",
-            param="response_format", code="invalid_value",
-        ) from None
-    temperature = _temperature(text("temperature"))
-    granularities = tuple(dict.fromkeys(_granularities(form.get("timestamp_granularities[]", []))))
-    if granularities and response_format is not ResponseFormat.VERBOSE_JSON:
-        raise ApiError(
-            400, "timestamp_granularities[] needs response_format 'verbose_json'",
-            param="timestamp_granularities[]", code="invalid_value",
-        )
-    language = text("language") if task is Task.TRANSCRIBE else None
-    return AudioRequest(
-        model=model,
-        task=task,
-        response_format=response_format,
-        language=language,
-        prompt=text("prompt"),
-        temperature=temperature,
-        granularities=granularities,
-    )
-
-
-def _temperature(value: str | None) -> float:
-    if value is None:
-        return 0.0
-    try:
-        temperature = float(value)
-    except ValueError:
-        temperature = math.nan
-    if not 0.0 <= temperature <= MAX_TEMPERATURE:  # False for NaN too
-        raise ApiError(
-            400, f"temperature must be a number from 0 to {MAX_TEMPERATURE:g}, got {value!r}",
-            param="temperature", code="invalid_value",
-        )
-    return temperature
-
-
-def _granularities(values: Sequence[Any]) -> list[str]:
-    for value in values:
-        if value not in GRANULARITIES:
-            raise ApiError(
-                400, f"timestamp_granularities[] may hold {list(GRANULARITIES)}, got {value!r}",
-                param="timestamp_granularities[]", code="invalid_value",
-            )
-    return list(values)
-
-
-# Triton's gRPC status -> (HTTP status, OpenAI error code, what to say before Triton's message).
-TRITON_STATUS = {
-    "INVALID_ARGUMENT": (400, None, ""),
-    "UNAVAILABLE": (503, "service_unavailable", "the transcription server is unavailable: "),
-    "RESOURCE_EXHAUSTED": (503, "service_unavailable", "the transcription server is unavailable: "),
-    "DEADLINE_EXCEEDED": (504, "timeout", "the transcription took too long: "),
-}
-OTHER_TRITON_STATUS = (500, "server_error", "the transcription failed: ")
-
-
-def error_from_triton(error: "InferenceServerException") -> ApiError:  # noqa: F821
-    """Triton's error as the client should see it: its message, OpenAI's status.
-    error.status() is gRPC's status name, such as "StatusCode.INVALID_ARGUMENT"."""
-    name = str(error.status() or "").rsplit(".", 1)[-1]
-    status, code, preface = TRITON_STATUS.get(name, OTHER_TRITON_STATUS)
-    return ApiError(status, preface + (error.message() or str(error)), code=code)
-
-
 # ---------------------------------------------------------------- the app
 
 
-def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAPI":  # noqa: F821
+def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAPI":
     """The ASGI application (FastAPI); Triton is connected when it starts.
 
     FastAPI is imported here, not at the top, so that the `whisper-triton`
@@ -262,14 +108,21 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
 
     app = FastAPI(title="whisper-triton", description=__doc__.split("\n\n")[0], lifespan=lifespan)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, error: ApiError) -> JSONResponse:
-        return JSONResponse(error.body(), status_code=error.status)
+    async def reply(request: Request, error: Exception) -> JSONResponse:
+        """Every failure in OpenAI's shape, its status from whose fault it was."""
+        failure = api_error(error)
+        return JSONResponse(failure.body(), status_code=failure.status)
+
+    app.add_exception_handler(ApiError, reply)
+    app.add_exception_handler(RequestError, reply)
+    # Registered for Exception, Starlette answers with it and then raises the error
+    # again, so the traceback reaches the gateway's log and never the client.
+    app.add_exception_handler(Exception, reply)
 
     @app.exception_handler(HTTPException)  # unknown paths, bad multipart bodies: OpenAI's shape too
-    async def http_error(request: Request, error: HTTPException) -> JSONResponse:
+    async def http_exception(request: Request, error: HTTPException) -> JSONResponse:
         message = f"{request.method} {request.url.path}: {error.detail}"
-        return await api_error(request, ApiError(error.status_code, message))
+        return await reply(request, http_error(error.status_code, message))
 
     def model_record(model_id: str) -> dict[str, Any]:
         return {"id": model_id, "object": "model", "created": 0, "owned_by": OWNER}
@@ -281,7 +134,7 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     @app.get("/v1/models/{model_id}")
     async def get_model(model_id: str) -> dict[str, Any]:
         if model_id not in settings.model_ids:
-            raise ApiError(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
+            raise InvalidRequest(404, f"the model {model_id!r} does not exist", param="model", code="model_not_found")
         return model_record(model_id)
 
     @app.get("/health")
@@ -295,14 +148,14 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     async def handle(request: Request, task: Task) -> Response:
         content_type = request.headers.get("content-type", "")
         if not content_type.startswith("multipart/form-data"):
-            raise ApiError(415, f"the body must be multipart/form-data, got {content_type or 'none'!r}",
-                           code="unsupported_media_type")
+            raise InvalidRequest(415, f"the body must be multipart/form-data, got {content_type or 'none'!r}",
+                                 code="unsupported_media_type")
         length = request.headers.get("content-length")
         if length is not None and length.isdigit() and int(length) > settings.max_file_bytes + BYTES_PER_MB:
             raise _too_large(settings)
         async with request.form() as form:
             fields = {key: form.getlist(key) for key in form.keys()}
-            audio_request = parse_form(fields, task, settings)
+            audio_request = parse_form(fields, task, settings.model_ids)
             audio = await _read_file(fields.get("file", []), settings)
         return await transcribe(audio_request, audio)
 
@@ -336,19 +189,19 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
 
 async def _read_file(values: Sequence[Any], settings: GatewaySettings) -> bytes:
     if not values or isinstance(values[-1], str):
-        raise ApiError(400, "you must provide a 'file' parameter: the audio, as a file upload",
-                       param="file", code="missing_required_parameter")
+        raise InvalidRequest(400, "you must provide a 'file' parameter: the audio, as a file upload",
+                             param="file", code="missing_required_parameter")
     data = await values[-1].read(settings.max_file_bytes + 1)
     if len(data) > settings.max_file_bytes:
         raise _too_large(settings)
     if not data:
-        raise ApiError(400, "the audio file is empty", param="file", code="invalid_value")
+        raise InvalidRequest(400, "the audio file is empty", param="file", code="invalid_value")
     return data
 
 
-def _too_large(settings: GatewaySettings) -> ApiError:
-    return ApiError(413, f"the audio file is larger than {settings.max_file_bytes / BYTES_PER_MB:g} MB",
-                    param="file", code="file_too_large")
+def _too_large(settings: GatewaySettings) -> InvalidRequest:
+    return InvalidRequest(413, f"the audio file is larger than {settings.max_file_bytes / BYTES_PER_MB:g} MB",
+                          param="file", code="file_too_large")
 
 
 # ----------------------------------------------------------- the command
