@@ -51,7 +51,7 @@ class EngineOptions:
     fault_prompt: str | None = None
 
 
-class InjectedFault(RuntimeError):
+class InjectedFault(ValueError):
     """Raised by the `fault_prompt` test hook."""
 
 
