@@ -7,6 +7,7 @@ from concurrent.futures import CancelledError
 
 import pytest
 
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.serving.admission import Overloaded, RequestLedger
 from python_backend_lib.serving.metrics import OUTCOMES, WhisperMetrics, audio_seconds, outcome_label
 from python_backend_lib.serving.responses import Fault, describe_failure
@@ -57,10 +58,11 @@ def test_overloaded_is_its_own_fault():
 @pytest.mark.parametrize(
     ("outcome", "label"),
     [
-        (ValueError("audio is empty"), "client"),
+        (RequestError("audio is empty"), "client"),
         (CancelledError("request cancelled"), "cancelled"),
         (Overloaded("full"), "overloaded"),
         (RuntimeError("bug"), "server"),
+        (ValueError("slot 3 is already free"), "server"),
         ("a transcript", "success"),
     ],
 )

@@ -1,7 +1,16 @@
 import json
 
+import numpy as np
 import pytest
 
+from python_backend_lib.audio.decode import (
+    MAX_CHANNELS,
+    MAX_SAMPLE_RATE,
+    MIN_SAMPLE_RATE,
+    AudioError,
+    pcm_to_waveform,
+)
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, LongFormMode, Task, TranscribeOptions
 from python_backend_lib.serving.parameters import InputFormat, RequestParameters, parse_request_parameters
 from python_backend_lib.text.formats import ResponseFormat
@@ -122,3 +131,30 @@ def test_parameters_are_frozen():
     parameters = parse_request_parameters("{}")
     with pytest.raises(AttributeError):
         parameters.channels = 2  # type: ignore[misc]
+
+
+@pytest.mark.parametrize(
+    ("sample_rate", "channels", "accepted"),
+    [
+        (MIN_SAMPLE_RATE, 1, True),
+        (MAX_SAMPLE_RATE, MAX_CHANNELS, True),
+        (MIN_SAMPLE_RATE - 1, 1, False),
+        (MAX_SAMPLE_RATE + 1, 1, False),
+        (16_000, MAX_CHANNELS + 1, False),
+    ],
+)
+def test_raw_pcm_bounds_are_the_decoders(sample_rate, channels, accepted):
+    """One set of bounds: what the request parameters accept, the decoder decodes,
+    and what they refuse, the decoder refuses too (for callers of the library)."""
+    raw = {"input_format": "pcm_f32le", "sample_rate": sample_rate, "channels": channels}
+    pcm = np.zeros(sample_rate * channels // 100, "<f4").tobytes()  # 10 ms of silence
+    if accepted:
+        parameters = parse_request_parameters(raw)
+        assert (parameters.sample_rate, parameters.channels) == (sample_rate, channels)
+        assert pcm_to_waveform(pcm, sample_rate, channels=channels).size > 0
+    else:
+        with pytest.raises(RequestError, match="must be from"):
+            parse_request_parameters(raw)
+        with pytest.raises(AudioError, match="outside|must be from"):
+            pcm_to_waveform(pcm, sample_rate, channels=channels)
+    assert MAX_CHANNELS == 32  # the bound chosen, and why, in audio/decode.py

@@ -8,7 +8,12 @@ from concurrent.futures import CancelledError
 import numpy as np
 import pytest
 
+from python_backend_lib.audio.decode import MAX_CHANNELS, AudioError, decode_audio, pcm_to_waveform
+from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+from python_backend_lib.engine.scheduler import InjectedFault
 from python_backend_lib.serving.inputs import CancellationProbe, check_log_mel, exact_seconds, single_row
+from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import Fault, describe_failure
 from python_backend_lib.serving.settings import (
     CHECKPOINT_ENV,
@@ -17,6 +22,7 @@ from python_backend_lib.serving.settings import (
     ModelSettings,
     load_pipeline,
 )
+from python_backend_lib.text.formats import Document
 
 
 def triton_config(**fields) -> str:
@@ -53,11 +59,45 @@ def test_single_row_takes_one_clip_and_names_the_tensor():
         single_row(np.zeros((2, 80, 3000)), "LOG_MEL")
 
 
-def test_failures_are_the_clients_only_when_they_are_value_errors():
-    assert describe_failure(ValueError("audio is empty")) == ("audio is empty", Fault.CLIENT)
+def test_failures_are_the_clients_only_when_they_are_request_errors():
+    assert describe_failure(RequestError("unknown request parameter 'beam'")) == (
+        "unknown request parameter 'beam'", Fault.CLIENT
+    )
+    assert describe_failure(AudioError("audio is empty")) == ("audio is empty", Fault.CLIENT)
     assert describe_failure(CancelledError("request cancelled")) == ("cancelled: request cancelled", Fault.CANCELLED)
-    message, fault = describe_failure(RuntimeError("CUDA out of memory"))
-    assert message == "internal error: RuntimeError: CUDA out of memory" and fault is Fault.SERVER
+    failure = describe_failure(RuntimeError("CUDA out of memory"))
+    assert failure.message == "internal error: RuntimeError: CUDA out of memory" and failure.fault is Fault.SERVER
+    # A ValueError that is not a RequestError is a bug of ours, such as a broken invariant in the KV pool.
+    failure = describe_failure(ValueError("slot 3 is already free"))
+    assert failure == ("internal error: ValueError: slot 3 is already free", Fault.SERVER)
+    # The engine's test fault hook raises one, so the served tests show the same through the server.
+    assert issubclass(InjectedFault, ValueError) and not issubclass(InjectedFault, RequestError)
+    assert describe_failure(InjectedFault("injected")).fault is Fault.SERVER
+
+
+@pytest.mark.parametrize(
+    ("make", "client_fault"),
+    [
+        (lambda: parse_request_parameters({"beam": 5}), True),
+        (lambda: parse_request_parameters("not json"), True),
+        (lambda: DecodingOptions(temperature=3.0), True),
+        (lambda: TranscribeOptions(mode="parallel"), True),
+        (lambda: decode_audio(b"not audio"), True),
+        (lambda: pcm_to_waveform(b"\0" * 8, 16_000, channels=MAX_CHANNELS + 1), True),
+        (lambda: check_log_mel(np.zeros((80, 3000)), -1.0, 80, 60.0), True),
+        (lambda: Document.from_verbose_json("{}"), True),
+        # The server's own setup: a bad limit, a bad config.pbtxt.
+        (lambda: decode_audio(b"RIFF", max_seconds=0), False),
+        (lambda: ModelSettings.from_triton(triton_config(max_batch_size=0), environ={}), False),
+    ],
+    ids=["parameter", "json", "options", "long-form mode", "audio", "channels", "log-mel", "transcript",
+         "max-seconds", "config"],
+)
+def test_whose_fault_each_refusal_is(make, client_fault):
+    with pytest.raises(ValueError) as caught:
+        make()
+    assert isinstance(caught.value, RequestError) == client_fault, caught.value
+    assert (describe_failure(caught.value).fault is Fault.CLIENT) == client_fault
 
 
 @pytest.mark.parametrize("samples", [1, 56_040, 852_267, 2**23 - 1])

@@ -14,12 +14,18 @@ import numpy as np
 import soundfile
 import soxr
 
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.geometry import SAMPLE_RATE
 
 # --- Limits on what a request may send ---------------------------------------
+# The request parameters check raw PCM against these same bounds (serving.parameters).
 MIN_SAMPLE_RATE = 1_000  # Hz; below this nothing is left of speech
 MAX_SAMPLE_RATE = 384_000  # Hz; the fastest rate real converters produce
-MAX_CHANNELS = 256  # more than any real capture; stops a wrong count early
+# Raw PCM's declared channels. 32 covers what a speech recogniser is sent (mono,
+# stereo, surround, conference microphone arrays); a larger count is almost always
+# a byte or sample count given as channels, and refusing it names that mistake
+# instead of mixing garbage whenever the byte count happens to divide.
+MAX_CHANNELS = 32
 FLOAT32_BYTES = 4
 # RIFF/WAVE: a 12-byte file header, then chunks of (4-byte id, 4-byte little-endian size, data).
 RIFF_HEADER_BYTES = 12
@@ -32,7 +38,7 @@ RIFF_UNKNOWN_SIZE = 0xFFFFFFFF
 DECODE_BLOCK_FRAMES = 1 << 16
 
 
-class AudioError(ValueError):
+class AudioError(RequestError):
     """The audio a client sent cannot be used; the message names the problem."""
 
 

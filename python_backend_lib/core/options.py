@@ -1,7 +1,7 @@
 """What a caller may ask of one transcription, and what it gets back.
 
 Options are frozen and checked once, when they are made: a bad option raises
-`ValueError` naming the problem, long before any audio is decoded.
+`RequestError` (the caller's mistake) naming the problem, long before any audio is decoded.
 """
 
 from __future__ import annotations
@@ -9,6 +9,9 @@ from __future__ import annotations
 import enum
 import math
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+from python_backend_lib.core.errors import RequestError
 
 # Whisper's decoder has 448 learned positions; the previous-text prompt may use
 # at most half of them (openai-whisper's rule), minus the <|startofprev|> token.
@@ -24,6 +27,20 @@ MAX_TEMPERATURE = 1.0
 DEFAULT_COMPRESSION_RATIO_THRESHOLD = 2.4
 DEFAULT_LOGPROB_THRESHOLD = -1.0
 DEFAULT_NO_SPEECH_THRESHOLD = 0.6
+
+
+Choice = TypeVar("Choice", bound=enum.Enum)
+
+
+def choice(kind: type[Choice], value: object, name: str) -> Choice:
+    """`value` as a member of the enum `kind` (a member, or its value);
+    RequestError naming `name` and the choices otherwise."""
+    if isinstance(value, kind):
+        return value
+    try:
+        return kind(value)
+    except ValueError:
+        raise RequestError(f"{name} must be one of {[member.value for member in kind]}, got {value!r}") from None
 
 
 class Task(str, enum.Enum):
@@ -60,23 +77,17 @@ class DecodingOptions:
     max_initial_timestamp: float = DEFAULT_MAX_INITIAL_TIMESTAMP_S
 
     def __post_init__(self) -> None:
-        if not isinstance(self.task, Task):
-            try:
-                object.__setattr__(self, "task", Task(self.task))
-            except ValueError:
-                raise ValueError(
-                    f"task must be one of {[t.value for t in Task]}, got {self.task!r}"
-                ) from None
+        object.__setattr__(self, "task", choice(Task, self.task, "task"))
         if self.language is not None:
             if not isinstance(self.language, str) or not self.language.strip():
-                raise ValueError(f"language must be a language code such as 'en', got {self.language!r}")
+                raise RequestError(f"language must be a language code such as 'en', got {self.language!r}")
             object.__setattr__(self, "language", self.language.strip().lower())  # "EN" is "en"
         if self.max_new_tokens is not None and (
             isinstance(self.max_new_tokens, bool)
             or not isinstance(self.max_new_tokens, int)
             or not 1 <= self.max_new_tokens <= MAX_TEXT_POSITIONS
         ):
-            raise ValueError(
+            raise RequestError(
                 f"max_new_tokens must be an integer from 1 to {MAX_TEXT_POSITIONS}, got {self.max_new_tokens!r}"
             )
         if (
@@ -84,21 +95,21 @@ class DecodingOptions:
             or not isinstance(self.min_new_tokens, int)
             or not 0 <= self.min_new_tokens <= (self.max_new_tokens or MAX_TEXT_POSITIONS)
         ):
-            raise ValueError(
+            raise RequestError(
                 f"min_new_tokens must be an integer from 0 to max_new_tokens, got {self.min_new_tokens!r}"
             )
         if not isinstance(self.temperature, (int, float)) or not (
             math.isfinite(self.temperature) and 0.0 <= self.temperature <= 2.0
         ):
-            raise ValueError(f"temperature must be a number from 0 to 2, got {self.temperature!r}")
+            raise RequestError(f"temperature must be a number from 0 to 2, got {self.temperature!r}")
         if not isinstance(self.max_initial_timestamp, (int, float)) or not (
             0.0 <= self.max_initial_timestamp <= 30.0
         ):
-            raise ValueError(
+            raise RequestError(
                 f"max_initial_timestamp must be from 0 to 30 seconds, got {self.max_initial_timestamp!r}"
             )
         if self.prompt is not None and not isinstance(self.prompt, str):
-            raise ValueError(f"prompt must be text, got {type(self.prompt).__name__}")
+            raise RequestError(f"prompt must be text, got {type(self.prompt).__name__}")
 
 
 @dataclass(frozen=True)
@@ -155,17 +166,11 @@ class TranscribeOptions:
     word_timestamps: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.mode, LongFormMode):
-            try:
-                object.__setattr__(self, "mode", LongFormMode(self.mode))
-            except ValueError:
-                raise ValueError(
-                    f"long_form must be one of {[m.value for m in LongFormMode]}, got {self.mode!r}"
-                ) from None
+        object.__setattr__(self, "mode", choice(LongFormMode, self.mode, "long_form"))
         if isinstance(self.temperature_increment, bool) or not (
             isinstance(self.temperature_increment, (int, float)) and 0.0 <= self.temperature_increment <= MAX_TEMPERATURE
         ):
-            raise ValueError(f"temperature_increment must be from 0 to 1, got {self.temperature_increment!r}")
+            raise RequestError(f"temperature_increment must be from 0 to 1, got {self.temperature_increment!r}")
 
     @property
     def temperatures(self) -> tuple[float, ...]:

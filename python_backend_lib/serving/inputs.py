@@ -1,6 +1,7 @@
 """The adapters' input checks: one clip per request, audio bytes to a waveform, log-mel shape.
 
-Nothing here imports Triton; audio decoding imports its libraries when called.
+Nothing here imports Triton or torch. Every refusal is a `RequestError`: the
+tensors are what a client sent (the whisper model may be called directly).
 """
 
 from __future__ import annotations
@@ -11,6 +12,9 @@ from collections.abc import Callable
 
 import numpy as np
 
+from python_backend_lib.audio.decode import decode_audio, pcm_to_waveform
+from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.geometry import FRAMES_PER_SECOND, N_FRAMES, SAMPLE_RATE
 from python_backend_lib.serving.parameters import InputFormat, RequestParameters
 
 # How often a running request asks Triton whether its client has given up.
@@ -18,27 +22,24 @@ CANCELLATION_POLL_S = 0.25
 
 
 def single_row(array: np.ndarray, tensor: str) -> np.ndarray:
-    """The one row of a [1, ...] input; ValueError for any other batch size.
+    """The one row of a [1, ...] input; RequestError for any other batch size.
 
     Every model takes one clip per request: the server batches requests, so
     clients send clips as separate requests rather than as rows.
     """
     if array.ndim < 1 or array.shape[0] != 1:
-        raise ValueError(
+        raise RequestError(
             f"{tensor} must hold exactly one clip (batch dimension 1), got shape {list(array.shape)}; "
             "send clips as separate requests, which the server batches"
         )
     return array[0]
 
 
-
 def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds: float | None = None) -> np.ndarray:
     """The AUDIO bytes as Whisper's 16 kHz mono waveform, read as `input_format` says.
 
-    Raises AudioError (a ValueError) for audio that cannot be used.
+    Raises AudioError (a RequestError) for audio that cannot be used.
     """
-    from python_backend_lib.audio.decode import decode_audio, pcm_to_waveform
-
     if parameters.input_format is InputFormat.PCM_F32LE:
         return pcm_to_waveform(
             data, parameters.sample_rate, channels=parameters.channels, max_seconds=max_seconds
@@ -47,26 +48,24 @@ def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds
 
 
 def check_log_mel(log_mel: np.ndarray, audio_seconds: float, n_mels: int, max_audio_seconds: float) -> None:
-    """ValueError unless LOG_MEL and AUDIO_SECONDS are what preprocessing writes
+    """RequestError unless LOG_MEL and AUDIO_SECONDS are what preprocessing writes
     (the whisper model may also be called directly).
 
     log_mel: [n_mels, frames]; audio_seconds: the audio's duration.
     """
-    from python_backend_lib.core.geometry import FRAMES_PER_SECOND, N_FRAMES
-
     if log_mel.ndim != 2 or log_mel.shape[0] != n_mels:
-        raise ValueError(f"LOG_MEL must be [{n_mels}, frames] for this checkpoint, got {list(log_mel.shape)}")
+        raise RequestError(f"LOG_MEL must be [{n_mels}, frames] for this checkpoint, got {list(log_mel.shape)}")
     if not (math.isfinite(audio_seconds) and 0 <= audio_seconds):
-        raise ValueError(f"AUDIO_SECONDS must be a finite duration, got {audio_seconds}")
+        raise RequestError(f"AUDIO_SECONDS must be a finite duration, got {audio_seconds}")
     if audio_seconds > max_audio_seconds:
-        raise ValueError(f"audio is {audio_seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
+        raise RequestError(f"audio is {audio_seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
     if log_mel.shape[1] > N_FRAMES + math.ceil(audio_seconds * FRAMES_PER_SECOND) + 1:
-        raise ValueError(
+        raise RequestError(
             f"LOG_MEL has {log_mel.shape[1]} frames, more than {audio_seconds:.2f} s of audio "
             f"and {N_FRAMES} frames of padding"
         )
     if not np.isfinite(log_mel).all():
-        raise ValueError("LOG_MEL contains NaN or infinite values")
+        raise RequestError("LOG_MEL contains NaN or infinite values")
 
 
 def exact_seconds(audio_seconds: float) -> float:
@@ -76,8 +75,6 @@ def exact_seconds(audio_seconds: float) -> float:
     count is recovered exactly: float32 resolves half a sample up to 2**23
     samples (8.7 minutes), and to within a sample or two beyond.
     """
-    from python_backend_lib.core.geometry import SAMPLE_RATE
-
     return round(audio_seconds * SAMPLE_RATE) / SAMPLE_RATE
 
 

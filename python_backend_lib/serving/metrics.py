@@ -38,7 +38,7 @@ def outcome_label(outcome: object) -> str:
     """`success` for a result, else the failure's `Fault` value (client, cancelled, server, overloaded)."""
     if not isinstance(outcome, BaseException):
         return SUCCESS
-    return describe_failure(outcome)[1].value
+    return describe_failure(outcome).fault.value
 
 
 def audio_seconds(outcome: object) -> float | None:

@@ -3,7 +3,7 @@
 Triton hands every model of the `transcribe` ensemble the same request
 parameters as a JSON object (`request.parameters()`). Each model parses the
 whole object here, so an unknown key or a value of the wrong type is rejected
-by the first model that sees it, with a `ValueError` naming the key.
+by the first model that sees it, with a `RequestError` naming the key.
 
 Types are those tritonclient sends: `bool`, `int`, `str` (and `float` for
 `temperature` and `temperature_increment`). Strings are never reinterpreted:
@@ -18,13 +18,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+from python_backend_lib.audio.decode import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
+from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.options import DecodingOptions, TranscribeOptions, choice
 from python_backend_lib.text.formats import TIMED_FORMATS, ResponseFormat
-
-# Bounds for raw PCM; decoding resamples whatever lies between them to 16 kHz.
-MIN_SAMPLE_RATE = 1_000
-MAX_SAMPLE_RATE = 384_000
-MAX_CHANNELS = 32
 
 
 class InputFormat(str, enum.Enum):
@@ -94,18 +91,20 @@ PARAMETER_TYPES: Mapping[str, tuple[type, ...]] = {
 def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestParameters:
     """Parse `request.parameters()` (a JSON object, or an already decoded mapping).
 
-    Raises ValueError naming the offending key for an unknown key, a value of
+    Raises RequestError naming the offending key for an unknown key, a value of
     the wrong type, or a value out of range.
     """
     values = _as_mapping(raw)
     for key, value in values.items():
         if key not in PARAMETER_TYPES:
-            raise ValueError(
+            raise RequestError(
                 f"unknown request parameter {key!r}; known parameters: {', '.join(PARAMETER_TYPES)}"
             )
         _check_type(key, value, PARAMETER_TYPES[key])
 
-    response_format = _response_format(values.get("response_format", ResponseFormat.JSON.value))
+    response_format = choice(
+        ResponseFormat, values.get("response_format", ResponseFormat.JSON), "request parameter 'response_format'"
+    )
     decoding_values = {key: values[key] for key in _DECODING_KEYS if key in values}
     # Formats that are about times ask for them, unless the request says otherwise.
     decoding_values.setdefault("timestamps", response_format in TIMED_FORMATS)
@@ -113,28 +112,28 @@ def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestPara
         decoding=DecodingOptions(**decoding_values),
         **{field_name: values[key] for key, (field_name, _) in _TRANSCRIBE_KEYS.items() if key in values},
     )
-    input_format = _input_format(values.get("input_format", InputFormat.FILE.value))
+    input_format = choice(InputFormat, values.get("input_format", InputFormat.FILE), "request parameter 'input_format'")
     sample_rate = values.get("sample_rate")
     channels = values.get("channels", 1)
     if input_format is InputFormat.FILE:
         for key in ("sample_rate", "channels"):
             if key in values:
-                raise ValueError(
+                raise RequestError(
                     f"request parameter {key!r} applies only to input_format "
                     f"{InputFormat.PCM_F32LE.value!r}; a file carries its own"
                 )
     else:
         if sample_rate is None:
-            raise ValueError(
+            raise RequestError(
                 f"request parameter 'sample_rate' is required with input_format {input_format.value!r}"
             )
         if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
-            raise ValueError(
+            raise RequestError(
                 f"request parameter 'sample_rate' must be from {MIN_SAMPLE_RATE} to "
                 f"{MAX_SAMPLE_RATE} Hz, got {sample_rate}"
             )
         if not 1 <= channels <= MAX_CHANNELS:
-            raise ValueError(
+            raise RequestError(
                 f"request parameter 'channels' must be from 1 to {MAX_CHANNELS}, got {channels}"
             )
     return RequestParameters(
@@ -154,9 +153,9 @@ def _as_mapping(raw: str | Mapping[str, Any] | None) -> Mapping[str, Any]:
     try:
         values = json.loads(raw)
     except json.JSONDecodeError as error:
-        raise ValueError(f"request parameters are not valid JSON: {error}") from None
+        raise RequestError(f"request parameters are not valid JSON: {error}") from None
     if not isinstance(values, dict):
-        raise ValueError(f"request parameters must be a JSON object, got {type(values).__name__}")
+        raise RequestError(f"request parameters must be a JSON object, got {type(values).__name__}")
     return values
 
 
@@ -167,25 +166,6 @@ def _check_type(key: str, value: Any, allowed: tuple[type, ...]) -> None:
         ok = isinstance(value, allowed)
     if not ok:
         names = " or ".join(t.__name__ for t in allowed)
-        raise ValueError(
+        raise RequestError(
             f"request parameter {key!r} must be {names}, got {type(value).__name__} {value!r}"
         )
-
-
-def _input_format(value: str) -> InputFormat:
-    try:
-        return InputFormat(value)
-    except ValueError:
-        raise ValueError(
-            f"request parameter 'input_format' must be one of "
-            f"{[f.value for f in InputFormat]}, got {value!r}"
-        ) from None
-
-
-def _response_format(value: str) -> ResponseFormat:
-    try:
-        return ResponseFormat(value)
-    except ValueError:
-        raise ValueError(
-            f"request parameter 'response_format' must be one of {[f.value for f in ResponseFormat]}, got {value!r}"
-        ) from None

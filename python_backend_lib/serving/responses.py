@@ -8,29 +8,41 @@ from __future__ import annotations
 import enum
 import traceback
 from concurrent.futures import CancelledError
-from typing import Any
+from typing import Any, NamedTuple
 
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.serving.admission import Overloaded
 
 
 class Fault(enum.Enum):
     """Whose a failed request's error is; decides its Triton error code."""
 
-    CLIENT = "client"  # bad audio, bad parameters, bad tensors: INVALID_ARG
+    CLIENT = "client"  # a RequestError (bad audio, parameters or tensors): INVALID_ARG
     CANCELLED = "cancelled"  # the client went away: CANCELLED
     OVERLOADED = "overloaded"  # too many requests in flight, retry later: UNAVAILABLE
     SERVER = "server"  # ours: INTERNAL, and logged with its traceback
 
 
-def describe_failure(error: BaseException) -> tuple[str, Fault]:
-    """(message for the client, whose fault): never a traceback for the client."""
-    if isinstance(error, ValueError):
-        return str(error), Fault.CLIENT
+class Failure(NamedTuple):
+    """What a client is told about a failed request, and whose fault it was."""
+
+    message: str
+    fault: Fault
+
+
+def describe_failure(error: BaseException) -> Failure:
+    """Whose fault `error` is, and what the client is told: never a traceback.
+
+    Only a `RequestError` is the client's mistake. Any other exception, a plain
+    ValueError included, is ours: the message says so rather than blame the request.
+    """
+    if isinstance(error, RequestError):
+        return Failure(str(error), Fault.CLIENT)
     if isinstance(error, CancelledError):
-        return f"cancelled: {error}", Fault.CANCELLED
+        return Failure(f"cancelled: {error}", Fault.CANCELLED)
     if isinstance(error, Overloaded):
-        return str(error), Fault.OVERLOADED
-    return f"internal error: {type(error).__name__}: {error}", Fault.SERVER
+        return Failure(str(error), Fault.OVERLOADED)
+    return Failure(f"internal error: {type(error).__name__}: {error}", Fault.SERVER)
 
 
 def error_response(pb_utils: Any, error: BaseException) -> Any:

@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.languages import language_code, language_name
 from python_backend_lib.core.options import Task, TranscribeOptions
 from python_backend_lib.core.segments import NAN, Segment, Word
@@ -227,7 +228,8 @@ class Document:
 
     @classmethod
     def from_verbose_json(cls, data: str | bytes | Mapping[str, Any]) -> Document:
-        """Inverse of `render(VERBOSE_JSON)`; ValueError if `data` is not verbose_json."""
+        """Inverse of `render(VERBOSE_JSON)`. RequestError if `data` is not
+        verbose_json: it arrives as the postprocessing model's input tensor."""
         try:
             record = json.loads(data) if isinstance(data, (str, bytes)) else data
             code = record.get("language_code")
@@ -243,7 +245,7 @@ class Document:
                 word_timestamps="words" in record,
             )
         except (json.JSONDecodeError, TypeError, KeyError, AttributeError, ValueError) as error:
-            raise ValueError(f"not a verbose_json transcript: {error}") from None
+            raise RequestError(f"not a verbose_json transcript: {error}") from None
 
 
 def _word_record(w: Word) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import torch
 from python_backend_lib.audio.features import LOG_MEL_OFFSET, LOG_MEL_SCALE, content_frames, pad_or_trim
 from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core import geometry
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import (  # noqa: F401  (the options are importable from here too)
     DEFAULT_COMPRESSION_RATIO_THRESHOLD,
     DEFAULT_LOGPROB_THRESHOLD,
@@ -173,7 +174,7 @@ class LongFormJob:
         add_words: AddWords | None = None,
     ) -> None:
         if options.word_timestamps and add_words is None:
-            raise ValueError("word timestamps need a checkpoint with alignment heads")
+            raise RequestError("word timestamps need a checkpoint with alignment heads")
         self.submit = submit
         self.add_words = add_words
         self.config = config
@@ -194,7 +195,7 @@ class LongFormJob:
         self._finished = False
 
     def start(self) -> None:
-        """Submit the first window; raises ValueError when the options do not
+        """Submit the first window; raises RequestError when the options do not
         fit the model (nothing is submitted then)."""
         if self.content == 0:
             self._finish()
