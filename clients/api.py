@@ -1,7 +1,7 @@
 """A small Python client for the `transcribe` model, over HTTP or gRPC.
 
     client = WhisperClient("localhost:8000")
-    result = client.transcribe("jfk.wav", timestamps=True)
+    result = client.transcribe("jfk.wav")
     print(result.text, result.segments[0].start)
     document = client.transcribe_document("talk.mp3", word_timestamps=True)  # everything: verbose_json
     srt = client.formatted("talk.mp3", "srt")                                 # as the server writes it
@@ -80,7 +80,7 @@ class WhisperClient:
     def transcribe(self, audio: bytes | str | os.PathLike[str], **options: object) -> TranscriptionResult:
         """Transcribe one audio file (a path or its bytes; raw PCM with input_format="pcm_f32le").
 
-        options: request parameters such as language="en", timestamps=True.
+        options: request parameters such as language="en", timestamps=False.
         """
         text, segments = self._infer(audio, (tensor_names.TEXT, tensor_names.SEGMENTS), options)
         return TranscriptionResult(text=text, segments=segments_from_json(segments))

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from clients.api import Protocol, TranscriptionError, WhisperClient
 from python_backend_lib.core.options import LongFormMode
 from python_backend_lib.text import formats
-from python_backend_lib.text.formats import Document, ResponseFormat
+from python_backend_lib.text.formats import Document
 
 EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
 
@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--timestamps",
         action=argparse.BooleanOptionalAction,
-        help="segment timestamps (default: on for verbose_json, srt and vtt, off otherwise)",
+        help="decode with timestamp tokens (default: on, as openai-whisper; better text, and long audio is seeked by them)",
     )
     parser.add_argument("--word-timestamps", action="store_true", help="time every word (json and verbose_json show them)")
     parser.add_argument(
@@ -56,8 +56,9 @@ def _positive_int(text: str) -> int:
 
 def request_options(args: argparse.Namespace) -> dict[str, object]:
     """The request parameters that the command-line flags ask for."""
-    timed = ResponseFormat(args.output_format) in formats.TIMED_FORMATS
-    options: dict[str, object] = {"timestamps": args.timestamps if args.timestamps is not None else timed}
+    options: dict[str, object] = {}
+    if args.timestamps is not None:  # else the server's default: on
+        options["timestamps"] = args.timestamps
     if args.word_timestamps:
         options["word_timestamps"] = True
     for name in ("language", "task", "prompt", "long_form"):

@@ -25,15 +25,15 @@ def parse(*argv: str):
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        ((), {"timestamps": False}),
-        (("--format=srt",), {"timestamps": True}),
-        (("--format=verbose_json",), {"timestamps": True}),
-        (("--word-timestamps", "--long-form=batched"), {"timestamps": False, "word_timestamps": True, "long_form": "batched"}),
+        ((), {}),  # the server's defaults: timestamps on
+        (("--format=srt",), {}),
+        (("--word-timestamps", "--long-form=batched"), {"word_timestamps": True, "long_form": "batched"}),
         (("--format=vtt", "--no-timestamps"), {"timestamps": False}),
+        (("--no-timestamps",), {"timestamps": False}),
         (("--timestamps",), {"timestamps": True}),
         (
             ("--language=de", "--task=translate", "--prompt=Hallo"),
-            {"timestamps": False, "language": "de", "task": "translate", "prompt": "Hallo"},
+            {"language": "de", "task": "translate", "prompt": "Hallo"},
         ),
     ],
 )

@@ -3,13 +3,21 @@
 from __future__ import annotations
 
 import json
+import subprocess
 import urllib.error
 import urllib.request
 
 import numpy as np
 import pytest
 import tritonclient.grpc
-from conftest import AUDIO_DIR, FAULT_PROMPT, GATEWAY_MAX_FILE_MB, GATEWAY_MODEL_IDS, RunningServer
+from conftest import (
+    AUDIO_DIR,
+    FAULT_PROMPT,
+    GATEWAY_MAX_FILE_MB,
+    GATEWAY_MODEL_IDS,
+    RunningServer,
+    whisper_triton_command,
+)
 
 from python_backend_lib.apps.gateway import GatewaySettings, create_app
 from python_backend_lib.apps.openai_api import (
@@ -30,6 +38,7 @@ openai = pytest.importorskip("openai")
 pytestmark = [pytest.mark.server, pytest.mark.filterwarnings("ignore::DeprecationWarning")]  # "whisper-1"
 
 JFK = AUDIO_DIR / "jfk.wav"
+SONNET = AUDIO_DIR / "sonnet1_longform.wav"
 FORMATS = ["json", "text", "srt", "verbose_json", "vtt"]
 
 
@@ -72,6 +81,16 @@ def test_every_response_format_is_what_triton_writes(client, server, response_fo
     words = "ask not what your country can do for you"
     text = result if isinstance(result, str) else result.text
     assert words in text.lower()
+
+
+@pytest.mark.parametrize(("clip", "phrase"), [(JFK, "for you ask"), (SONNET, "thy self thy foe")], ids=["jfk", "sonnet"])
+def test_the_cli_and_the_gateway_give_the_same_text(client, server, clip, phrase):
+    """Both decode with timestamps by default, as openai-whisper does: the same text."""
+    command = whisper_triton_command() + ["transcribe", str(clip), f"--url={server.http_url}"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stderr
+    assert transcribe(client, clip, response_format="text") == completed.stdout
+    assert phrase in completed.stdout.lower()  # as decoded with timestamps (without: "for you, ask", "self-thigh foe")
 
 
 def test_verbose_json_has_openais_fields(client):

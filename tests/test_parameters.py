@@ -35,6 +35,9 @@ def test_every_documented_parameter_is_parsed():
             "long_form": "batched",
             "condition_on_previous_text": False,
             "temperature_increment": 0,
+            "compression_ratio_threshold": 2,
+            "logprob_threshold": -0.5,
+            "no_speech_threshold": 0.9,
             "response_format": "srt",
             "input_format": "pcm_f32le",
             "sample_rate": 8000,
@@ -56,6 +59,9 @@ def test_every_documented_parameter_is_parsed():
             mode=LongFormMode.BATCHED,
             condition_on_previous_text=False,
             temperature_increment=0,
+            compression_ratio_threshold=2,
+            logprob_threshold=-0.5,
+            no_speech_threshold=0.9,
         ),
         response_format=ResponseFormat.SRT,
         input_format=InputFormat.PCM_F32LE,
@@ -79,16 +85,13 @@ def test_defaults_are_openai_whispers():
     assert parse_request_parameters({"temperature_increment": 0}).transcription.temperatures == (0.0,)
 
 
-@pytest.mark.parametrize(
-    ("response_format", "timestamps"),
-    [("text", False), ("json", False), ("verbose_json", True), ("srt", True), ("vtt", True)],
-)
-def test_formats_about_times_ask_for_timestamps_unless_told_otherwise(response_format, timestamps):
+@pytest.mark.parametrize("response_format", [f.value for f in ResponseFormat])
+def test_every_format_decodes_with_timestamps_unless_told_otherwise(response_format):
     parsed = parse_request_parameters({"response_format": response_format})
     assert parsed.response_format is ResponseFormat(response_format)
-    assert parsed.decoding.timestamps is timestamps
-    told = parse_request_parameters({"response_format": response_format, "timestamps": not timestamps})
-    assert told.decoding.timestamps is (not timestamps)
+    assert parsed.decoding.timestamps is True  # as openai-whisper
+    told = parse_request_parameters({"response_format": response_format, "timestamps": False})
+    assert told.decoding.timestamps is False
 
 
 @pytest.mark.parametrize(
@@ -110,6 +113,10 @@ def test_formats_about_times_ask_for_timestamps_unless_told_otherwise(response_f
         ({"temperature_increment": 2}, "temperature_increment must be from 0 to 1"),
         ({"temperature_increment": True}, "'temperature_increment' must be int or float, got bool"),
         ({"response_format": "diarized_json"}, "'response_format' must be one of"),
+        ({"no_speech_threshold": 1.5}, "no_speech_threshold must be a number from 0 to 1, got 1.5"),
+        ({"compression_ratio_threshold": -1}, "compression_ratio_threshold must be a number of at least 0"),
+        ({"logprob_threshold": "-1"}, "'logprob_threshold' must be int or float, got str"),
+        ({"logprob_threshold": True}, "'logprob_threshold' must be int or float, got bool"),
         ({"task": "summarise"}, "task must be one of"),
         ({"max_new_tokens": 0}, "max_new_tokens must be an integer from 1"),
         ({"input_format": "mp3"}, "'input_format' must be one of"),

@@ -115,9 +115,11 @@ def test_raw_pcm_equals_the_file(server, expected):
     samples, sample_rate = soundfile.read(JFK, dtype="float32")
     with WhisperClient(server.http_url) as client:
         result = client.transcribe(
-            samples.astype("<f4").tobytes(), input_format="pcm_f32le", sample_rate=sample_rate
+            samples.astype("<f4").tobytes(), input_format="pcm_f32le", sample_rate=sample_rate, timestamps=False
         )
-    assert result == expected(JFK, False)
+        assert result == expected(JFK, False)
+        by_default = client.transcribe(samples.astype("<f4").tobytes(), input_format="pcm_f32le", sample_rate=sample_rate)
+    assert by_default == expected(JFK, True)
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -143,7 +145,7 @@ def test_a_bad_request_gets_a_clear_invalid_arg_and_the_server_stays_ready(
     assert caught.value.status() == ("400" if protocol == "http" else "StatusCode.INVALID_ARGUMENT")
     assert client.is_server_ready()
     with WhisperClient(server.url(protocol), protocol) as whisper:
-        assert whisper.transcribe(JFK) == expected(JFK, False)
+        assert whisper.transcribe(JFK, timestamps=False) == expected(JFK, False)
 
 
 def test_client_raises_the_servers_message(server):
@@ -162,7 +164,10 @@ def test_cli_prints_the_jfk_transcript(server, expected, protocol):
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr
-    assert completed.stdout == expected(JFK, False).text + "\n"
+    assert completed.stdout == expected(JFK, True).text + "\n"  # timestamps on by default, as openai-whisper
+    without = subprocess.run(command + ["--no-timestamps"], capture_output=True, text=True, timeout=120)
+    assert without.returncode == 0, without.stderr
+    assert without.stdout == expected(JFK, False).text + "\n"
     # The packaged tiny.en decoded greedily places its commas differently from the
     # reference (faster-whisper on the same weights agrees with us): compare the words.
     assert words(completed.stdout) == words(JFK_TEXT)

@@ -171,6 +171,9 @@ class TranscribeOptions:
             isinstance(self.temperature_increment, (int, float)) and 0.0 <= self.temperature_increment <= MAX_TEMPERATURE
         ):
             raise RequestError(f"temperature_increment must be from 0 to 1, got {self.temperature_increment!r}")
+        _check_threshold("compression_ratio_threshold", self.compression_ratio_threshold, low=0.0)
+        _check_threshold("logprob_threshold", self.logprob_threshold)
+        _check_threshold("no_speech_threshold", self.no_speech_threshold, low=0.0, high=1.0)
 
     @property
     def temperatures(self) -> tuple[float, ...]:
@@ -179,3 +182,17 @@ class TranscribeOptions:
             return (first,)
         steps = math.floor((MAX_TEMPERATURE - first) / self.temperature_increment + 1e-6)
         return tuple(round(first + i * self.temperature_increment, 6) for i in range(steps + 1))
+
+
+def _check_threshold(name: str, value: float | None, low: float = -math.inf, high: float = math.inf) -> None:
+    """A quality threshold is None (its check off) or a finite number from `low` to `high`."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or not (
+        low <= value <= high
+    ):
+        if math.isfinite(high):
+            wanted = f"a number from {low:g} to {high:g}"
+        else:
+            wanted = f"a number of at least {low:g}" if math.isfinite(low) else "a finite number"
+        raise RequestError(f"{name} must be {wanted}, got {value!r}")

@@ -48,8 +48,6 @@ class ResponseFormat(str, enum.Enum):
 
 
 FORMATS = tuple(f.value for f in ResponseFormat)
-# Formats that are about times: a request for one gets segment timestamps unless it says otherwise.
-TIMED_FORMATS = (ResponseFormat.VERBOSE_JSON, ResponseFormat.SRT, ResponseFormat.VTT)
 
 
 class Timed(Protocol):
