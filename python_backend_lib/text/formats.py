@@ -11,7 +11,9 @@ and every other format is written from it:
   id, seek, start, end, text, tokens, temperature, avg_logprob,
   compression_ratio, no_speech_prob, and words when they were asked for),
   plus our own language_code and language_probability;
-- srt and vtt: subtitles, one cue per segment.
+- srt and vtt: subtitles, one cue per segment, or cues of words laid out as
+  openai-whisper lays them when words were timed (`subtitles`);
+- tsv: start and end in milliseconds and the text, a segment per row.
 
 Pure functions and frozen dataclasses; nothing here imports torch, so the
 clients and the gateway use this module too. SEGMENTS and verbose_json carry
@@ -32,11 +34,10 @@ from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.languages import language_code, language_name
 from python_backend_lib.core.options import Task, TranscribeOptions
 from python_backend_lib.core.segments import NAN, Segment, Word
+from python_backend_lib.text import subtitles
+from python_backend_lib.text.subtitles import SubtitleOptions, format_timestamp
 
-MS_PER_SECOND = 1000
-MS_PER_MINUTE = 60 * MS_PER_SECOND
-MS_PER_HOUR = 60 * MS_PER_MINUTE
-
+__all__ = ["Document", "ResponseFormat", "SubtitleOptions", "TimedText", "format_timestamp"]
 
 
 class ResponseFormat(str, enum.Enum):
@@ -45,6 +46,7 @@ class ResponseFormat(str, enum.Enum):
     VERBOSE_JSON = "verbose_json"
     SRT = "srt"
     VTT = "vtt"
+    TSV = "tsv"
 
 
 FORMATS = tuple(f.value for f in ResponseFormat)
@@ -109,33 +111,14 @@ def to_json(text: str, segments: Sequence[Timed], **extra: object) -> str:
     return json.dumps(record, ensure_ascii=False) + "\n"
 
 
-def to_srt(segments: Sequence[Timed]) -> str:
-    """SubRip: numbered cues with HH:MM:SS,mmm times."""
-    cues = [
-        f"{index}\n{format_timestamp(s.start, ',')} --> {format_timestamp(s.end, ',')}\n{s.text.strip()}\n"
-        for index, s in enumerate(segments, start=1)
-    ]
-    return "\n".join(cues)
+def to_srt(segments: Sequence[Timed], options: SubtitleOptions = SubtitleOptions()) -> str:
+    """SubRip: numbered cues with HH:MM:SS,mmm times (`subtitles.subtitle_cues`)."""
+    return subtitles.srt(subtitles.subtitle_cues(segments, options))
 
 
-def to_vtt(segments: Sequence[Timed]) -> str:
+def to_vtt(segments: Sequence[Timed], options: SubtitleOptions = SubtitleOptions()) -> str:
     """WebVTT: a WEBVTT header, then cues with HH:MM:SS.mmm times."""
-    cues = [
-        f"{format_timestamp(s.start, '.')} --> {format_timestamp(s.end, '.')}\n{s.text.strip()}\n"
-        for s in segments
-    ]
-    return "\n".join(["WEBVTT\n", *cues])
-
-
-def format_timestamp(seconds: float, decimal_marker: str) -> str:
-    """HH:MM:SS<marker>mmm, e.g. 3725.5 s with ',' -> '01:02:05,500'."""
-    if seconds < 0:
-        raise ValueError(f"a timestamp cannot be negative, got {seconds}")
-    total_ms = round(seconds * MS_PER_SECOND)
-    hours, rest = divmod(total_ms, MS_PER_HOUR)
-    minutes, rest = divmod(rest, MS_PER_MINUTE)
-    secs, ms = divmod(rest, MS_PER_SECOND)
-    return f"{hours:02d}:{minutes:02d}:{secs:02d}{decimal_marker}{ms:03d}"
+    return subtitles.vtt(subtitles.subtitle_cues(segments, options))
 
 
 # ----------------------------------------------------------------- the document
@@ -178,9 +161,12 @@ class Document:
     def words(self) -> tuple[Word, ...]:
         return tuple(w for s in self.segments for w in s.words)
 
-    def render(self, response_format: ResponseFormat | str, **extra: object) -> str:
-        """The document in `response_format`; `extra` fields (such as "file") go
-        first in the JSON formats and are ignored by the others."""
+    def render(
+        self, response_format: ResponseFormat | str, *, layout: SubtitleOptions = SubtitleOptions(), **extra: object
+    ) -> str:
+        """The document in `response_format`; `layout`: how srt and vtt lay out
+        word-timed cues; `extra` fields (such as "file") go first in the JSON
+        formats and are ignored by the others."""
         response_format = ResponseFormat(response_format)
         if response_format is ResponseFormat.TEXT:
             return to_text(self.text)
@@ -189,8 +175,10 @@ class Document:
         if response_format is ResponseFormat.VERBOSE_JSON:
             return json.dumps({**extra, **self.verbose_record()}, ensure_ascii=False) + "\n"
         if response_format is ResponseFormat.SRT:
-            return to_srt(self.segments)
-        return to_vtt(self.segments)
+            return to_srt(self.segments, layout)
+        if response_format is ResponseFormat.VTT:
+            return to_vtt(self.segments, layout)
+        return subtitles.tsv(self.segments)
 
     def verbose_record(self) -> dict[str, Any]:
         """verbose_json as a dict: OpenAI's fields, then ours."""
