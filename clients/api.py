@@ -13,7 +13,7 @@ A client holds one connection: use one client per thread.
 
 from __future__ import annotations
 
-import enum
+import http.client
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,19 +21,17 @@ from pathlib import Path
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
+from clients.connection import Protocol, connection_failure, parse_address, triton_message
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import Document, ResponseFormat, TimedText, segments_from_json
-
-DEFAULT_URLS = {"http": "localhost:8000", "grpc": "localhost:8001"}
-
-
-class Protocol(str, enum.Enum):
-    HTTP = "http"
-    GRPC = "grpc"
 
 
 class TranscriptionError(RuntimeError):
     """The server refused or failed a request; the message is the server's."""
+
+
+class ServerUnreachable(TranscriptionError):
+    """No answer came from the server: the message names the likely cause and the fix."""
 
 
 @dataclass(frozen=True)
@@ -48,20 +46,25 @@ class WhisperClient:
     def __init__(
         self,
         url: str | None = None,
-        protocol: Protocol | str = Protocol.HTTP,
+        protocol: Protocol | str | None = None,
         *,
         model: str = tensor_names.ENSEMBLE_NAME,
         timeout_s: float | None = None,
     ) -> None:
-        self.protocol = Protocol(protocol)
-        self.url = url or DEFAULT_URLS[self.protocol.value]
+        """url: host:port, or a URL whose scheme names the protocol (http://, https://,
+        grpc://); default localhost:8000, or :8001 for gRPC. protocol: "http" or "grpc";
+        None takes it from the URL (HTTP without a scheme). Raises connection.AddressError
+        for a URL of the other protocol."""
+        self.address = parse_address(url, protocol)
+        self.protocol = self.address.protocol
+        self.url = self.address.location
         self.model = model
         self._infer_arguments: dict[str, float] = {}
         if self.protocol is Protocol.HTTP:
             import tritonclient.http as triton
 
             timeouts = {} if timeout_s is None else {"network_timeout": timeout_s}
-            self._client = triton.InferenceServerClient(self.url, **timeouts)
+            self._client = triton.InferenceServerClient(self.url, ssl=self.address.tls, **timeouts)
         else:
             import tritonclient.grpc as triton
 
@@ -114,10 +117,14 @@ class WhisperClient:
                 parameters=dict(options) or None,
                 **self._infer_arguments,
             )
-        except InferenceServerException as error:
-            raise TranscriptionError(error.message() or str(error)) from None
-        except OSError as error:  # HTTP: refused or dropped connection
-            raise TranscriptionError(f"cannot reach the server at {self.url}: {error}") from None
+        except (InferenceServerException, OSError, http.client.HTTPException) as error:
+            # HTTP raises OSError (refused) and HTTPException (not HTTP) before any answer.
+            unreachable = connection_failure(self.address, error)
+            if unreachable is not None:
+                raise ServerUnreachable(unreachable) from None
+            if not isinstance(error, InferenceServerException):
+                raise TranscriptionError(f"the connection to {self.address} failed: {error}") from None
+            raise TranscriptionError(triton_message(error.message() or str(error))) from None
         return [response.as_numpy(name).reshape(-1)[0].decode("utf-8") for name in outputs]
 
     def close(self) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import time
 import urllib.error
 import urllib.request
 
@@ -16,6 +17,7 @@ from conftest import (
     GATEWAY_MAX_FILE_MB,
     GATEWAY_MODEL_IDS,
     RunningServer,
+    free_port,
     whisper_triton_command,
 )
 
@@ -135,7 +137,7 @@ def test_translation_on_an_english_only_checkpoint_is_a_clear_400(client, respon
     with open(JFK, "rb") as audio, pytest.raises(openai.BadRequestError) as caught:
         client.audio.translations.create(model="whisper-1", file=audio, response_format=response_format)
     body = caught.value.body
-    assert "task 'translate' needs a multilingual checkpoint" in body["message"]
+    assert body["message"].startswith("task 'translate' needs a multilingual checkpoint")  # no "in ensemble"
     assert body["type"] == "invalid_request_error"
 
 
@@ -148,6 +150,8 @@ def test_translation_on_an_english_only_checkpoint_is_a_clear_400(client, respon
         ({"timestamp_granularities": ["word"]}, openai.BadRequestError, "timestamp_granularities[]"),
         ({"timestamp_granularities": ["sentence"], "response_format": "verbose_json"}, openai.BadRequestError,
          "timestamp_granularities[]"),
+        ({"extra_body": {"diarize": "true"}}, openai.BadRequestError, "diarize"),
+        ({"response_format": "tsv"}, openai.BadRequestError, "response_format"),  # ours, not OpenAI's
     ],
 )
 def test_bad_requests_get_openais_error_shape(client, options, error, param):
@@ -256,11 +260,26 @@ def test_form_fields_become_triton_parameters():
         "task": "transcribe", "response_format": "verbose_json", "timestamps": True, "temperature": 0.4,
         "word_timestamps": True, "language": "en", "prompt": "Names.",
     }
-    translation = parse_form({"model": ["whisper-1"], "language": ["de"]}, Task.TRANSLATE, GatewaySettings().model_ids)
+    translation = parse_form({"model": ["whisper-1"]}, Task.TRANSLATE, GatewaySettings().model_ids)
     assert translation.triton_parameters() == {
         "task": "translate", "response_format": "json", "timestamps": True, "temperature": 0.0,
         "word_timestamps": False,
     }
+
+
+@pytest.mark.parametrize(
+    ("form", "task", "field"),
+    [
+        ({"model": ["whisper-1"], "language": ["de"]}, Task.TRANSLATE, "language"),  # translations are into English
+        ({"model": ["whisper-1"], "beam_size": ["5"]}, Task.TRANSCRIBE, "beam_size"),
+        ({"model": ["whisper-1"], "timestamp_granularities": ["word"]}, Task.TRANSCRIBE, "timestamp_granularities"),
+    ],
+)
+def test_unknown_form_fields_are_refused_by_name(form, task, field):
+    with pytest.raises(ApiError) as caught:
+        parse_form(form, task, ("whisper-1",))
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, field, "unknown_parameter")
+    assert caught.value.message.startswith(f"unknown field {field!r}; this endpoint takes file, model")
 
 
 def test_words_alone_drop_the_segments():
@@ -328,3 +347,57 @@ def test_the_app_answers_every_failure_in_openais_shape():
         "message": "internal error: ValueError: an invariant broke", "type": "server_error", "param": None,
         "code": "server_error",
     }
+
+
+# --- the gateway's own connection to Triton ---------------------------------------------
+
+
+def start_gateway(triton_url: str, tmp_path) -> tuple[subprocess.Popen, str]:
+    port = free_port()
+    log = (tmp_path / "gateway.log").open("w")
+    command = whisper_triton_command() + ["gateway", f"--triton-url={triton_url}", f"--port={port}"]
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    base_url = f"http://127.0.0.1:{port}/v1"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            with urllib.request.urlopen(f"{base_url}/models", timeout=1):
+                return process, base_url
+        except (urllib.error.URLError, ConnectionError):
+            time.sleep(0.2)
+    process.kill()
+    pytest.fail(f"the gateway did not start:\n{(tmp_path / 'gateway.log').read_text()}")
+
+
+@pytest.mark.parametrize(
+    ("where", "cause"),
+    [("nothing", "is it running? Start it with `whisper-triton serve`"), ("http", "it is likely Triton's HTTP port")],
+)
+def test_a_triton_it_cannot_reach_is_a_503_that_says_why(server, tmp_path, where, cause):
+    triton_url = f"localhost:{free_port()}" if where == "nothing" else server.http_url
+    process, base_url = start_gateway(triton_url, tmp_path)
+    try:
+        with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as unreachable, pytest.raises(
+            openai.InternalServerError
+        ) as caught:
+            transcribe(unreachable)
+        assert caught.value.status_code == 503
+        message = caught.value.body["message"]
+        assert message.startswith("cannot reach Triton: ") and cause in message and "\n" not in message
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
+
+
+@pytest.mark.parametrize("url", ["http://localhost:8001", "https://localhost:8001", "ftp://localhost:8001"])
+def test_a_triton_url_of_another_protocol_is_refused_at_once(url):
+    completed = subprocess.run(
+        whisper_triton_command() + ["gateway", f"--triton-url={url}"], capture_output=True, text=True, timeout=60
+    )
+    assert completed.returncode == 2
+    assert completed.stderr.startswith("whisper-triton gateway: --triton-url: ")
+    assert len(completed.stderr.splitlines()) == 1 and "Traceback" not in completed.stderr
+
+
+def test_a_grpc_scheme_is_accepted():
+    assert GatewaySettings(triton_url="grpc://triton:8001/").triton.location == "triton:8001"

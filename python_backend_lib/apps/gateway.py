@@ -29,13 +29,15 @@ the gateway's log only.
 
 import argparse
 import signal
+import sys
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clients.connection import AddressError, Protocol, ServerAddress, parse_address
 from python_backend_lib.apps.openai_api import (
     DEFAULT_MODEL_ID,
     MEDIA_TYPES,
@@ -63,7 +65,8 @@ OWNER = "whisper-triton"
 
 @dataclass(frozen=True)
 class GatewaySettings:
-    """triton_url: Triton's gRPC address. model_ids: the `model` values accepted
+    """triton_url: Triton's gRPC address, host:port or grpc://host:port (an HTTP
+    URL raises connection.AddressError). model_ids: the `model` values accepted
     (all served by the one checkpoint Triton runs). max_file_bytes: larger
     uploads get 413. timeout_s: per request to Triton, None for none."""
 
@@ -72,8 +75,10 @@ class GatewaySettings:
     max_file_bytes: int = DEFAULT_MAX_FILE_MB * BYTES_PER_MB
     timeout_s: float | None = None
     triton_model: str = tensor_names.ENSEMBLE_NAME
+    triton: ServerAddress = field(init=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "triton", parse_address(self.triton_url, Protocol.GRPC))
         if not self.model_ids:
             raise ValueError("the gateway needs at least one model id")
         if self.max_file_bytes < 1:
@@ -100,7 +105,7 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state["client"] = triton.InferenceServerClient(settings.triton_url)
+        state["client"] = triton.InferenceServerClient(settings.triton.location)
         try:
             yield
         finally:
@@ -171,7 +176,7 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
                 client_timeout=settings.timeout_s,
             )
         except InferenceServerException as error:
-            raise error_from_triton(error) from None
+            raise error_from_triton(error, settings.triton) from None
         formatted = result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0].decode("utf-8")
         body = audio_request.shape(formatted)
         return Response(body, media_type=MEDIA_TYPES[audio_request.response_format])
@@ -208,7 +213,10 @@ def _too_large(settings: GatewaySettings) -> InvalidRequest:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--triton-url", default=DEFAULT_TRITON_URL, help="Triton's gRPC address (default: %(default)s)")
+    parser.add_argument(
+        "--triton-url", default=DEFAULT_TRITON_URL,
+        help="Triton's gRPC address, host:port or grpc://host:port (default: %(default)s)",
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default: %(default)s)")
     parser.add_argument(
@@ -232,12 +240,16 @@ def run(args: argparse.Namespace) -> int:
     """Serve until SIGINT or SIGTERM; 0 after a graceful stop."""
     import uvicorn
 
-    settings = GatewaySettings(
-        triton_url=args.triton_url,
-        model_ids=tuple(args.model_ids or (DEFAULT_MODEL_ID,)),
-        max_file_bytes=int(args.max_file_mb * BYTES_PER_MB),
-        timeout_s=args.timeout,
-    )
+    try:
+        settings = GatewaySettings(
+            triton_url=args.triton_url,
+            model_ids=tuple(args.model_ids or (DEFAULT_MODEL_ID,)),
+            max_file_bytes=int(args.max_file_mb * BYTES_PER_MB),
+            timeout_s=args.timeout,
+        )
+    except AddressError as error:
+        print(f"whisper-triton gateway: --triton-url: {error}", file=sys.stderr)
+        return 2
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host=args.host, port=args.port, log_level="info"))
     # uvicorn finishes the requests in flight on SIGINT or SIGTERM, restores the
     # handlers it found and raises the signal again: these turn it into a clean exit.

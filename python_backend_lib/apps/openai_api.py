@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from clients.connection import ServerAddress, connection_failure, triton_message
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 from python_backend_lib.text.formats import ResponseFormat
@@ -34,6 +35,14 @@ MEDIA_TYPES = {
     ResponseFormat.VTT: "text/plain; charset=utf-8",
     ResponseFormat.JSON: "application/json",
     ResponseFormat.VERBOSE_JSON: "application/json",
+}
+OPENAI_FORMATS = tuple(f.value for f in MEDIA_TYPES)  # OpenAI's formats; not our tsv
+# The form fields of each endpoint, as OpenAI's API has them; any other is refused,
+# so that a misspelt or unsupported option is not silently ignored.
+FORM_FIELDS = {
+    Task.TRANSCRIBE: ("file", "model", "language", "prompt", "response_format", "temperature",
+                      "timestamp_granularities[]"),
+    Task.TRANSLATE: ("file", "model", "prompt", "response_format", "temperature", "timestamp_granularities[]"),
 }
 
 
@@ -87,12 +96,17 @@ TRITON_STATUS = {
 OTHER_TRITON_STATUS = (500, "server_error", "the transcription failed: ")
 
 
-def error_from_triton(error: InferenceServerException) -> ApiError:
-    """Triton's error as the client should see it: its message, OpenAI's status.
-    error.status() is gRPC's status name, such as "StatusCode.INVALID_ARGUMENT"."""
+def error_from_triton(error: InferenceServerException, triton: ServerAddress | None = None) -> ApiError:
+    """Triton's error as the client should see it: its message (without Triton's
+    "in ensemble ..." prefix), OpenAI's status; when Triton at `triton` could not be
+    reached, a 503 that says why. error.status() is gRPC's status name, such as
+    "StatusCode.INVALID_ARGUMENT"."""
+    unreachable = None if triton is None else connection_failure(triton, error)
+    if unreachable is not None:
+        return http_error(503, f"cannot reach Triton: {unreachable}", code="service_unavailable")
     name = str(error.status() or "").rsplit(".", 1)[-1]
     status, code, preface = TRITON_STATUS.get(name, OTHER_TRITON_STATUS)
-    return http_error(status, preface + (error.message() or str(error)), code=code)
+    return http_error(status, preface + triton_message(error.message() or str(error)), code=code)
 
 
 # ------------------------------------------------------------- the request
@@ -163,6 +177,12 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
             return None
         return value
 
+    for name in form:
+        if name not in FORM_FIELDS[task]:
+            raise InvalidRequest(
+                400, f"unknown field {name!r}; this endpoint takes {', '.join(FORM_FIELDS[task])}",
+                param=name, code="unknown_parameter",
+            )
     model = text("model", required=True)
     if model not in model_ids:
         raise InvalidRequest(
@@ -170,13 +190,12 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
             param="model", code="model_not_found",
         )
     response_format = text("response_format") or ResponseFormat.JSON.value
-    try:
-        response_format = ResponseFormat(response_format)
-    except ValueError:
+    if response_format not in OPENAI_FORMATS:
         raise InvalidRequest(
-            400, f"response_format must be one of {[f.value for f in ResponseFormat]}, got {response_format!r}",
+            400, f"response_format must be one of {list(OPENAI_FORMATS)}, got {response_format!r}",
             param="response_format", code="invalid_value",
-        ) from None
+        )
+    response_format = ResponseFormat(response_format)
     temperature = _temperature(text("temperature"))
     granularities = tuple(dict.fromkeys(_granularities(form.get("timestamp_granularities[]", []))))
     if granularities and response_format is not ResponseFormat.VERBOSE_JSON:
@@ -184,7 +203,7 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
             400, "timestamp_granularities[] needs response_format 'verbose_json'",
             param="timestamp_granularities[]", code="invalid_value",
         )
-    language = text("language") if task is Task.TRANSCRIBE else None
+    language = text("language")
     return AudioRequest(
         model=model,
         task=task,

@@ -1,0 +1,137 @@
+"""Where a Triton server is, and what it means when it cannot be reached.
+
+Every URL option (`whisper-triton transcribe --url`, `gateway --triton-url`,
+`WhisperClient(url)`) takes `host:port`, or a URL whose scheme names the
+protocol: `http://` and `https://` (TLS) for Triton's HTTP endpoint, `grpc://`
+for its gRPC endpoint, as the serve banner prints them. A scheme that names the
+other protocol is refused at once, before anything is sent.
+
+When a request fails before the server could answer it, `connection_failure`
+turns tritonclient's exception into one line that names the likely cause (no
+server there, or the other protocol's port) and the fix. Torch-free: the
+clients and the gateway use it.
+"""
+
+from __future__ import annotations
+
+import enum
+import http.client
+import re
+from dataclasses import dataclass
+
+SERVE_COMMAND = "whisper-triton serve"
+
+
+class Protocol(str, enum.Enum):
+    HTTP = "http"
+    GRPC = "grpc"
+
+
+# Triton's own default ports; `whisper-triton serve` keeps them.
+DEFAULT_PORTS = {Protocol.HTTP: 8000, Protocol.GRPC: 8001}
+# scheme -> (the protocol it names, whether it asks for TLS)
+SCHEMES = {"http": (Protocol.HTTP, False), "https": (Protocol.HTTP, True), "grpc": (Protocol.GRPC, False)}
+PROTOCOL_NAMES = {Protocol.HTTP: "HTTP", Protocol.GRPC: "gRPC"}
+_ARTICLES = {Protocol.HTTP: "an", Protocol.GRPC: "a"}
+# Triton puts this before an error raised by a step of an ensemble; the client
+# asked for `transcribe` and needs only the step's own message.
+_ENSEMBLE_PREFIX = re.compile(r"^in ensemble '[^']*', ")
+
+
+class AddressError(ValueError):
+    """A URL option that does not name a server of the protocol in use."""
+
+
+@dataclass(frozen=True)
+class ServerAddress:
+    """location: `host:port` (HTTP may add a path prefix), as tritonclient takes it."""
+
+    location: str
+    protocol: Protocol
+    tls: bool = False
+
+    def __str__(self) -> str:
+        scheme = "https" if self.tls else self.protocol.value
+        return f"{scheme}://{self.location}"
+
+
+def parse_address(url: str | None, protocol: Protocol | str | None = None) -> ServerAddress:
+    """The server `url` names. protocol: the one in use, or None to take it from
+    the URL's scheme (HTTP without one). Raises AddressError for a scheme that
+    names the other protocol, an unknown scheme, or no host."""
+    wanted = None if protocol is None else Protocol(protocol)
+    if url is None:
+        wanted = wanted or Protocol.HTTP
+        return ServerAddress(f"localhost:{DEFAULT_PORTS[wanted]}", wanted)
+    scheme, separator, rest = url.strip().rpartition("://")
+    tls = False
+    if separator:
+        if scheme.lower() not in SCHEMES:
+            raise AddressError(
+                f"{url!r} has the scheme {scheme!r}; give host:port, or a URL starting with "
+                f"{', '.join(s + '://' for s in SCHEMES)}"
+            )
+        named, tls = SCHEMES[scheme.lower()]
+        if wanted is not None and named is not wanted:
+            raise AddressError(
+                f"{url!r} is {_ARTICLES[named]} {PROTOCOL_NAMES[named]} URL, but this connection speaks "
+                f"{PROTOCOL_NAMES[wanted]}: give Triton's {PROTOCOL_NAMES[wanted]} address "
+                f"(localhost:{DEFAULT_PORTS[wanted]} by default)"
+            )
+        wanted = named
+    wanted = wanted or Protocol.HTTP
+    location = rest.rstrip("/")
+    if not location or location.startswith((":", "/")):
+        raise AddressError(f"{url!r} names no host; give host:port, such as localhost:{DEFAULT_PORTS[wanted]}")
+    if wanted is Protocol.GRPC and "/" in location:
+        raise AddressError(f"{url!r}: a gRPC address is host:port, without a path")
+    return ServerAddress(location, wanted, tls)
+
+
+def triton_message(message: str) -> str:
+    """Triton's error message as the client should read it: without the ensemble's prefix."""
+    return _ENSEMBLE_PREFIX.sub("", message.strip())
+
+
+def connection_failure(address: ServerAddress, error: BaseException) -> str | None:
+    """One line naming why `address` gave no answer, and the fix; None when
+    `error` is an answer from the server (a refused request, an overload).
+
+    error: what tritonclient raised, an OSError or http.client.HTTPException
+    over HTTP, an InferenceServerException over gRPC.
+    """
+    if address.protocol is Protocol.HTTP:
+        if isinstance(error, ConnectionRefusedError):
+            return _not_running(address)
+        if isinstance(error, http.client.HTTPException):  # bytes that are not HTTP/1.1: gRPC's HTTP/2
+            return _other_protocol(address, "did not answer in HTTP")
+        if isinstance(error, OSError):
+            return f"cannot reach the server at {address}: {error.strerror or error}"
+        return None
+    status = str(getattr(error, "status", lambda: "")() or "")
+    if not status.endswith("UNAVAILABLE"):
+        return None
+    message = getattr(error, "message", lambda: str(error))() or str(error)
+    if "Connection refused" in message:
+        return _not_running(address)
+    if "Socket closed" in message:  # an HTTP/1.1 server hangs up on gRPC's HTTP/2 preface
+        return _other_protocol(address, "closed the gRPC connection")
+    if "failed to connect" in message.lower() or "DNS resolution failed" in message:
+        return f"cannot reach the server at {address}: {message}"
+    return None
+
+
+def _not_running(address: ServerAddress) -> str:
+    return (
+        f"no server answers at {address} (connection refused): is it running? "
+        f"Start it with `{SERVE_COMMAND}`, or give the address it prints"
+    )
+
+
+def _other_protocol(address: ServerAddress, what_happened: str) -> str:
+    other = Protocol.GRPC if address.protocol is Protocol.HTTP else Protocol.HTTP
+    return (
+        f"{address} {what_happened}: it is likely Triton's {PROTOCOL_NAMES[other]} port; "
+        f"give its {PROTOCOL_NAMES[address.protocol]} port ({DEFAULT_PORTS[address.protocol]} by default), "
+        f"or speak {PROTOCOL_NAMES[other]} to this one"
+    )
