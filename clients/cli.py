@@ -1,14 +1,22 @@
-"""`whisper-triton transcribe FILE...`: send files to a running server, print transcripts.
+"""`whisper-triton transcribe FILE...`: send files to a running server, print or write transcripts.
 
-Files are sent `--concurrency` at a time (the server batches them) and printed
-in the order given. With more than one file, a progress bar goes to stderr.
-The server sends each transcript whole (verbose_json); it is written here in
-the chosen format by the same code the server's FORMATTED output uses.
+Files are sent `--concurrency` at a time (the server batches them) and their
+transcripts printed in the order given, or written to --output-dir. With more
+than one file a progress bar goes to stderr; one long file gets a progress
+line instead (`progress`). The server sends each transcript whole
+(verbose_json); it is written here in the chosen format by the code the
+server's FORMATTED output uses (`outputs`, `formats`, `subtitles`).
+
+Every flag becomes a request parameter checked before anything is sent, by
+the server's own parser: a bad value is one line and exit status 2. A file
+the server refuses is reported on stderr and the others go on (exit status
+1); a server that cannot be reached stops the command at once, with the cause.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import sys
 import threading
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -16,35 +24,87 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from clients.api import Protocol, TranscriptionError, WhisperClient
+from clients.api import ServerUnreachable, TranscriptionError, WhisperClient
+from clients.connection import AddressError, Protocol, parse_address
+from clients.outputs import ALL, CHOICES, STDIN, Input, StdoutDocument, output_formats, unique_stems, write_files
+from clients.progress import ProgressLine, audio_seconds
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import LongFormMode
-from python_backend_lib.text import formats
-from python_backend_lib.text.formats import Document
+from python_backend_lib.serving.parameters import parse_request_parameters
+from python_backend_lib.text.formats import Document, SubtitleOptions
 
-EXTENSIONS = {"text": "txt", "json": "json", "verbose_json": "json", "srt": "srt", "vtt": "vtt"}
+PROG = "whisper-triton transcribe"
+DESCRIPTION = (
+    "Send audio files to a running whisper-triton server (whisper-triton serve) and print their "
+    "transcripts, or write them as files: text, JSON, SRT, WebVTT or TSV."
+)
+EXAMPLES = """\
+examples:
+  whisper-triton transcribe talk.mp3                          the text, on stdout
+  whisper-triton transcribe talk.mp3 -f srt > talk.srt        subtitles
+  whisper-triton transcribe *.wav -o subtitles -f all         txt, srt, vtt, tsv and json files per input
+  whisper-triton transcribe talk.mp3 -f vtt --word-timestamps --max-line-width 42 --max-line-count 2
+  cat talk.wav | whisper-triton transcribe -                  audio from standard input
+  whisper-triton transcribe talk.mp3 --url grpc://localhost:8001
+"""
+# Flags that lay out word-timed subtitles: they need --word-timestamps, as in openai-whisper.
+LAYOUT_FLAGS = ("max_line_width", "max_line_count", "highlight_words")
+
+
+def version() -> str:
+    return f"whisper-triton {importlib.metadata.version('whisper-triton')}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("files", nargs="+", type=Path, metavar="FILE", help="audio files (wav, flac, ogg, mp3)")
-    parser.add_argument("--url", help="server address (default: localhost:8000 for http, localhost:8001 for grpc)")
-    parser.add_argument("--protocol", choices=[p.value for p in Protocol], default=Protocol.HTTP.value)
-    parser.add_argument("--format", choices=formats.FORMATS, default="text", dest="output_format")
-    parser.add_argument("--language", help="language code such as 'en' (multilingual checkpoints)")
-    parser.add_argument("--task", choices=["transcribe", "translate"])
-    parser.add_argument(
-        "--timestamps",
-        action=argparse.BooleanOptionalAction,
-        help="decode with timestamp tokens (default: on, as openai-whisper; better text, and long audio is seeked by them)",
+    parser.description = DESCRIPTION
+    parser.epilog = EXAMPLES
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("files", nargs="+", metavar="FILE", help="audio files (wav, flac, ogg, mp3, ...); - reads stdin")
+    parser.add_argument("--version", action="version", version=version())
+
+    server = parser.add_argument_group("server")
+    server.add_argument(
+        "--url", metavar="URL", help="host:port, or an http://, https:// or grpc:// URL (default: localhost:8000; 8001 for grpc)"
     )
-    parser.add_argument("--word-timestamps", action="store_true", help="time every word (json and verbose_json show them)")
-    parser.add_argument(
-        "--long-form",
-        choices=[m.value for m in LongFormMode],
+    server.add_argument(
+        "--protocol", choices=[p.value for p in Protocol], help="default: the URL's scheme, else http"
+    )
+    server.add_argument("--concurrency", type=_positive_int, default=4, metavar="N", help="requests in flight (default: 4)")
+
+    output = parser.add_argument_group("output")
+    output.add_argument(
+        "-f", "--format", "--output-format", choices=CHOICES, default="text", dest="output_format", metavar="FORMAT",
+        help="text (txt), json, verbose_json, srt, vtt, tsv, or all (with --output-dir) (default: text)",
+    )
+    output.add_argument(
+        "-o", "--output-dir", type=Path, metavar="DIR", help="write <stem>.<ext> files here, each path reported, instead of stdout"
+    )
+    output.add_argument("--max-line-width", type=int, metavar="N", help="subtitles: characters per line (word timestamps)")
+    output.add_argument("--max-line-count", type=int, metavar="N", help="subtitles: lines per cue (with --max-line-width)")
+    output.add_argument("--highlight-words", action="store_true", help="subtitles: underline each word as it is spoken")
+
+    decoding = parser.add_argument_group("decoding")
+    decoding.add_argument("--language", metavar="CODE", help="language code such as 'en' (multilingual checkpoints detect it)")
+    decoding.add_argument("--task", choices=["transcribe", "translate"])
+    decoding.add_argument(
+        "--timestamps", action=argparse.BooleanOptionalAction,
+        help="decode with timestamp tokens (default: on, as openai-whisper: better text, long audio seeks by them)",
+    )
+    decoding.add_argument("--word-timestamps", action="store_true", help="time every word (json, verbose_json, subtitles)")
+    decoding.add_argument(
+        "--long-form", choices=[m.value for m in LongFormMode],
         help="audio over 30 s: window after window (sequential, the default) or all windows at once (batched)",
     )
-    parser.add_argument("--prompt", help="text to condition the decoding on (names, spelling)")
-    parser.add_argument("--concurrency", type=_positive_int, default=4, help="requests in flight (default: 4)")
-    parser.add_argument("--output-dir", type=Path, help="write FILE's stem + .txt/.json/.srt/.vtt here")
+    decoding.add_argument("--prompt", "--initial-prompt", metavar="TEXT", help="text to condition the decoding on (names, spelling)")
+    decoding.add_argument("--temperature", type=float, metavar="T", help="first sampling temperature (default: 0, greedy)")
+    decoding.add_argument("--temperature-increment", type=float, metavar="T", help="added on each fallback (default: 0.2; 0: none)")
+    decoding.add_argument(
+        "--no-condition-on-previous-text", action="store_false", dest="condition_on_previous_text", default=None,
+        help="do not prompt each window with the text before it",
+    )
+    decoding.add_argument("--compression-ratio-threshold", type=float, metavar="X", help="fallback above this (default: 2.4)")
+    decoding.add_argument("--logprob-threshold", type=float, metavar="X", help="fallback below this log-probability (default: -1)")
+    decoding.add_argument("--no-speech-threshold", type=float, metavar="P", help="silence above this probability (default: 0.6)")
 
 
 def _positive_int(text: str) -> int:
@@ -54,69 +114,119 @@ def _positive_int(text: str) -> int:
     return value
 
 
+# Flags sent as the request parameters of the same name when given.
+PARAMETER_FLAGS = (
+    "language", "task", "timestamps", "prompt", "long_form", "temperature", "temperature_increment",
+    "condition_on_previous_text", "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold",
+)
+
+
 def request_options(args: argparse.Namespace) -> dict[str, object]:
-    """The request parameters that the command-line flags ask for."""
-    options: dict[str, object] = {}
-    if args.timestamps is not None:  # else the server's default: on
-        options["timestamps"] = args.timestamps
+    """The request parameters that the command-line flags ask for (the server's
+    defaults for the others)."""
+    options: dict[str, object] = {name: getattr(args, name) for name in PARAMETER_FLAGS if getattr(args, name) is not None}
     if args.word_timestamps:
         options["word_timestamps"] = True
-    for name in ("language", "task", "prompt", "long_form"):
-        value = getattr(args, name)
-        if value is not None:
-            options[name] = value
     return options
 
 
-def render(output_format: str, path: Path, document: Document) -> str:
-    """The file's transcript in `output_format`; the JSON formats name the file first."""
-    return document.render(output_format, file=str(path))
+class UsageError(Exception):
+    """Flags that cannot work together, or a bad value: one line, exit status 2."""
+
+
+def check(args: argparse.Namespace) -> SubtitleOptions:
+    """Refuse what cannot work before anything is sent; the subtitle layout asked for."""
+    if not args.word_timestamps:
+        for name in LAYOUT_FLAGS:
+            if getattr(args, name) not in (None, False):
+                raise UsageError(f"--{name.replace('_', '-')} lays out timed words: add --word-timestamps")
+    if args.max_line_count is not None and args.max_line_width is None:
+        raise UsageError("--max-line-count needs --max-line-width (lines are only broken at a width)")
+    if args.output_format == ALL and args.output_dir is None:
+        raise UsageError("--format all writes several files: give --output-dir")
+    if args.files.count(STDIN) > 1:
+        raise UsageError("'-' (standard input) can be read only once")
+    if STDIN in args.files and sys.stdin.isatty():
+        raise UsageError("'-' reads audio from standard input, which is a terminal: pipe a file in")
+    try:
+        parse_address(args.url, args.protocol)
+        parse_request_parameters(request_options(args))  # the server's own checks, before sending
+        return SubtitleOptions(args.max_line_width, args.max_line_count, args.highlight_words)
+    except (AddressError, RequestError) as error:
+        raise UsageError(str(error)) from None
 
 
 def run(args: argparse.Namespace) -> int:
-    """Transcribe every file; 0 if all succeeded, 1 otherwise (errors go to stderr)."""
+    """Transcribe every file; 0 if all succeeded, 1 otherwise, 2 for bad flags (errors go to stderr)."""
+    try:
+        layout = check(args)
+    except UsageError as error:
+        print(f"{PROG}: {error}", file=sys.stderr)
+        return 2
+    inputs = [Input(name) for name in args.files]
+    stdin_audio = sys.stdin.buffer.read() if any(i.name == STDIN for i in inputs) else b""
     options = request_options(args)
     local = threading.local()
 
-    def transcribe(path: Path) -> Document:
+    def transcribe(item: Input) -> Document:
         if not hasattr(local, "client"):  # tritonclient clients are not shared between threads
             local.client = WhisperClient(args.url, args.protocol)
-        return local.client.transcribe_document(path, **options)
+        source = stdin_audio if item.name == STDIN else _read(item.name)
+        if len(inputs) > 1:
+            return local.client.transcribe_document(source, **options)
+        with ProgressLine(item.name, audio_seconds(source)):
+            return local.client.transcribe_document(source, **options)
 
+    formats = output_formats(args.output_format)
+    stdout = None if args.output_dir else StdoutDocument(sys.stdout, formats[0], layout, several=len(inputs) > 1)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     failures = 0
     with ThreadPoolExecutor(max_workers=args.concurrency) as pool, tqdm(
-        total=len(args.files), unit="file", file=sys.stderr, disable=True if len(args.files) < 2 else None
+        total=len(inputs), unit="file", file=sys.stderr, disable=True if len(inputs) < 2 else None
     ) as progress:
         futures: list[Future[Document]] = []
-        for path in args.files:
-            future = pool.submit(transcribe, path)
+        for item in inputs:
+            future = pool.submit(transcribe, item)
             future.add_done_callback(lambda _: progress.update())
             futures.append(future)
-        for path, future in zip(args.files, futures):
+        for item, stem, future in zip(inputs, unique_stems(inputs), futures):
             try:
-                result = future.result()
-            except (TranscriptionError, OSError) as error:
+                document = future.result()
+            except ServerUnreachable as error:  # every other file would fail the same way
+                pool.shutdown(cancel_futures=True)
+                progress.close()
+                print(f"{PROG}: {error}", file=sys.stderr)
+                return 1
+            except (TranscriptionError, _InputError) as error:
                 failures += 1
-                progress.write(f"whisper-triton: {path}: {error}", file=sys.stderr)
+                progress.write(f"{PROG}: {item.name}: {error}", file=sys.stderr)
                 continue
-            _emit(args, path, render(args.output_format, path, result))
+            if stdout is not None:
+                stdout.write(item.name, document)
+                continue
+            for path in write_files(args.output_dir, stem, formats, document, layout):
+                progress.write(f"{item.name} -> {path}", file=sys.stdout)
     return 1 if failures else 0
 
 
-def _emit(args: argparse.Namespace, path: Path, rendered: str) -> None:
-    if args.output_dir is not None:
-        (args.output_dir / f"{path.stem}.{EXTENSIONS[args.output_format]}").write_text(rendered, encoding="utf-8")
-    elif len(args.files) > 1 and args.output_format not in ("json", "verbose_json"):  # json lines name the file
-        sys.stdout.write(f"==> {path} <==\n{rendered}\n")
-    else:
-        sys.stdout.write(rendered)
-    sys.stdout.flush()
+class _InputError(Exception):
+    """An input file that cannot be read."""
+
+
+def _read(name: str) -> bytes:
+    try:
+        return Path(name).read_bytes()
+    except FileNotFoundError:
+        raise _InputError("no such file") from None
+    except IsADirectoryError:
+        raise _InputError("is a folder, not an audio file") from None
+    except OSError as error:
+        raise _InputError(f"cannot read it: {error.strerror or error}") from None
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="whisper-triton transcribe", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog=PROG)
     add_arguments(parser)
     return run(parser.parse_args(argv))
 

@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import io
 import json
+import re
 from pathlib import Path
 
 import pytest
 
-from clients.cli import render, request_options
+from clients.cli import request_options
+from clients.connection import AddressError, Protocol, ServerAddress, parse_address, triton_message
+from clients.outputs import EXTENSIONS, Input, StdoutDocument, output_formats, unique_stems
 from python_backend_lib.apps.cli import build_parser
 from python_backend_lib.core.segments import Segment
-from python_backend_lib.text.formats import Document
+from python_backend_lib.text.formats import Document, ResponseFormat, SubtitleOptions
 
 RESULT = Document(
     text="Ask not.", segments=(Segment(0.0, 1.0, "Ask", (1,)), Segment(1.0, 2.5, "not.", (2,), id=1)), duration=2.5,
@@ -35,6 +39,13 @@ def parse(*argv: str):
             ("--language=de", "--task=translate", "--prompt=Hallo"),
             {"language": "de", "task": "translate", "prompt": "Hallo"},
         ),
+        (
+            ("--temperature=0.4", "--temperature-increment=0", "--no-condition-on-previous-text",
+             "--compression-ratio-threshold=3", "--logprob-threshold=-2", "--no-speech-threshold=0.9"),
+            {"temperature": 0.4, "temperature_increment": 0.0, "condition_on_previous_text": False,
+             "compression_ratio_threshold": 3.0, "logprob_threshold": -2.0, "no_speech_threshold": 0.9},
+        ),
+        (("--initial-prompt=Names.",), {"prompt": "Names."}),
     ],
 )
 def test_flags_become_typed_request_parameters(argv, expected):
@@ -58,6 +69,13 @@ def test_gateway_flags_have_the_documented_defaults():
     assert (args.model_ids, args.port) == (["whisper-1", "tiny.en"], 9100)
 
 
+def render(output_format: str, path: Path, document: Document) -> str:
+    """One file printed in `output_format`, as the command prints it."""
+    printed = io.StringIO()
+    StdoutDocument(printed, ResponseFormat(output_format), SubtitleOptions(), several=False).write(str(path), document)
+    return printed.getvalue()
+
+
 def test_render_each_format():
     path = Path("talk.wav")
     assert render("text", path, RESULT) == "Ask not.\n"
@@ -74,11 +92,81 @@ def test_serve_flags_have_the_documented_defaults():
     assert args.model_repository is None and args.checkpoint is None
 
 
-def test_an_unreachable_server_is_reported_per_file(tmp_path, capsys):
+def test_an_unreachable_server_stops_the_command_with_one_line(tmp_path, capsys):
     from python_backend_lib.apps.cli import main
 
     clip = tmp_path / "a.wav"
     clip.write_bytes(b"RIFF")
-    status = main(["transcribe", str(clip), "--url=localhost:9"])  # nothing listens on the discard port
+    status = main(["transcribe", str(clip), str(clip), "--url=localhost:9"])  # nothing listens on the discard port
     assert status == 1
-    assert f"whisper-triton: {clip}:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert err == (
+        "whisper-triton transcribe: no server answers at http://localhost:9 (connection refused): is it running? "
+        "Start it with `whisper-triton serve`, or give the address it prints\n"
+    )
+
+
+def test_version_and_examples(capsys):
+    for argv in (["--version"], ["transcribe", "--version"]):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(argv)
+        assert re.fullmatch(r"whisper-triton \d+\.\d+\.\d+\S*\n", capsys.readouterr().out)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["transcribe", "--help"])
+    help_text = capsys.readouterr().out
+    assert "Send audio files to a running whisper-triton server" in help_text
+    assert "examples:\n  whisper-triton transcribe talk.mp3 " in help_text
+
+
+@pytest.mark.parametrize(
+    ("names", "stems"),
+    [
+        (["a/talk.wav", "b/talk.mp3", "talk.flac"], ["talk", "talk-2", "talk-3"]),
+        (["a/talk.wav", "b/talk.wav", "talk-2.wav"], ["talk", "talk-3", "talk-2"]),  # talk-2 is taken
+        (["-", "x/stdin.wav"], ["stdin", "stdin-2"]),
+        (["one.wav", "two.wav"], ["one", "two"]),
+    ],
+)
+def test_outputs_never_share_a_name(names, stems):
+    assert unique_stems([Input(n) for n in names]) == stems
+
+
+def test_output_formats():
+    assert output_formats("txt") == output_formats("text") == (ResponseFormat.TEXT,)
+    assert [EXTENSIONS[f] for f in output_formats("all")] == ["txt", "srt", "vtt", "tsv", "json"]
+
+
+@pytest.mark.parametrize(
+    ("url", "protocol", "expected"),
+    [
+        (None, None, ServerAddress("localhost:8000", Protocol.HTTP)),
+        (None, "grpc", ServerAddress("localhost:8001", Protocol.GRPC)),
+        ("localhost:8000", None, ServerAddress("localhost:8000", Protocol.HTTP)),
+        ("http://localhost:8000/", "http", ServerAddress("localhost:8000", Protocol.HTTP)),
+        ("https://triton.example:443/prefix", None, ServerAddress("triton.example:443/prefix", Protocol.HTTP, tls=True)),
+        ("grpc://localhost:8001", None, ServerAddress("localhost:8001", Protocol.GRPC)),
+        ("GRPC://localhost:8001", "grpc", ServerAddress("localhost:8001", Protocol.GRPC)),
+    ],
+)
+def test_urls_with_or_without_a_scheme(url, protocol, expected):
+    assert parse_address(url, protocol) == expected
+
+
+@pytest.mark.parametrize(
+    ("url", "protocol", "message"),
+    [
+        ("http://localhost:8001", "grpc", "is an HTTP URL, but this connection speaks gRPC"),
+        ("grpc://localhost:8001", "http", "is a gRPC URL, but this connection speaks HTTP"),
+        ("ftp://localhost:8001", None, "has the scheme 'ftp'"),
+        ("http://", None, "names no host"),
+        ("grpc://localhost:8001/v2", None, "without a path"),
+    ],
+)
+def test_urls_of_another_protocol_are_refused(url, protocol, message):
+    with pytest.raises(AddressError, match=re.escape(message)):
+        parse_address(url, protocol)
+
+
+def test_tritons_ensemble_prefix_is_dropped():
+    assert triton_message("in ensemble 'transcribe', audio is 3601.0 s long") == "audio is 3601.0 s long"
+    assert triton_message("server overloaded") == "server overloaded"

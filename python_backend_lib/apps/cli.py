@@ -11,6 +11,14 @@ from pathlib import Path
 from python_backend_lib.apps import gateway, server
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 
+EXAMPLES = """\
+examples:
+  whisper-triton serve                                   start Triton with the packaged tiny.en
+  whisper-triton transcribe talk.mp3 -f srt > talk.srt   from another terminal
+  whisper-triton gateway                                 OpenAI's audio API on port 9000
+  whisper-triton COMMAND --help                          each command's options
+"""
+
 
 class _Terminated(Exception):
     """SIGTERM arrived: stop the server as for Ctrl-C."""
@@ -19,7 +27,10 @@ class _Terminated(Exception):
 def build_parser() -> argparse.ArgumentParser:
     from clients import cli as client_cli
 
-    parser = argparse.ArgumentParser(prog="whisper-triton", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="whisper-triton", description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--version", action="version", version=client_cli.version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     serve = commands.add_parser("serve", help="start Triton with the Whisper models and wait for requests")
