@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import free_port, whisper_triton_command
+from conftest import AUDIO_DIR, free_port, whisper_triton_command
 
-from python_backend_lib.apps import server
-from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
+from python_backend_lib.apps import preflight, server, triton_output
+from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
 from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
 
@@ -43,11 +45,12 @@ def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
     assert env[CHECKPOINT_ENV] == "/models/small"
 
 
-def test_numpy_2_is_refused(monkeypatch):
-    server.check_numpy()  # the installed numpy is < 2
-    monkeypatch.setattr(server.importlib.metadata, "version", lambda name: "2.1.0")
+def test_numpy_2_is_refused(monkeypatch, tmp_path):
+    assert preflight.numpy_problem() is None  # the installed numpy is < 2
+    monkeypatch.setattr(preflight.importlib.metadata, "version", lambda name: "2.1.0")
+    assert "needs numpy < 2" in preflight.numpy_problem()
     with pytest.raises(ServerError, match="numpy < 2"):
-        server.check_numpy()
+        TritonServer(ServerSettings(model_repository=tmp_path)).start()
 
 
 def test_a_taken_port_is_refused_before_starting(tmp_path):
@@ -77,9 +80,10 @@ def test_a_broken_repository_fails_with_tritons_log(tmp_path):
             ports.append(probe.getsockname()[1])
     settings = ServerSettings(model_repository=tmp_path, http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2])
     triton = TritonServer(settings)
-    with pytest.raises(ServerError, match="before it was ready") as caught:
+    with pytest.raises(ServerError) as caught:
         triton.start(timeout=120)
-    assert "checkpoint /nowhere is not a folder" in str(caught.value)
+    # The cause in one line, from the exception inside Triton's log, without its traceback.
+    assert str(caught.value) == "cannot load model 'broken': ValueError: checkpoint /nowhere is not a folder"
     assert triton.stop() is not None  # exited, and stopping again is harmless
 
 
@@ -156,3 +160,82 @@ def test_host_flag_binds_every_endpoint():
     command = TritonServer(settings).command(TritonInstallation(Path("tritonserver"), Path("/backends")))
     for endpoint in ("http", "grpc", "metrics"):
         assert f"--{endpoint}-address=0.0.0.0" in command
+
+
+def test_triton_is_started_without_gpu_switches_only_without_a_gpu():
+    triton = TritonServer(ServerSettings(model_repository=Path("/models")))
+    installation = TritonInstallation(Path("tritonserver"), Path("/backends"))
+    assert set(triton_output.NO_GPU_FLAGS) <= set(triton.command(installation, gpu=False))
+    assert not set(triton_output.NO_GPU_FLAGS) & set(triton.command(installation, gpu=True))
+
+
+# Triton 2.51's own line for a model whose initialize raised (the traceback is inside it, escaped).
+LOAD_FAILURE_LINE = (
+    "E1123 12:16:19.171312 20316 model_lifecycle.cc:642] \"failed to load 'whisper' version 1: Internal: "
+    "ValueError: checkpoint '/x' is neither 'default', 'random:<size>' nor a folder\\n\\nAt:\\n  "
+    "/work/python_backend_lib/checkpoints/weights.py(173): _hf_directory\\n\"\n"
+)
+
+
+def test_a_load_failure_is_read_from_tritons_log():
+    assert triton_output.load_failure(LOAD_FAILURE_LINE) == (
+        "model 'whisper': ValueError: checkpoint '/x' is neither 'default', 'random:<size>' nor a folder"
+    )
+    assert triton_output.load_failure('I1123 model_lifecycle.cc:839] "successfully loaded \'whisper\'"') is None
+
+
+NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient", "Failed to initialize NVML")
+
+
+@pytest.mark.skipif(triton_output.cuda_device_count() > 0, reason="the noise is that of a machine without a GPU")
+def test_a_healthy_cpu_start_logs_no_cuda_noise(server):
+    log = server.log.read_text()
+    assert "successfully loaded 'whisper'" in log
+    assert not [line for line in log.splitlines() if any(noise in line for noise in NOISE)]
+
+
+def test_the_banner_shows_addresses_that_work(server, tmp_path):
+    banner = server.log.read_text()
+    http = re.search(r"^  HTTP: +(http://\S+)$", banner, re.M).group(1)
+    grpc = re.search(r"^  gRPC: +(grpc://\S+)$", banner, re.M).group(1)
+    suggested = re.search(r"^  (whisper-triton transcribe .*)$", banner, re.M).group(1).split()
+    assert http == f"http://{server.http_url}" and grpc == f"grpc://{server.grpc_url}"
+    assert suggested[-2:] == ["--url", http]
+    clip = str(AUDIO_DIR / "jfk.wav")
+    for url in (http, grpc):
+        completed = subprocess.run(whisper_triton_command() + ["transcribe", clip, "--url", url],
+                                   capture_output=True, text=True, timeout=120)
+        assert completed.returncode == 0 and "country" in completed.stdout, completed.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "connect"), [("127.0.0.1", "localhost"), ("0.0.0.0", "localhost"), ("10.1.2.3", "10.1.2.3"),
+                          ("::", "localhost"), ("fd00::5", "[fd00::5]")],
+)
+def test_clients_are_pointed_where_triton_listens(host, connect):
+    triton = TritonServer(ServerSettings(model_repository=Path("/models"), host=host, http_port=1, grpc_port=2))
+    assert (triton.http_url, triton.grpc_url) == (f"{connect}:1", f"{connect}:2")
+
+
+def test_a_checkpoint_folder_that_is_not_there_is_refused_at_once():
+    started = time.monotonic()
+    completed = subprocess.run(
+        whisper_triton_command() + ["serve", "--checkpoint", "/nonexistent/x", f"--http-port={free_port()}"],
+        capture_output=True, text=True, timeout=60,
+    )
+    assert completed.returncode == 1 and time.monotonic() - started < 20
+    assert completed.stderr == "whisper-triton: cannot load checkpoint '/nonexistent/x': no such folder\n"
+
+
+@pytest.mark.server
+def test_a_checkpoint_that_cannot_load_ends_in_its_cause(tmp_path):
+    (tmp_path / "empty").mkdir()
+    command = whisper_triton_command() + [
+        "serve", f"--checkpoint={tmp_path / 'empty'}",
+        f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+    ]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 1
+    last = completed.stderr.splitlines()[-1]
+    assert last.startswith("whisper-triton: cannot load model '") and "has neither model.bin" in last, last
+    assert not any(noise in completed.stderr for noise in NOISE) or triton_output.cuda_device_count() > 0

@@ -102,14 +102,22 @@ def _raise_terminated(signum: int, frame: object) -> None:
 
 
 def _ready_message(triton: TritonServer) -> str:
+    host = triton.settings.host
+    if host in server.ANY_HOST:
+        where = "every interface: other machines reach it too"
+    elif host.startswith("127."):
+        where = f"{host}: this machine only (--host 0.0.0.0 opens every interface)"
+    else:
+        where = f"{host} only"
     return "\n".join(
         [
             "whisper-triton is ready.",
             f"  HTTP:    http://{triton.http_url}",
-            f"  gRPC:    {triton.grpc_url}",
+            f"  gRPC:    grpc://{triton.grpc_url}",
             f"  metrics: {triton.metrics_url}",
+            f"  listening on {where}",
             "Transcribe a file from another terminal:",
-            f"  whisper-triton transcribe path/to/audio.wav --url {triton.http_url}",
+            f"  whisper-triton transcribe path/to/audio.wav --url http://{triton.http_url}",
             "Stop with Ctrl-C.",
         ]
     )

@@ -20,7 +20,6 @@ import importlib.metadata
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from python_backend_lib.apps import preflight, triton_output
+from python_backend_lib.apps.triton_output import Activity
 from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
 # Same cache as the checkpoints (`weights.cache_root`), without importing torch here.
@@ -44,6 +45,8 @@ PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 # Triton listens on this address only, unless told otherwise: a server is not
 # reachable from other machines until its owner says so (`--host 0.0.0.0`).
 DEFAULT_HOST = "127.0.0.1"
+# Addresses that mean "every interface": clients on this machine reach them as localhost.
+ANY_HOST = ("0.0.0.0", "::", "")
 DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
@@ -93,16 +96,6 @@ def packaged_model_repository() -> Path:
             "or pass --model-repository"
         )
     return repository
-
-
-def check_numpy() -> None:
-    """The 2.51 Python-backend stub corrupts input tensors under numpy 2: refuse early."""
-    version = importlib.metadata.version("numpy")
-    if int(version.split(".")[0]) >= 2:
-        raise ServerError(
-            f"numpy {version} is installed, but the Triton Python backend needs numpy < 2 "
-            "(it corrupts inputs under numpy 2); run: pip install 'numpy<2'"
-        )
 
 
 def find_triton(cache_dir: Path | None = None) -> TritonInstallation:
@@ -188,16 +181,6 @@ def _python3_directory() -> Path:
     return shim_dir
 
 
-def _check_port_free(port: int) -> None:
-    """Fail before starting rather than poll another server's readiness on a taken port."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(("0.0.0.0", port))
-        except OSError as error:
-            raise ServerError(f"port {port} is not free ({error.strerror}); choose another") from None
-
-
 def _die_with_parent() -> None:
     """In the child: receive SIGTERM when the starting thread ends, so no server is orphaned."""
     PR_SET_PDEATHSIG = 1
@@ -205,30 +188,6 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
     except (OSError, AttributeError):  # not Linux: nothing to ask for
         pass
-
-
-@dataclass(frozen=True)
-class Activity:
-    """What Triton's /metrics says about work in the server.
-
-    busy: requests held by the whisper model plus requests queued in any model.
-    answered: requests answered so far (successes and failures, all models).
-    """
-
-    busy: float
-    answered: float
-
-    @classmethod
-    def from_metrics(cls, text: str) -> Activity:
-        busy = answered = 0.0
-        for line in text.splitlines():
-            name, _, value = line.rpartition(" ")
-            metric = name.split("{", 1)[0]
-            if metric in ("whisper_requests_in_flight", "nv_inference_pending_request_count"):
-                busy += float(value)
-            elif metric in ("nv_inference_request_success", "nv_inference_request_failure"):
-                answered += float(value)
-        return cls(busy=busy, answered=answered)
 
 
 class TritonServer:
@@ -248,22 +207,34 @@ class TritonServer:
         self._process: subprocess.Popen[str] | None = None
         self._pump: threading.Thread | None = None
         self._fatal = threading.Event()
+        self._load_failure: str | None = None  # the first model's failure to load, in one line
         self._ready = False  # drain only a server that became ready
 
     @property
+    def connect_host(self) -> str:
+        """Where a client on this machine reaches the endpoints: localhost, unless
+        Triton listens on one address that is not a loopback one."""
+        host = self.settings.host
+        if host in ANY_HOST or host.startswith("127.") or host in ("::1", "localhost"):
+            return "localhost"
+        return f"[{host}]" if ":" in host else host
+
+    @property
     def http_url(self) -> str:
-        return f"localhost:{self.settings.http_port}"
+        return f"{self.connect_host}:{self.settings.http_port}"
 
     @property
     def grpc_url(self) -> str:
-        return f"localhost:{self.settings.grpc_port}"
+        return f"{self.connect_host}:{self.settings.grpc_port}"
 
     @property
     def metrics_url(self) -> str:
-        return f"http://localhost:{self.settings.metrics_port}/metrics"
+        return f"http://{self.connect_host}:{self.settings.metrics_port}/metrics"
 
-    def command(self, installation: TritonInstallation) -> list[str]:
+    def command(self, installation: TritonInstallation, gpu: bool | None = None) -> list[str]:
+        """tritonserver's command line. gpu: whether there is a CUDA device (None: ask the driver)."""
         s = self.settings
+        gpu = triton_output.cuda_device_count() > 0 if gpu is None else gpu
         return [
             str(installation.binary),
             f"--model-repository={s.model_repository}",
@@ -277,15 +248,18 @@ class TritonServer:
             f"--log-verbose={s.log_verbose}",
             "--strict-readiness=true",
             "--exit-on-error=true",
+            *(() if gpu else triton_output.NO_GPU_FLAGS),
         ]
 
     def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
         """Start tritonserver and wait until every model is ready; ServerError otherwise."""
         if self._process is not None:
             raise ServerError("this server was already started")
-        check_numpy()
-        for port in (self.settings.http_port, self.settings.grpc_port, self.settings.metrics_port):
-            _check_port_free(port)
+        ports = (self.settings.http_port, self.settings.grpc_port, self.settings.metrics_port)
+        problems = (preflight.numpy_problem(), preflight.checkpoint_problem(self.settings.checkpoint),
+                    *(preflight.port_problem(port) for port in ports))
+        for problem in filter(None, problems):
+            raise ServerError(problem)
         installation = find_triton()
         self._process = subprocess.Popen(
             self.command(installation),
@@ -309,9 +283,15 @@ class TritonServer:
 
     def _pump_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None
+        quiet_gpu_noise = triton_output.cuda_device_count() == 0
         for line in self._process.stdout:
+            if quiet_gpu_noise and triton_output.is_no_gpu_noise(line):
+                continue
             self._tail.append(line)
-            if any(marker in line for marker in FATAL_LOG_MARKERS):
+            failure = triton_output.load_failure(line)
+            if failure is not None and self._load_failure is None:
+                self._load_failure = failure
+            if failure is not None or any(marker in line for marker in FATAL_LOG_MARKERS):
                 self._fatal.set()
             if self._log is not None:
                 self._log.write(line)
@@ -319,16 +299,13 @@ class TritonServer:
 
     def _wait_until_ready(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
-        url = f"http://localhost:{self.settings.http_port}/v2/health/ready"
+        url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
             if self._process.poll() is not None:
                 self._pump.join(timeout=5)
-                raise ServerError(
-                    f"tritonserver exited with status {self._process.returncode} before it was ready; "
-                    f"its log ends:\n{self.log_tail()}"
-                )
+                raise self._failure(f"tritonserver exited with status {self._process.returncode} before it was ready")
             if self._fatal.is_set():
-                raise ServerError(f"tritonserver cannot load the models; its log ends:\n{self.log_tail()}")
+                raise self._failure("tritonserver cannot load the models")
             try:
                 with urllib.request.urlopen(url, timeout=READY_POLL_S) as response:
                     if response.status == 200:
@@ -337,6 +314,13 @@ class TritonServer:
                 pass
             time.sleep(READY_POLL_S)
         raise ServerError(f"tritonserver was not ready after {timeout:.0f} s; its log ends:\n{self.log_tail()}")
+
+    def _failure(self, what: str) -> ServerError:
+        """The cause in one line when a model's failure to load names it (Triton's
+        log has the rest); else `what` and the end of the log."""
+        if self._load_failure is not None:
+            return ServerError(f"cannot load {self._load_failure}")
+        return ServerError(f"{what}; its log ends:\n{self.log_tail()}")
 
     def log_tail(self) -> str:
         return "".join(self._tail)

@@ -1,0 +1,45 @@
+"""What the launcher checks before it starts tritonserver, so that a problem it can
+see is one line at once rather than a failure deep in Triton's log later.
+
+Each check returns the problem, naming the fix, or None.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import socket
+from pathlib import Path
+
+
+def numpy_problem() -> str | None:
+    """The 2.51 Python-backend stub corrupts input tensors under numpy 2."""
+    version = importlib.metadata.version("numpy")
+    if int(version.split(".")[0]) >= 2:
+        return (
+            f"numpy {version} is installed, but the Triton Python backend needs numpy < 2 "
+            "(it corrupts inputs under numpy 2); run: pip install 'numpy<2'"
+        )
+    return None
+
+
+def checkpoint_problem(source: str | None) -> str | None:
+    """A --checkpoint that names a folder that is not there (each model would find
+    out only after Triton started). Named sources ("default", "random:<size>") and
+    what a folder holds are the models' to check: their failure is shown too."""
+    if source is None or (os.sep not in source and not source.startswith(".")):
+        return None
+    if not Path(source).expanduser().is_dir():
+        return f"cannot load checkpoint {source!r}: no such folder"
+    return None
+
+
+def port_problem(port: int) -> str | None:
+    """A port already taken: fail now rather than poll another server's readiness."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("0.0.0.0", port))
+        except OSError as error:
+            return f"port {port} is not free ({error.strerror}); choose another"
+    return None
