@@ -13,10 +13,13 @@ completed at all.
 from __future__ import annotations
 
 import argparse
+import collections
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
 
+from clients.connection import AddressError, Protocol, parse_address
 from loadtest.clips import DEFAULT_AUDIO_DIR, Summary
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -24,12 +27,15 @@ USER_CLASSES = {"grpc": "GrpcTranscribeUser", "http": "HttpTranscribeUser"}
 # After --run-time, users get this long to finish the request in flight.
 STOP_TIMEOUT_S = 60
 EXIT_ON_FAILURE = 3  # distinct from locust's own 1 (failed requests) and 2 (bad usage)
+# locust is not a dependency of the server: the `loadtest` extra brings it.
+INSTALL_HINT = "pip install -e '.[loadtest]'"
+LOCUST_OUTPUT_KEPT = 20  # the last lines of locust's stderr, for the cause of a failure
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m loadtest.run", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--http-url", default="localhost:8000", help="Triton's HTTP address, host:port")
-    parser.add_argument("--grpc-url", default="localhost:8001", help="Triton's gRPC address, host:port")
+    parser.add_argument("--http-url", default="localhost:8000", help="Triton's HTTP address, host:port or http://")
+    parser.add_argument("--grpc-url", default="localhost:8001", help="Triton's gRPC address, host:port or grpc://")
     parser.add_argument(
         "--protocols", default="grpc,http", help=f"comma-separated, from {sorted(USER_CLASSES)} (users split evenly)"
     )
@@ -48,6 +54,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.users < 1 or args.spawn_rate <= 0:
         parser.error("--users must be at least 1 and --spawn-rate above 0")
     args.protocols = tuple(dict.fromkeys(protocols))
+    for name, protocol in (("http_url", Protocol.HTTP), ("grpc_url", Protocol.GRPC)):
+        try:
+            address = parse_address(getattr(args, name), protocol)
+        except AddressError as error:
+            parser.error(f"--{name.replace('_', '-')}: {error}")
+        if address.tls:
+            parser.error(f"--{name.replace('_', '-')}: the load test speaks plain HTTP, not https")
+        setattr(args, name, address.location)
     return args
 
 
@@ -78,28 +92,48 @@ def locust_command(args: argparse.Namespace) -> list[str]:
     ]  # fmt: skip
 
 
+def run_locust(command: list[str]) -> tuple[int, str]:
+    """Run locust, its stderr passed on as it comes; (exit status, its last line)."""
+    process = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, errors="replace")
+    last: collections.deque[str] = collections.deque(maxlen=LOCUST_OUTPUT_KEPT)
+    for line in process.stderr:
+        sys.stderr.write(line)
+        if line.strip():
+            last.append(line.strip())
+    return process.wait(), (last[-1] if last else "nothing")
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if importlib.util.find_spec("locust") is None:
+        print(f"loadtest: locust is not installed; install the load-test extra: {INSTALL_HINT}", file=sys.stderr)
+        return EXIT_ON_FAILURE
     args.csv_prefix.parent.mkdir(parents=True, exist_ok=True)
     print(
         f"loadtest: {args.users} users ({', '.join(args.protocols)}) for {args.run_time} against "
         f"http={args.http_url} grpc={args.grpc_url}",
         flush=True,
     )
-    status = subprocess.run(locust_command(args)).returncode
+    status, last_line = run_locust(locust_command(args))
 
     summary_json = summary_path(args)
     if not summary_json.is_file():
-        print(f"loadtest: FAILED (locust wrote no {summary_json}; exit status {status})", file=sys.stderr)
+        print(f"loadtest: FAILED: locust stopped (exit status {status}) before its summary: {last_line}",
+              file=sys.stderr)
         return status or EXIT_ON_FAILURE
     summary = Summary.from_json(summary_json.read_text(encoding="utf-8"))
     print("\n".join(["", "loadtest summary:", *summary.table(), *(f"error: {e}" for e in summary.errors)]))
     print(f"reports: {args.csv_prefix}_stats.csv, {args.csv_prefix}.html, {summary_json}")
+    cause = f"first error: {summary.errors[0]}" if summary.errors else f"locust said: {last_line}"
+    if summary.total.failures:
+        print(f"loadtest: FAILED: {summary.total.failures} of {summary.total.requests} requests failed; {cause}",
+              file=sys.stderr)
+        return status or EXIT_ON_FAILURE
     if status != 0:
-        print(f"loadtest: FAILED (locust exit status {status})", file=sys.stderr)
+        print(f"loadtest: FAILED: locust exit status {status}; {cause}", file=sys.stderr)
         return status
     if summary.total.requests == 0:
-        print("loadtest: FAILED (no request completed)", file=sys.stderr)
+        print(f"loadtest: FAILED: no request completed; {cause}", file=sys.stderr)
         return EXIT_ON_FAILURE
     print("loadtest: passed")
     return 0

@@ -127,7 +127,10 @@ def test_a_run_against_no_server_fails(tmp_path):
         "--run-time=4s",
     )
     assert completed.returncode != 0, completed.stdout[-3000:]
-    assert "loadtest: FAILED" in completed.stderr
+    failed = completed.stderr.strip().splitlines()[-1]  # the last line says why
+    assert failed.startswith(f"loadtest: FAILED: {summary.total.failures} of {summary.total.requests} requests failed; "
+                             "first error: "), failed
+    assert "Connection refused" in failed or "failed to connect" in failed, failed
     assert summary is not None and summary.total.requests > 0
     assert summary.total.failures == summary.total.requests
     assert summary.errors
@@ -139,8 +142,8 @@ def test_a_short_run_against_the_server_passes(server: RunningServer, tmp_path):
     prefix = tmp_path / "loadtest"
     completed, summary = run_loadtest(
         prefix,
-        f"--http-url={server.http_url}",
-        f"--grpc-url={server.grpc_url}",
+        f"--http-url=http://{server.http_url}",  # the forms the serve banner prints
+        f"--grpc-url=grpc://{server.grpc_url}",
         "--users=4",
         "--spawn-rate=4",
         "--run-time=15s",
@@ -154,3 +157,18 @@ def test_a_short_run_against_the_server_passes(server: RunningServer, tmp_path):
         sent = sum(row.requests for row in summary.rows if row.request_type == protocol)
         assert sent > 0, f"no {protocol} request completed:\n{output}"
     assert Path(f"{prefix}_stats.csv").is_file() and Path(f"{prefix}.html").is_file()
+
+
+def test_without_locust_the_run_says_what_to_install(monkeypatch, capsys):
+    monkeypatch.setattr(run.importlib.util, "find_spec", lambda name: None if name == "locust" else object())
+    assert run.main(["--run-time=1s"]) == run.EXIT_ON_FAILURE
+    assert capsys.readouterr().err == (
+        "loadtest: locust is not installed; install the load-test extra: pip install -e '.[loadtest]'\n"
+    )
+
+
+def test_urls_of_the_other_protocol_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        run.parse_args(["--grpc-url=http://localhost:8001"])
+    assert "--grpc-url: 'http://localhost:8001' is an HTTP URL" in capsys.readouterr().err
+    assert run.parse_args(["--http-url=http://localhost:8000/"]).http_url == "localhost:8000"
