@@ -17,9 +17,14 @@ from __future__ import annotations
 import enum
 import http.client
 import re
+import urllib.error
+import urllib.request
 from dataclasses import dataclass
 
 SERVE_COMMAND = "whisper-triton serve"
+HTTP_PROBE_TIMEOUT_S = 2.0
+# What grpcio's UNAVAILABLE says when no connection was made (as opposed to a server's own refusal).
+CONNECTION_FAILURES = ("failed to connect", "Failed to connect", "Socket closed", "errors resolving", "DNS resolution")
 
 
 class Protocol(str, enum.Enum):
@@ -112,13 +117,26 @@ def connection_failure(address: ServerAddress, error: BaseException) -> str | No
     if not status.endswith("UNAVAILABLE"):
         return None
     message = getattr(error, "message", lambda: str(error))() or str(error)
+    if not any(sign in message for sign in CONNECTION_FAILURES):
+        return None  # UNAVAILABLE from the server itself: overloaded
+    # gRPC reports only the last address it tried (localhost is ::1 and 127.0.0.1):
+    # whether an HTTP server answers there is the surer sign of the wrong port.
+    if _answers_http(address.location):
+        return _other_protocol(address, "closed the gRPC connection")
     if "Connection refused" in message:
         return _not_running(address)
-    if "Socket closed" in message:  # an HTTP/1.1 server hangs up on gRPC's HTTP/2 preface
-        return _other_protocol(address, "closed the gRPC connection")
-    if "failed to connect" in message.lower() or "DNS resolution failed" in message:
-        return f"cannot reach the server at {address}: {message}"
-    return None
+    return f"cannot reach the server at {address}: {message}"
+
+
+def _answers_http(location: str) -> bool:
+    """Whether an HTTP server answers at `location` (any status will do)."""
+    try:
+        with urllib.request.urlopen(f"http://{location}/v2/health/live", timeout=HTTP_PROBE_TIMEOUT_S):
+            return True
+    except urllib.error.HTTPError:
+        return True
+    except (OSError, http.client.HTTPException, ValueError):
+        return False
 
 
 def _not_running(address: ServerAddress) -> str:

@@ -156,6 +156,8 @@ def test_no_progress_line_in_a_pipe(server):
         (("--protocol", "grpc", "--url", "{http}"), 1, "closed the gRPC connection: it is likely Triton's HTTP port"),
         (("--url", "localhost:{free}"), 1, "(connection refused): is it running? Start it with `whisper-triton serve`"),
         (("--url", "grpc://localhost:{free}"), 1, "is it running? Start it with `whisper-triton serve`"),
+        (("--url", "nosuchhost.invalid:8000"), 1, "cannot reach the server at http://nosuchhost.invalid:8000: "),
+        (("--url", "grpc://nosuchhost.invalid:8001"), 1, "cannot reach the server at grpc://nosuchhost.invalid:8001"),
         (("--protocol", "grpc", "--url", "http://{http}"), 2, "is an HTTP URL, but this connection speaks gRPC"),
         (("--url", "{http}", "--language", "de"), 1, f"{JFK}: this checkpoint is English-only"),
         (("--url", "{http}", "--max-line-count", "2", "--word-timestamps"), 2, "--max-line-count needs --max-line-width"),
