@@ -36,9 +36,11 @@ from bench.workloads import Workload, librispeech_like, long_clips, noise
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints.weights import hf_config_json, hf_generation_json, load_checkpoint
 from python_backend_lib.core.options import DecodingOptions
-from python_backend_lib.engine.decoding import Admission, DecodeBatch, initial_tokens
+from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.prompt import initial_tokens
+from python_backend_lib.engine.rows import Admission
 from python_backend_lib.engine.scheduler import Engine, EngineOptions
 from python_backend_lib.transcription.pipeline import DEFAULT_KV_MEMORY_FRACTION, gpu_slots
 

@@ -11,7 +11,9 @@ import torch
 from python_backend_lib.checkpoints.weights import load_config
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
-from python_backend_lib.engine.decoding import LogitRules, Prompt, Row, RuleInputs, initial_tokens
+from python_backend_lib.engine.prompt import Prompt, initial_tokens
+from python_backend_lib.engine.rows import Row
+from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts
 from python_backend_lib.text.tokenizer import Segment, load_tokenizer
 
 ENGLISH = load_config("default")
@@ -83,7 +85,9 @@ def test_vectorised_rules_equal_transformers_processors(config):
             for processor in _hf_processors(config, len(prompt), options):
                 scores = processor(ids, scores)
             expected.append(scores[0])
-        ours = rules.apply(logits.clone(), RuleInputs.from_rows(rows, special.timestamp_begin, torch.device("cpu")))
+        table = torch.tensor([row.rule_facts(special.timestamp_begin) for row in rows]).T
+        assert table.shape[0] == N_RULE_FACTS
+        ours = rules.apply(logits.clone(), RuleFacts.from_table(table))
         expected = torch.stack(expected)
         assert torch.equal(torch.isinf(ours), torch.isinf(expected)), f"trial {trial}"
         assert torch.equal(ours.argmax(-1), expected.argmax(-1))

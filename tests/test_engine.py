@@ -14,7 +14,9 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions
-from python_backend_lib.engine.scheduler import EngineOptions, InjectedFault
+from python_backend_lib.engine.faults import FaultPlan, InjectedFault
+from python_backend_lib.engine.loading import EngineSetup
+from python_backend_lib.engine.scheduler import MAX_CONSECUTIVE_RESTARTS, EngineUnavailable
 from python_backend_lib.transcription.pipeline import Pipeline
 
 SLOTS = 4
@@ -22,7 +24,7 @@ SLOTS = 4
 
 @pytest.fixture(scope="module")
 def pipe():
-    pipeline = Pipeline.load("default", device="cpu", slots=SLOTS)
+    pipeline = Pipeline.load("default", device="cpu", setup=EngineSetup(slots=SLOTS))
     yield pipeline
     pipeline.close()
 
@@ -125,7 +127,7 @@ def test_a_request_that_breaks_encoding_fails_alone(pipe, features):
 
 
 def test_the_fault_hook_fails_only_its_request():
-    pipeline = Pipeline.load("default", device="cpu", slots=SLOTS, engine_options=EngineOptions(fault_prompt="boom"))
+    pipeline = Pipeline.load("default", device="cpu", setup=EngineSetup(slots=SLOTS, faults=FaultPlan(step_prompt="boom")))
     try:
         feature = window_features(decode_audio(clips()[0].read())[: geometry.N_SAMPLES], pipeline.n_mels)
         solo = _submit(pipeline, feature, DecodingOptions()).result(timeout=60).tokens
@@ -144,3 +146,94 @@ def test_the_fault_hook_fails_only_its_request():
         assert pipeline.engine.batch.counts.eager_passes > 0 and pipeline.engine.batch.counts.graph_replays == 0
     finally:
         pipeline.close()
+
+
+def test_an_engine_loop_failure_fails_what_it_holds_and_the_engine_restarts():
+    """With the engine fault, a step fails and so does the failure handling (dropping
+    the faulty row raises): the loop itself fails. Every window it held gets that
+    error, none waits forever, and the next request is served by the restarted loop."""
+    setup = EngineSetup(slots=SLOTS, faults=FaultPlan(engine_prompt="crash"))
+    pipeline = Pipeline.load("default", device="cpu", setup=setup)
+    try:
+        feature = window_features(decode_audio(clips()[0].read())[: geometry.N_SAMPLES], pipeline.n_mels)
+        solo = _submit(pipeline, feature, DecodingOptions()).result(timeout=60).tokens
+        held = [_submit(pipeline, feature, DecodingOptions(min_new_tokens=30, max_new_tokens=30)) for _ in range(2)]
+        crash = _submit(pipeline, feature, DecodingOptions(prompt="crash"))
+        for future in [crash, *held]:
+            with pytest.raises(InjectedFault, match="crash"):
+                future.result(timeout=60)
+        assert pipeline.engine.stats.restarts == 1
+        assert _submit(pipeline, feature, DecodingOptions()).result(timeout=60).tokens == solo
+        assert pipeline.engine.healthy and pipeline.engine.batch.free_slots == SLOTS
+    finally:
+        pipeline.close()
+
+
+def test_an_engine_that_keeps_failing_gives_up_and_refuses_at_once():
+    setup = EngineSetup(slots=SLOTS, faults=FaultPlan(engine_prompt="crash"))
+    pipeline = Pipeline.load("default", device="cpu", setup=setup)
+    try:
+        feature = window_features(decode_audio(clips()[0].read())[: geometry.N_SAMPLES], pipeline.n_mels)
+        for _ in range(MAX_CONSECUTIVE_RESTARTS):
+            with pytest.raises(InjectedFault):
+                _submit(pipeline, feature, DecodingOptions(prompt="crash")).result(timeout=60)
+        assert not pipeline.engine.healthy
+        with pytest.raises(EngineUnavailable, match="unhealthy"):
+            pipeline.engine.submit(feature, DecodingOptions(), lambda _: None)
+    finally:
+        pipeline.close()
+
+
+def test_results_finished_before_a_failed_step_are_delivered(pipe, features):
+    """A step whose later part fails (StepFailed) still delivers the rows that
+    finished in its earlier part; only the failing rows are retried alone."""
+    from python_backend_lib.engine.batch import StepFailed
+
+    batch = pipe.engine.batch
+    real_step = batch.step
+    calls = []
+
+    def step_whose_second_part_fails(rows=None):
+        if rows is None and not calls:
+            calls.append(1)
+            finished = real_step(rows)
+            raise StepFailed(finished, RuntimeError("the graph part failed"))
+        return real_step(rows)
+
+    short = DecodingOptions(max_new_tokens=1)
+    expected = _submit(pipe, features[0], short).result(timeout=60)
+    batch.step = step_whose_second_part_fails
+    try:
+        got = _submit(pipe, features[0], short).result(timeout=60)
+    finally:
+        del batch.step
+    assert got == expected and calls == [1]
+
+
+def test_digital_silence_is_answered_without_decoding(pipe):
+    silence = window_features(torch.zeros(geometry.N_SAMPLES), pipe.n_mels)
+    steps = pipe.engine.batch.counts.eager_passes
+    result = _submit(pipe, silence, DecodingOptions(), content_frames=geometry.N_FRAMES).result(timeout=60)
+    assert result.tokens == () and result.no_speech_prob == 1.0
+    assert pipe.engine.batch.counts.eager_passes == steps  # no decoder step ran for it
+    decoded = _submit(pipe, silence, DecodingOptions()).result(timeout=60)  # no check asked: decoded
+    assert decoded.no_speech_prob < 1.0
+
+
+def test_a_pipeline_left_open_exits_cleanly(tmp_path):
+    """A script that exits without close(), while the engine thread is still decoding,
+    exits 0 and prints nothing (a thread inside torch at exit used to abort the process)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "script.py"
+    script.write_text(
+        "from python_backend_lib.engine.loading import EngineSetup\n"
+        "from python_backend_lib.transcription.pipeline import Pipeline\n"
+        "from python_backend_lib.audio.decode import decode_audio\n"
+        "from python_backend_lib.core.options import TranscribeOptions\n"
+        "pipeline = Pipeline.load('default', device='cpu', setup=EngineSetup(slots=2))\n"
+        "pipeline.submit(decode_audio(open('tests/data/audio/jfk.wav', 'rb').read()), TranscribeOptions())\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")

@@ -9,8 +9,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from python_backend_lib.transcription import pipeline as pipeline_module
-from python_backend_lib.transcription.pipeline import GpuMemoryError, Pipeline, out_of_memory_advice
+from python_backend_lib.engine import loading
+from python_backend_lib.engine.loading import EngineSetup, GpuMemoryError, out_of_memory_advice
+from python_backend_lib.transcription.pipeline import Pipeline
 
 
 def _out_of_memory(*args, **kwargs):
@@ -27,11 +28,11 @@ def _out_of_memory(*args, **kwargs):
 )
 def test_out_of_gpu_memory_at_load_names_the_settings_to_change(monkeypatch, allocation, slots, stage):
     if allocation == "KVSlotPool":
-        monkeypatch.setattr(pipeline_module, "KVSlotPool", _out_of_memory)
+        monkeypatch.setattr(loading, "KVSlotPool", _out_of_memory)
     else:
-        monkeypatch.setattr(pipeline_module.Whisper, "from_checkpoint", _out_of_memory)
+        monkeypatch.setattr(loading.Whisper, "from_checkpoint", _out_of_memory)
     with pytest.raises(GpuMemoryError) as caught:
-        Pipeline.load("random:tiny", device="cpu", slots=slots)
+        Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=slots))
     message = str(caught.value)
     assert stage in message and "'random:tiny'" in message
     for advice in ("`kv_slots` parameter in config.pbtxt", "`kv_memory_fraction`", "smaller checkpoint"):

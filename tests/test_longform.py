@@ -12,6 +12,7 @@ from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.tokenizer import load_tokenizer
 from python_backend_lib.transcription.longform import (
     LongFormMode,
@@ -130,7 +131,7 @@ def test_split_window_seeks_to_the_last_complete_segment():
 def test_language_detection_matches_transformers():
     """A multilingual model detects languages as transformers' detect_language does."""
     checkpoint = load_checkpoint("random:tiny:5")
-    pipe = Pipeline.load("random:tiny:5", device="cpu", slots=4)
+    pipe = Pipeline.load("random:tiny:5", device="cpu", setup=EngineSetup(slots=4))
     hf = hf_model_from_state(checkpoint.config, checkpoint.state_dict)
     hf.generation_config.lang_to_id = {
         f"<|{code}|>": checkpoint.config.special.language_token(code) for code in checkpoint.config.special.language_codes

@@ -12,7 +12,7 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions
-from python_backend_lib.engine.decoding import initial_tokens
+from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.transcription.pipeline import Pipeline
 
 CLIPS = clips()

@@ -15,6 +15,7 @@ from python_backend_lib.audio.features import features_for, window_features
 from python_backend_lib.checkpoints.weights import load_checkpoint, load_config, write_hf_checkpoint
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, Task, TranscribeOptions
+from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.formats import Document, ResponseFormat
 from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.transcription.longform import LongFormJob
@@ -28,7 +29,7 @@ STEPS = 6  # tokens forced after the prompt (min_new_tokens = max_new_tokens)
 
 @pytest.fixture(scope="module")
 def pipe():
-    pipeline = Pipeline.load(SOURCE, device="cpu", slots=4)
+    pipeline = Pipeline.load(SOURCE, device="cpu", setup=EngineSetup(slots=4))
     yield pipeline
     pipeline.close()
 
@@ -86,7 +87,7 @@ def test_the_first_windows_language_is_kept_and_reported(pipe):
     tokenizer = Tokenizer(load_config("default").tokenizer_path, config.special)  # no windows hold text here
     asked: list[DecodingOptions] = []
 
-    def submit(features, options, on_done, is_cancelled):  # a stand-in for the engine
+    def submit(features, options, on_done, is_cancelled, content_frames=None):  # a stand-in for the engine
         asked.append(options)
         detected = ("de", 0.87) if options.language is None else (None, None)
         on_done(DecodingResult((), detected[0], -0.2, 0.1, options.temperature, language_probability=detected[1]))

@@ -25,6 +25,14 @@ DYNAMIC_RANGE = 8.0  # log10 units (80 dB) kept below the loudest bin
 LOG_MEL_OFFSET = 4.0
 LOG_MEL_SCALE = 4.0
 
+# A window whose loudest spectral bin stays below this log10 power (about 90 dB
+# under a full-scale tone, whose peak is near 4) holds digital silence. Whisper's
+# own no-speech rule does not catch it (tiny.en writes a confident "you" on
+# zeros), so such windows are answered as silent without decoding.
+SILENCE_LOG10_POWER = -5.0
+# The same threshold on the normalised log-mel, (log10 + 4) / 4.
+SILENCE_LOG_MEL = (SILENCE_LOG10_POWER + LOG_MEL_OFFSET) / LOG_MEL_SCALE
+
 # Slaney's mel scale: linear below 1 kHz, logarithmic above, joined at 15 mel.
 MEL_HZ_PER_MEL = 200.0 / 3.0
 MEL_BREAK_HZ = 1000.0

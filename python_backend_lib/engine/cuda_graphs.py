@@ -1,9 +1,11 @@
 """A table of captured decode steps, one CUDA graph per padded batch size.
 
 A decode step (one new token per row) is the whole decoder forward, the tied
-output projection, Whisper's logit rules and the greedy choice: hundreds of
-small kernels for a small model, so launching them costs more than running
-them. Each bucket of the table holds one captured step for exactly `batch`
+output projection, Whisper's logit rules and the greedy choice, plus what the
+start of a transcript needs (the no-speech probability, the language logits):
+hundreds of small kernels for a small model, so launching them costs more than
+running them. Rows feeding a short prompt step through the same graph, one
+prompt token a step. Each bucket of the table holds one captured step for exactly `batch`
 rows; a step of n rows replays the smallest bucket with batch >= n, the
 remaining rows padded.
 
@@ -31,8 +33,9 @@ Static buffers, and the rules for them:
   in flight, since each step ends by reading its tokens back, so the pinned
   staging buffers are never rewritten under a pending copy.
 - Outputs live in the graphs' private memory pool: the filtered logits
-  [batch, vocab] and (token, log-probability) [2, batch], read back in one
-  small device-to-host copy.
+  [batch, vocab], the raw logits of the language tokens [batch, languages]
+  (multilingual checkpoints), and (token, log-probability, no-speech
+  probability) [3, batch], read back in one small device-to-host copy.
 """
 
 from __future__ import annotations
@@ -47,10 +50,11 @@ import numpy as np
 import torch
 
 from python_backend_lib.checkpoints.weights import ModelConfig
-from python_backend_lib.engine.decoding import N_RULE_FACTS, LogitRules, Row, RuleInputs
 from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
 from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.rows import Row
+from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
 
 log = logging.getLogger(__name__)
 
@@ -60,7 +64,7 @@ DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 3
 
 # Rows of the `meta` buffer.
 META_TOKEN, META_POSITION, META_CACHE_INDEX = 0, 1, 2
-META_RULES = 3  # N_RULE_FACTS rows from here, in Row.rule_facts order
+META_RULES = 3  # N_RULE_FACTS rows from here, in RuleFacts field order
 N_META = META_RULES + N_RULE_FACTS
 
 
@@ -91,13 +95,19 @@ class GraphKey:
     cross_pages_per_slot: int
 
 
+# Rows of the `picked` output, read back after every replay.
+PICKED_TOKEN, PICKED_LOGPROB, PICKED_NO_SPEECH = 0, 1, 2
+
+
 @dataclass(frozen=True)
 class GraphStep:
     """What one replay hands back, for the n real rows."""
 
     tokens: list[int]  # greedy choices
     logprobs: list[float]  # their log-probabilities under the filtered logits
+    no_speech: list[float]  # the no-speech probability, meaningful where <|startoftranscript|> was fed
     logits: torch.Tensor  # [n, vocab] float32 filtered logits (a view of the graph's output)
+    language_logits: torch.Tensor | None  # [n, languages] raw logits (a view); None on English-only checkpoints
 
 
 class _Entry:
@@ -127,6 +137,7 @@ class _Entry:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.picked: torch.Tensor | None = None
+        self.language_logits: torch.Tensor | None = None
 
     def prepare(self, rows: Sequence[Row], timestamp_begin: int) -> None:
         """Write the step's inputs for `rows` (the rest padding) into the buffers."""
@@ -190,6 +201,11 @@ class DecodeGraphs:
         self.config = config
         self.attention = attention
         self.rules = LogitRules(config, attention.workspace.device)
+        special = config.special
+        self.no_speech = special.nospeech
+        self.language_tokens = (
+            torch.tensor(special.language_tokens, device=attention.workspace.device) if config.multilingual else None
+        )
         self.buckets = bucket_sizes(max_batch, buckets)
         self.timestamp_begin = config.special.timestamp_begin
         self._entries: dict[GraphKey, _Entry] = {}
@@ -254,30 +270,48 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._mempool):
-            entry.logits, entry.picked = self._forward(entry)
+            entry.logits, entry.picked, entry.language_logits = self._forward(entry)
         entry.graph = graph
         self._entries[key] = entry
 
-    def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         meta = entry.meta
         hidden = self.model.decoder(meta[META_TOKEN], meta[META_POSITION], entry.decode)
-        logits = self.rules.apply(self.model.logits(hidden), RuleInputs.from_table(meta[META_RULES:]))
-        greedy = logits.argmax(dim=-1)
-        logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, greedy[:, None]).squeeze(1)
+        raw = self.model.logits(hidden)  # [batch, vocab] float32
+        # Read where <|startoftranscript|> was fed; the same arithmetic as the eager path.
+        no_speech = raw.softmax(dim=-1)[:, self.no_speech]
+        languages = raw[:, self.language_tokens] if self.language_tokens is not None else None
+        logits = self.rules.apply(raw, RuleFacts.from_table(meta[META_RULES:]))
+        greedy, logprobs = sample(logits)
         # Token ids are below 2**24, so float32 holds them exactly: one readback.
-        return logits, torch.stack([greedy.float(), logprobs])
+        return logits, torch.stack([greedy.float(), logprobs, no_speech]), languages
 
     # replay ----------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, rows: Sequence[Row]) -> GraphStep:
-        """One decode step for rows that each feed one pending token."""
+    def run(self, rows: Sequence[Row], *, replay: bool = True) -> GraphStep:
+        """One decode step feeding each row's first pending token.
+
+        replay=False launches the captured step's kernels directly instead of
+        replaying the graph, on the same buffers: the same kernels on the same
+        inputs, which must give the same bits (tests check it).
+        """
         n = len(rows)
         batch = choose_bucket(self.buckets, n)
         if batch is None:
             raise ValueError(f"{n} rows do not fit the largest captured batch {self.max_batch}")
         entry = self._entries[self.key(batch)]
         entry.prepare(rows, self.timestamp_begin)
-        entry.graph.replay()
-        picked = entry.picked[:, :n].cpu()
-        return GraphStep(picked[0].long().tolist(), picked[1].tolist(), entry.logits[:n])
+        if replay:
+            entry.graph.replay()
+            logits, picked, languages = entry.logits, entry.picked, entry.language_logits
+        else:
+            logits, picked, languages = self._forward(entry)
+        host = picked[:, :n].cpu()
+        return GraphStep(
+            tokens=host[PICKED_TOKEN].long().tolist(),
+            logprobs=host[PICKED_LOGPROB].tolist(),
+            no_speech=host[PICKED_NO_SPEECH].tolist(),
+            logits=logits[:n],
+            language_logits=None if languages is None else languages[:n],
+        )

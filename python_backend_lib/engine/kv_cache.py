@@ -93,12 +93,18 @@ class KVSlotPool:
             return self._free.pop()
 
     def release(self, slot: int) -> None:
+        # Both are bugs of ours, never a request's fault: RuntimeError, reported as INTERNAL.
         if slot == SCRATCH_SLOT:
-            raise ValueError("the scratch slot is never allocated")
+            raise RuntimeError("the scratch slot is never allocated")
         with self._lock:
             if slot in self._free:
-                raise ValueError(f"slot {slot} is already free")
+                raise RuntimeError(f"slot {slot} is already free")
             self._free.append(slot)
+
+    def reset(self) -> None:
+        """Free every slot (after the engine failed everything it held)."""
+        with self._lock:
+            self._free = list(range(self.shape.n_slots, 0, -1))
 
     def write_cross(self, slots: torch.Tensor, layer_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Store each layer's cross-attention K/V ([B, audio_ctx, heads, head_dim]) in `slots`."""

@@ -5,54 +5,64 @@ thread. Between two decoder steps the engine thread admits waiting requests
 (encoding them together), drops cancelled ones and answers finished ones, so
 requests join and leave the running batch without waiting for each other.
 
-A failure stays with the request that caused it: when a step (or the encoding
-of new requests) raises, the engine puts the rows back as they were and runs
-them one at a time, so only the rows that fail alone get the error. Every
-submitted window gets exactly one answer, and the thread survives its own bugs.
+Every submitted window gets exactly one answer:
+- A failing step stays with the request that caused it: the engine puts the
+  rows back as they were and steps them one at a time, so only the rows that
+  fail alone get the error; rows that finished before the failure keep their results.
+- Anything else that goes wrong on the engine thread (a bug of ours, in the
+  failure handling too) fails every window the engine holds with that error
+  and the loop starts again with an empty batch (`EngineStats.restarts`).
+- After `MAX_CONSECUTIVE_RESTARTS` restarts without one good step in between
+  the engine is unhealthy: it refuses new windows at once (`EngineUnavailable`)
+  and says so (`healthy`), so that the server can be replaced.
 """
 
 from __future__ import annotations
 
+import atexit
 import collections
 import logging
 import queue
 import threading
 import time
+import weakref
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
-from typing import Callable, Iterable
+from typing import Callable
 
 import torch
 
 from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
-from python_backend_lib.engine.decoding import Admission, DecodeBatch, initial_tokens
+from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
+from python_backend_lib.engine.prompt import initial_tokens
+from python_backend_lib.engine.rows import Admission, RowState
 from python_backend_lib.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
 
 Callback = Callable[[DecodingResult | BaseException], None]
 
-
 # Queue waits kept for a metrics reader between two reads; older ones are dropped.
 MAX_RECENT_WAITS = 10_000
+# Cancellation flags are read at most this often: a cancelled window leaves the
+# batch within this long of its flag being set.
+CANCEL_CHECK_INTERVAL_S = 0.05
+# Restarts in a row, with no decoder step succeeding in between, after which the
+# engine gives up and reports itself unhealthy.
+MAX_CONSECUTIVE_RESTARTS = 3
 
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """max_admit: new requests encoded together before the next step.
-    fault_prompt: a test hook, off by default: every decoder step that holds a request
-        whose prompt is exactly this text raises `InjectedFault`, as a bug triggered
-        by one request would (`WHISPER_TRITON_FAULT_PROMPT` sets it in the server).
-    """
+    """max_admit: new requests encoded together before the next step."""
 
     max_admit: int = 16
-    fault_prompt: str | None = None
 
 
-class InjectedFault(ValueError):
-    """Raised by the `fault_prompt` test hook."""
+class EngineUnavailable(RuntimeError):
+    """The engine is shut down, or gave up after failing repeatedly; retry on another server."""
 
 
 @dataclass
@@ -69,6 +79,7 @@ class EngineStats:
     failed: int = 0
     cancelled: int = 0
     failed_steps: int = 0  # steps that raised and were retried row by row
+    restarts: int = 0  # times the loop failed everything it held and started again
     recent_waits: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_RECENT_WAITS))
 
 
@@ -100,9 +111,15 @@ class Engine:
         self._waiting: queue.SimpleQueue[Admission | None] = queue.SimpleQueue()
         self._pending: list[Admission] = []  # taken off `_waiting`, not yet admitted
         self.stats = EngineStats()
-        self._closing = threading.Event()
+        self._closing = False
+        self._unhealthy: str | None = None  # why the engine gave up
         self._thread: threading.Thread | None = None
-        self._start_lock = threading.Lock()
+        self._lock = threading.Lock()  # submit against close and start
+        self._cancel_checked_at = 0.0
+        self._stepped = False  # a step succeeded since the loop last (re)started
+        # Stop the thread before the interpreter tears down, even if nobody calls close():
+        # a thread still inside torch at exit aborts the process.
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     def submit(
         self,
@@ -110,18 +127,31 @@ class Engine:
         options: DecodingOptions,
         on_done: Callback,
         is_cancelled: Callable[[], bool] | None = None,
+        *,
+        content_frames: int | None = None,
     ) -> None:
         """Queue one window for decoding; `on_done` later receives its result or
-        exception on the engine thread. Raises ValueError at once when the
-        features or options do not fit the model."""
+        exception on the engine thread.
+
+        content_frames: the frames of `features` that hold audio; when given, a
+            window of digital silence is answered as silent without decoding.
+        Raises RequestError at once when the options do not fit the checkpoint,
+        EngineUnavailable when the engine is shut down or unhealthy.
+        """
         expected = (self.config.dims.n_mels, N_FRAMES)
         if tuple(features.shape) != expected:
             raise ValueError(f"features must have shape {list(expected)}, got {list(features.shape)}")
-        if self._closing.is_set():
-            raise RuntimeError("the engine is shut down")
         prompt = initial_tokens(self.config, options, self.tokenizer)
-        self._ensure_started()
-        self._waiting.put(Admission(_Job(on_done, is_cancelled), features, options, prompt))
+        admission = Admission(_Job(on_done, is_cancelled), features, options, prompt, content_frames)
+        with self._lock:
+            if self._closing:
+                raise EngineUnavailable("the engine is shut down")
+            if self._unhealthy is not None:
+                raise EngineUnavailable(f"the engine is unhealthy and refuses new work: {self._unhealthy}")
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="whisper-engine", daemon=True)
+                self._thread.start()
+            self._waiting.put(admission)
 
     @property
     def slots(self) -> int:
@@ -138,39 +168,53 @@ class Engine:
         """Windows submitted and not yet in the batch (approximate from other threads)."""
         return self._waiting.qsize() + len(self._pending)
 
-    def close(self, timeout: float | None = 30.0) -> None:
-        """Finish the requests already submitted, then stop the thread."""
-        self._closing.set()
-        self._waiting.put(None)
-        if self._thread is not None:
-            self._thread.join(timeout)
+    @property
+    def healthy(self) -> bool:
+        """False once the engine gave up after failing repeatedly (it then refuses new windows)."""
+        return self._unhealthy is None and (self._thread is None or self._thread.is_alive() or self._closing)
 
-    def _ensure_started(self) -> None:
-        with self._start_lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="whisper-engine", daemon=True)
-                self._thread.start()
+    def close(self, timeout: float | None = 30.0) -> None:
+        """Finish the windows already submitted, then stop the thread."""
+        with self._lock:
+            self._closing = True
+            self._waiting.put(None)
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
 
     # ------------------------------------------------------------ engine thread
 
     def _run(self) -> None:
+        restarts_in_a_row = 0
+        while True:
+            self._stepped = False
+            try:
+                self._serve()
+                return  # closed, and nothing left
+            except BaseException as error:  # a bug of ours: fail what is held, start again
+                self.stats.restarts += 1
+                restarts_in_a_row = 1 if self._stepped else restarts_in_a_row + 1
+                held = len(self.batch.rows) + len(self._pending)
+                log.exception("the engine failed (%d in a row); failing the %d windows it holds", restarts_in_a_row, held)
+                self._fail_everything(error)
+                if restarts_in_a_row >= MAX_CONSECUTIVE_RESTARTS:
+                    self._give_up(error)
+                    return
+
+    def _serve(self) -> None:
+        """The loop proper; returns once closed and idle, raises on anything unexpected."""
         pending = self._pending
         while True:
             idle = not self.batch.rows and not pending
             stop = self._collect(pending, block=idle)
             if stop and not self.batch.rows and not pending:
                 return
-            try:
-                self._admit(pending)
-                self._drop_cancelled()
-                self._step()
-            except Exception as error:  # a bug of ours: fail what is in flight, keep serving
-                log.exception("the engine failed; failing %d running and %d waiting windows",
-                              len(self.batch.rows), len(pending))  # fmt: skip
-                self._fail_all(pending, error)
+            self._admit(pending)
+            self._drop_cancelled()
+            self._step()
 
     def _collect(self, pending: list[Admission], block: bool) -> bool:
-        """Move submitted requests to `pending`; True once close() was called."""
+        """Move submitted windows to `pending`; True once close() was called."""
         stop = False
         try:
             item = self._waiting.get(block=block)
@@ -183,7 +227,7 @@ class Engine:
                 item = self._waiting.get_nowait()
         except queue.Empty:
             pass
-        return stop or self._closing.is_set()
+        return stop or self._closing
 
     def _admit(self, pending: list[Admission]) -> None:
         n = min(len(pending), self.batch.free_slots, self.options.max_admit)
@@ -208,13 +252,18 @@ class Engine:
                     self._answer(admission.tag, error)
 
     def _encode(self, admissions: list[Admission]) -> None:
-        self.batch.admit(admissions)
+        finished = self.batch.admit(admissions)
         now = time.monotonic()
         for admission in admissions:
             self.stats.admitted += 1
             self.stats.recent_waits.append(now - admission.tag.submitted_at)
+        self._deliver(finished)
 
     def _drop_cancelled(self) -> None:
+        now = time.monotonic()
+        if now - self._cancel_checked_at < CANCEL_CHECK_INTERVAL_S:
+            return
+        self._cancel_checked_at = now
         for row in list(self.batch.rows):
             if row.tag.cancelled():
                 self.batch.drop(row.tag)
@@ -225,44 +274,67 @@ class Engine:
             return
         saved = self.batch.checkpoint()
         try:
-            self._check_fault(row.options for row in self.batch.rows)
             finished = self.batch.step()
+        except StepFailed as failure:
+            self._deliver(failure.finished)
+            finished = self._step_one_by_one(saved, failure.cause)
         except Exception as error:
             finished = self._step_one_by_one(saved, error)
-        for job, result in finished:
-            self._answer(job, result)
+        self._stepped = True
+        self._deliver(finished)
 
-    def _step_one_by_one(self, saved: list, error: Exception) -> list[tuple[_Job, DecodingResult]]:
-        """After a failed step: rewind, then step each row alone; only the rows
-        that fail alone get an error (and leave the batch)."""
+    def _step_one_by_one(self, saved: list[RowState], error: BaseException) -> list[Finished]:
+        """After a failed step: rewind the rows still in the batch, then step each
+        alone; only the rows that fail alone get an error (and leave the batch)."""
         self.stats.failed_steps += 1
         log.warning("a decoder step over %d requests failed; retrying them one by one", len(saved), exc_info=error)
-        for row in self.batch.rewind(saved):  # left the batch inside the failed step: result lost
-            self._answer(row.tag, error)
-        finished = []
+        self.batch.rewind(saved)
+        finished: list[Finished] = []
         for row in list(self.batch.rows):
             try:
-                self._check_fault([row.options])
                 finished += self.batch.step([row])
+            except StepFailed as failure:  # cannot happen for one row, but keep what finished
+                finished += failure.finished
+                self._fail_row(row, failure.cause)
             except Exception as row_error:
                 log.exception("a request failed its decoder step alone")
-                self.batch.drop(row.tag)
-                self._answer(row.tag, row_error)
+                self._fail_row(row, row_error)
         return finished
 
-    def _check_fault(self, options: Iterable[DecodingOptions]) -> None:
-        """The `fault_prompt` test hook."""
-        fault = self.options.fault_prompt
-        if fault is not None and any(o.prompt == fault for o in options):
-            raise InjectedFault(f"injected fault for the prompt {fault!r}")
+    def _fail_row(self, row, error: BaseException) -> None:
+        self.batch.drop(row.tag)
+        self._answer(row.tag, error)
 
-    def _fail_all(self, pending: list[Admission], error: Exception) -> None:
-        for row in list(self.batch.rows):
-            self.batch.drop(row.tag)
-            self._answer(row.tag, error)
-        for admission in pending:
-            self._answer(admission.tag, error)
-        pending.clear()
+    def _fail_everything(self, error: BaseException) -> None:
+        """Answer every window the engine holds with `error` and empty the batch.
+        Never raises: it runs when something already went wrong."""
+        jobs = [row.tag for row in self.batch.rows] + [a.tag for a in self._pending]
+        try:
+            self.batch.rows.clear()
+            self.batch.pool.reset()
+        except BaseException:
+            log.exception("could not empty the decode batch")
+        self._pending.clear()
+        for job in jobs:
+            self._answer(job, error)
+
+    def _give_up(self, error: BaseException) -> None:
+        """Mark the engine unhealthy and refuse whatever still arrives."""
+        with self._lock:
+            self._unhealthy = f"{type(error).__name__}: {error}"
+        log.error("the engine failed %d times in a row and gives up: %s", MAX_CONSECUTIVE_RESTARTS, self._unhealthy)
+        refusal = EngineUnavailable(f"the engine is unhealthy and refuses new work: {self._unhealthy}")
+        while True:
+            try:
+                item = self._waiting.get_nowait()
+            except queue.Empty:
+                return
+            if item is not None:
+                self._answer(item.tag, refusal)
+
+    def _deliver(self, finished: list[Finished]) -> None:
+        for job, result in finished:
+            self._answer(job, result)
 
     def _answer(self, job: _Job, outcome: DecodingResult | BaseException) -> None:
         if isinstance(outcome, CancelledError):
@@ -275,3 +347,9 @@ class Engine:
             job.on_done(outcome)
         except Exception:
             log.exception("a result callback raised")
+
+
+def _close_at_exit(engine_ref: weakref.ref) -> None:
+    engine = engine_ref()
+    if engine is not None:
+        engine.close(timeout=10.0)

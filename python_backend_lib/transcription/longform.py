@@ -22,7 +22,6 @@ callbacks, so it never blocks the engine thread.
 from __future__ import annotations
 
 import dataclasses
-import math
 import threading
 import zlib
 from dataclasses import dataclass
@@ -30,7 +29,7 @@ from typing import Callable
 
 import torch
 
-from python_backend_lib.audio.features import LOG_MEL_OFFSET, LOG_MEL_SCALE, content_frames, pad_or_trim
+from python_backend_lib.audio.features import content_frames, pad_or_trim
 from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core import geometry
 from python_backend_lib.core.errors import RequestError
@@ -49,11 +48,6 @@ from python_backend_lib.text.tokenizer import Segment, Tokenizer
 
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5
-# A window whose loudest spectral bin stays below this log10 power (about 90 dB
-# under a full-scale tone, whose peak is near 4) holds digital silence. Whisper's
-# own rule does not catch it (tiny.en writes a confident "you"), so such windows
-# are skipped without decoding.
-SILENCE_LOG10_POWER = -5.0
 
 
 @dataclass(frozen=True)
@@ -86,12 +80,6 @@ def is_silent(result: DecodingResult, options: TranscribeOptions) -> bool:
     if options.no_speech_threshold is None or result.no_speech_prob <= options.no_speech_threshold:
         return False
     return options.logprob_threshold is None or result.avg_logprob < options.logprob_threshold
-
-
-def is_digital_silence(window: torch.Tensor) -> bool:
-    """window: log-mel [n_mels, frames] as `audio` normalises it, (log10 + 4) / 4."""
-    peak_log10_power = float(window.max()) * LOG_MEL_SCALE - LOG_MEL_OFFSET
-    return peak_log10_power < SILENCE_LOG10_POWER
 
 
 @dataclass(frozen=True)
@@ -149,10 +137,7 @@ def split_window(
 
 # ------------------------------------------------------------ the state machine
 
-# What a skipped silent window counts as: certainly no speech, nothing decoded.
-SILENT_WINDOW = DecodingResult(tokens=(), language=None, avg_logprob=-math.inf, no_speech_prob=1.0, temperature=0.0)
-
-Submit = Callable[..., None]  # Engine.submit(features, options, on_done, is_cancelled)
+Submit = Callable[..., None]  # Engine.submit(features, options, on_done, is_cancelled, content_frames=...)
 # Aligner.add_words(segments, features, content_frames, offset, language, task)
 AddWords = Callable[..., tuple[Segment, ...]]
 
@@ -225,14 +210,13 @@ class LongFormJob:
         if not reserved:
             with self._lock:
                 self._pending += 1
-        if is_digital_silence(features[:, :frames]):
-            self._on_window(seek, attempt, SILENT_WINDOW)
-            return
+        # A window of digital silence is answered as silent by the engine, undecoded.
         self.submit(
             features.contiguous(),
             self._decoding_options(seek, attempt),
             lambda outcome: self._on_window(seek, attempt, outcome),
             self.is_cancelled,
+            content_frames=frames,
         )
 
     def _on_window(self, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:

@@ -1,0 +1,91 @@
+"""The tokens a window's decoding starts from, before the first generated token.
+
+    [<|startofprev|> previous text...] <|startoftranscript|> [language task] [<|notimestamps|>]
+
+Control-token ids come from the checkpoint's config, never from strings. A
+request the checkpoint cannot serve as asked (a language an English-only model
+does not know, translation without a multilingual model, a prompt too long)
+raises `RequestError` here, before it takes a decoding slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from python_backend_lib.checkpoints.weights import ModelConfig
+from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
+
+if TYPE_CHECKING:
+    from python_backend_lib.text.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """The tokens fed before the first generated one.
+
+    tokens: [<|startofprev|> prompt...] <|startoftranscript|> [language task] [<|notimestamps|>]
+    sot_index: where <|startoftranscript|> sits (the no-speech probability is read there).
+    detect_language: the tokens stop at <|startoftranscript|>; language and task
+        follow once the language has been detected from the logits there.
+    """
+
+    tokens: tuple[int, ...]
+    sot_index: int
+    detect_language: bool
+    language: str | None
+
+
+def initial_tokens(config: ModelConfig, options: DecodingOptions, tokenizer: Tokenizer | None) -> Prompt:
+    """Raises RequestError when the options do not fit the checkpoint."""
+    special = config.special
+    language = options.language
+    if not config.multilingual:
+        if options.task is Task.TRANSLATE:
+            raise RequestError("task 'translate' needs a multilingual checkpoint; this one is English-only")
+        if language not in (None, "en"):
+            raise RequestError(f"this checkpoint is English-only; language {language!r} is not supported")
+        language = "en"
+    elif language is not None:
+        language = language.lower()
+        if language not in special.language_codes:
+            raise RequestError(f"unknown language code {options.language!r}")
+    tokens: list[int] = []
+    if options.previous_tokens:
+        tokens = [special.startofprev, *options.previous_tokens[-MAX_PROMPT_TOKENS:]]
+    elif options.prompt is not None and options.prompt.strip():
+        if tokenizer is None:
+            raise ValueError("a prompt needs a checkpoint with a tokenizer")  # the server's setup, not the request
+        prompt_tokens = tokenizer.encode(" " + options.prompt.strip())
+        if len(prompt_tokens) > MAX_PROMPT_TOKENS:
+            raise RequestError(
+                f"prompt is {len(prompt_tokens)} tokens long; the model allows at most {MAX_PROMPT_TOKENS}"
+            )
+        tokens = [special.startofprev, *prompt_tokens]
+    sot_index = len(tokens)
+    detect = config.multilingual and language is None
+    if detect:
+        tokens.append(special.sot)
+    else:
+        tokens.extend(transcript_prefix(config, language, options.task, options.timestamps))
+    return Prompt(tuple(tokens), sot_index, detect, language)
+
+
+def transcript_prefix(config: ModelConfig, language: str, task: Task, timestamps: bool) -> list[int]:
+    """<|startoftranscript|>, then language and task (multilingual checkpoints only),
+    then <|notimestamps|> unless timestamps are asked for."""
+    return [config.special.sot, *task_tokens(config, language, task, timestamps)]
+
+
+def task_tokens(config: ModelConfig, language: str, task: Task, timestamps: bool) -> list[int]:
+    """What follows <|startoftranscript|>: language and task (multilingual only),
+    then <|notimestamps|> unless timestamps were asked for."""
+    special = config.special
+    tokens = []
+    if config.multilingual:
+        task_token = special.translate if task is Task.TRANSLATE else special.transcribe
+        tokens += [special.language_token(language), task_token]
+    if not timestamps:
+        tokens.append(special.no_timestamps)
+    return tokens

@@ -1,0 +1,132 @@
+"""One request's decoding state (`Row`), and a request ready to join a batch (`Admission`).
+
+A row feeds its `pending` tokens (the prompt, then each chosen token) and keeps
+what it generated; `rule_facts` tells Whisper's logit rules about it. Rows are
+compared by identity: the batch, the graphs and the engine all hold the same objects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import torch
+
+from python_backend_lib.core.geometry import SECONDS_PER_POSITION
+from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.engine.prompt import Prompt
+from python_backend_lib.engine.rules import RuleFacts
+
+
+@dataclass(frozen=True)
+class Admission:
+    """A request ready to join a batch.
+
+    content_frames: when set, the window is answered as silent without decoding
+        if its first `content_frames` frames hold digital silence (see
+        `audio.features.DIGITAL_SILENCE_LOG_MEL`); None decodes it whatever it holds.
+    """
+
+    tag: Any
+    features: torch.Tensor  # [n_mels, 3000], on any device
+    options: DecodingOptions
+    prompt: Prompt
+    content_frames: int | None = None
+
+
+class _TimestampScan(NamedTuple):
+    """How far `Row.rule_facts` has read a row's tokens, so each step reads only the new ones."""
+
+    tokens: list[int] | None
+    scanned: int
+    last_timestamp: int
+
+
+@dataclass(eq=False)
+class Row:
+    """The decoding state of one request."""
+
+    tag: Any
+    options: DecodingOptions
+    prompt: Prompt
+    slot: int
+    max_new_tokens: int
+    pending: list[int]  # tokens to feed at the next steps
+    cached: int = 0  # tokens already in the KV cache
+    generated: list[int] = field(default_factory=list)
+    sum_logprob: float = 0.0
+    no_speech_prob: float = float("nan")
+    language: str | None = None
+    language_probability: float | None = None
+    prefilled: bool = False  # the logits at <|startoftranscript|> have been read
+    _scan: _TimestampScan = field(default=_TimestampScan(None, 0, -1), repr=False)
+
+    def rule_facts(self, timestamp_begin: int) -> RuleFacts:
+        tokens = self.generated
+        scan = self._scan
+        scanned, last_ts = scan.scanned, scan.last_timestamp
+        if scan.tokens is not tokens or scanned > len(tokens):
+            scanned, last_ts = 0, -1
+        for t in tokens[scanned:]:
+            if t >= timestamp_begin:
+                last_ts = t
+        self._scan = _TimestampScan(tokens, len(tokens), last_ts)
+        max_initial = timestamp_begin + round(self.options.max_initial_timestamp / SECONDS_PER_POSITION)
+        return RuleFacts(
+            at_begin=not tokens,
+            suppress_blank=self.options.suppress_blank,
+            timestamps=self.options.timestamps,
+            last_is_timestamp=bool(tokens) and tokens[-1] >= timestamp_begin,
+            penultimate_is_timestamp=len(tokens) < 2 or tokens[-2] >= timestamp_begin,
+            last_timestamp=last_ts,
+            max_initial=max_initial,
+            end_allowed=len(tokens) >= self.options.min_new_tokens,
+        )
+
+    def result(self, finished: bool) -> DecodingResult:
+        return DecodingResult(
+            tokens=tuple(self.generated),
+            language=self.language,
+            avg_logprob=self.sum_logprob / (len(self.generated) + 1),
+            no_speech_prob=self.no_speech_prob,
+            temperature=self.options.temperature,
+            finished=finished,
+            prompt_tokens=self.prompt.tokens,
+            language_probability=self.language_probability,
+        )
+
+
+class RowState(NamedTuple):
+    """A row's fields that a step changes, as `DecodeBatch.checkpoint` saves them."""
+
+    row: Row
+    pending: list[int]  # kept by reference: a step replaces a row's pending list, never edits it
+    cached: int
+    n_generated: int
+    sum_logprob: float
+    prefilled: bool
+    no_speech_prob: float
+    language: str | None
+    language_probability: float | None
+
+    @classmethod
+    def of(cls, row: Row) -> RowState:
+        return cls(
+            row=row,
+            pending=row.pending,
+            cached=row.cached,
+            n_generated=len(row.generated),
+            sum_logprob=row.sum_logprob,
+            prefilled=row.prefilled,
+            no_speech_prob=row.no_speech_prob,
+            language=row.language,
+            language_probability=row.language_probability,
+        )
+
+    def restore(self) -> None:
+        """Put the row back as it was; the step may then run again (it rewrites the same KV positions)."""
+        row = self.row
+        row.pending, row.cached, row.prefilled = self.pending, self.cached, self.prefilled
+        row.sum_logprob, row.no_speech_prob = self.sum_logprob, self.no_speech_prob
+        row.language, row.language_probability = self.language, self.language_probability
+        del row.generated[self.n_generated :]
