@@ -8,6 +8,7 @@ from concurrent.futures import CancelledError
 import pytest
 
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.serving.admission import Overloaded, RequestLedger
 from python_backend_lib.serving.metrics import OUTCOMES, WhisperMetrics, audio_seconds, outcome_label
 from python_backend_lib.serving.responses import Fault, describe_failure
@@ -114,10 +115,10 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     from python_backend_lib.transcription.longform import Transcript
     from python_backend_lib.transcription.pipeline import Pipeline
 
-    pipeline = Pipeline.load("random:tiny", device="cpu", slots=2)
+    pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))
     ledger = RequestLedger(4)
     _MetricFamily.created = []
-    metrics = WhisperMetrics(_PbUtils, pipeline.engine, ledger, interval_s=3600)
+    metrics = WhisperMetrics(_PbUtils, pipeline.engine, ledger, gpu="cpu", backend="sdpa", interval_s=3600)
     try:
         features = window_features(decode_audio(open("tests/data/audio/jfk.wav", "rb").read()), 80)
         done = threading.Event()
@@ -134,6 +135,7 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
         pipeline.close()
     by_name = {}
     for metric in _MetricFamily.created:
+        assert metric.labels.pop("gpu") == "cpu"  # every metric names its device
         by_name[metric.family.name, tuple(sorted(metric.labels.items()))] = metric
     assert by_name["whisper_requests_total", (("outcome", "success"),)].value == 1
     assert by_name["whisper_requests_total", (("outcome", "overloaded"),)].value == 1
@@ -145,4 +147,7 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     assert by_name["whisper_decoding_slots", ()].value == 2
     assert by_name["whisper_request_limit", ()].value == 4
     assert by_name["whisper_running_batch_size", ()].value == 0
+    assert by_name["whisper_engine_healthy", ()].value == 1
+    assert by_name["whisper_engine_restarts_total", ()].value == 0
+    assert by_name["whisper_attention_backend", (("backend", "sdpa"),)].value == 1
     assert audio_seconds(transcript) == 8.0 and audio_seconds(RuntimeError()) is None

@@ -57,14 +57,22 @@ def transcribe(url: str, protocol: str, audio: bytes = JFK, **parameters):
     return reply.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
 
 
+# Every whisper_* sample of a CPU server carries this label (one engine per device).
+CPU_LABEL = 'gpu="cpu"'
+
+
 def scrape(server: RunningServer) -> dict[str, float]:
-    """Every sample on the metrics port: 'name{labels}' -> value."""
+    """Every sample on the metrics port: 'name{labels}' -> value, whisper_* samples
+    keyed without their `gpu` label, which each must carry."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
         text = reply.read().decode()
     samples = {}
     for line in text.splitlines():
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
+            if name.startswith("whisper_"):
+                assert CPU_LABEL in name, f"{name} lacks its device label"
+                name = re.sub(r"\{\}$", "", name.replace(CPU_LABEL + ",", "").replace("," + CPU_LABEL, "").replace(CPU_LABEL, ""))
             samples[name] = float(value)
     return samples
 
@@ -120,12 +128,10 @@ def test_metrics_follow_the_requests(server):
     for protocol in PROTOCOLS:
         assert isinstance(transcribe(server.url(protocol), protocol), str)
     assert isinstance(transcribe(server.http_url, "http", b"not audio at all"), InferenceServerException)
-    bad_log_mel = tritonclient.http.InferInput(tensor_names.LOG_MEL, [1, 80, 3000], "FP32")
-    bad_log_mel.set_data_from_numpy(np.full((1, 80, 3000), np.nan, np.float32))
-    seconds = tritonclient.http.InferInput(tensor_names.AUDIO_SECONDS, [1, 1], "FP32")
-    seconds.set_data_from_numpy(np.array([[1.0]], np.float32))
+    bad_waveform = tritonclient.http.InferInput(tensor_names.WAVEFORM, [1, 16000], "FP32")
+    bad_waveform.set_data_from_numpy(np.full((1, 16000), np.nan, np.float32))
     with pytest.raises(InferenceServerException):  # refused by the whisper model itself
-        tritonclient.http.InferenceServerClient(server.http_url).infer(tensor_names.WHISPER_NAME, [bad_log_mel, seconds])
+        tritonclient.http.InferenceServerClient(server.http_url).infer(tensor_names.WHISPER_NAME, [bad_waveform])
 
     after = wait_for(server, lambda s: s[success] >= before[success] + 2 and s[client_errors] > before[client_errors])
     jfk_seconds = soundfile.info(AUDIO_DIR / "jfk.wav").duration
@@ -161,15 +167,13 @@ def test_activity_reads_what_is_in_flight_and_what_was_answered():
 # ----------------------------------------------------------------------- cancelling
 
 
-def long_log_mel(minutes: float) -> tuple[np.ndarray, float]:
-    """LOG_MEL and AUDIO_SECONDS as preprocessing writes them, for JFK repeated for `minutes`."""
+def long_waveform(minutes: float) -> np.ndarray:
+    """WAVEFORM as preprocessing writes it, for JFK repeated for `minutes`."""
     from python_backend_lib.audio.decode import decode_audio
-    from python_backend_lib.audio.features import features_for
     from python_backend_lib.core import geometry
 
     samples = decode_audio(JFK)
-    waveform = np.tile(samples, int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples))))
-    return features_for(waveform, 80).numpy(), len(waveform) / geometry.SAMPLE_RATE
+    return np.tile(samples, int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples))))
 
 
 @pytest.mark.server
@@ -181,16 +185,14 @@ def test_a_cancelled_request_frees_its_slot(server):
     The request goes to the whisper model directly: Triton 2.51's ensemble passes a
     cancellation only to steps not yet started (triton-inference-server/server#6739).
     """
-    log_mel, seconds = long_log_mel(minutes=5)
+    waveform = long_waveform(minutes=5)
     client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
-    mel = tritonclient.grpc.InferInput(tensor_names.LOG_MEL, [1, *log_mel.shape], "FP32")
-    mel.set_data_from_numpy(log_mel[None])
-    duration = tritonclient.grpc.InferInput(tensor_names.AUDIO_SECONDS, [1, 1], "FP32")
-    duration.set_data_from_numpy(np.array([[seconds]], np.float32))
+    audio = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, len(waveform)], "FP32")
+    audio.set_data_from_numpy(waveform[None])
     cancelled = 'whisper_requests_total{outcome="cancelled"}'
     before = settled(server)
     answers = []
-    call = client.async_infer(tensor_names.WHISPER_NAME, [mel, duration], callback=lambda *outcome: answers.append(outcome))
+    call = client.async_infer(tensor_names.WHISPER_NAME, [audio], callback=lambda *outcome: answers.append(outcome))
     running = wait_for(server, lambda s: s["whisper_requests_in_flight"] >= 1)
     assert running["whisper_requests_in_flight"] >= 1
     call.cancel()

@@ -62,8 +62,8 @@ def decoding_slots(server: RunningServer) -> int:
     """The engine's slot count, from its whisper_decoding_slots gauge."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
         for line in reply.read().decode().splitlines():
-            if line.startswith("whisper_decoding_slots "):
-                return int(float(line.split()[1]))
+            if line.startswith("whisper_decoding_slots{"):  # one series per device: {gpu="cpu"} here
+                return int(float(line.rsplit(" ", 1)[1]))
     raise AssertionError("no whisper_decoding_slots on the metrics port")
 
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
 from concurrent.futures import CancelledError
 
 import numpy as np
@@ -11,15 +13,18 @@ import pytest
 from python_backend_lib.audio.decode import MAX_CHANNELS, AudioError, decode_audio, pcm_to_waveform
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
-from python_backend_lib.engine.scheduler import InjectedFault
-from python_backend_lib.serving.inputs import CancellationProbe, check_log_mel, exact_seconds, single_row
+from python_backend_lib.engine.faults import FaultPlan, InjectedFault
+from python_backend_lib.serving.cancellation import CancellationWatcher
+from python_backend_lib.serving.inputs import check_waveform, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import Fault, describe_failure
 from python_backend_lib.serving.settings import (
     CHECKPOINT_ENV,
     DEFAULT_MAX_AUDIO_SECONDS,
+    ENGINE_FAULT_PROMPT_ENV,
     FAULT_PROMPT_ENV,
     ModelSettings,
+    instance_device,
     load_pipeline,
 )
 from python_backend_lib.text.formats import Document
@@ -54,9 +59,9 @@ def test_model_settings_reject_a_config_they_cannot_serve(config, message):
 
 
 def test_single_row_takes_one_clip_and_names_the_tensor():
-    assert single_row(np.zeros((1, 80, 3000)), "LOG_MEL").shape == (80, 3000)
-    with pytest.raises(ValueError, match=r"LOG_MEL must hold exactly one clip .* \[2, 80, 3000\]"):
-        single_row(np.zeros((2, 80, 3000)), "LOG_MEL")
+    assert single_row(np.zeros((1, 16000)), "WAVEFORM").shape == (16000,)
+    with pytest.raises(RequestError, match=r"WAVEFORM must hold exactly one clip .* \[2, 16000\]"):
+        single_row(np.zeros((2, 16000)), "WAVEFORM")
 
 
 def test_failures_are_the_clients_only_when_they_are_request_errors():
@@ -84,13 +89,13 @@ def test_failures_are_the_clients_only_when_they_are_request_errors():
         (lambda: TranscribeOptions(mode="parallel"), True),
         (lambda: decode_audio(b"not audio"), True),
         (lambda: pcm_to_waveform(b"\0" * 8, 16_000, channels=MAX_CHANNELS + 1), True),
-        (lambda: check_log_mel(np.zeros((80, 3000)), -1.0, 80, 60.0), True),
+        (lambda: check_waveform(np.zeros(0, np.float32), 60.0), True),
         (lambda: Document.from_verbose_json("{}"), True),
         # The server's own setup: a bad limit, a bad config.pbtxt.
         (lambda: decode_audio(b"RIFF", max_seconds=0), False),
         (lambda: ModelSettings.from_triton(triton_config(max_batch_size=0), environ={}), False),
     ],
-    ids=["parameter", "json", "options", "long-form mode", "audio", "channels", "log-mel", "transcript",
+    ids=["parameter", "json", "options", "long-form mode", "audio", "channels", "waveform", "transcript",
          "max-seconds", "config"],
 )
 def test_whose_fault_each_refusal_is(make, client_fault):
@@ -100,25 +105,84 @@ def test_whose_fault_each_refusal_is(make, client_fault):
     assert (describe_failure(caught.value).fault is Fault.CLIENT) == client_fault
 
 
-@pytest.mark.parametrize("samples", [1, 56_040, 852_267, 2**23 - 1])
-def test_exact_seconds_recovers_the_sample_count_from_float32(samples):
-    seconds = samples / 16_000
-    assert exact_seconds(float(np.float32(seconds))) == seconds
+def test_the_cancellation_watcher_asks_in_bulk_off_the_callers_thread():
+    """The engine only reads a flag; the watcher's thread asks each request, and a
+    cancelled request stays cancelled without being asked again."""
+    asked = {"a": 0, "b": 0}
+    caller = threading.get_ident()
+    askers = set()
+
+    def asker(name, cancel_after):
+        def is_cancelled():
+            askers.add(threading.get_ident())
+            asked[name] += 1
+            return asked[name] >= cancel_after
+
+        return is_cancelled
+
+    watcher = CancellationWatcher(interval_s=0.01)
+    try:
+        a, b = watcher.watch(asker("a", 3)), watcher.watch(asker("b", 10**9))
+        assert not a.cancelled() and not b.cancelled()
+        deadline = time.monotonic() + 10
+        while not a.cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert a.cancelled() and not b.cancelled()
+        watcher.forget(b)
+        frozen = dict(asked)
+        time.sleep(0.1)
+        assert asked["a"] == frozen["a"] == 3  # cancelled: never asked again
+        assert asked["b"] == frozen["b"]  # forgotten: never asked again
+        assert caller not in askers and watcher.watched == 1
+    finally:
+        watcher.close()
 
 
-def test_cancellation_probe_asks_at_most_once_per_interval():
-    asked = []
+def test_a_forgotten_watch_is_never_asked_again_even_mid_poll():
+    """forget() waits for a question in progress: after it returns the request is
+    answered, and asking Triton about it then would crash the server."""
+    asking, release = threading.Event(), threading.Event()
+    asked_after_forget = []
+    forgotten = threading.Event()
 
-    def is_cancelled():
-        asked.append(True)
-        return len(asked) >= 2
+    def slow_question():
+        if forgotten.is_set():
+            asked_after_forget.append(True)
+        asking.set()
+        release.wait(10)
+        return False
 
-    probe = CancellationProbe(is_cancelled, interval_s=3600)
-    assert [probe(), probe(), probe()] == [False, False, False]
-    assert len(asked) == 1
-    eager = CancellationProbe(is_cancelled, interval_s=0)
-    assert eager() is True and eager() is True
-    assert len(asked) == 2  # a cancelled request stays cancelled without asking again
+    watcher = CancellationWatcher(interval_s=0.001)
+    try:
+        watch = watcher.watch(slow_question)
+        assert asking.wait(10)
+        forgetter = threading.Thread(target=lambda: (watcher.forget(watch), forgotten.set()))
+        forgetter.start()
+        forgetter.join(0.2)
+        assert forgetter.is_alive()  # waits for the question in progress
+        release.set()
+        forgetter.join(10)
+        time.sleep(0.05)
+        assert forgotten.is_set() and not asked_after_forget
+    finally:
+        release.set()
+        watcher.close()
+
+
+def test_a_watch_that_cannot_be_asked_does_not_stop_the_watcher():
+    def broken():
+        raise RuntimeError("request already answered")
+
+    watcher = CancellationWatcher(interval_s=0.01)
+    try:
+        broken_watch = watcher.watch(broken)
+        fine = watcher.watch(lambda: True)
+        deadline = time.monotonic() + 10
+        while not fine.cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert fine.cancelled() and not broken_watch.cancelled()
+    finally:
+        watcher.close()
 
 
 def test_model_settings_parse_the_operating_limits():
@@ -149,34 +213,36 @@ def test_model_settings_refuse_a_bad_limit_naming_it(key, value):
         ModelSettings.from_triton(config, environ={})
 
 
-MEL = np.zeros((80, 3000), np.float32)
-
-
 @pytest.mark.parametrize(
-    ("log_mel", "seconds", "message"),
+    ("waveform", "message"),
     [
-        (np.zeros((128, 3000), np.float32), 1.0, r"LOG_MEL must be \[80, frames\] for this checkpoint, got \[128, 3000\]"),
-        (np.zeros(3000, np.float32), 1.0, r"LOG_MEL must be \[80, frames\]"),
-        (np.where(np.eye(80, 3000) > 0, np.nan, MEL), 1.0, "LOG_MEL contains NaN or infinite values"),
-        (MEL, float("nan"), "AUDIO_SECONDS must be a finite duration"),
-        (MEL, -1.0, "AUDIO_SECONDS must be a finite duration"),
-        (np.zeros((80, 3000 + 100 * 700), np.float32), 700.0, "audio is 700.0 s long; the limit is 600 s"),
-        (np.zeros((80, 9000), np.float32), 10.0, "LOG_MEL has 9000 frames, more than 10.00 s of audio"),
+        (np.zeros((2, 16000), np.float32), r"WAVEFORM must be 16 kHz mono float32 samples \[samples\], got float32 \[2, 16000\]"),
+        (np.zeros(16000, np.float64), r"WAVEFORM must be 16 kHz mono float32 samples \[samples\], got float64"),
+        (np.zeros(0, np.float32), "WAVEFORM is empty"),
+        (np.full(16000, np.nan, np.float32), "WAVEFORM contains NaN or infinite values"),
+        (np.zeros(16000 * 601, np.float32), "audio is 601.0 s long; the limit is 600 s"),
     ],
-    ids=["mels", "rank", "nan", "nan-seconds", "negative-seconds", "too-long", "frames"],
+    ids=["rank", "dtype", "empty", "nan", "too-long"],
 )
-def test_log_mel_sent_to_the_whisper_model_is_checked(log_mel, seconds, message):
-    with pytest.raises(ValueError, match=message):
-        check_log_mel(log_mel, seconds, n_mels=80, max_audio_seconds=600)
+def test_a_waveform_sent_to_the_whisper_model_is_checked(waveform, message):
+    with pytest.raises(RequestError, match=message):
+        check_waveform(waveform, max_audio_seconds=600)
 
 
-def test_log_mel_as_preprocessing_writes_it_passes():
-    check_log_mel(MEL, 11.0, n_mels=80, max_audio_seconds=600)
-    check_log_mel(np.zeros((80, 3000 + 5327), np.float32), 53.27, n_mels=80, max_audio_seconds=600)
+def test_a_waveform_as_preprocessing_writes_it_passes():
+    check_waveform(np.zeros(16000 * 600, np.float32), max_audio_seconds=600)
 
 
-def test_the_fault_hook_is_off_unless_its_variable_is_set():
+def test_the_instance_device_is_the_one_triton_names():
+    assert instance_device({"model_instance_kind": "GPU", "model_instance_device_id": "1"}) == "cuda:1"
+    assert instance_device({"model_instance_kind": "CPU", "model_instance_device_id": "0"}) == "cpu"
+
+
+def test_the_fault_hooks_are_off_unless_their_variables_are_set():
     settings = ModelSettings.from_triton(triton_config(parameters={"checkpoint": {"string_value": "random:tiny"}}), environ={})
-    assert load_pipeline(settings, environ={}).engine.options.fault_prompt is None
-    hooked = load_pipeline(settings, environ={FAULT_PROMPT_ENV: "boom"})
-    assert hooked.engine.options.fault_prompt == "boom"
+    plain = load_pipeline(settings, device="cpu", environ={})
+    assert type(plain.engine.batch).__name__ == "DecodeBatch"
+    hooked = load_pipeline(settings, device="cpu", environ={FAULT_PROMPT_ENV: "boom", ENGINE_FAULT_PROMPT_ENV: "crash"})
+    assert hooked.engine.batch.plan == FaultPlan(step_prompt="boom", engine_prompt="crash")
+    for pipeline in (plain, hooked):
+        pipeline.close()

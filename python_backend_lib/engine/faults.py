@@ -18,8 +18,9 @@ from python_backend_lib.engine.batch import DecodeBatch, Finished
 from python_backend_lib.engine.rows import Row
 
 
-class InjectedFault(RuntimeError):
-    """Raised by a planned fault: the server's fault, reported as INTERNAL."""
+class InjectedFault(ValueError):
+    """Raised by a planned fault. A ValueError that is not a RequestError: the
+    server's fault, reported as INTERNAL, never as the client's mistake."""
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""The adapters' input checks: one clip per request, audio bytes to a waveform, log-mel shape.
+"""The adapters' input checks: one clip per request, audio bytes to a waveform, a waveform's sanity.
 
 Nothing here imports Triton or torch. Every refusal is a `RequestError`: the
 tensors are what a client sent (the whisper model may be called directly).
@@ -6,19 +6,12 @@ tensors are what a client sent (the whisper model may be called directly).
 
 from __future__ import annotations
 
-import math
-import time
-from collections.abc import Callable
-
 import numpy as np
 
 from python_backend_lib.audio.decode import decode_audio, pcm_to_waveform
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.geometry import FRAMES_PER_SECOND, N_FRAMES, SAMPLE_RATE
+from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.serving.parameters import InputFormat, RequestParameters
-
-# How often a running request asks Triton whether its client has given up.
-CANCELLATION_POLL_S = 0.25
 
 
 def single_row(array: np.ndarray, tensor: str) -> np.ndarray:
@@ -47,53 +40,18 @@ def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds
     return decode_audio(data, max_seconds=max_seconds)
 
 
-def check_log_mel(log_mel: np.ndarray, audio_seconds: float, n_mels: int, max_audio_seconds: float) -> None:
-    """RequestError unless LOG_MEL and AUDIO_SECONDS are what preprocessing writes
-    (the whisper model may also be called directly).
-
-    log_mel: [n_mels, frames]; audio_seconds: the audio's duration.
+def check_waveform(waveform: np.ndarray, max_audio_seconds: float) -> None:
+    """RequestError unless WAVEFORM is what preprocessing writes (the whisper model
+    may also be called directly): 16 kHz mono float32 samples, finite, not too long.
     """
-    if log_mel.ndim != 2 or log_mel.shape[0] != n_mels:
-        raise RequestError(f"LOG_MEL must be [{n_mels}, frames] for this checkpoint, got {list(log_mel.shape)}")
-    if not (math.isfinite(audio_seconds) and 0 <= audio_seconds):
-        raise RequestError(f"AUDIO_SECONDS must be a finite duration, got {audio_seconds}")
-    if audio_seconds > max_audio_seconds:
-        raise RequestError(f"audio is {audio_seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
-    if log_mel.shape[1] > N_FRAMES + math.ceil(audio_seconds * FRAMES_PER_SECOND) + 1:
+    if waveform.ndim != 1 or waveform.dtype != np.float32:
         raise RequestError(
-            f"LOG_MEL has {log_mel.shape[1]} frames, more than {audio_seconds:.2f} s of audio "
-            f"and {N_FRAMES} frames of padding"
+            f"WAVEFORM must be 16 kHz mono float32 samples [samples], got {waveform.dtype} {list(waveform.shape)}"
         )
-    if not np.isfinite(log_mel).all():
-        raise RequestError("LOG_MEL contains NaN or infinite values")
-
-
-def exact_seconds(audio_seconds: float) -> float:
-    """The duration that AUDIO_SECONDS stands for, as `len(waveform) / SAMPLE_RATE` in float64.
-
-    AUDIO_SECONDS is float32 but always a whole number of samples, so the
-    count is recovered exactly: float32 resolves half a sample up to 2**23
-    samples (8.7 minutes), and to within a sample or two beyond.
-    """
-    return round(audio_seconds * SAMPLE_RATE) / SAMPLE_RATE
-
-
-class CancellationProbe:
-    """Asks Triton whether a request was cancelled, at most once per `interval_s`.
-
-    The engine polls every running request between decoder steps; each real
-    check is a round trip to tritonserver, so most polls reuse the last answer.
-    """
-
-    def __init__(self, is_cancelled: Callable[[], bool], interval_s: float = CANCELLATION_POLL_S) -> None:
-        self._is_cancelled = is_cancelled
-        self._interval_s = interval_s
-        self._checked_at = -math.inf
-        self._cancelled = False
-
-    def __call__(self) -> bool:
-        now = time.monotonic()
-        if not self._cancelled and now - self._checked_at >= self._interval_s:
-            self._checked_at = now
-            self._cancelled = bool(self._is_cancelled())
-        return self._cancelled
+    if waveform.size == 0:
+        raise RequestError("WAVEFORM is empty")
+    seconds = waveform.size / SAMPLE_RATE
+    if seconds > max_audio_seconds:
+        raise RequestError(f"audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
+    if not np.isfinite(waveform).all():
+        raise RequestError("WAVEFORM contains NaN or infinite values")

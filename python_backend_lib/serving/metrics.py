@@ -48,17 +48,23 @@ def audio_seconds(outcome: object) -> float | None:
 
 @dataclass(frozen=True)
 class Counters:
-    """Monotonic totals read from the engine, its decode batch and the ledger."""
+    """Monotonic totals read from the engine and its decode batch."""
 
     steps_graph: int
     steps_eager: int
     graph_fallbacks: int
     failed_steps: int
+    restarts: int
 
 
 def read_counters(engine: Any) -> Counters:
-    counts = engine.batch.counts
-    return Counters(counts.graph_replays, counts.eager_passes, counts.graph_fallbacks, engine.stats.failed_steps)
+    counts, stats = engine.batch.counts, engine.stats
+    return Counters(counts.graph_replays, counts.eager_passes, counts.graph_fallbacks, stats.failed_steps, stats.restarts)
+
+
+def device_label(device: Any) -> str:
+    """The `gpu` label of a model instance's metrics: the CUDA device index, or "cpu"."""
+    return str(device.index or 0) if device.type == "cuda" else "cpu"
 
 
 class WhisperMetrics:
@@ -66,15 +72,24 @@ class WhisperMetrics:
 
     pb_utils: `triton_python_backend_utils` (or anything with its `MetricFamily` API).
     engine: the `Engine` whose batch is watched; ledger: the whisper model's `RequestLedger`.
+    gpu: this instance's `gpu` label (`device_label`): one engine per GPU, each with its own series.
+    backend: what decodes (`loading.AttentionBackendName` value), published as an info metric.
     """
 
     def __init__(
-        self, pb_utils: Any, engine: Any, ledger: RequestLedger, interval_s: float = PUBLISH_INTERVAL_S
+        self,
+        pb_utils: Any,
+        engine: Any,
+        ledger: RequestLedger,
+        *,
+        gpu: str,
+        backend: str,
+        interval_s: float = PUBLISH_INTERVAL_S,
     ) -> None:
         self.engine = engine
         self.ledger = ledger
         self.interval_s = interval_s
-        family = _Families(pb_utils)
+        family = _Families(pb_utils, gpu=gpu)
         self._requests = {
             label: family.counter("whisper_requests_total", "Requests answered, by outcome", outcome=label)
             for label in OUTCOMES
@@ -111,8 +126,21 @@ class WhisperMetrics:
         self._failed_steps = family.counter(
             "whisper_failed_steps_total", "Decoder steps that raised and were retried request by request"
         )
+        self._restarts = family.counter(
+            "whisper_engine_restarts_total",
+            "Times the engine loop failed, answered every window it held with an error, and started again",
+        )
+        self._healthy = family.gauge(
+            "whisper_engine_healthy", "1 while the engine serves; 0 once it gave up after failing repeatedly"
+        )
+        backend_info = family.gauge(
+            "whisper_attention_backend",
+            "1 for the attention backend that decodes: flashinfer+cuda_graphs (the GPU engine), flashinfer or sdpa",
+            backend=backend,
+        )
+        backend_info.set(1)
         self._families = family  # families must outlive their metrics
-        self._published = Counters(0, 0, 0, 0)
+        self._published = Counters(0, 0, 0, 0, 0)
         self._slots.set(engine.slots)
         self._limit.set(ledger.limit)
         self._stop = threading.Event()
@@ -140,6 +168,7 @@ class WhisperMetrics:
             (self._steps["eager"], counters.steps_eager, last.steps_eager),
             (self._fallbacks, counters.graph_fallbacks, last.graph_fallbacks),
             (self._failed_steps, counters.failed_steps, last.failed_steps),
+            (self._restarts, counters.restarts, last.restarts),
         ):
             if now > before:
                 metric.increment(now - before)
@@ -147,6 +176,7 @@ class WhisperMetrics:
         self._in_flight.set(self.ledger.in_flight)
         self._running.set(self.engine.running)
         self._waiting.set(self.engine.waiting)
+        self._healthy.set(1 if self.engine.healthy else 0)
 
     def close(self) -> None:
         """Publish once more and stop the thread."""
@@ -165,11 +195,12 @@ class WhisperMetrics:
 
 
 class _Families:
-    """One `MetricFamily` per name, created on first use."""
+    """One `MetricFamily` per name, created on first use; every metric carries the instance's `gpu` label."""
 
-    def __init__(self, pb_utils: Any) -> None:
+    def __init__(self, pb_utils: Any, **labels: str) -> None:
         self._family_type = pb_utils.MetricFamily
         self._families: dict[str, Any] = {}
+        self._labels = labels
 
     def _family(self, name: str, description: str, kind: Any) -> Any:
         if name not in self._families:
@@ -177,10 +208,11 @@ class _Families:
         return self._families[name]
 
     def counter(self, name: str, description: str, **labels: str) -> Any:
-        return self._family(name, description, self._family_type.COUNTER).Metric(labels=labels)
+        return self._family(name, description, self._family_type.COUNTER).Metric(labels={**self._labels, **labels})
 
-    def gauge(self, name: str, description: str) -> Any:
-        return self._family(name, description, self._family_type.GAUGE).Metric(labels={})
+    def gauge(self, name: str, description: str, **labels: str) -> Any:
+        return self._family(name, description, self._family_type.GAUGE).Metric(labels={**self._labels, **labels})
 
     def histogram(self, name: str, description: str, buckets: list[float]) -> Any:
-        return self._family(name, description, self._family_type.HISTOGRAM).Metric(labels={}, buckets=buckets)
+        family = self._family(name, description, self._family_type.HISTOGRAM)
+        return family.Metric(labels=dict(self._labels), buckets=buckets)

@@ -17,14 +17,27 @@ from typing import Any
 CHECKPOINT_ENV = "WHISPER_TRITON_CHECKPOINT"
 DEFAULT_CHECKPOINT = "default"  # the packaged tiny.en
 # The `parameters { key: ... }` a model's config.pbtxt may set (all string values there).
-CONFIG_PARAMETERS = ("checkpoint", "max_audio_seconds", "max_queued_requests", "kv_slots", "kv_memory_fraction")
+CONFIG_PARAMETERS = (
+    "checkpoint",
+    "max_audio_seconds",
+    "max_queued_requests",
+    "kv_slots",
+    "kv_memory_fraction",
+    "decode_threads",
+)
 # Longer audio is refused, naming the limit: an hour of 16 kHz float32 is 230 MB.
 DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 # Numeric parameters set to this (or left out) take the library's default.
 AUTO = "auto"
-# For tests only: the engine fails every decoder step holding a request with this
-# prompt (`EngineOptions.fault_prompt`), to show that the failure stays with it.
+# `whisper-triton serve --require-gpu-engine` sets it: on a GPU, refuse to start
+# without FlashInfer and CUDA graphs rather than serve the slow path.
+REQUIRE_GPU_ENGINE_ENV = "WHISPER_TRITON_REQUIRE_GPU_ENGINE"
+# For tests only (`engine.faults.FaultPlan`): every decoder step holding a request
+# with this prompt fails, to show that the failure stays with it ...
 FAULT_PROMPT_ENV = "WHISPER_TRITON_FAULT_PROMPT"
+# ... and with this prompt the engine's failure handling fails too, so the engine
+# loop itself fails, answers everything it holds and restarts.
+ENGINE_FAULT_PROMPT_ENV = "WHISPER_TRITON_ENGINE_FAULT_PROMPT"
 
 
 @dataclass(frozen=True)
@@ -41,6 +54,8 @@ class ModelSettings:
         memory, 16 on the CPU.
     kv_memory_fraction: share of the free GPU memory for the KV slots when
         `kv_slots` is None; None: the library's default.
+    decode_threads: threads decoding audio at once (preprocessing); None: one
+        per CPU this process may run on.
     """
 
     name: str
@@ -50,6 +65,7 @@ class ModelSettings:
     max_queued_requests: int | None = None
     kv_slots: int | None = None
     kv_memory_fraction: float | None = None
+    decode_threads: int | None = None
 
     @classmethod
     def from_triton(cls, model_config: str, environ: Mapping[str, str] = os.environ) -> ModelSettings:
@@ -93,21 +109,46 @@ class ModelSettings:
             max_queued_requests=number("max_queued_requests", int, 0),
             kv_slots=number("kv_slots", int, 1),
             kv_memory_fraction=number("kv_memory_fraction", float, 0.01, 0.95),
+            decode_threads=number("decode_threads", int, 1),
         )
+
+    def thread_count(self) -> int:
+        """`decode_threads`, or one per CPU this process may run on (its affinity, as a container sets it)."""
+        if self.decode_threads is not None:
+            return self.decode_threads
+        return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
     def request_limit(self, slots: int) -> int:
         """Requests the whisper model holds at most: its decoding slots plus `max_queued_requests`."""
         return slots + (slots if self.max_queued_requests is None else self.max_queued_requests)
 
 
-def load_pipeline(settings: ModelSettings, environ: Mapping[str, str] = os.environ) -> Any:
-    """The whisper model's `Pipeline`, as its settings (and `FAULT_PROMPT_ENV`) ask.
+def instance_device(args: Mapping[str, str]) -> str:
+    """The device of the model instance Triton is initialising, from its `initialize` args:
+    "cuda:<id>" for a GPU instance (the id Triton assigned it), "cpu" for a CPU instance."""
+    if args.get("model_instance_kind") == "GPU":
+        return f"cuda:{int(args['model_instance_device_id'])}"
+    return "cpu"
 
-    Raises pipeline.GpuMemoryError, saying what to change, when it does not fit on the GPU.
+
+def load_pipeline(settings: ModelSettings, device: str | None = None, environ: Mapping[str, str] = os.environ) -> Any:
+    """The whisper model's `Pipeline` on `device` (default: the first GPU, else the CPU),
+    as its settings and the environment (`REQUIRE_GPU_ENGINE_ENV`, the fault prompts) ask.
+
+    Raises loading.GpuMemoryError, saying what to change, when it does not fit on the GPU.
     """
-    from python_backend_lib.engine.scheduler import EngineOptions  # torch: only in the whisper model
+    # torch: only in the whisper model
+    from python_backend_lib.engine.faults import FaultPlan
+    from python_backend_lib.engine.loading import DEFAULT_KV_MEMORY_FRACTION, EngineSetup
     from python_backend_lib.transcription.pipeline import Pipeline
 
-    fraction = {} if settings.kv_memory_fraction is None else {"kv_memory_fraction": settings.kv_memory_fraction}
-    engine_options = EngineOptions(fault_prompt=environ.get(FAULT_PROMPT_ENV) or None)
-    return Pipeline.load(settings.checkpoint, slots=settings.kv_slots, engine_options=engine_options, **fraction)
+    setup = EngineSetup(
+        slots=settings.kv_slots,
+        kv_memory_fraction=settings.kv_memory_fraction or DEFAULT_KV_MEMORY_FRACTION,
+        require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
+        faults=FaultPlan(
+            step_prompt=environ.get(FAULT_PROMPT_ENV) or None,
+            engine_prompt=environ.get(ENGINE_FAULT_PROMPT_ENV) or None,
+        ),
+    )
+    return Pipeline.load(settings.checkpoint, device=device, setup=setup)

@@ -11,10 +11,10 @@ TEXT = "TEXT"  # BYTES [1]: UTF-8 transcript
 SEGMENTS = "SEGMENTS"  # BYTES [1]: JSON list of {"start", "end", "text"} in seconds
 FORMATTED = "FORMATTED"  # BYTES [1]: the transcript in the request's response_format
 
-# preprocessing -> whisper
+# preprocessing -> whisper: only the samples that hold audio (no padding), and the
+# log-mel is computed by the whisper model on its own device.
 PREPROCESSING_NAME = "preprocessing"
-LOG_MEL = "LOG_MEL"  # FP32 [n_mels, 3000]: the 30 s window's log-mel spectrogram
-AUDIO_SECONDS = "AUDIO_SECONDS"  # FP32 [1]: duration of the decoded audio
+WAVEFORM = "WAVEFORM"  # FP32 [samples]: the decoded audio, 16 kHz mono
 
 # whisper -> postprocessing
 WHISPER_NAME = "whisper"

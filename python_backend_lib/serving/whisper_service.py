@@ -1,0 +1,118 @@
+"""What the Triton `whisper` model does with its requests, kept off the engine thread's path.
+
+`execute` (Triton's thread) only checks each request, computes its log-mel on
+the engine's device without waiting for the device, and hands it to the engine;
+it returns at once. The engine thread never blocks on Triton either: it hands
+each finished transcript to a small pool of responder threads, which write the
+verbose_json and send it (a blocking round trip to the Triton process, during
+which Python runs on). Cancellations are learned in bulk on a thread of their
+own (`cancellation.CancellationWatcher`), and the request limit is kept by a
+`RequestLedger`.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from python_backend_lib.core.options import TranscribeOptions
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.admission import Entry, RequestLedger
+from python_backend_lib.serving.cancellation import CancellationWatcher, Watch
+from python_backend_lib.serving.inputs import check_waveform, single_row
+from python_backend_lib.serving.parameters import parse_request_parameters
+from python_backend_lib.serving.responses import error_response
+from python_backend_lib.serving.settings import ModelSettings
+from python_backend_lib.text.formats import Document, ResponseFormat
+
+log = logging.getLogger(__name__)
+
+# Threads that write and send answers. Each send waits for the Triton process,
+# so a few keep answers flowing while the engine decodes; more would only
+# contend for the GIL.
+RESPONDER_THREADS = 4
+# The whisper stub runs Triton's execute thread, the engine thread, the responders
+# and two pollers in one interpreter. Python's default switch interval (5 ms) would
+# let a responder hold the GIL for a whole decoder step while the engine waits.
+GIL_SWITCH_INTERVAL_S = 0.0005
+
+
+@dataclass(eq=False)
+class _Request:
+    """One admitted request, until it is answered."""
+
+    sender: Any
+    options: TranscribeOptions | None = None
+    entry: Entry | None = None  # None: refused before admission
+    watch: Watch | None = None
+
+
+class WhisperService:
+    """The whisper model's requests: start them, answer each exactly once."""
+
+    def __init__(self, pb_utils: Any, settings: ModelSettings, pipeline: Any) -> None:
+        self.pb_utils = pb_utils
+        self.settings = settings
+        self.pipeline = pipeline
+        self.ledger = RequestLedger(settings.request_limit(pipeline.engine.slots))
+        self.watcher = CancellationWatcher()
+        self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
+        sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
+
+    def start(self, requests: list[Any]) -> None:
+        """Start every request of one `execute` call; the answers come later."""
+        for request in requests:
+            pending = _Request(request.get_response_sender())
+            try:
+                pending.options = parse_request_parameters(request.parameters()).transcription
+                tensor = self.pb_utils.get_input_tensor_by_name(request, tensor_names.WAVEFORM)
+                waveform = single_row(tensor.as_numpy(), tensor_names.WAVEFORM)  # [samples]
+                check_waveform(waveform, self.settings.max_audio_seconds)
+                pending.entry = self.ledger.enter()  # Overloaded (UNAVAILABLE) when the limit is reached
+                pending.watch = self.watcher.watch(request.is_cancelled)
+                self.pipeline.start(
+                    waveform,
+                    pending.options,
+                    on_done=lambda outcome, pending=pending: self._finished(pending, outcome),
+                    is_cancelled=pending.watch.cancelled,
+                )  # RequestError at once for options that do not fit the checkpoint
+            except Exception as error:
+                self._finished(pending, error)
+
+    def _finished(self, pending: _Request, outcome: Any) -> None:
+        """The engine's callback (or execute's, for a refusal): answer on a responder thread."""
+        self._responders.submit(self._answer, pending, outcome)
+
+    def _answer(self, pending: _Request, outcome: Any) -> None:
+        """The request's only response."""
+        if pending.watch is not None:
+            self.watcher.forget(pending.watch)
+        try:
+            response = self._response(pending.options, outcome)
+        except Exception as error:  # a result that cannot be written still gets an answer
+            outcome, response = error, error_response(self.pb_utils, error)
+        self.ledger.leave(pending.entry, outcome)
+        try:
+            pending.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        except Exception:  # the client is gone, or Triton is stopping: nobody left to tell
+            log.warning("could not send a response", exc_info=True)
+
+    def _response(self, options: TranscribeOptions | None, outcome: Any) -> Any:
+        if isinstance(outcome, BaseException):
+            return error_response(self.pb_utils, outcome)
+        document = Document.from_transcript(outcome, options).render(ResponseFormat.VERBOSE_JSON)
+        transcript = np.array([[document.encode("utf-8")]], dtype=np.object_)  # [1, 1] BYTES
+        return self.pb_utils.InferenceResponse(
+            output_tensors=[self.pb_utils.Tensor(tensor_names.TRANSCRIPT, transcript)]
+        )
+
+    def close(self) -> None:
+        """Answer what is in flight, then stop the threads (Triton's `finalize`)."""
+        self.pipeline.close()
+        self._responders.shutdown(wait=True)
+        self.watcher.close()
