@@ -24,7 +24,7 @@ class Admission:
 
     content_frames: when set, the window is answered as silent without decoding
         if its first `content_frames` frames hold digital silence (see
-        `audio.features.DIGITAL_SILENCE_LOG_MEL`); None decodes it whatever it holds.
+        `audio.features.SILENCE_LOG_MEL`); None decodes it whatever it holds.
     """
 
     tag: Any
