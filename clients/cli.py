@@ -52,7 +52,13 @@ LAYOUT_FLAGS = ("max_line_width", "max_line_count", "highlight_words")
 
 
 def version() -> str:
-    return f"whisper-triton {importlib.metadata.version('whisper-triton')}"
+    """The installed distribution's version, or the package's own when run from a checkout."""
+    try:
+        return f"whisper-triton {importlib.metadata.version('whisper-triton')}"
+    except importlib.metadata.PackageNotFoundError:  # `python -m python_backend_lib.apps.cli` in a checkout
+        from python_backend_lib import __version__
+
+        return f"whisper-triton {__version__}"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -233,7 +233,10 @@ def test_graph_replay_equals_eager_equals_sdpa(source, dtype, n, options) -> Non
     compare(exact, sdpa, tolerance, name=f"{source} SDPA {dtype} vs float32")
     compare(exact, eager, tolerance, name=f"{source} eager FlashInfer vs float32")
     compare(exact, graph, tolerance, name=f"{source} graph vs float32")
-    compare(eager, graph, floor, name=f"{source} graph vs eager FlashInfer")
+    # The graph feeds a prompt one token a step where the eager pass takes it whole (other
+    # GEMM shapes): two fp16 computations, each within the floor of the exact result. The
+    # graph's own kernels, launched directly, give its bits exactly (test below).
+    compare(eager, graph, tolerance, name=f"{source} graph vs eager FlashInfer")
 
 
 def test_rows_do_not_depend_on_their_batch() -> None:
