@@ -71,6 +71,12 @@ def mel_filters(n_mels: int, device=None) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=None)
+def _hann_window(device: torch.device) -> torch.Tensor:
+    """The STFT's periodic Hann window, made once per device (read-only)."""
+    return torch.hann_window(N_FFT, periodic=True, device=device)
+
+
+@functools.lru_cache(maxsize=None)
 def _cached_mel_filters(n_mels: int, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(_mel_filter_bank(n_mels)).to(device, torch.float32)
 
@@ -133,7 +139,7 @@ def log_mel_spectrogram(
         audio.reshape(-1, audio.shape[-1]),  # [items, samples]
         N_FFT,
         HOP_LENGTH,
-        window=torch.hann_window(N_FFT, periodic=True, device=filters.device),
+        window=_hann_window(filters.device),
         center=True,
         pad_mode="reflect",
         return_complex=True,
@@ -175,9 +181,15 @@ def _as_float32_tensor(waveform, device: torch.device) -> torch.Tensor:
         return waveform.to(device, torch.float32)
     # Through float32 numpy first, as the feature extractor rounds float64 input.
     array = np.ascontiguousarray(waveform, dtype=np.float32)
+    if device.type == "cuda":
+        # A copy from pageable memory waits for everything queued on the stream (the
+        # engine's decoder steps); from pinned memory it is queued like a kernel.
+        pinned = torch.empty(array.shape, dtype=torch.float32, pin_memory=True)
+        pinned.numpy()[...] = array
+        return pinned.to(device, non_blocking=True)
     if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
         array = array.copy()
-    return torch.from_numpy(array).to(device)
+    return torch.from_numpy(array)
 
 
 def content_frames(mel_frames: int, duration: float) -> int:
