@@ -92,7 +92,7 @@ class WhisperClient:
         self, audio: bytes | str | os.PathLike[str], response_format: ResponseFormat | str, **options: object
     ) -> str:
         """The transcript as the server writes it in `response_format` (text, json,
-        verbose_json, srt, vtt): the FORMATTED output."""
+        verbose_json, srt, vtt, tsv): the FORMATTED output."""
         options["response_format"] = ResponseFormat(response_format).value
         (formatted,) = self._infer(audio, (tensor_names.FORMATTED,), options)
         return formatted

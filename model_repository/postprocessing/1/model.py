@@ -2,7 +2,7 @@
 
 The `whisper` model sends each finished transcript as verbose_json
 (`formats.Document`); here it becomes the ensemble's TEXT and SEGMENTS, and
-FORMATTED in the request's `response_format` (text, json, verbose_json, srt, vtt).
+FORMATTED in the request's `response_format` (text, json, verbose_json, srt, vtt, tsv).
 Served transcripts therefore equal `Pipeline.transcribe`'s.
 """
 
