@@ -406,3 +406,18 @@ def test_random_and_corrupted_bytes_never_hang():
     worker.join(timeout=30)
     assert not worker.is_alive(), f"decoding hung after {len(outcomes)} of {len(inputs)} inputs"
     assert set(outcomes) <= {"decoded", "rejected"}, set(outcomes)
+
+
+@pytest.mark.parametrize("n_mels", [80, 128])
+def test_features_of_many_recordings_equal_each_alone(n_mels):
+    """The batched log-mel (one STFT for every recording up to 30 s, longer ones alone)
+    gives each recording exactly the features it gets alone, bit for bit."""
+    from python_backend_lib.audio.decode import decode_audio
+    from python_backend_lib.audio.features import features_for, features_for_many
+
+    waveforms = [decode_audio(path.read_bytes()) for path in sorted(AUDIO_DIR.glob("*.wav"))]
+    waveforms.append(np.zeros(480_000, np.float32))  # exactly 30 s of silence
+    assert any(len(w) > 480_000 for w in waveforms) and any(len(w) < 480_000 for w in waveforms)
+    for waveform, together in zip(waveforms, features_for_many(waveforms, n_mels)):
+        alone = features_for(waveform, n_mels)
+        assert together.shape == alone.shape and torch.equal(together, alone)

@@ -98,11 +98,15 @@ def make_batch(model, config, kind: str, slots: int, **attention_options) -> Dec
     if kind == "sdpa":
         return DecodeBatch(model, config, SdpaAttention(pool))
     attention = FlashInferAttention(pool, **attention_options)
-    graphs = None
-    if kind == "graph":
+    graphs = encoder_graphs = None
+    if kind == "graph":  # as served: decoder steps and admissions through captured graphs
+        from python_backend_lib.engine.encoder_graphs import EncoderGraphs
+
         graphs = DecodeGraphs(model, config, attention, max_batch=slots)
         graphs.capture()
-    return DecodeBatch(model, config, attention, graphs)
+        encoder_graphs = EncoderGraphs(model, pool)
+        encoder_graphs.capture()
+    return DecodeBatch(model, config, attention, graphs, encoder_graphs)
 
 
 def requests(config, n: int, seed: int, options: DecodingOptions | None = None):
@@ -374,3 +378,25 @@ def test_the_start_of_transcript_read_through_the_graph_equals_the_eager_pass() 
         assert abs(a.language_probability - b.language_probability) < 1e-2
         assert abs(a.no_speech_prob - b.no_speech_prob) < 1e-3
         assert a.prompt_tokens == b.prompt_tokens
+
+
+def test_an_encoder_graph_replay_equals_its_kernels_launched_directly() -> None:
+    """Admitting 5 clips replays the 6-clip encoder graph; the same padded batch
+    through the same kernels, launched directly, writes the same K/V bits."""
+    from python_backend_lib.engine.encoder_graphs import EncoderGraphs
+    from python_backend_lib.engine.kv_cache import SCRATCH_SLOT
+
+    model, config = model_for("random:tiny:1", torch.float16)
+    pool = KVSlotPool(PoolShape.for_model(config.dims, 8), device=CUDA, dtype=torch.float16)
+    graphs = EncoderGraphs(model, pool)
+    graphs.capture()
+    generator = torch.Generator().manual_seed(3)
+    mel = torch.randn(5, config.dims.n_mels, N_FRAMES, generator=generator).clamp(-1.5, 1.5).to(CUDA, torch.float16)
+    graphs.run(mel, [1, 2, 3, 4, 5])
+    replayed = [(k[1:6].clone(), v[1:6].clone()) for k, v in zip(pool.cross_k, pool.cross_v)]
+    padded = torch.cat([mel, torch.zeros_like(mel[:1])])  # the 6-clip bucket
+    slots = torch.tensor([1, 2, 3, 4, 5, SCRATCH_SLOT], device=CUDA)
+    with torch.inference_mode():
+        graphs._encode(padded, slots)
+    for (k, v), k_now, v_now in zip(replayed, pool.cross_k, pool.cross_v):
+        assert torch.equal(k, k_now[1:6]) and torch.equal(v, v_now[1:6])

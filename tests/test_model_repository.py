@@ -136,6 +136,10 @@ def test_python_model_scheduling_is_spelled_out(model):
     assert "dynamic_batching" in config
     assert [one(group, "kind") for group in config["instance_group"]] == [INSTANCE_KINDS[model]]
     assert all(one(tensor, "optional") in ("true", "false") for tensor in config["input"])
+    # Requests are batched whatever their tensors' lengths: variable-length inputs are ragged.
+    for tensor in config["input"]:
+        if -1 in tensor["dims"]:
+            assert one(tensor, "allow_ragged_batch") == "true", one(tensor, "name")
 
 
 @pytest.mark.parametrize("model", list(PYTHON_MODELS))

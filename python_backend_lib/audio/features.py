@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -206,3 +207,36 @@ def features_for(waveform, n_mels: int, device=None) -> torch.Tensor:
     if len(waveform) <= N_SAMPLES:
         return window_features(waveform, n_mels, device)
     return log_mel_spectrogram(waveform, n_mels, padding=N_SAMPLES, device=device)
+
+
+def features_for_many(waveforms: Sequence, n_mels: int, device=None) -> list[torch.Tensor]:
+    """`features_for` of several recordings, in one batched pass for those up to 30 s.
+
+    The short ones travel as one concatenation (a single copy to the device),
+    are zero-padded to 30 s there and go through one STFT; each item keeps its
+    own dynamic-range floor, so every result equals `features_for` of it alone.
+    Longer recordings are computed one by one.
+    """
+    device = _resolve_device(waveforms[0], device) if waveforms else torch.device("cpu")
+    results: list[torch.Tensor | None] = [None] * len(waveforms)
+    short = [i for i, w in enumerate(waveforms) if len(w) <= N_SAMPLES]
+    for i in range(len(waveforms)):
+        if i not in short:
+            results[i] = features_for(waveforms[i], n_mels, device)
+    if short:
+        lengths = [len(waveforms[i]) for i in short]
+        flat = _as_float32_tensor(_concatenate([waveforms[i] for i in short]), device)  # [sum(lengths)]
+        counts = torch.tensor(lengths, device=device)
+        rows = torch.repeat_interleave(torch.arange(len(short), device=device), counts, output_size=len(flat))
+        starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts, output_size=len(flat))
+        padded = torch.zeros(len(short), N_SAMPLES, device=device)
+        padded[rows, torch.arange(len(flat), device=device) - starts] = flat
+        for i, item in zip(short, log_mel_spectrogram(padded, n_mels)):
+            results[i] = item
+    return results
+
+
+def _concatenate(waveforms: Sequence):
+    if all(isinstance(w, torch.Tensor) for w in waveforms):
+        return torch.cat([w.reshape(-1) for w in waveforms])
+    return np.concatenate([np.asarray(w, dtype=np.float32).reshape(-1) for w in waveforms])

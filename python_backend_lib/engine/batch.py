@@ -31,6 +31,7 @@ from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs
+    from python_backend_lib.engine.encoder_graphs import EncoderGraphs
 
 # Rows with at most this many tokens still to feed step through the graphs, one
 # token a step; a longer prompt (previous text, up to 224 tokens) runs eagerly.
@@ -83,12 +84,15 @@ class DecodeBatch:
         config: ModelConfig,
         attention: AttentionBackend,
         graphs: DecodeGraphs | None = None,
+        encoder_graphs: EncoderGraphs | None = None,
     ) -> None:
-        """graphs: captured decode steps (GPU); rows feeding one token step through them."""
+        """graphs: captured decode steps (GPU); rows feeding one token step through them.
+        encoder_graphs: captured encoder passes (GPU) for admitting new requests."""
         self.model = model
         self.config = config
         self.attention = attention
         self.graphs = graphs
+        self.encoder_graphs = encoder_graphs
         self.pool: KVSlotPool = attention.pool
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
@@ -120,11 +124,14 @@ class DecodeBatch:
         if not keep:
             return finished
         admitted = [admissions[i] for i in keep]
-        mel = features[keep] if silent else features
-        audio = self.model.encode(mel.to(self.dtype), self.attention)
+        mel = (features[keep] if silent else features).to(self.dtype)
         slots = [self.pool.allocate() for _ in admitted]
         try:
-            self.pool.write_cross(torch.tensor(slots, device=self.device), self.model.cross_kv(audio))
+            if self.encoder_graphs is not None and self.encoder_graphs.fits(len(slots)):
+                self.encoder_graphs.run(mel, slots)
+            else:
+                audio = self.model.encode(mel, self.attention)
+                self.pool.write_cross(torch.tensor(slots, device=self.device), self.model.cross_kv(audio))
         except BaseException:  # e.g. out of memory: the slots hold nothing yet
             for slot in slots:
                 self.pool.release(slot)

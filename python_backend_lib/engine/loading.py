@@ -128,15 +128,21 @@ def build_batch(
         start = time.perf_counter()
         backend = make_attention(AttentionKind(setup.attention), pool)
         times.timed("attention", start)
-        graphs = None
+        graphs = encoder_graphs = None
         if setup.cuda_graphs and device.type == "cuda" and not isinstance(backend, SdpaAttention):
             from python_backend_lib.engine.cuda_graphs import DecodeGraphs
+            from python_backend_lib.engine.encoder_graphs import EncoderGraphs
 
             start = time.perf_counter()
             stage = f"capturing CUDA graphs for up to {slots} requests"
             graphs = DecodeGraphs(model, config, backend, max_batch=slots)
             graphs.capture()
             times.timed("cuda_graphs", start)
+            start = time.perf_counter()
+            stage = "capturing the encoder's CUDA graphs"
+            encoder_graphs = EncoderGraphs(model, pool)
+            encoder_graphs.capture()
+            times.timed("encoder_graphs", start)
     except torch.cuda.OutOfMemoryError as error:
         advice = out_of_memory_advice(config.source, device, stage, setup.slots, setup.kv_memory_fraction)
         raise GpuMemoryError(advice) from error
@@ -152,7 +158,7 @@ def build_batch(
         if setup.require_gpu_engine:
             raise GpuEngineUnavailable(f"{message}; install the gpu extra and turn CUDA graphs on")
         log.warning("%s", message)
-    arguments = (model, config, backend, graphs)
+    arguments = (model, config, backend, graphs, encoder_graphs)
     batch = DecodeBatch(*arguments) if setup.faults.empty else FaultyDecodeBatch(*arguments, plan=setup.faults)
     return LoadedBatch(batch, name, times)
 

@@ -111,16 +111,17 @@ class RowState(NamedTuple):
 
     @classmethod
     def of(cls, row: Row) -> RowState:
+        # Positional: this runs for every row at every step.
         return cls(
-            row=row,
-            pending=row.pending,
-            cached=row.cached,
-            n_generated=len(row.generated),
-            sum_logprob=row.sum_logprob,
-            prefilled=row.prefilled,
-            no_speech_prob=row.no_speech_prob,
-            language=row.language,
-            language_probability=row.language_probability,
+            row,
+            row.pending,
+            row.cached,
+            len(row.generated),
+            row.sum_logprob,
+            row.prefilled,
+            row.no_speech_prob,
+            row.language,
+            row.language_probability,
         )
 
     def restore(self) -> None:

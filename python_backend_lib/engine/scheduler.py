@@ -56,9 +56,13 @@ MAX_CONSECUTIVE_RESTARTS = 3
 
 @dataclass(frozen=True)
 class EngineOptions:
-    """max_admit: new requests encoded together before the next step."""
+    """max_admit: new requests encoded together before the next step.
+    admit_wait_s: while others decode, new requests wait up to this long for
+        more to arrive, so that one encoder pass serves several (an idle engine
+        admits at once)."""
 
     max_admit: int = 16
+    admit_wait_s: float = 0.005
 
 
 class EngineUnavailable(RuntimeError):
@@ -232,6 +236,9 @@ class Engine:
     def _admit(self, pending: list[Admission]) -> None:
         n = min(len(pending), self.batch.free_slots, self.options.max_admit)
         if n == 0:
+            return
+        waited = time.monotonic() - pending[0].tag.submitted_at
+        if self.batch.rows and n < self.options.max_admit and waited < self.options.admit_wait_s:
             return
         admitted, pending[:] = pending[:n], pending[n:]
         live = []

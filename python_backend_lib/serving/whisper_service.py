@@ -65,7 +65,11 @@ class WhisperService:
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
 
     def start(self, requests: list[Any]) -> None:
-        """Start every request of one `execute` call; the answers come later."""
+        """Start every request of one `execute` call; the answers come later.
+
+        The requests' log-mels are computed together, in one pass on the engine's device.
+        """
+        admitted: list[tuple[Any, _Request, np.ndarray]] = []
         for request in requests:
             pending = _Request(request.get_response_sender())
             try:
@@ -74,12 +78,24 @@ class WhisperService:
                 waveform = single_row(tensor.as_numpy(), tensor_names.WAVEFORM)  # [samples]
                 check_waveform(waveform, self.settings.max_audio_seconds)
                 pending.entry = self.ledger.enter()  # Overloaded (UNAVAILABLE) when the limit is reached
+                admitted.append((request, pending, waveform))
+            except Exception as error:
+                self._finished(pending, error)
+        try:
+            features = self.pipeline.features([waveform for _, _, waveform in admitted])
+        except Exception as error:  # ours: every request of the call gets the error
+            for _, pending, _ in admitted:
+                self._finished(pending, error)
+            return
+        for (request, pending, waveform), request_features in zip(admitted, features):
+            try:
                 pending.watch = self.watcher.watch(request.is_cancelled)
                 self.pipeline.start(
                     waveform,
                     pending.options,
                     on_done=lambda outcome, pending=pending: self._finished(pending, outcome),
                     is_cancelled=pending.watch.cancelled,
+                    features=request_features,
                 )  # RequestError at once for options that do not fit the checkpoint
             except Exception as error:
                 self._finished(pending, error)

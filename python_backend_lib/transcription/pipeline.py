@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from python_backend_lib.audio.decode import decode_audio
-from python_backend_lib.audio.features import features_for, window_features
+from python_backend_lib.audio.features import features_for_many, window_features
 from python_backend_lib.checkpoints.weights import DEFAULT_SOURCE, ModelConfig, load_checkpoint
 from python_backend_lib.core import geometry
 from python_backend_lib.core.errors import RequestError
@@ -111,23 +111,31 @@ class Pipeline:
         self.start(waveform, options, _settle(future), is_cancelled)
         return future
 
+    def features(self, waveforms: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
+        """The log-mel of 16 kHz waveforms, on the engine's device, computed together
+        (`features_for_many`) and without waiting for the device: the engine's
+        thread uses them later, in stream order."""
+        return features_for_many(waveforms, self.n_mels, self.device)
+
     def start(
         self,
         waveform: np.ndarray | torch.Tensor,
         options: TranscribeOptions,
         on_done: Callable[[Transcript | BaseException], None],
         is_cancelled: Callable[[], bool] | None = None,
+        *,
+        features: torch.Tensor | None = None,
     ) -> None:
         """Start transcribing a 16 kHz mono waveform; `on_done` gets the Transcript
         or the error, on the engine thread. Raises RequestError at once for options
         that do not fit the checkpoint.
 
-        The log-mel is computed here, on the engine's device, without waiting for
-        the device: the engine's thread uses it later, in stream order.
+        features: the waveform's log-mel when the caller computed it already (`features`).
         """
         if self.tokenizer is None:
             raise RequestError(f"checkpoint {self.config.source!r} has no tokenizer: it can decode but not transcribe")
-        features = features_for(waveform, self.n_mels, self.device)
+        if features is None:
+            (features,) = self.features([waveform])
         LongFormJob(
             self.engine.submit,
             self.config,
@@ -157,7 +165,11 @@ class Pipeline:
         if isinstance(options, TranscribeOptions):
             options = [options] * len(recordings)
         waveforms = [decode_audio(r) if isinstance(r, (bytes, bytearray)) else r for r in recordings]
-        futures = [self.submit(w, o) for w, o in zip(waveforms, options)]
+        futures = []
+        for waveform, features, recording_options in zip(waveforms, self.features(waveforms), options):
+            future: Future[Transcript] = Future()
+            self.start(waveform, recording_options, _settle(future), features=features)
+            futures.append(future)
         return [f.result() for f in futures]
 
     def close(self) -> None:
