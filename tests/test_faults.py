@@ -161,7 +161,9 @@ def test_activity_reads_what_is_in_flight_and_what_was_answered():
             'nv_inference_count{model="transcribe",version="1"} 99',
         ]
     )
-    assert Activity.from_metrics(text) == Activity(busy=5, answered=11)
+    assert Activity.from_metrics(text) == Activity(busy=5, answered=11, unhealthy_engines=0)
+    engines = text + '\nwhisper_engine_healthy{gpu="0"} 1\nwhisper_engine_healthy{gpu="1"} 0'
+    assert Activity.from_metrics(engines).unhealthy_engines == 1
 
 
 # ----------------------------------------------------------------------- cancelling

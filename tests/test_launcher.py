@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from conftest import AUDIO_DIR, free_port, whisper_triton_command
 
-from python_backend_lib.apps import preflight, server, triton_output
+from python_backend_lib.apps import preflight, server, triton_environment, triton_output
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
-from python_backend_lib.serving.settings import CHECKPOINT_ENV
+from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
 
 
 def test_packaged_model_repository_is_found_beside_the_package():
@@ -38,11 +38,31 @@ def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
     installation = server.TritonInstallation(
         binary=Path("/bin/true"), backend_directory=tmp_path, library_path=(tmp_path / "libs",)
     )
-    env = server.server_environment(installation, checkpoint="/models/small")
+    settings = ServerSettings(model_repository=tmp_path, checkpoint="/models/small")
+    env = triton_environment.server_environment(installation, settings)
     first = Path(env["PATH"].split(os.pathsep)[0])
     assert (first / "python3").samefile(sys.executable)
     assert env["LD_LIBRARY_PATH"].split(os.pathsep)[0] == str(tmp_path / "libs")
     assert env[CHECKPOINT_ENV] == "/models/small"
+    assert env.get("CUDA_VISIBLE_DEVICES") == os.environ.get("CUDA_VISIBLE_DEVICES")  # every GPU, as seen
+    assert REQUIRE_GPU_ENGINE_ENV not in env
+
+
+def test_gpus_and_the_gpu_engine_requirement_reach_the_models(tmp_path):
+    from python_backend_lib.apps.cli import build_parser
+
+    installation = server.TritonInstallation(binary=Path("/bin/true"), backend_directory=tmp_path)
+    args = build_parser().parse_args(["serve", "--gpus", "1,3", "--require-gpu-engine"])
+    settings = ServerSettings(model_repository=tmp_path, gpus=args.gpus, require_gpu_engine=args.require_gpu_engine)
+    env = triton_environment.server_environment(installation, settings)
+    assert env["CUDA_VISIBLE_DEVICES"] == "1,3" and env[REQUIRE_GPU_ENGINE_ENV] == "1"
+    none = build_parser().parse_args(["serve", "--gpus", "none"])
+    assert triton_environment.server_environment(installation, ServerSettings(model_repository=tmp_path, gpus=none.gpus))[
+        "CUDA_VISIBLE_DEVICES"
+    ] == ""
+    for bad in ("0,x", "-1", ""):
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", "--gpus", bad])
 
 
 def test_numpy_2_is_refused(monkeypatch, tmp_path):

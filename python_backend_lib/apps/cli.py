@@ -10,6 +10,7 @@ from pathlib import Path
 
 from python_backend_lib.apps import gateway, server
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
+from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
 EXAMPLES = """\
 examples:
@@ -37,7 +38,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-repository", type=Path, help="default: the packaged model_repository/")
     serve.add_argument(
         "--checkpoint",
-        help=f"Whisper checkpoint for every model (sets {server.CHECKPOINT_ENV}; default: the packaged tiny.en)",
+        help=f"Whisper checkpoint for every model (sets {CHECKPOINT_ENV}; default: the packaged tiny.en)",
     )
     serve.add_argument(
         "--host",
@@ -50,6 +51,19 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--grpc-port", type=int, default=server.DEFAULT_GRPC_PORT)
     serve.add_argument("--metrics-port", type=int, default=server.DEFAULT_METRICS_PORT)
     serve.add_argument("--log-verbose", type=int, default=0, metavar="N", help="Triton's log verbosity")
+    serve.add_argument(
+        "--gpus",
+        type=_gpu_list,
+        metavar="LIST",
+        help="GPUs to serve on, one engine each: all (default: every GPU this machine shows), "
+        "a comma-separated list of indexes such as 0,1, or none (the CPU)",
+    )
+    serve.add_argument(
+        "--require-gpu-engine",
+        action="store_true",
+        help="on a GPU, refuse to start unless the engine runs with FlashInfer and CUDA graphs "
+        "(instead of falling back to the slower PyTorch attention)",
+    )
     serve.add_argument(
         "--startup-timeout",
         type=float,
@@ -78,6 +92,8 @@ def serve_command(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         log_verbose=args.log_verbose,
+        gpus=args.gpus,
+        require_gpu_engine=args.require_gpu_engine,
     )
     triton = TritonServer(settings, log=sys.stderr)
     signal.signal(signal.SIGTERM, _raise_terminated)
@@ -86,7 +102,15 @@ def serve_command(args: argparse.Namespace) -> int:
     try:
         triton.start(timeout=args.startup_timeout)
         print(_ready_message(triton), flush=True)
-        status = triton.wait()
+        status = triton.wait_while_healthy()
+        if status is None:  # an engine gave up: stop, so that Docker or Kubernetes replaces this server
+            print(
+                "whisper-triton: a whisper engine failed repeatedly and refuses new requests "
+                "(see the log above); stopping so that this server can be replaced",
+                file=sys.stderr,
+                flush=True,
+            )
+            return 1
         print(f"whisper-triton: tritonserver exited with status {status}", file=sys.stderr)
         return status or 1
     except (KeyboardInterrupt, _Terminated):
@@ -95,6 +119,18 @@ def serve_command(args: argparse.Namespace) -> int:
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
         triton.stop()
+
+
+def _gpu_list(text: str) -> str | None:
+    """--gpus: None for all, "" for none, else a list of GPU indexes (CUDA_VISIBLE_DEVICES)."""
+    if text == "all":
+        return None
+    if text == "none":
+        return ""
+    indexes = text.split(",")
+    if not all(index.isdigit() for index in indexes):
+        raise argparse.ArgumentTypeError(f"expected all, none or GPU indexes such as 0,1; got {text!r}")
+    return ",".join(indexes)
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

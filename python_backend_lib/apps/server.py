@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import hashlib
 import importlib.metadata
 import os
 import shutil
@@ -30,12 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from python_backend_lib.apps import preflight, triton_output
+from python_backend_lib.apps import preflight, triton_environment, triton_output
 from python_backend_lib.apps.triton_output import Activity
-from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
-# Same cache as the checkpoints (`weights.cache_root`), without importing torch here.
-CACHE_ENV = "WHISPER_TRITON_CACHE"
 # python_backend_lib/, two folders up from this file (apps/server.py).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
 CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
@@ -63,6 +59,8 @@ LOG_TAIL_LINES = 60
 # Log lines after which tritonserver 2.51 neither becomes ready nor exits.
 FATAL_LOG_MARKERS = ("Failed to preinitialize Python stub",)
 READY_POLL_S = 0.5
+# How often a serving launcher reads whether every whisper engine is still healthy.
+HEALTH_POLL_S = 2.0
 
 
 class ServerError(RuntimeError):
@@ -85,6 +83,10 @@ class ServerSettings:
     grpc_port: int = DEFAULT_GRPC_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     log_verbose: int = 0
+    # The GPUs the whisper model runs on, one engine each: CUDA_VISIBLE_DEVICES for
+    # Triton ("0,1"; "" for none, the CPU); None: every GPU this process sees.
+    gpus: str | None = None
+    require_gpu_engine: bool = False  # refuse to start on a GPU without FlashInfer and CUDA graphs
 
 
 def packaged_model_repository() -> Path:
@@ -114,14 +116,10 @@ def find_triton(cache_dir: Path | None = None) -> TritonInstallation:
         ) from None
     triton_root = Path(pytriton.__file__).resolve().parent / "tritonserver"
     libraries = triton_root.parent.parent / "nvidia_pytriton.libs"
-    backends = _assemble_backends(triton_root, cache_dir or _cache_dir())
+    backends = _assemble_backends(triton_root, cache_dir or triton_environment.cache_dir())
     return TritonInstallation(
         binary=triton_root / "bin" / "tritonserver", backend_directory=backends, library_path=(libraries,)
     )
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "whisper-triton")
 
 
 def _assemble_backends(triton_root: Path, cache_dir: Path) -> Path:
@@ -153,32 +151,6 @@ def _same_file_content(source: Path, copy: Path) -> bool:
     return copy.is_file() and copy.stat().st_size == source.stat().st_size and (
         copy.stat().st_mtime == source.stat().st_mtime
     )
-
-
-def server_environment(installation: TritonInstallation, checkpoint: str | None) -> dict[str, str]:
-    """tritonserver's environment: this Python first on PATH, the wheel's libraries, the checkpoint."""
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([str(_python3_directory()), env.get("PATH", "")])
-    if installation.library_path:
-        paths = [str(p) for p in installation.library_path] + [env.get("LD_LIBRARY_PATH", "")]
-        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in paths if p)
-    if checkpoint is not None:
-        env[CHECKPOINT_ENV] = checkpoint
-    return env
-
-
-def _python3_directory() -> Path:
-    """A directory whose `python3` is this interpreter (venv included)."""
-    directory = Path(sys.executable).parent
-    python3 = directory / "python3"
-    if python3.exists() and python3.samefile(sys.executable):
-        return directory
-    shim_dir = _cache_dir() / f"python-{hashlib.sha1(sys.executable.encode()).hexdigest()[:12]}"
-    shim_dir.mkdir(parents=True, exist_ok=True)
-    shim = shim_dir / "python3"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
-    shim.chmod(0o755)
-    return shim_dir
 
 
 def _die_with_parent() -> None:
@@ -263,7 +235,7 @@ class TritonServer:
         installation = find_triton()
         self._process = subprocess.Popen(
             self.command(installation),
-            env=server_environment(installation, self.settings.checkpoint),
+            env=triton_environment.server_environment(installation, self.settings),
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -329,6 +301,17 @@ class TritonServer:
         """Block until tritonserver exits by itself; its exit status."""
         assert self._process is not None, "start() first"
         return self._process.wait()
+
+    def wait_while_healthy(self, poll_s: float = HEALTH_POLL_S) -> int | None:
+        """Block until tritonserver exits (its exit status) or a whisper engine gives up (None)."""
+        assert self._process is not None, "start() first"
+        while True:
+            try:
+                return self._process.wait(timeout=poll_s)
+            except subprocess.TimeoutExpired:
+                activity = self.activity()
+                if activity is not None and activity.unhealthy_engines:
+                    return None
 
     def activity(self) -> Activity | None:
         """The server's current `Activity`; None when its metrics cannot be read."""

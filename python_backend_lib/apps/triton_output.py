@@ -71,14 +71,17 @@ class Activity:
 
     busy: requests held by the whisper model plus requests queued in any model.
     answered: requests answered so far (successes and failures, all models).
+    unhealthy_engines: whisper engines (one per GPU) that gave up after failing repeatedly.
     """
 
     busy: float
     answered: float
+    unhealthy_engines: int = 0
 
     @classmethod
     def from_metrics(cls, text: str) -> Activity:
         busy = answered = 0.0
+        unhealthy = 0
         for line in text.splitlines():
             name, _, value = line.rpartition(" ")
             metric = name.split("{", 1)[0]
@@ -86,4 +89,6 @@ class Activity:
                 busy += float(value)
             elif metric in ("nv_inference_request_success", "nv_inference_request_failure"):
                 answered += float(value)
-        return cls(busy=busy, answered=answered)
+            elif metric == "whisper_engine_healthy" and float(value) == 0:
+                unhealthy += 1
+        return cls(busy=busy, answered=answered, unhealthy_engines=unhealthy)

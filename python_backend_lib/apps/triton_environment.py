@@ -1,0 +1,58 @@
+"""How tritonserver is started: the environment its Python stubs see.
+
+The Python backend's stub imports packages from the `python3` first on PATH, so
+this interpreter's directory goes first on PATH: the models then see the same
+packages (torch, our library) as the process that started the server.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
+
+if TYPE_CHECKING:
+    from python_backend_lib.apps.server import ServerSettings, TritonInstallation
+
+# Same cache as the checkpoints (`weights.cache_root`), without importing torch here.
+CACHE_ENV = "WHISPER_TRITON_CACHE"
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "whisper-triton")
+
+
+def server_environment(installation: TritonInstallation, settings: ServerSettings) -> dict[str, str]:
+    """tritonserver's environment: this Python first on PATH, the wheel's libraries, the
+    checkpoint, the GPUs and whether the GPU engine is required."""
+    env = dict(os.environ)
+    if settings.gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = settings.gpus
+    if settings.require_gpu_engine:
+        env[REQUIRE_GPU_ENGINE_ENV] = "1"
+    checkpoint = settings.checkpoint
+    env["PATH"] = os.pathsep.join([str(_python3_directory()), env.get("PATH", "")])
+    if installation.library_path:
+        paths = [str(p) for p in installation.library_path] + [env.get("LD_LIBRARY_PATH", "")]
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in paths if p)
+    if checkpoint is not None:
+        env[CHECKPOINT_ENV] = checkpoint
+    return env
+
+
+def _python3_directory() -> Path:
+    """A directory whose `python3` is this interpreter (venv included)."""
+    directory = Path(sys.executable).parent
+    python3 = directory / "python3"
+    if python3.exists() and python3.samefile(sys.executable):
+        return directory
+    shim_dir = cache_dir() / f"python-{hashlib.sha1(sys.executable.encode()).hexdigest()[:12]}"
+    shim_dir.mkdir(parents=True, exist_ok=True)
+    shim = shim_dir / "python3"
+    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
+    shim.chmod(0o755)
+    return shim_dir
