@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bench.triton_load import model_stats, stats_delta
+from bench.triton_load import model_stats, repository_with_instances, stats_delta
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "tests"))  # the tests' clips and text normalisation, so WERs match theirs
@@ -190,13 +190,16 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(log_path: Path, environment: dict[str, str]) -> Iterator[Served]:
-    """`whisper-triton serve` with the packaged repository and checkpoint, on free ports."""
+def served(log_path: Path, environment: dict[str, str], instances: dict[str, int] | None = None) -> Iterator[Served]:
+    """`whisper-triton serve` with the packaged checkpoint on free ports; the packaged
+    repository, or a copy of it with other instance counts."""
     from clients.api import Protocol, WhisperClient
 
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     command = [sys.executable, "-m", "python_backend_lib.apps.cli", "serve",
                f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]  # fmt: skip
+    if instances:
+        command += ["--model-repository", str(repository_with_instances(instances, log_path.parent / "cpu-repository"))]
     say(f"served: starting {' '.join(command[2:])} (log: {log_path})")
     started = time.perf_counter()
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -366,8 +369,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-library", action="store_true", help="skip the in-process library")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for the server (e.g. to try thread settings)")  # fmt: skip
+    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT",
+                        help="serve a copy of the repository with this many instances of a model")  # fmt: skip
     args = parser.parse_args(argv)
 
+    environment = dict(item.split("=", 1) for item in args.server_env)
+    instances = {model: int(count) for model, count in (item.split("=", 1) for item in args.instances)}
+    changes = args.server_env + [f"{model} x{count}" for model, count in instances.items()]
     references = {clip.file: clip for clip in clips()}
     recordings = [Recording(clip, clip.read()) for clip in references.values()]
     audio = sum(c.duration for c in references.values())
@@ -378,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
         "decoding": {"served and library": "greedy, timestamps, temperature fallback 0.0-1.0 by 0.2 (openai-whisper's)",
                      "faster-whisper": f"{FW_OPTIONS} and faster-whisper's defaults otherwise",
                      "faster-whisper batched": "as faster-whisper, its pipeline's defaults: VAD on, no fallback"},
-        "server_environment": args.server_env,
+        "server_changes": changes,
     }  # fmt: skip
     results = Results(args.out / "cpu.json", references, header)
     say(f"{len(recordings)} clips, {audio:.1f} s of audio per round; {machine()}; load {load_average()}")
@@ -393,10 +401,9 @@ def main(argv: list[str] | None = None) -> None:
         transcribe, close = library_transcriber(None)
         systems.append(("library", f"Pipeline.transcribe, {args.concurrency} threads", transcribe))
         closers.append(close)
-    environment = dict(item.split("=", 1) for item in args.server_env)
     try:
-        with served(args.out / "cpu-serve.log", environment) as server:
-            served_setting = "whisper-triton serve as shipped, gRPC" + (f", {args.server_env}" if args.server_env else "")
+        with served(args.out / "cpu-serve.log", environment, instances) as server:
+            served_setting = "whisper-triton serve, gRPC, " + (", ".join(changes) if changes else "as shipped")
             systems.insert(0, ("served", served_setting, server.transcriber()))
             for _, _, transcribe in systems:  # warm-up: connections, first allocations
                 run_load(transcribe, recordings[:4], 1, args.concurrency)

@@ -118,8 +118,8 @@ def render(data: dict) -> str:
         "CPU is the CPU time of every process that did the work (for served: the client and all of the server's).",
         "",
     ]
-    if data.get("server_environment"):
-        out += [f"Server environment: {data['server_environment']}.", ""]
+    if data.get("server_changes"):
+        out += [f"Served with these changes to the shipped settings: {', '.join(data['server_changes'])}.", ""]
     outcome = ratio(found)
     if outcome:
         value, served, best = outcome
