@@ -55,15 +55,12 @@ FW_DEFAULT_BATCH = 8
 SERVED_MODELS = ("preprocessing", "whisper", "postprocessing")
 
 
-class Progress:
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-
-    def __call__(self, message: str) -> None:
-        print(f"[{time.perf_counter() - self.start:7.1f} s] {message}", flush=True)
+_STARTED = time.perf_counter()
 
 
-say = Progress()
+def say(message: str) -> None:
+    """Progress on stdout, stamped with the seconds since the run started."""
+    print(f"[{time.perf_counter() - _STARTED:7.1f} s] {message}", flush=True)
 
 
 @dataclass(frozen=True)

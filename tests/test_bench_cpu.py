@@ -1,0 +1,46 @@
+"""bench.cpu's arithmetic: word errors over the clips, the served / faster-whisper ratio and its report."""
+
+from __future__ import annotations
+
+from reference import Clip
+
+from bench.cpu import Measurement, corpus_errors
+from bench.cpu_report import ratio, render, summaries
+
+REFERENCES = {
+    "a.wav": Clip("a.wav", 2.0, "ten of clubs"),
+    "b.wav": Clip("b.wav", 3.0, "go forward ten meters"),
+}
+
+
+def test_word_errors_are_summed_over_clips_after_normalisation():
+    # "10" is spelled out and punctuation dropped before comparing; b has one substitution.
+    texts = {"a.wav": "10 of clubs.", "b.wav": "Go forward two meters"}
+    assert corpus_errors(texts, REFERENCES) == (1, 7)
+
+
+def _record(system: str, repeat: int, wall_s: float) -> dict:
+    measurement = Measurement(
+        system=system, setting=f"{system} setting", repeat=repeat, audio_s=100.0, wall_s=wall_s, cpu_s=wall_s * 1.5,
+        load_before=0.5, load_after=0.7, texts={"a.wav": "ten of clubs", "b.wav": "go forward ten meters"},
+    )  # fmt: skip
+    return measurement.record(REFERENCES)
+
+
+def test_the_ratio_is_served_median_over_the_best_faster_whisper_median():
+    records = [
+        *(_record("served", i, wall) for i, wall in enumerate((10.0, 20.0, 12.5))),  # RTFx 10, 5, 8: median 8
+        *(_record("faster-whisper", i, wall) for i, wall in enumerate((5.0, 6.25, 8.0))),  # 20, 16, 12.5: median 16
+        *(_record("faster-whisper batched", i, wall) for i, wall in enumerate((10.0, 10.0, 10.0))),  # 10
+    ]
+    value, served, best = ratio(summaries(records))
+    assert (served.median_rtfx, best.system, best.median_rtfx) == (8.0, "faster-whisper", 16.0)
+    assert value == 0.5
+    report = render({
+        "date": "2026-01-01 00:00", "commit": "0123456789abcdef", "dirty": False, "command": "python -m bench.cpu",
+        "machine": {"cpu": "test CPU", "cores": 2}, "clips": [{"file": "a.wav"}, {"file": "b.wav"}],
+        "audio_s_per_round": 50.0, "rounds": 2, "repeats": 3, "decoding": {"served": "greedy"},
+        "measurements": records, "tuning": [],
+    })  # fmt: skip
+    assert "Served / faster-whisper best (faster-whisper, faster-whisper setting): 0.50" in report
+    assert "the same words on 2 of 2 clips" in report
