@@ -34,7 +34,8 @@ import torch
 
 from bench.workloads import Workload, librispeech_like, long_clips, noise
 from python_backend_lib.audio.features import window_features
-from python_backend_lib.checkpoints.weights import hf_config_json, hf_generation_json, load_checkpoint
+from python_backend_lib.checkpoints.hf_folder import hf_config_json, hf_generation_json
+from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape

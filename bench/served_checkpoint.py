@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from python_backend_lib.checkpoints.weights import load_checkpoint, write_hf_checkpoint
+from python_backend_lib.checkpoints.hf_folder import write_hf_folder
+from python_backend_lib.checkpoints.weights import load_checkpoint
 
 
 def write_served_checkpoint(source: str, directory: Path) -> Path:
@@ -21,7 +22,7 @@ def write_served_checkpoint(source: str, directory: Path) -> Path:
     from tokenizers.pre_tokenizers import WhitespaceSplit
 
     checkpoint = load_checkpoint(source)
-    write_hf_checkpoint(checkpoint, directory)
+    write_hf_folder(checkpoint.config, checkpoint.state_dict, directory)
     n_vocab = checkpoint.config.dims.n_vocab
     tokenizer = Tokenizer(WordLevel({f"<{i}>": i for i in range(n_vocab)}, unk_token="<0>"))
     tokenizer.pre_tokenizer = WhitespaceSplit()

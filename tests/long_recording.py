@@ -21,7 +21,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).parent))  # run as a script too
 
-from reference import Clip, clips, normalize, word_error_rate  # noqa: E402
+from reference import Clip, clips, normalize, word_error_rate
 
 SAMPLE_RATE = 16_000
 GAP_S = 2.5
@@ -211,8 +211,7 @@ def measure(repeats: int = 2) -> None:
     """Wall time and word error rate of each long-form mode on this machine: the
     library, one recording at a time, the best time of `repeats`."""
     from python_backend_lib.audio.decode import decode_audio
-    from python_backend_lib.core.options import DecodingOptions
-    from python_backend_lib.transcription.longform import LongFormMode, TranscribeOptions
+    from python_backend_lib.core.options import DecodingOptions, LongFormMode, TranscribeOptions
     from python_backend_lib.transcription.pipeline import Pipeline
 
     recording = build()

@@ -84,7 +84,7 @@ def hf_model_from_state(config, state: dict[str, torch.Tensor]):
     """transformers' Whisper with exactly our weights (for random checkpoints)."""
     from transformers import WhisperConfig, WhisperForConditionalGeneration
 
-    from python_backend_lib.checkpoints.weights import hf_config_json
+    from python_backend_lib.checkpoints.hf_folder import hf_config_json
 
     hf_config = WhisperConfig(**hf_config_json(config.dims, config.special))
     with torch.device("meta"):

@@ -10,7 +10,7 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints import weights
 from python_backend_lib.core import geometry
-from python_backend_lib.core.options import DecodingOptions, Task
+from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
 from python_backend_lib.core.segments import Word
 from python_backend_lib.transcription.alignment import (
     Aligner,
@@ -19,7 +19,6 @@ from python_backend_lib.transcription.alignment import (
     shorten_words_after_pauses,
     split_words,
 )
-from python_backend_lib.transcription.longform import TranscribeOptions
 from python_backend_lib.transcription.pipeline import Pipeline
 
 whisper_timing = pytest.importorskip("whisper.timing")

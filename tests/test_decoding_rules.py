@@ -11,10 +11,11 @@ import torch
 from python_backend_lib.checkpoints.weights import load_config
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
+from python_backend_lib.core.segments import Segment
 from python_backend_lib.engine.prompt import Prompt, initial_tokens
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts
-from python_backend_lib.text.tokenizer import Segment, load_tokenizer
+from python_backend_lib.text.tokenizer import load_tokenizer
 
 ENGLISH = load_config("default")
 MULTILINGUAL = load_config("random:tiny")

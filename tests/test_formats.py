@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from python_backend_lib.core.languages import LANGUAGE_NAMES, language_code, language_name
+from python_backend_lib.core.languages import LANGUAGE_CODES, LANGUAGE_NAMES, language_code, language_name
 from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
 from python_backend_lib.core.segments import Segment, Word
 from python_backend_lib.text import formats
@@ -178,10 +178,14 @@ def test_document_from_a_transcript_keeps_the_request_facts():
 
 
 def test_every_whisper_language_has_an_english_name():
-    from python_backend_lib.checkpoints.weights import LANGUAGES
+    """One table, against openai-whisper's own: the same codes in token order,
+    the same names but for two that follow ISO 639 (see core/languages.py)."""
+    from whisper.tokenizer import LANGUAGES as OPENAI_WHISPER
 
-    assert set(LANGUAGE_NAMES) == set(LANGUAGES)
-    assert len(set(LANGUAGE_NAMES.values())) == len(LANGUAGES)
+    assert LANGUAGE_CODES == tuple(LANGUAGE_NAMES) == tuple(OPENAI_WHISPER)
+    differ = {code: (name, OPENAI_WHISPER[code]) for code, name in LANGUAGE_NAMES.items() if name != OPENAI_WHISPER[code]}
+    assert differ == {"my": ("burmese", "myanmar"), "nn": ("norwegian nynorsk", "nynorsk")}
+    assert len(set(LANGUAGE_NAMES.values())) == len(LANGUAGE_CODES)
     assert (language_name("en"), language_code("german"), language_name("yue")) == ("english", "de", "cantonese")
     with pytest.raises(ValueError, match="unknown language code"):
         language_name("xx")

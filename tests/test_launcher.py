@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,6 +17,7 @@ from conftest import AUDIO_DIR, free_port, whisper_triton_command
 
 from python_backend_lib.apps import preflight, server, triton_environment, triton_output
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
+from python_backend_lib.core.cache import CACHE_ENV
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
 
 
@@ -32,6 +34,14 @@ def test_triton_and_a_python_backend_for_this_interpreter_are_found(tmp_path):
         assert (backend / name).is_file(), name
     again = server.find_triton(cache_dir=tmp_path)  # reused, not rebuilt
     assert again == installation
+
+
+def test_the_backend_is_assembled_under_the_one_cache_root(tmp_path, monkeypatch):
+    """The launcher and the checkpoint conversion share `core.cache.cache_root`."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    installation = server.find_triton()
+    if shutil.which("tritonserver") is None:  # the wheel's backend is assembled in the cache
+        assert installation.backend_directory.parent == tmp_path
 
 
 def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):

@@ -11,12 +11,10 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core import geometry
-from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, TranscribeOptions
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.tokenizer import load_tokenizer
 from python_backend_lib.transcription.longform import (
-    LongFormMode,
-    TranscribeOptions,
     compression_ratio,
     is_silent,
     needs_fallback,

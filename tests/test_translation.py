@@ -12,7 +12,8 @@ from reference import DATA, hf_model
 
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import features_for, window_features
-from python_backend_lib.checkpoints.weights import load_checkpoint, load_config, write_hf_checkpoint
+from python_backend_lib.checkpoints.hf_folder import write_hf_folder
+from python_backend_lib.checkpoints.weights import load_checkpoint, load_config
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, Task, TranscribeOptions
 from python_backend_lib.engine.loading import EngineSetup
@@ -37,7 +38,8 @@ def pipe():
 @pytest.fixture(scope="module")
 def hf(tmp_path_factory):
     folder = tmp_path_factory.mktemp("random-tiny")
-    write_hf_checkpoint(load_checkpoint(SOURCE), folder)
+    checkpoint = load_checkpoint(SOURCE)
+    write_hf_folder(checkpoint.config, checkpoint.state_dict, folder)
     return hf_model(folder)
 
 

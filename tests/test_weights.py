@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -11,18 +12,22 @@ from reference import DATA, hf_model
 
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
-from python_backend_lib.checkpoints import weights
+from python_backend_lib.checkpoints import ctranslate2_folder, hf_folder, random_weights, weights
+from python_backend_lib.checkpoints.packaged import packaged_model_directory
 from python_backend_lib.core import geometry
+from python_backend_lib.core.cache import CACHE_ENV, cache_root
+from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.model_facts import SpecialTokens
 from python_backend_lib.engine.attention import SdpaAttention
 from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
 from python_backend_lib.engine.model import Whisper
 
-PACKAGED = weights.packaged_model_directory()
+PACKAGED = packaged_model_directory()
 
 
 @pytest.fixture(scope="module")
 def variables():
-    return weights.read_ctranslate2(PACKAGED / "model.bin")
+    return ctranslate2_folder.read_ctranslate2(PACKAGED / "model.bin")
 
 
 def test_packaged_file_facts(variables):
@@ -59,22 +64,38 @@ def test_special_tokens_agree_with_tokenizer_json():
     [(51865, 50257, 50364, 50358, 99), (51866, 50257, 50365, 50359, 100)],
 )
 def test_multilingual_token_layouts(n_vocab, eot, timestamp_begin, translate, languages):
-    special = weights.SpecialTokens.for_vocab(n_vocab, multilingual=True)
+    special = SpecialTokens.for_vocab(n_vocab, multilingual=True)
     assert (special.eot, special.timestamp_begin, special.translate) == (eot, timestamp_begin, translate)
     assert len(special.language_codes) == languages
     assert special.language_token("en") == 50259 and special.language_token("de") == 50261
+    assert special.language_codes[-1] == ("yue" if languages == 100 else "su")
+    with pytest.raises(RequestError, match="unknown language code 'xx'"):  # a request's language
+        special.language_token("xx")
 
 
 def test_conversion_is_cached_and_loads_in_transformers():
-    first = weights.convert_ctranslate2(PACKAGED)
+    first = ctranslate2_folder.convert_ctranslate2(PACKAGED)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert weights.convert_ctranslate2(PACKAGED) == first
+    assert ctranslate2_folder.convert_ctranslate2(PACKAGED) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     ours = weights.load_checkpoint("default").state_dict
     theirs = hf_model(first).state_dict()
     for name, tensor in ours.items():
         assert torch.equal(theirs[f"model.{name}"], tensor), name
     assert torch.equal(theirs["proj_out.weight"], ours["decoder.embed_tokens.weight"])
+
+
+def test_the_cache_root_is_the_variable_unless_it_is_empty(tmp_path):
+    default = Path.home() / ".cache" / "whisper-triton"
+    assert cache_root({}) == default
+    assert cache_root({CACHE_ENV: ""}) == default  # empty is unset, not the working folder
+    assert cache_root({CACHE_ENV: str(tmp_path)}) == tmp_path
+
+
+def test_conversions_are_cached_under_the_cache_root(tmp_path, monkeypatch):
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    converted = ctranslate2_folder.convert_ctranslate2(PACKAGED)
+    assert converted.parent == tmp_path / "checkpoints" and (converted / "model.safetensors").is_file()
 
 
 def test_encoder_matches_ctranslate2():
@@ -92,14 +113,16 @@ def test_encoder_matches_ctranslate2():
     np.testing.assert_allclose(ours, expected, atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("size", sorted(weights.RANDOM_SIZES))
+@pytest.mark.parametrize("size", sorted(random_weights.RANDOM_SIZES))
 def test_random_configs_have_real_shapes(size):
-    width, heads, encoder_layers, decoder_layers, n_mels, n_vocab = weights.RANDOM_SIZES[size]
+    shapes = random_weights.RANDOM_SIZES[size]
     dims = weights.load_config(f"random:{size}").dims
     assert (dims.n_audio_state, dims.n_text_head, dims.n_audio_layer, dims.n_text_layer) == (
-        width, heads, encoder_layers, decoder_layers,
+        shapes.width, shapes.heads, shapes.encoder_layers, shapes.decoder_layers,
     )
-    assert (dims.n_mels, dims.n_vocab, dims.head_dim, dims.n_audio_ctx) == (n_mels, n_vocab, 64, geometry.N_AUDIO_CTX)
+    assert (dims.n_mels, dims.n_vocab, dims.head_dim, dims.n_audio_ctx) == (
+        shapes.n_mels, shapes.n_vocab, 64, geometry.N_AUDIO_CTX,
+    )
 
 
 def test_random_weights_are_seeded():
@@ -112,7 +135,7 @@ def test_random_weights_are_seeded():
 
 def test_hf_checkpoint_round_trip(tmp_path):
     checkpoint = weights.load_checkpoint("random:tiny:4")
-    weights.write_hf_checkpoint(checkpoint, tmp_path)
+    hf_folder.write_hf_folder(checkpoint.config, checkpoint.state_dict, tmp_path)
     loaded = weights.load_checkpoint(str(tmp_path))
     assert loaded.config.dims == checkpoint.config.dims
     assert loaded.config.special == checkpoint.config.special

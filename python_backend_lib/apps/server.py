@@ -31,6 +31,7 @@ from typing import IO
 
 from python_backend_lib.apps import preflight, triton_environment, triton_output
 from python_backend_lib.apps.triton_output import Activity
+from python_backend_lib.core.cache import cache_root
 
 # python_backend_lib/, two folders up from this file (apps/server.py).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -116,7 +117,7 @@ def find_triton(cache_dir: Path | None = None) -> TritonInstallation:
         ) from None
     triton_root = Path(pytriton.__file__).resolve().parent / "tritonserver"
     libraries = triton_root.parent.parent / "nvidia_pytriton.libs"
-    backends = _assemble_backends(triton_root, cache_dir or triton_environment.cache_dir())
+    backends = _assemble_backends(triton_root, cache_dir or cache_root())
     return TritonInstallation(
         binary=triton_root / "bin" / "tritonserver", backend_directory=backends, library_path=(libraries,)
     )

@@ -13,18 +13,11 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from python_backend_lib.core.cache import cache_root
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
 
 if TYPE_CHECKING:
     from python_backend_lib.apps.server import ServerSettings, TritonInstallation
-
-# Same cache as the checkpoints (`weights.cache_root`), without importing torch here.
-CACHE_ENV = "WHISPER_TRITON_CACHE"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "whisper-triton")
-
 
 def server_environment(installation: TritonInstallation, settings: ServerSettings) -> dict[str, str]:
     """tritonserver's environment: this Python first on PATH, the wheel's libraries, the
@@ -50,7 +43,7 @@ def _python3_directory() -> Path:
     python3 = directory / "python3"
     if python3.exists() and python3.samefile(sys.executable):
         return directory
-    shim_dir = cache_dir() / f"python-{hashlib.sha1(sys.executable.encode()).hexdigest()[:12]}"
+    shim_dir = cache_root() / f"python-{hashlib.sha1(sys.executable.encode()).hexdigest()[:12]}"
     shim_dir.mkdir(parents=True, exist_ok=True)
     shim = shim_dir / "python3"
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')

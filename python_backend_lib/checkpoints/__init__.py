@@ -1,2 +1,3 @@
-"""Checkpoint sources (packaged, Hugging Face folder, CTranslate2 folder, random) to a
-`ModelConfig` and a state dict with Hugging Face parameter names."""
+"""Checkpoint sources to a `ModelConfig` and a state dict with Hugging Face parameter
+names: `weights` chooses among the formats, one module each (`packaged`,
+`hf_folder`, `ctranslate2_folder`, `random_weights`)."""

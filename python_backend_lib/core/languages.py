@@ -1,35 +1,37 @@
-"""Whisper's language codes and their English names.
+"""Whisper's languages: their codes in token order, and their English names.
 
-The codes are those of `weights.LANGUAGES` (ISO 639-1, plus "haw" and "yue",
-and Whisper's "jw" for Javanese). OpenAI's verbose_json reports a language by
-its lower-case English name ("english"); requests name it by code ("en").
+One table: the i-th code's token follows <|startoftranscript|> + 1 + i
+(`model_facts.SpecialTokens`), and OpenAI's verbose_json reports a language by
+its lower-case English name ("english"), where requests name it by code ("en").
+The codes are ISO 639-1, plus "haw" and "yue", and Whisper's "jw" for Javanese.
+The names are openai-whisper's, except two that follow ISO 639's English names:
+"burmese" (openai-whisper: "myanmar") and "norwegian nynorsk" ("nynorsk").
 """
 
 from __future__ import annotations
 
+# Code -> name, in Whisper's token order (large-v3 added "yue", the 100th).
 LANGUAGE_NAMES: dict[str, str] = {
-    "af": "afrikaans", "am": "amharic", "ar": "arabic", "as": "assamese", "az": "azerbaijani",
-    "ba": "bashkir", "be": "belarusian", "bg": "bulgarian", "bn": "bengali", "bo": "tibetan",
-    "br": "breton", "bs": "bosnian", "ca": "catalan", "cs": "czech", "cy": "welsh",
-    "da": "danish", "de": "german", "el": "greek", "en": "english", "es": "spanish",
-    "et": "estonian", "eu": "basque", "fa": "persian", "fi": "finnish", "fo": "faroese",
-    "fr": "french", "gl": "galician", "gu": "gujarati", "ha": "hausa", "haw": "hawaiian",
-    "he": "hebrew", "hi": "hindi", "hr": "croatian", "ht": "haitian creole", "hu": "hungarian",
-    "hy": "armenian", "id": "indonesian", "is": "icelandic", "it": "italian", "ja": "japanese",
-    "jw": "javanese", "ka": "georgian", "kk": "kazakh", "km": "khmer", "kn": "kannada",
-    "ko": "korean", "la": "latin", "lb": "luxembourgish", "ln": "lingala", "lo": "lao",
-    "lt": "lithuanian", "lv": "latvian", "mg": "malagasy", "mi": "maori", "mk": "macedonian",
-    "ml": "malayalam", "mn": "mongolian", "mr": "marathi", "ms": "malay", "mt": "maltese",
-    "my": "burmese", "ne": "nepali", "nl": "dutch", "nn": "norwegian nynorsk", "no": "norwegian",
-    "oc": "occitan", "pa": "punjabi", "pl": "polish", "ps": "pashto", "pt": "portuguese",
-    "ro": "romanian", "ru": "russian", "sa": "sanskrit", "sd": "sindhi", "si": "sinhala",
-    "sk": "slovak", "sl": "slovenian", "sn": "shona", "so": "somali", "sq": "albanian",
-    "sr": "serbian", "su": "sundanese", "sv": "swedish", "sw": "swahili", "ta": "tamil",
-    "te": "telugu", "tg": "tajik", "th": "thai", "tk": "turkmen", "tl": "tagalog",
-    "tr": "turkish", "tt": "tatar", "uk": "ukrainian", "ur": "urdu", "uz": "uzbek",
-    "vi": "vietnamese", "yi": "yiddish", "yo": "yoruba", "yue": "cantonese", "zh": "chinese",
+    "en": "english", "zh": "chinese", "de": "german", "es": "spanish", "ru": "russian", "ko": "korean",
+    "fr": "french", "ja": "japanese", "pt": "portuguese", "tr": "turkish", "pl": "polish", "ca": "catalan",
+    "nl": "dutch", "ar": "arabic", "sv": "swedish", "it": "italian", "id": "indonesian", "hi": "hindi",
+    "fi": "finnish", "vi": "vietnamese", "he": "hebrew", "uk": "ukrainian", "el": "greek", "ms": "malay",
+    "cs": "czech", "ro": "romanian", "da": "danish", "hu": "hungarian", "ta": "tamil", "no": "norwegian",
+    "th": "thai", "ur": "urdu", "hr": "croatian", "bg": "bulgarian", "lt": "lithuanian", "la": "latin",
+    "mi": "maori", "ml": "malayalam", "cy": "welsh", "sk": "slovak", "te": "telugu", "fa": "persian",
+    "lv": "latvian", "bn": "bengali", "sr": "serbian", "az": "azerbaijani", "sl": "slovenian", "kn": "kannada",
+    "et": "estonian", "mk": "macedonian", "br": "breton", "eu": "basque", "is": "icelandic", "hy": "armenian",
+    "ne": "nepali", "mn": "mongolian", "bs": "bosnian", "kk": "kazakh", "sq": "albanian", "sw": "swahili",
+    "gl": "galician", "mr": "marathi", "pa": "punjabi", "si": "sinhala", "km": "khmer", "sn": "shona",
+    "yo": "yoruba", "so": "somali", "af": "afrikaans", "oc": "occitan", "ka": "georgian", "be": "belarusian",
+    "tg": "tajik", "sd": "sindhi", "gu": "gujarati", "am": "amharic", "yi": "yiddish", "lo": "lao", "uz": "uzbek",
+    "fo": "faroese", "ht": "haitian creole", "ps": "pashto", "tk": "turkmen", "nn": "norwegian nynorsk",
+    "mt": "maltese", "sa": "sanskrit", "lb": "luxembourgish", "my": "burmese", "bo": "tibetan", "tl": "tagalog",
+    "mg": "malagasy", "as": "assamese", "tt": "tatar", "haw": "hawaiian", "ln": "lingala", "ha": "hausa",
+    "ba": "bashkir", "jw": "javanese", "su": "sundanese", "yue": "cantonese",
 }
-_CODES = {name: code for code, name in LANGUAGE_NAMES.items()}
+LANGUAGE_CODES: tuple[str, ...] = tuple(LANGUAGE_NAMES)
+_CODES_BY_NAME = {name: code for code, name in LANGUAGE_NAMES.items()}
 
 
 def language_name(code: str) -> str:
@@ -43,6 +45,7 @@ def language_name(code: str) -> str:
 def language_code(name: str) -> str:
     """"english" -> "en" (the inverse of `language_name`)."""
     try:
-        return _CODES[name]
+        return _CODES_BY_NAME[name]
     except KeyError:
         raise ValueError(f"unknown language name {name!r}") from None
+

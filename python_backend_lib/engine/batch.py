@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import torch
 
 from python_backend_lib.audio.features import SILENCE_LOG_MEL
-from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 from python_backend_lib.engine.kv_cache import KVSlotPool

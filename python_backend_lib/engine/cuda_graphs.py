@@ -49,7 +49,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from python_backend_lib.checkpoints.weights import ModelConfig
+from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
 from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT
 from python_backend_lib.engine.model import Whisper

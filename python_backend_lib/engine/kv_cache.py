@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from python_backend_lib.checkpoints.weights import ModelDims
+from python_backend_lib.core.model_facts import ModelDims
 
 SCRATCH_SLOT = 0
 PAGE_SIZE = 16

@@ -12,7 +12,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from python_backend_lib.checkpoints.weights import Checkpoint, ModelDims
+from python_backend_lib.checkpoints.weights import Checkpoint
+from python_backend_lib.core.model_facts import ModelDims
 from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 
 

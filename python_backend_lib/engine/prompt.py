@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
 
 if TYPE_CHECKING:

@@ -13,7 +13,7 @@ from typing import NamedTuple
 
 import torch
 
-from python_backend_lib.checkpoints.weights import ModelConfig
+from python_backend_lib.core.model_facts import ModelConfig
 
 NEG_INF = float("-inf")
 

@@ -32,8 +32,8 @@ from typing import Callable
 
 import torch
 
-from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
 from python_backend_lib.engine.prompt import initial_tokens

@@ -2,7 +2,7 @@
 
 Text comes from the checkpoint's `tokenizer.json` through the `tokenizers`
 library. Control and timestamp tokens are never looked up by string: their ids
-come from `weights.SpecialTokens` (the packaged tokenizer.json stops at
+come from `core.model_facts.SpecialTokens` (the packaged tokenizer.json stops at
 <|notimestamps|>, so a string lookup would not find a single timestamp).
 """
 
@@ -11,14 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from python_backend_lib.checkpoints.weights import (
-    DEFAULT_SOURCE,
-    TIME_PRECISION_S,
-    ModelConfig,
-    SpecialTokens,
-    load_config,
-)
-from python_backend_lib.core.segments import Segment, Word  # noqa: F401  (importable from here too)
+from python_backend_lib.checkpoints.weights import DEFAULT_SOURCE, load_config
+from python_backend_lib.core.geometry import SECONDS_PER_POSITION
+from python_backend_lib.core.model_facts import ModelConfig, SpecialTokens
+from python_backend_lib.core.segments import Segment
 
 
 class Tokenizer:
@@ -36,7 +32,7 @@ class Tokenizer:
         return self._tokenizer.decode([t for t in tokens if t < self.special.eot])
 
     def timestamp_seconds(self, token: int) -> float:
-        return round((token - self.special.timestamp_begin) * TIME_PRECISION_S, 2)
+        return round((token - self.special.timestamp_begin) * SECONDS_PER_POSITION, 2)
 
     def segments(self, tokens: Sequence[int], duration: float, offset: float = 0.0) -> tuple[Segment, ...]:
         """Split generated tokens into segments at timestamp tokens.

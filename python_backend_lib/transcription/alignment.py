@@ -20,12 +20,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core import geometry
+from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import Task
+from python_backend_lib.core.segments import Segment, Word
 from python_backend_lib.engine.attention import StepLayout
 from python_backend_lib.engine.model import Whisper
-from python_backend_lib.text.tokenizer import Segment, Tokenizer, Word
+from python_backend_lib.text.tokenizer import Tokenizer
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
 # DTW lets the first word after a pause begin anywhere in the silence before it.
@@ -246,7 +247,13 @@ def timed_words(
     grouped = split_words(tokenizer, text_tokens)
     bounds = np.cumsum([0] + [len(tokens) for _, tokens in grouped])
     rows = [
-        [text, float(starts[bounds[k]]), float(starts[bounds[k + 1]]), float(np.mean(probabilities[bounds[k] : bounds[k + 1]])), len(tokens)]
+        [
+            text,
+            float(starts[bounds[k]]),
+            float(starts[bounds[k + 1]]),
+            float(np.mean(probabilities[bounds[k] : bounds[k + 1]])),
+            len(tokens),
+        ]
         for k, (text, tokens) in enumerate(grouped)
     ]
     return [

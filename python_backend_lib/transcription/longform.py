@@ -30,21 +30,12 @@ from typing import Callable
 import torch
 
 from python_backend_lib.audio.features import content_frames, pad_or_trim
-from python_backend_lib.checkpoints.weights import ModelConfig
 from python_backend_lib.core import geometry
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import (  # noqa: F401  (the options are importable from here too)
-    DEFAULT_COMPRESSION_RATIO_THRESHOLD,
-    DEFAULT_LOGPROB_THRESHOLD,
-    DEFAULT_NO_SPEECH_THRESHOLD,
-    DEFAULT_TEMPERATURE_INCREMENT,
-    MAX_TEMPERATURE,
-    DecodingOptions,
-    DecodingResult,
-    LongFormMode,
-    TranscribeOptions,
-)
-from python_backend_lib.text.tokenizer import Segment, Tokenizer
+from python_backend_lib.core.model_facts import ModelConfig
+from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, TranscribeOptions
+from python_backend_lib.core.segments import Segment
+from python_backend_lib.text.tokenizer import Tokenizer
 
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5

@@ -19,10 +19,11 @@ import torch
 
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import features_for_many, window_features
-from python_backend_lib.checkpoints.weights import DEFAULT_SOURCE, ModelConfig, load_checkpoint
+from python_backend_lib.checkpoints.weights import DEFAULT_SOURCE, load_checkpoint
 from python_backend_lib.core import geometry
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.core.model_facts import ModelConfig
+from python_backend_lib.core.options import DecodingOptions, DecodingResult, TranscribeOptions
 from python_backend_lib.engine.loading import (
     AttentionBackendName,
     EngineSetup,
@@ -35,7 +36,7 @@ from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.scheduler import Engine, EngineOptions
 from python_backend_lib.text.tokenizer import Tokenizer, load_tokenizer
 from python_backend_lib.transcription.alignment import Aligner
-from python_backend_lib.transcription.longform import LongFormJob, TranscribeOptions, Transcript
+from python_backend_lib.transcription.longform import LongFormJob, Transcript
 
 log = logging.getLogger(__name__)
 
