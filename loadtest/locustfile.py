@@ -65,17 +65,17 @@ class TritonError(Exception):
 def add_arguments(parser) -> None:
     group = parser.add_argument_group("whisper-triton")
     group.add_argument("--triton-http", env_var="LOCUST_TRITON_HTTP", default=DEFAULT_HTTP_URL,
-                       help="Triton's HTTP address, host:port")  # fmt: skip
+                       help="Triton's HTTP address, host:port")
     group.add_argument("--triton-grpc", env_var="LOCUST_TRITON_GRPC", default=DEFAULT_GRPC_URL,
-                       help="Triton's gRPC address, host:port")  # fmt: skip
+                       help="Triton's gRPC address, host:port")
     group.add_argument("--audio-dir", env_var="LOCUST_AUDIO_DIR", default=str(DEFAULT_AUDIO_DIR),
-                       help="folder with the clips and their manifest.tsv")  # fmt: skip
+                       help="folder with the clips and their manifest.tsv")
     group.add_argument("--max-clip-seconds", env_var="LOCUST_MAX_CLIP_SECONDS", type=float,
-                       default=DEFAULT_MAX_CLIP_S, help="leave out longer clips")  # fmt: skip
+                       default=DEFAULT_MAX_CLIP_S, help="leave out longer clips")
     group.add_argument("--request-timeout", env_var="LOCUST_REQUEST_TIMEOUT", type=float,
-                       default=DEFAULT_REQUEST_TIMEOUT_S, help="seconds before a request counts as failed")  # fmt: skip
+                       default=DEFAULT_REQUEST_TIMEOUT_S, help="seconds before a request counts as failed")
     group.add_argument("--summary-json", env_var="LOCUST_SUMMARY_JSON", default="",
-                       help="write the final numbers here as JSON when locust quits")  # fmt: skip
+                       help="write the final numbers here as JSON when locust quits")
 
 
 def summarize(stats) -> Summary:

@@ -89,7 +89,7 @@ def locust_command(args: argparse.Namespace) -> list[str]:
         "--request-timeout", str(args.request_timeout),
         "--summary-json", str(summary_path(args)),
         *(USER_CLASSES[p] for p in args.protocols),
-    ]  # fmt: skip
+    ]
 
 
 def run_locust(command: list[str]) -> tuple[int, str]:

@@ -144,7 +144,7 @@ def pip_download(requirement: str, dest: Path, *, python_version: str, platforms
         "--python-version", python_version, "--implementation", "cp",
         *(arg for platform in platforms for arg in ("--platform", platform)),
         "--dest", str(folder), requirement,
-    ]  # fmt: skip
+    ]
     subprocess.run(command, check=True)
     wheels = sorted(folder.glob("*.whl"))
     if len(wheels) != 1:
@@ -274,7 +274,7 @@ def checkout_files(under: str = "") -> list[str]:
     listed = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z", "--", under or "."],
         cwd=REPO_ROOT, check=True, capture_output=True, text=True,
-    ).stdout.split("\0")  # fmt: skip
+    ).stdout.split("\0")
     return sorted(name for name in listed if name and (REPO_ROOT / name).is_file())
 
 

@@ -97,7 +97,7 @@ class _MetricFamily:
     def __init__(self, name, description, kind):
         self.name, self.kind = name, kind
 
-    def Metric(self, labels, buckets=None):  # noqa: N802 (Triton's spelling)
+    def Metric(self, labels, buckets=None):
         assert (buckets is not None) == (self.kind == self.HISTOGRAM)
         metric = _Metric(self, labels, buckets)
         _MetricFamily.created.append(metric)

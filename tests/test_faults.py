@@ -218,7 +218,7 @@ def test_sigterm_answers_the_requests_in_flight(tmp_path):
     log = tmp_path / "serve.log"
     command = whisper_triton_command() + [
         "serve", f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-    ]  # fmt: skip
+    ]
     with log.open("w") as log_file:
         process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
     try:

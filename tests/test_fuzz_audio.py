@@ -95,7 +95,7 @@ def test_random_bytes(data):
 
 @FUZZ
 @given(magic=st.sampled_from([b"RIFF", b"RIFF\x24\x00\x00\x00WAVEfmt ", b"fLaC", b"OggS", b"ID3", b"\xff\xfb", b"FORM"]),
-       tail=st.binary(max_size=2048))  # fmt: skip
+       tail=st.binary(max_size=2048))
 def test_random_bytes_behind_a_format_signature(magic, tail):
     _check(decode_audio, magic + tail, max_seconds=MAX_SECONDS)
 

@@ -120,7 +120,7 @@ def flood(server: RunningServer, rate: float, seconds: float) -> tuple[int, list
         client.async_infer(
             tensor_names.ENSEMBLE_NAME, inputs, callback=lambda result, error, s=started: answered(s, result, error),
             client_timeout=REQUEST_TIMEOUT_S,
-        )  # fmt: skip
+        )
     with lock:
         stop_sending.set()
         if len(outcomes) == sent:

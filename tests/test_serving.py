@@ -206,7 +206,7 @@ def test_model_settings_parse_the_operating_limits():
     ("key", "value"),
     [("kv_slots", "0"), ("kv_slots", "1.5"), ("kv_memory_fraction", "1.2"), ("max_audio_seconds", "ten"),
      ("max_queued_requests", "-1")],
-)  # fmt: skip
+)
 def test_model_settings_refuse_a_bad_limit_naming_it(key, value):
     config = triton_config(parameters={key: {"string_value": value}})
     with pytest.raises(ValueError, match=f"config parameter {key!r} must be 'auto' or .* got {value!r}"):

@@ -29,7 +29,10 @@ def build_parser() -> argparse.ArgumentParser:
     from clients import cli as client_cli
 
     parser = argparse.ArgumentParser(
-        prog="whisper-triton", description=__doc__, epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter
+        prog="whisper-triton",
+        description=__doc__,
+        epilog=EXAMPLES,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=client_cli.version())
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")

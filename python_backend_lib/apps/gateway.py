@@ -224,7 +224,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"a `model` value to accept, repeatable (default: {DEFAULT_MODEL_ID}); "
         "name the checkpoint here, e.g. --model-id whisper-1 --model-id tiny.en",
     )
-    parser.add_argument("--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB, help="upload limit (default: %(default)s)")
+    parser.add_argument(
+        "--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB, help="upload limit (default: %(default)s)"
+    )
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="per request to Triton (default: none)")
 
 

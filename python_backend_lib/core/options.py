@@ -167,10 +167,11 @@ class TranscribeOptions:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", choice(LongFormMode, self.mode, "long_form"))
-        if isinstance(self.temperature_increment, bool) or not (
-            isinstance(self.temperature_increment, (int, float)) and 0.0 <= self.temperature_increment <= MAX_TEMPERATURE
+        increment = self.temperature_increment
+        if isinstance(increment, bool) or not (
+            isinstance(increment, (int, float)) and 0.0 <= increment <= MAX_TEMPERATURE
         ):
-            raise RequestError(f"temperature_increment must be from 0 to 1, got {self.temperature_increment!r}")
+            raise RequestError(f"temperature_increment must be from 0 to 1, got {increment!r}")
         _check_threshold("compression_ratio_threshold", self.compression_ratio_threshold, low=0.0)
         _check_threshold("logprob_threshold", self.logprob_threshold)
         _check_threshold("no_speech_threshold", self.no_speech_threshold, low=0.0, high=1.0)

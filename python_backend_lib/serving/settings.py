@@ -94,8 +94,9 @@ class ModelSettings:
                 value = None
             if value is None or not low <= value <= high:
                 bound = "" if high == math.inf else f" and at most {high:g}"
+                kind_name = "an integer" if kind is int else "a number"
                 raise ValueError(
-                    f"model {name!r}: config parameter {key!r} must be {AUTO!r} or a{'n integer' if kind is int else ' number'}"
+                    f"model {name!r}: config parameter {key!r} must be {AUTO!r} or {kind_name}"
                     f" of at least {low:g}{bound}, got {text!r}"
                 )
             return value

@@ -15,12 +15,12 @@ import triton_python_backend_utils as pb_utils
 # Serving from a checkout without `pip install -e .`: the library sits beside the repository.
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from python_backend_lib.serving import tensor_names  # noqa: E402
+from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.inputs import single_row
-from python_backend_lib.serving.parameters import parse_request_parameters  # noqa: E402
+from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import error_response
-from python_backend_lib.serving.settings import ModelSettings  # noqa: E402
-from python_backend_lib.text.formats import Document, segments_to_json  # noqa: E402
+from python_backend_lib.serving.settings import ModelSettings
+from python_backend_lib.text.formats import Document, segments_to_json
 
 
 class TritonPythonModel:
