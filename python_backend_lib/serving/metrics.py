@@ -59,7 +59,9 @@ class Counters:
 
 def read_counters(engine: Any) -> Counters:
     counts, stats = engine.batch.counts, engine.stats
-    return Counters(counts.graph_replays, counts.eager_passes, counts.graph_fallbacks, stats.failed_steps, stats.restarts)
+    return Counters(
+        counts.graph_replays, counts.eager_passes, counts.graph_fallbacks, stats.failed_steps, stats.restarts
+    )
 
 
 def device_label(device: Any) -> str:
