@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from reference import normalize  # noqa: E402
+from reference import normalize
 
 FASTER_WHISPER = ("faster-whisper", "faster-whisper batched")
 
