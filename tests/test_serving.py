@@ -14,6 +14,7 @@ from python_backend_lib.audio.decode import MAX_CHANNELS, AudioError, decode_aud
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
+from python_backend_lib.engine.scheduler import EngineUnavailable
 from python_backend_lib.serving.cancellation import CancellationWatcher
 from python_backend_lib.serving.inputs import check_waveform, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
@@ -70,6 +71,8 @@ def test_failures_are_the_clients_only_when_they_are_request_errors():
     )
     assert describe_failure(AudioError("audio is empty")) == ("audio is empty", Fault.CLIENT)
     assert describe_failure(CancelledError("request cancelled")) == ("cancelled: request cancelled", Fault.CANCELLED)
+    gave_up = describe_failure(EngineUnavailable("the engine is unhealthy and refuses new work: CUDA error"))
+    assert gave_up.fault is Fault.UNAVAILABLE and "retry on another server" in gave_up.message
     failure = describe_failure(RuntimeError("CUDA out of memory"))
     assert failure.message == "internal error: RuntimeError: CUDA out of memory" and failure.fault is Fault.SERVER
     # A ValueError that is not a RequestError is a bug of ours, such as a broken invariant in the KV pool.

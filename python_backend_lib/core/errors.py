@@ -10,3 +10,9 @@ class RequestError(ValueError):
     It subclasses ValueError so that callers of the library that catch bad
     input as ValueError keep working.
     """
+
+
+class ServerUnavailable(RuntimeError):
+    """The server cannot take the request now (it is shutting down, or its engine
+    gave up after failing repeatedly): not the client's mistake, and worth
+    retrying on another server. Answered with UNAVAILABLE (HTTP 503)."""

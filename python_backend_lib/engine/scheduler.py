@@ -32,6 +32,7 @@ from typing import Callable
 
 import torch
 
+from python_backend_lib.core.errors import ServerUnavailable
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
@@ -65,7 +66,7 @@ class EngineOptions:
     admit_wait_s: float = 0.005
 
 
-class EngineUnavailable(RuntimeError):
+class EngineUnavailable(ServerUnavailable):
     """The engine is shut down, or gave up after failing repeatedly; retry on another server."""
 
 

@@ -10,7 +10,7 @@ import traceback
 from concurrent.futures import CancelledError
 from typing import Any, NamedTuple
 
-from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.errors import RequestError, ServerUnavailable
 from python_backend_lib.serving.admission import Overloaded
 
 
@@ -20,6 +20,7 @@ class Fault(enum.Enum):
     CLIENT = "client"  # a RequestError (bad audio, parameters or tensors): INVALID_ARG
     CANCELLED = "cancelled"  # the client went away: CANCELLED
     OVERLOADED = "overloaded"  # too many requests in flight, retry later: UNAVAILABLE
+    UNAVAILABLE = "unavailable"  # out of service (stopping, or an engine gave up), retry elsewhere: UNAVAILABLE
     SERVER = "server"  # ours: INTERNAL, and logged with its traceback
 
 
@@ -42,6 +43,8 @@ def describe_failure(error: BaseException) -> Failure:
         return Failure(f"cancelled: {error}", Fault.CANCELLED)
     if isinstance(error, Overloaded):
         return Failure(str(error), Fault.OVERLOADED)
+    if isinstance(error, ServerUnavailable):
+        return Failure(f"server unavailable: {error}; retry on another server", Fault.UNAVAILABLE)
     return Failure(f"internal error: {type(error).__name__}: {error}", Fault.SERVER)
 
 
@@ -55,6 +58,7 @@ def error_response(pb_utils: Any, error: BaseException) -> Any:
         Fault.CLIENT: pb_utils.TritonError.INVALID_ARG,
         Fault.CANCELLED: pb_utils.TritonError.CANCELLED,
         Fault.OVERLOADED: pb_utils.TritonError.UNAVAILABLE,
+        Fault.UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
         Fault.SERVER: pb_utils.TritonError.INTERNAL,
     }
     if fault is Fault.SERVER:
