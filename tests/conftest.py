@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import shutil
 import signal
 import socket
@@ -11,16 +13,25 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from python_backend_lib.apps.server import packaged_model_repository
+from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
+
 AUDIO_DIR = Path(__file__).parent / "data" / "audio"
 # The session server fails every decoder step holding a request with this prompt
-# (python_backend_lib.serving.FAULT_PROMPT_ENV): tests/test_faults.py shows the
-# failure stays with that request. No other request carries it.
+# (FAULT_PROMPT_ENV): tests/test_faults.py shows the failure stays with that
+# request. No other request carries it.
 FAULT_PROMPT = "fail this request inside the engine"
+# ... and with this one the engine loop itself fails (ENGINE_FAULT_PROMPT_ENV): it
+# fails every window it holds and restarts. A single such request at a time, each
+# followed by good ones, so that the session server never gives up.
+ENGINE_FAULT_PROMPT = "fail the engine loop itself"
+SESSION_FAULTS = {FAULT_PROMPT_ENV: FAULT_PROMPT, ENGINE_FAULT_PROMPT_ENV: ENGINE_FAULT_PROMPT}
 STARTUP_TIMEOUT_S = 600
 SHUTDOWN_TIMEOUT_S = 60
 
@@ -55,30 +66,68 @@ def _log_tail(log: Path, lines: int = 40) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-@pytest.fixture(scope="session")
-def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
-    """`whisper-triton serve` on free ports, as a user would start it; stopped with SIGTERM."""
+@dataclass(frozen=True)
+class LaunchedServer:
+    """A `whisper-triton serve` process of a test's own, and where to reach it."""
+
+    process: subprocess.Popen
+    server: RunningServer
+
+
+@contextlib.contextmanager
+def launch_server(
+    folder: Path, environ: Mapping[str, str] | None = None, arguments: tuple[str, ...] = ()
+) -> Iterator[LaunchedServer]:
+    """`whisper-triton serve` on free ports, as a user would start it, with `environ`
+    added to this process's environment, once it is ready; its log in `folder`.
+    Killed at the end if it still runs (stop it first to check how it stops)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = tmp_path_factory.mktemp("server") / "whisper-triton-serve.log"
+    log = folder / "whisper-triton-serve.log"
     command = whisper_triton_command() + [
-        "serve",
-        f"--http-port={http_port}",
-        f"--grpc-port={grpc_port}",
-        f"--metrics-port={metrics_port}",
+        "serve", f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", *arguments,
     ]
-    env = {**os.environ, "WHISPER_TRITON_FAULT_PROMPT": FAULT_PROMPT}
     with log.open("w") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=env)
+        process = subprocess.Popen(
+            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(environ or {})}
+        )
     try:
         _wait_until_ready(process, http_port, log)
-        yield RunningServer(
-            http_url=f"localhost:{http_port}",
-            grpc_url=f"localhost:{grpc_port}",
-            metrics_url=f"http://localhost:{metrics_port}/metrics",
-            log=log,
+        yield LaunchedServer(
+            process,
+            RunningServer(
+                http_url=f"localhost:{http_port}",
+                grpc_url=f"localhost:{grpc_port}",
+                metrics_url=f"http://localhost:{metrics_port}/metrics",
+                log=log,
+            ),
         )
     finally:
-        _stop(process, "whisper-triton serve", log)
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
+    """`whisper-triton serve` with the fault prompts armed; stopped with SIGTERM, which it must obey."""
+    with launch_server(tmp_path_factory.mktemp("server"), SESSION_FAULTS) as launched:
+        yield launched.server
+        _stop(launched.process, "whisper-triton serve", launched.server.log)
+
+
+def model_repository_with(folder: Path, model: str, **parameters: str) -> Path:
+    """A copy of the packaged model repository in `folder` whose `model` has these
+    config.pbtxt parameters changed (each must be there already)."""
+    repository = folder / "model_repository"
+    shutil.copytree(packaged_model_repository(), repository, ignore=shutil.ignore_patterns("__pycache__"))
+    config = repository / model / "config.pbtxt"
+    text = config.read_text()
+    for key, value in parameters.items():
+        pattern = rf'(key: "{key}"\s*value: \{{ string_value: )"[^"]*"'
+        text, count = re.subn(pattern, rf'\1"{value}"', text)
+        assert count == 1, f"{config}: no parameter {key!r} to change"
+    config.write_text(text)
+    return repository
 
 
 def _wait_until_ready(process: subprocess.Popen, http_port: int, log: Path) -> None:

@@ -1,19 +1,22 @@
-"""Faults through the real server: a request that breaks the engine fails alone, a
-cancelled request frees its slot, SIGTERM finishes the requests in flight, and
-the whisper_* metrics on Triton's metrics port follow what happened.
+"""Faults through the real server: a request that breaks a decoder step fails alone,
+one that breaks the engine loop fails and the engine restarts, an engine that keeps
+failing is refused fast and replaced, a cancelled request frees its slot, SIGTERM
+finishes the requests in flight, and the whisper_* metrics on Triton's metrics
+port follow what happened.
 
-The session server runs with the engine's fault hook armed for one prompt
-(`conftest.FAULT_PROMPT`, via WHISPER_TRITON_FAULT_PROMPT): every decoder step
-holding a request with that prompt raises, as a bug triggered by one request would.
+The session server runs with the engine's fault hooks armed for two prompts
+(`conftest.SESSION_FAULTS`): every decoder step holding a request with
+`FAULT_PROMPT` raises, as a bug triggered by one request would; with
+`ENGINE_FAULT_PROMPT` the engine's handling of that failure raises too.
 """
 
 from __future__ import annotations
 
-import os
+import json
 import re
 import signal
-import subprocess
 import time
+import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,37 +27,62 @@ import tritonclient.grpc
 import tritonclient.http
 from conftest import (
     AUDIO_DIR,
+    ENGINE_FAULT_PROMPT,
     FAULT_PROMPT,
     RunningServer,
     _log_tail,
-    _wait_until_ready,
-    free_port,
-    whisper_triton_command,
+    launch_server,
+    model_repository_with,
 )
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib.apps.server import Activity
+from python_backend_lib.apps.server import DRAIN_QUIET_S, HEALTH_POLL_S, STOP_GRACE_S, Activity
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.core import geometry
+from python_backend_lib.engine.scheduler import MAX_CONSECUTIVE_RESTARTS
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
+from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV
 
 PROTOCOLS = ("http", "grpc")
 TRITON = {"http": tritonclient.http, "grpc": tritonclient.grpc}
 INTERNAL = {"http": "500", "grpc": "StatusCode.INTERNAL"}
+UNAVAILABLE = {"http": "503", "grpc": "StatusCode.UNAVAILABLE"}
 JFK = (AUDIO_DIR / "jfk.wav").read_bytes()
 SONNET = (AUDIO_DIR / "sonnet1_longform.wav").read_bytes()
+CARDS = (AUDIO_DIR / "cards_001.wav").read_bytes()  # 1.1 s: one short window
 METRICS_SETTLE_S = 15.0  # whisper_* metrics are published every second
+# A request not answered by then hangs: the test fails instead of waiting with it.
+REQUEST_TIMEOUT_S = 120.0
+RESTARTS = "whisper_engine_restarts_total"
 
 
 def transcribe(url: str, protocol: str, audio: bytes = JFK, **parameters):
-    """TEXT of the reply, or the InferenceServerException."""
+    """TEXT of the reply, or the InferenceServerException (a hang is one too, after REQUEST_TIMEOUT_S)."""
     triton = TRITON[protocol]
     tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[audio]], dtype=np.object_))
     try:
-        reply = triton.InferenceServerClient(url).infer(tensor_names.ENSEMBLE_NAME, [tensor], parameters=parameters)
+        if protocol == "http":
+            client = tritonclient.http.InferenceServerClient(url, network_timeout=REQUEST_TIMEOUT_S)
+            reply = client.infer(tensor_names.ENSEMBLE_NAME, [tensor], parameters=parameters)
+        else:
+            client = tritonclient.grpc.InferenceServerClient(url)
+            reply = client.infer(
+                tensor_names.ENSEMBLE_NAME, [tensor], parameters=parameters, client_timeout=REQUEST_TIMEOUT_S
+            )
     except InferenceServerException as error:
         return error
     return reply.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
+
+
+def is_ready(server: RunningServer) -> bool:
+    """Triton's readiness (/v2/health/ready); False too when nothing answers any more."""
+    try:
+        with urllib.request.urlopen(f"http://{server.http_url}/v2/health/ready", timeout=2) as reply:
+            return reply.status == 200
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
 
 
 # Every whisper_* sample of a CPU server carries this label (one engine per device).
@@ -117,6 +145,71 @@ def test_an_engine_failure_fails_only_its_request(server, protocol):
     assert samples["whisper_failed_steps_total"] > failed_steps
 
 
+@pytest.mark.server
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+def test_an_engine_loop_failure_fails_its_request_and_the_engine_restarts(server, protocol):
+    """The engine's own failure handling raises: the loop fails what it holds with
+    INTERNAL and starts again, so the next request is served as before."""
+    url = server.url(protocol)
+    reference = transcribe(url, protocol)
+    before = settled(server)
+    error = transcribe(url, protocol, prompt=ENGINE_FAULT_PROMPT)
+    assert isinstance(error, InferenceServerException), error
+    assert error.status() == INTERNAL[protocol]
+    assert "internal error: InjectedFault: injected fault while dropping the prompt" in error.message()
+    assert "Traceback" not in error.message()
+    assert transcribe(url, protocol) == reference
+    after = wait_for(server, lambda s: s[RESTARTS] > before[RESTARTS])
+    assert after[RESTARTS] == before[RESTARTS] + 1
+    assert after["whisper_engine_healthy"] == 1
+    assert is_ready(server)
+
+
+# A refusal by an engine that gave up takes no decoding: well under a second,
+# even on a busy 2-core machine (it takes about 0.1 s here).
+FAST_REFUSAL_S = 0.5
+# The launcher reads the engines' health every HEALTH_POLL_S, then drains until
+# nothing was answered for DRAIN_QUIET_S before stopping Triton.
+GIVE_UP_TO_NOT_READY_S = PUBLISH_INTERVAL_S + HEALTH_POLL_S + DRAIN_QUIET_S + 20.0
+
+
+@pytest.mark.server
+def test_an_engine_that_keeps_failing_is_refused_fast_reported_and_the_server_exits(tmp_path):
+    """After MAX_CONSECUTIVE_RESTARTS failures in a row the engine gives up: new
+    requests get UNAVAILABLE at once, whisper_engine_healthy says 0, Triton stops
+    being ready and `whisper-triton serve` exits with status 1, so that Docker or
+    Kubernetes replaces the server. Every wait is bounded."""
+    with launch_server(tmp_path, {ENGINE_FAULT_PROMPT_ENV: ENGINE_FAULT_PROMPT}) as launched:
+        server = launched.server
+        assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
+        for _ in range(MAX_CONSECUTIVE_RESTARTS):
+            error = transcribe(server.grpc_url, "grpc", CARDS, prompt=ENGINE_FAULT_PROMPT)
+            assert isinstance(error, InferenceServerException) and error.status() == INTERNAL["grpc"], error
+        for protocol in PROTOCOLS:
+            started = time.monotonic()
+            refusal = transcribe(server.url(protocol), protocol, CARDS)
+            seconds = time.monotonic() - started
+            assert isinstance(refusal, InferenceServerException), refusal
+            assert refusal.status() == UNAVAILABLE[protocol]
+            message = refusal.message()
+            assert "server unavailable: the engine is unhealthy and refuses new work: InjectedFault" in message
+            assert message.endswith("retry on another server"), message
+            assert seconds < FAST_REFUSAL_S, f"refused after {seconds:.2f} s"
+        reported = wait_for(server, lambda s: s["whisper_engine_healthy"] == 0)
+        assert reported["whisper_engine_healthy"] == 0
+        assert reported[RESTARTS] == MAX_CONSECUTIVE_RESTARTS
+
+        deadline = time.monotonic() + GIVE_UP_TO_NOT_READY_S
+        while is_ready(server) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not is_ready(server), f"still ready {GIVE_UP_TO_NOT_READY_S:.0f} s after the engine gave up"
+        status = launched.process.wait(timeout=STOP_GRACE_S + 30)
+    log = server.log.read_text()
+    assert status == 1, _log_tail(server.log)
+    assert "a whisper engine failed repeatedly and refuses new requests" in log
+    assert f"the engine failed {MAX_CONSECUTIVE_RESTARTS} times in a row and gives up" in log
+
+
 # -------------------------------------------------------------------------- metrics
 
 
@@ -171,9 +264,6 @@ def test_activity_reads_what_is_in_flight_and_what_was_answered():
 
 def long_waveform(minutes: float) -> np.ndarray:
     """WAVEFORM as preprocessing writes it, for JFK repeated for `minutes`."""
-    from python_backend_lib.audio.decode import decode_audio
-    from python_backend_lib.core import geometry
-
     samples = decode_audio(JFK)
     return np.tile(samples, int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples))))
 
@@ -206,6 +296,86 @@ def test_a_cancelled_request_frees_its_slot(server):
     assert isinstance(transcribe(server.grpc_url, "grpc"), str)  # and the server serves on
 
 
+def whisper_call(client, waveform: np.ndarray, answers: list, **parameters):
+    """Send `waveform` to the whisper model directly; `answers` gets (seconds, result, error)."""
+    tensor = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, len(waveform)], "FP32")
+    tensor.set_data_from_numpy(waveform[None].astype(np.float32))
+    started = time.monotonic()
+    return client.async_infer(
+        tensor_names.WHISPER_NAME, [tensor], parameters=parameters,
+        callback=lambda result, error: answers.append((time.monotonic() - started, result, error)),
+        client_timeout=REQUEST_TIMEOUT_S,
+    )  # fmt: skip
+
+
+def wait_for_answer(answers: list, timeout: float = REQUEST_TIMEOUT_S) -> tuple:
+    deadline = time.monotonic() + timeout
+    while not answers and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert answers, f"no answer in {timeout:.0f} s"
+    return answers[0]
+
+
+def transcript_text(result) -> str:
+    return json.loads(result.as_numpy(tensor_names.TRANSCRIPT).reshape(-1)[0])["text"]
+
+
+FEW_SLOTS = 2
+# What the whole path may add to the freeing of a slot: the watcher's poll (0.25 s),
+# the engine's check (0.05 s) and the decoder step in progress.
+SLOT_FREED_WITHIN_S = 1.0
+
+
+@pytest.mark.server
+def test_cancelling_frees_a_full_servers_slot_within_a_second(tmp_path):
+    """A server with FEW_SLOTS decoding slots, all held by one long recording
+    decoded in batched mode (its twenty windows take every slot, the rest wait
+    ahead of anything sent later). A short request waits behind it; the client
+    cancels the recording, and the short request is admitted and answered: the
+    slot came free within SLOT_FREED_WITHIN_S of the cancel.
+
+    When it is admitted is read from its answer: it comes SLOT_FREED_WITHIN_S at
+    most after the cancel plus the time the same request takes on a free slot.
+    """
+    repository = model_repository_with(tmp_path, "whisper", kv_slots=str(FEW_SLOTS))
+    with launch_server(tmp_path, arguments=(f"--model-repository={repository}",)) as launched:
+        server = launched.server
+        client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+        assert settled(server)["whisper_decoding_slots"] == FEW_SLOTS
+        short = decode_audio(CARDS)
+        alone = []  # twice: the first request of a fresh server warms it up
+        for _ in range(2):
+            answers = []
+            whisper_call(client, short, answers)
+            alone.append(wait_for_answer(answers))
+        assert all(error is None for _, _, error in alone), alone
+        free_seconds = alone[-1][0]
+        reference = transcript_text(alone[-1][1])
+        assert reference and transcript_text(alone[0][1]) == reference
+
+        recording = []
+        call = whisper_call(client, long_waveform(minutes=10), recording, long_form="batched")
+        full = wait_for(server, lambda s: s["whisper_running_batch_size"] == FEW_SLOTS and s["whisper_waiting_windows"] > 0)
+        assert full["whisper_running_batch_size"] == FEW_SLOTS and full["whisper_waiting_windows"] > 0, full
+        waiting = []
+        whisper_call(client, short, waiting)
+        time.sleep(1.0)
+        assert not waiting and not recording, "the slots were not all held"
+        call.cancel()
+        cancelled_at = time.monotonic()
+        wait_for_answer(waiting)
+        answered_after = time.monotonic() - cancelled_at
+        seconds, result, error = waiting[0]
+        assert error is None, error
+        assert transcript_text(result) == reference
+        timing = f"answered {answered_after:.2f} s after the cancel; {free_seconds:.2f} s on a free slot"
+        print(timing)
+        assert answered_after - free_seconds < SLOT_FREED_WITHIN_S, timing
+        idle = settled(server)
+        assert idle['whisper_requests_total{outcome="cancelled"}'] == 1
+        assert idle["whisper_running_batch_size"] == idle["whisper_waiting_windows"] == 0
+
+
 # ------------------------------------------------------------------------- shutdown
 
 
@@ -214,18 +384,8 @@ def test_a_cancelled_request_frees_its_slot(server):
 def test_sigterm_answers_the_requests_in_flight(tmp_path):
     """`whisper-triton serve` waits for the requests in flight before stopping Triton
     (test_launcher.py checks an idle server stops cleanly)."""
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    log = tmp_path / "serve.log"
-    command = whisper_triton_command() + [
-        "serve", f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}",
-    ]
-    with log.open("w") as log_file:
-        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT, env=dict(os.environ))
-    try:
-        _wait_until_ready(process, http_port, log)
-        server = RunningServer(
-            f"localhost:{http_port}", f"localhost:{grpc_port}", f"http://localhost:{metrics_port}/metrics", log
-        )
+    with launch_server(tmp_path) as launched:
+        server, process = launched.server, launched.process
         reference = transcribe(server.grpc_url, "grpc", SONNET)
         with ThreadPoolExecutor(max_workers=8) as pool:  # 53 s clips: two windows each, one after the other
             replies = [pool.submit(transcribe, server.url(p), p, SONNET) for p in PROTOCOLS * 4]
@@ -234,9 +394,5 @@ def test_sigterm_answers_the_requests_in_flight(tmp_path):
             process.send_signal(signal.SIGTERM)
             outcomes = [reply.result(timeout=120) for reply in replies]
         assert outcomes == [reference] * 8, outcomes
-        assert process.wait(timeout=90) == 0, _log_tail(log)
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-    assert re.search(r"stopping tritonserver", log.read_text())
+        assert process.wait(timeout=90) == 0, _log_tail(server.log)
+    assert re.search(r"stopping tritonserver", server.log.read_text())
