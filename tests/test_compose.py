@@ -3,13 +3,14 @@
 The compose file is validated against the Compose Specification's JSON schema
 (the copy that the check-jsonschema package vendors, so its version is pinned
 with the test dependencies), then against what the stack must do: the GPU and
-CPU servers, their health checks, and locust pointed at whichever runs. The
-Dockerfile's install commands must be those the README's "Docker" section
-documents.
+CPU servers (the GPU one on the image with the GPU engine, which it requires),
+their health checks, and locust pointed at whichever runs. The Dockerfile's
+install commands must be those the README's "Docker" section documents.
 """
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.resources
 import json
 import re
@@ -30,6 +31,10 @@ README = REPO_ROOT / "README.md"
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.10-py3"
 # tritonserver, through the launcher that drains requests in flight on SIGTERM.
 TRITON_COMMAND = ["whisper-triton", "serve", "--host=0.0.0.0", "--model-repository=/models"]
+# On the GPUs, it refuses to start without FlashInfer and CUDA graphs rather than serve the slow path.
+GPU_TRITON_COMMAND = [*TRITON_COMMAND, "--require-gpu-engine"]
+# The Dockerfile's stages: the CPU image, and the GPU one built on it with the `gpu` extra.
+SERVER_STAGE, GPU_SERVER_STAGE = "server", "server-gpu"
 HEALTH_PATH = "/v2/health/ready"
 # Triton's ports inside the container.
 HTTP_PORT, GRPC_PORT, METRICS_PORT = 8000, 8001, 8002
@@ -78,17 +83,29 @@ def test_the_schema_catches_a_mistake(compose):
 def test_the_servers_are_one_gpu_and_one_cpu_profile(services):
     assert services[GPU_SERVICE]["profiles"] == ["gpu"]
     assert services[CPU_SERVICE]["profiles"] == ["cpu"]
-    servers = [name for name, s in services.items() if s.get("command") == TRITON_COMMAND]
+    servers = [name for name, s in services.items() if s.get("command") in (TRITON_COMMAND, GPU_TRITON_COMMAND)]
     assert sorted(servers) == sorted([GPU_SERVICE, CPU_SERVICE])
 
 
-def test_the_server_command_parses_and_listens_beyond_its_container():
+@pytest.mark.parametrize("command", [TRITON_COMMAND, GPU_TRITON_COMMAND], ids=["cpu", "gpu"])
+def test_the_server_command_parses_and_listens_beyond_its_container(command):
     from python_backend_lib.apps.cli import build_parser
 
-    program, *arguments = TRITON_COMMAND
+    program, *arguments = command
     assert program == "whisper-triton"
     options = build_parser().parse_args(arguments)  # the real command line accepts every flag
     assert options.host == "0.0.0.0"  # Triton's default, 127.0.0.1, is unreachable from other containers
+    assert options.require_gpu_engine == (command == GPU_TRITON_COMMAND)
+
+
+def test_the_gpu_server_runs_the_gpu_image_and_requires_the_gpu_engine(services):
+    gpu, cpu = services[GPU_SERVICE], services[CPU_SERVICE]
+    assert gpu["build"]["target"] == GPU_SERVER_STAGE and cpu["build"]["target"] == SERVER_STAGE
+    assert gpu["command"] == GPU_TRITON_COMMAND and cpu["command"] == TRITON_COMMAND
+    assert gpu["image"] != cpu["image"]  # two images: the CPU one stays without FlashInfer
+    # FlashInfer's kernels are compiled once, into a volume, not at every start.
+    workspace = gpu["environment"]["FLASHINFER_WORKSPACE_BASE"]
+    assert any(v.split(":")[1] == workspace for v in gpu["volumes"] if not v.startswith((".", "$")))
 
 
 def test_the_gpu_server_reserves_nvidia_gpus(services):
@@ -105,8 +122,8 @@ def test_the_cpu_server_reserves_no_gpu_and_hides_any(services):
 @pytest.mark.parametrize("name", [GPU_SERVICE, CPU_SERVICE])
 def test_each_server_runs_the_model_repository_with_a_checkpoint(services, name):
     service = services[name]
-    assert service["build"]["target"] == "server"
-    assert service["command"] == TRITON_COMMAND
+    assert service["build"]["target"] in (SERVER_STAGE, GPU_SERVER_STAGE)
+    assert service["command"][: len(TRITON_COMMAND)] == TRITON_COMMAND
     # Docker's SIGKILL must not come before the drain (30 s) and Triton's own stop are over.
     assert int(service["stop_grace_period"].removesuffix("s")) > DRAIN_TIMEOUT_S + STOP_GRACE_S
     assert any(v.split(":")[:2] == ["./model_repository", "/models"] for v in service["volumes"])
@@ -264,17 +281,34 @@ def test_the_compose_build_targets_are_dockerfile_stages(services, stages):
 
 
 def test_the_server_stage_is_the_official_triton_image(stages):
-    assert stages["server"][0] == ("FROM", TRITON_IMAGE)
-    (command,) = [json.loads(arguments) for keyword, arguments in stages["server"] if keyword == "CMD"]
+    assert stages[SERVER_STAGE][0] == ("FROM", TRITON_IMAGE)
+    (command,) = [json.loads(arguments) for keyword, arguments in stages[SERVER_STAGE] if keyword == "CMD"]
     assert command == TRITON_COMMAND  # as docker-compose.yml runs it
 
 
-def test_the_server_installs_exactly_what_the_readme_documents(stages):
-    runs = [arguments for keyword, arguments in stages["server"] if keyword == "RUN"]
-    dockerfile = pip_commands([part.strip() for run in runs for part in run.split("&&")])
+def stage_pip_commands(stage: list[tuple[str, str]]) -> list[str]:
+    runs = [arguments for keyword, arguments in stage if keyword == "RUN"]
+    return pip_commands([part.strip() for run in runs for part in run.split("&&")])
+
+
+def test_the_servers_install_exactly_what_the_readme_documents(stages):
+    dockerfile = stage_pip_commands(stages[SERVER_STAGE]) + stage_pip_commands(stages[GPU_SERVER_STAGE])
     readme = pip_commands(readme_docker_commands())
-    assert dockerfile, "the server stage installs nothing with pip"
+    assert stage_pip_commands(stages[SERVER_STAGE]), "the server stage installs nothing with pip"
     assert dockerfile == readme, f"Dockerfile: {dockerfile}\nREADME:     {readme}"
+
+
+def installs_the_gpu_extra(command: str) -> bool:
+    """Whether a pip command installs this project with its `gpu` extra."""
+    return any(re.fullmatch(r"\.\[(.*,)?gpu(,.*)?\]", word.strip("'\"")) for word in shlex.split(command))
+
+
+def test_the_gpu_image_is_the_server_with_the_gpu_extra_and_the_cpu_image_stays_without(stages):
+    assert stages[GPU_SERVER_STAGE][0] == ("FROM", SERVER_STAGE)  # the same server, plus FlashInfer
+    assert any(installs_the_gpu_extra(c) for c in stage_pip_commands(stages[GPU_SERVER_STAGE]))
+    assert not any(installs_the_gpu_extra(c) or "flashinfer" in c for c in stage_pip_commands(stages[SERVER_STAGE]))
+    gpu_extra = [r for r in importlib.metadata.requires("whisper-triton") if re.search(r"extra\s*==\s*.gpu.", r)]
+    assert any(requirement.startswith("flashinfer-python") for requirement in gpu_extra), gpu_extra
 
 
 def test_every_copied_path_exists(stages):
