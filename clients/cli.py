@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = EXAMPLES
     parser.formatter_class = argparse.RawDescriptionHelpFormatter
-    parser.add_argument("files", nargs="+", metavar="FILE", help="audio files (wav, flac, ogg, mp3, ...); - reads stdin")
+    parser.add_argument("files", nargs="+", metavar="FILE", help="audio or video files (wav, flac, ogg, mp3, m4a, mp4, webm, ...); - reads stdin")
     parser.add_argument("--version", action="version", version=version())
 
     server = parser.add_argument_group("server")

@@ -103,7 +103,10 @@ class Wheel:
 # tabulate, nvidia-ml-py. Left out on purpose: flashinfer's nvidia-cudnn-frontend
 # and nvidia-cutlass-dsl (its cuDNN and CuTe-DSL kernels, which the engine does
 # not call, and far too big), nvidia-pytriton itself (the tarball replaces it),
-# and the model checkpoint (carried on its own, see docs/gpu-bundle.md).
+# av (PyAV: 34 MiB of FFmpeg libraries, which would take the bundle to about
+# 94 MiB; without it the server reads what libsndfile reads, WAV, FLAC, Ogg and
+# MP3, and names PyAV when a request sends M4A, MP4, WebM or video), and the
+# model checkpoint (carried on its own, see docs/gpu-bundle.md).
 WHEELS = (
     Wheel("numpy==1.26.4", "the Triton 2.51 Python-backend stub corrupts inputs under numpy 2, which the image ships"),
     Wheel("flashinfer-python==0.6.4", "the engine's attention kernels (the project's gpu extra)"),

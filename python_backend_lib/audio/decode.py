@@ -1,65 +1,73 @@
 """Audio bytes to Whisper's input waveform: 16 kHz mono float32 (numpy, no torch).
 
-Files are decoded by libsndfile (through `soundfile`), raw float32 PCM by numpy,
-and resampled by libsoxr. Bad input raises `AudioError`, whose message names
-the problem; nothing here keeps state, so one process serves concurrent requests.
+Files are decoded by libsndfile (through `soundfile`) where it recognises the
+format (WAV, FLAC, Ogg, MP3, AIFF, ...), since it reads those fastest; anything
+else goes to FFmpeg (`containers`: M4A, MP4, WebM, video files). Raw float32
+PCM is read by numpy, and everything is resampled by libsoxr. Bad input raises
+`AudioError`, whose message names the problem; nothing here keeps state, so
+one process serves concurrent requests.
 """
 
 from __future__ import annotations
 
-import io
 import math
 
 import numpy as np
 import soundfile
 import soxr
 
-from python_backend_lib.core.errors import RequestError
+from python_backend_lib.audio.limits import (  # noqa: F401  (AudioError and the limits are importable from here too)
+    DECODE_BLOCK_FRAMES,
+    MAX_CHANNELS,
+    MAX_SAMPLE_RATE,
+    MIN_SAMPLE_RATE,
+    AudioError,
+    DecodedFrames,
+    InMemoryFile,
+    check_sample_rate,
+    frame_limit,
+    too_long,
+)
 from python_backend_lib.core.geometry import SAMPLE_RATE
 
-# --- Limits on what a request may send ---------------------------------------
-# The request parameters check raw PCM against these same bounds (serving.parameters).
-MIN_SAMPLE_RATE = 1_000  # Hz; below this nothing is left of speech
-MAX_SAMPLE_RATE = 384_000  # Hz; the fastest rate real converters produce
-# Raw PCM's declared channels. 32 covers what a speech recogniser is sent (mono,
-# stereo, surround, conference microphone arrays); a larger count is almost always
-# a byte or sample count given as channels, and refusing it names that mistake
-# instead of mixing garbage whenever the byte count happens to divide.
-MAX_CHANNELS = 32
 FLOAT32_BYTES = 4
 # RIFF/WAVE: a 12-byte file header, then chunks of (4-byte id, 4-byte little-endian size, data).
 RIFF_HEADER_BYTES = 12
 RIFF_CHUNK_HEADER_BYTES = 8
 # The data-chunk size that streaming writers put in a header before the length is known.
 RIFF_UNKNOWN_SIZE = 0xFFFFFFFF
-# Files are decoded this many frames at a time, so memory follows the audio
-# actually present (not what a header claims) and `max_seconds` stops a
-# decompression bomb early.
-DECODE_BLOCK_FRAMES = 1 << 16
-
-
-class AudioError(RequestError):
-    """The audio a client sent cannot be used; the message names the problem."""
+# libsndfile's error codes for files that go to FFmpeg instead: bytes it does
+# not recognise as any of its formats (SF_ERR_UNRECOGNISED_FORMAT), and a
+# format it knows holding a codec it lacks (SF_ERR_UNSUPPORTED_ENCODING: ALAC
+# in CAF, say). Any other error is its verdict on a damaged file.
+LIBSNDFILE_DECLINES = frozenset({1, 4})
 
 
 # --- Decoding ----------------------------------------------------------------
 
 
 def decode_audio(data: bytes, *, max_seconds: float | None = None) -> np.ndarray:
-    """Decode a whole audio file (WAV, FLAC, OGG/Vorbis or Opus, MP3, ...).
+    """Decode a whole audio or video file's sound (WAV, FLAC, Ogg, MP3, M4A, MP4, WebM, ...).
 
-    data: the file's bytes. Anything libsndfile reads is accepted.
+    data: the file's bytes. Anything libsndfile reads is accepted, and what
+    it does not recognise is read by FFmpeg (`containers.DEMUXERS`).
     max_seconds: reject longer audio (before resampling it); None for no limit.
     Returns float32 mono at SAMPLE_RATE, shape [samples], never empty.
-    Raises AudioError for empty, undecodable, damaged, truncated, non-finite or too long audio.
+    Raises AudioError for empty, undecodable, damaged, truncated, non-finite or
+    too long audio, and for a file without an audio stream.
     """
     _check_max_seconds(max_seconds)
     data = _as_bytes(data)
     if len(data) == 0:
         raise AudioError("audio is empty")
     _check_wav_length(data)
-    frames, sample_rate = _decode_frames(data, max_seconds)  # [frames, channels]
-    return _to_waveform(frames, sample_rate)
+    decoded = decode_with_libsndfile(data, max_seconds)
+    if decoded is None:
+        # Imported here: FFmpeg's libraries load only for a file that needs them.
+        from python_backend_lib.audio.containers import decode_container
+
+        decoded = decode_container(data, max_seconds)
+    return _to_waveform(decoded.samples, decoded.sample_rate)
 
 
 def pcm_to_waveform(
@@ -77,7 +85,7 @@ def pcm_to_waveform(
     non-finite samples, or audio longer than max_seconds.
     """
     _check_max_seconds(max_seconds)
-    _check_sample_rate(sample_rate)
+    check_sample_rate(sample_rate)
     if isinstance(channels, bool) or not isinstance(channels, (int, np.integer)):
         raise AudioError(f"channels must be an integer, got {channels!r}")
     if not 1 <= channels <= MAX_CHANNELS:
@@ -92,8 +100,8 @@ def pcm_to_waveform(
             f"({FLOAT32_BYTES}-byte float32 samples x {channels} channel(s))"
         )
     n_frames = len(data) // frame_bytes
-    if n_frames > _frame_limit(max_seconds, sample_rate):
-        raise _too_long(n_frames, sample_rate, max_seconds, exact=True)
+    if n_frames > frame_limit(max_seconds, sample_rate):
+        raise too_long(n_frames, n_frames, sample_rate, max_seconds)
     # astype copies: the result owns writable native-endian memory, not the request's bytes.
     frames = np.frombuffer(data, dtype="<f4").reshape(n_frames, channels).astype(np.float32)
     return _to_waveform(frames, sample_rate)
@@ -120,8 +128,8 @@ def resample(waveform: np.ndarray, from_rate: int, to_rate: int = SAMPLE_RATE) -
     Returns float32 with about len * to_rate / from_rate frames; the input
     itself (as float32) when the rates already agree.
     """
-    _check_sample_rate(from_rate)
-    _check_sample_rate(to_rate)
+    check_sample_rate(from_rate)
+    check_sample_rate(to_rate)
     waveform = np.ascontiguousarray(waveform, dtype=np.float32)
     if from_rate == to_rate:
         return waveform
@@ -134,16 +142,22 @@ def _as_bytes(data) -> bytes:
     return bytes(data)  # no copy when it is bytes already
 
 
-def _decode_frames(data: bytes, max_seconds: float | None) -> tuple[np.ndarray, int]:
-    """Decode with libsndfile, block by block: ([frames, channels] float32, sample rate)."""
+def decode_with_libsndfile(data: bytes, max_seconds: float | None) -> DecodedFrames | None:
+    """Decode a file libsndfile reads, block by block, at the file's own rate and channels.
+
+    Returns None when libsndfile does not recognise the format (FFmpeg's turn);
+    raises AudioError for a file it recognises but cannot use.
+    """
     try:
-        sound_file = soundfile.SoundFile(_InMemoryFile(data))
+        sound_file = soundfile.SoundFile(InMemoryFile(data))
     except Exception as err:  # libsndfile reports bad data through several exception types
+        if getattr(err, "code", None) in LIBSNDFILE_DECLINES:
+            return None
         raise AudioError(f"not a decodable audio file: {_reason(err)}") from None
     with sound_file:
         sample_rate = sound_file.samplerate
-        _check_sample_rate(sample_rate)
-        limit = _frame_limit(max_seconds, sample_rate)
+        check_sample_rate(sample_rate)
+        limit = frame_limit(max_seconds, sample_rate)
         blocks, n_frames = [], 0
         while True:
             try:
@@ -156,31 +170,11 @@ def _decode_frames(data: bytes, max_seconds: float | None) -> tuple[np.ndarray, 
             n_frames += len(block)
             if n_frames > limit:
                 # Stop decoding here; an honest header says how long the whole file is.
-                claimed = sound_file.frames if 0 <= sound_file.frames < 1 << 62 else 0
-                exact = claimed >= n_frames
-                raise _too_long(max(claimed, n_frames), sample_rate, max_seconds, exact=exact)
+                declared = sound_file.frames if 0 <= sound_file.frames < 1 << 62 else None
+                raise too_long(n_frames, declared, sample_rate, max_seconds)
     if n_frames == 0:
         raise AudioError("audio decodes to zero samples")
-    return np.concatenate(blocks), sample_rate
-
-
-class _InMemoryFile(io.BytesIO):
-    """The bytes libsndfile reads through soundfile's callbacks.
-
-    A damaged header can make libsndfile seek before the start of the file.
-    BytesIO raises there, inside a C callback, where Python only prints the error;
-    such a seek stays where it is instead, and decoding fails on what it reads next.
-    """
-
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        if whence == io.SEEK_END:
-            with self.getbuffer() as view:
-                start = view.nbytes
-        else:
-            start = self.tell() if whence == io.SEEK_CUR else 0
-        if start + offset < 0:
-            return self.tell()
-        return super().seek(offset, whence)
+    return DecodedFrames(np.concatenate(blocks), sample_rate)
 
 
 def _check_wav_length(data: bytes) -> None:
@@ -226,15 +220,6 @@ def _to_waveform(frames: np.ndarray, sample_rate: int) -> np.ndarray:
     return waveform
 
 
-def _check_sample_rate(sample_rate: int) -> None:
-    if isinstance(sample_rate, bool) or not isinstance(sample_rate, (int, np.integer)):
-        raise AudioError(f"sample rate must be an integer number of Hz, got {sample_rate!r}")
-    if not MIN_SAMPLE_RATE <= sample_rate <= MAX_SAMPLE_RATE:
-        raise AudioError(
-            f"sample rate {sample_rate} Hz is outside {MIN_SAMPLE_RATE}..{MAX_SAMPLE_RATE} Hz"
-        )
-
-
 def _check_max_seconds(max_seconds: float | None) -> None:
     # A bad limit is the server's mistake, not the client's: ValueError, not AudioError.
     if max_seconds is not None and not (
@@ -242,12 +227,3 @@ def _check_max_seconds(max_seconds: float | None) -> None:
         and math.isfinite(max_seconds) and max_seconds > 0
     ):
         raise ValueError(f"max_seconds must be a positive number or None, got {max_seconds!r}")
-
-
-def _frame_limit(max_seconds: float | None, sample_rate: int) -> float:
-    return math.inf if max_seconds is None else max_seconds * sample_rate
-
-
-def _too_long(n_frames: int, sample_rate: int, max_seconds: float, *, exact: bool) -> AudioError:
-    length = "" if exact else "at least "
-    return AudioError(f"audio is {length}{n_frames / sample_rate:.1f} s long; the limit is {max_seconds:g} s")
