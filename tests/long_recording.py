@@ -185,6 +185,43 @@ def problems(findings: Sequence[ClipFinding], min_share: float, tolerance_s: flo
     return found_problems
 
 
+# ------------------------------------------------------------- is all speech covered?
+
+# Speech, defined from the audio itself: 10 ms frames whose RMS level is within
+# SPEECH_RANGE_DB of the recording's loudest frame (the clips' pauses and the
+# silence between them fall far below it).
+SPEECH_FRAME_SAMPLES = SAMPLE_RATE // 100
+SPEECH_RANGE_DB = 35.0
+# A second holds speech when at least this share of its frames do.
+SPEECH_SHARE = 0.25
+# Whisper's segment times are off by up to about a second at either end
+# (tiny.en starts segments early, in the silence before speech, and ends some
+# short of the last word); a speech second that no segment comes this close to
+# was left out of the transcript.
+COVERAGE_TOLERANCE_S = 1.0
+
+
+def speech_seconds(waveform: np.ndarray) -> list[int]:
+    """The whole seconds [t, t + 1) of a 16 kHz recording that hold speech."""
+    n_frames = len(waveform) // SPEECH_FRAME_SAMPLES
+    frames = waveform[: n_frames * SPEECH_FRAME_SAMPLES].reshape(n_frames, SPEECH_FRAME_SAMPLES)
+    level_db = 10 * np.log10(np.mean(frames.astype(np.float64) ** 2, axis=1) + 1e-20)
+    speech = level_db >= level_db.max() - SPEECH_RANGE_DB
+    per_second = SAMPLE_RATE // SPEECH_FRAME_SAMPLES
+    n_seconds = n_frames // per_second
+    share = speech[: n_seconds * per_second].reshape(n_seconds, per_second).mean(axis=1)
+    return [int(t) for t in np.flatnonzero(share >= SPEECH_SHARE)]
+
+
+def uncovered_seconds(
+    speech: Sequence[int], segments: Sequence, tolerance_s: float = COVERAGE_TOLERANCE_S
+) -> list[int]:
+    """The speech seconds that no segment (anything with start and end) overlaps,
+    each segment widened by `tolerance_s` on both sides."""
+    spans = [(s.start - tolerance_s, s.end + tolerance_s) for s in segments if s.text.strip()]
+    return [t for t in speech if not any(start < t + 1 and end > t for start, end in spans)]
+
+
 _CUE_TIME = r"(\d\d):(\d\d):(\d\d)[,.](\d\d\d)"
 _CUE = re.compile(_CUE_TIME + r" --> " + _CUE_TIME + r"\n(.*?)(?:\n\n|\n?$)", re.S)
 

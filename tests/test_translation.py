@@ -15,7 +15,7 @@ from python_backend_lib.audio.features import features_for, window_features
 from python_backend_lib.checkpoints.hf_folder import write_hf_folder
 from python_backend_lib.checkpoints.weights import load_checkpoint, load_config
 from python_backend_lib.core import geometry
-from python_backend_lib.core.options import DecodingOptions, DecodingResult, Task, TranscribeOptions
+from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, Task, TranscribeOptions
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.formats import Document, ResponseFormat
 from python_backend_lib.text.tokenizer import Tokenizer
@@ -81,10 +81,12 @@ def test_translation_tokens_equal_transformers(pipe, hf, waveforms, language):
             assert tuple(result.prompt_tokens) == tuple(prompt)
 
 
-def test_the_first_windows_language_is_kept_and_reported(pipe):
+@pytest.mark.parametrize("mode", list(LongFormMode))
+def test_the_first_windows_language_is_kept_and_reported(pipe, mode):
     """Long audio on a multilingual checkpoint: the language detected on the first
-    window is given to every later window and reported, with its probability, by
-    the document the whisper model sends to postprocessing."""
+    window is given to every later window (in batched mode the other chunks wait
+    for it) and reported, with its probability, by the document the whisper
+    model sends to postprocessing."""
     config = pipe.config
     tokenizer = Tokenizer(load_config("default").tokenizer_path, config.special)  # no windows hold text here
     asked: list[DecodingOptions] = []
@@ -95,13 +97,34 @@ def test_the_first_windows_language_is_kept_and_reported(pipe):
         on_done(DecodingResult((), detected[0], -0.2, 0.1, options.temperature, language_probability=detected[1]))
 
     waveform = np.random.default_rng(1).standard_normal(45 * geometry.SAMPLE_RATE).astype(np.float32) * 0.1
-    options = TranscribeOptions(decoding=DecodingOptions(task=Task.TRANSLATE))
+    options = TranscribeOptions(decoding=DecodingOptions(task=Task.TRANSLATE), mode=mode)
     outcome: list = []
     LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), 45.0, options, outcome.append).start()
     (transcript,) = outcome
-    assert [o.language for o in asked] == [None, "de"]  # two windows; the second told the language
+    assert [o.language for o in asked] == [None, "de"]  # two windows (or chunks); the second told the language
     assert all(o.task is Task.TRANSLATE for o in asked)
     record = json.loads(Document.from_transcript(transcript, options).render(ResponseFormat.VERBOSE_JSON))
     assert (record["task"], record["language"], record["language_code"], record["language_probability"]) == (
         "translate", "german", "de", 0.87
     )
+
+
+def test_batched_chunks_start_together_when_the_language_is_given(pipe):
+    config = pipe.config
+    tokenizer = Tokenizer(load_config("default").tokenizer_path, config.special)
+    asked: list[DecodingOptions] = []
+    waiting: list = []
+
+    def submit(features, options, on_done, is_cancelled, content_frames=None):  # answers once every chunk has asked
+        asked.append(options)
+        waiting.append(lambda: on_done(DecodingResult((), None, -0.2, 0.1, options.temperature)))
+
+    waveform = np.random.default_rng(1).standard_normal(75 * geometry.SAMPLE_RATE).astype(np.float32) * 0.1
+    options = TranscribeOptions(decoding=DecodingOptions(language="de"), mode=LongFormMode.BATCHED)
+    outcome: list = []
+    LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), 75.0, options, outcome.append).start()
+    assert len(asked) == 3 and outcome == []  # 75 s: three chunks, all submitted at once
+    for answer in waiting:
+        answer()
+    (transcript,) = outcome
+    assert transcript.language == "de" and len(transcript.windows) == 3

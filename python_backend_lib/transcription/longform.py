@@ -5,10 +5,10 @@ Two modes:
   `seek` to the last complete timestamp (or past the window), and condition the
   next window on the text so far. Best accuracy; windows of one recording run
   one after another (other requests still share the batch).
-- BATCHED cuts the audio into back-to-back 30 s windows that are decoded in
-  parallel inside the continuous batch, then stitches their segments into
-  absolute time. Faster for long audio; no conditioning across windows, and a
-  word cut at a window edge may be garbled.
+- BATCHED cuts the audio into chunks of at most 30 s that end in pauses
+  (`chunking`), and runs the sequential seek inside each chunk, all chunks in
+  parallel inside the continuous batch; their segments are stitched into
+  absolute time. Faster for long audio; no conditioning on earlier text.
 
 Both apply openai-whisper's quality controls: temperature fallback when the
 text is too repetitive (gzip compression ratio) or too unlikely (average
@@ -36,6 +36,7 @@ from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, TranscribeOptions
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.text.tokenizer import Tokenizer
+from python_backend_lib.transcription.chunking import Chunk, frame_loudness, plan_chunks
 
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5
@@ -80,13 +81,21 @@ class WindowOutcome:
 
 
 def split_window(
-    tokens: tuple[int, ...], tokenizer: Tokenizer, seek: int, window_frames: int, result: DecodingResult, ratio: float
+    tokens: tuple[int, ...],
+    tokenizer: Tokenizer,
+    seek: int,
+    window_frames: int,
+    result: DecodingResult,
+    ratio: float,
+    closes_chunk: bool = False,
 ) -> WindowOutcome:
     """Segments of one decoded window in absolute time, and how far to seek.
 
-    When the window ends inside a segment (its last two tokens are timestamps
-    closing one segment and opening the next), the next window starts at that
-    last timestamp, so the unfinished speech is decoded again whole.
+    When the window ends inside a segment (text after the last timestamp, with
+    no timestamp closing it), the next window starts at that last timestamp, so
+    the unfinished speech is decoded again whole: the window's end may have cut
+    it. Unless `closes_chunk`: the window holds the rest of a chunk that ends in
+    a pause, so nothing was cut, and the open segment ends with the chunk.
     """
     begin = tokenizer.special.timestamp_begin
     offset = seek / geometry.FRAMES_PER_SECOND
@@ -101,15 +110,18 @@ def split_window(
         compression_ratio=ratio,
         no_speech_prob=result.no_speech_prob,
     )
+    # Text after the last pair of timestamps: a segment the model left open.
+    left_open = bool(boundaries) and any(t < tokenizer.special.eot for t in tokens[boundaries[-1] :])
+    ends_here = single_ending or (closes_chunk and left_open)
     if boundaries:
-        if single_ending:
+        if ends_here:
             boundaries.append(len(tokens))
         segments, start = [], 0
         for end in boundaries:
             piece = tokens[start:end]
             segments.extend(tokenizer.segments(piece, duration=window_seconds, offset=offset))
             start = end
-        if single_ending:
+        if ends_here:
             advance = window_frames
         else:
             last_timestamp = tokens[start - 1] - begin
@@ -135,7 +147,14 @@ AddWords = Callable[..., tuple[Segment, ...]]
 
 class LongFormJob:
     """Transcribe one recording through the engine; `on_done` receives the
-    `Transcript` or the exception (on the engine thread)."""
+    `Transcript` or the exception (on the engine thread).
+
+    The recording is one chunk in SEQUENTIAL mode and several in BATCHED mode.
+    Inside a chunk, windows follow one another by Whisper's seek; the chunks of
+    a BATCHED job advance side by side, from the start when the language is
+    known (given, or an English-only checkpoint), else once the first window
+    has detected it.
+    """
 
     def __init__(
         self,
@@ -161,12 +180,19 @@ class LongFormJob:
         self.on_done = on_done
         self.is_cancelled = is_cancelled
         self.content = content_frames(mel.shape[-1], duration)
+        if options.mode is LongFormMode.BATCHED:
+            self.chunks = plan_chunks(frame_loudness(mel), self.content)
+        else:
+            self.chunks = (Chunk(0, self.content),)
         self.language = options.decoding.language  # None until detected
         self.language_probability: float | None = None
+        language_known = self.language is not None or not config.multilingual
+        # The chunks that start once the first window has detected the language.
+        self._after_first_window = () if language_known else self.chunks[1:]
         self._lock = threading.Lock()
         self._accepted: dict[int, tuple[WindowOutcome, DecodingResult]] = {}
         self._previous: list[int] = self._initial_prompt()
-        self._pending = 0
+        self._pending = 0  # windows submitted or about to be, not yet handled
         self._failed = False
         self._finished = False
 
@@ -176,16 +202,26 @@ class LongFormJob:
         if self.content == 0:
             self._finish()
             return
-        self._decode(0, 0)
+        first = [c for c in self.chunks if c not in self._after_first_window]
+        with self._lock:
+            self._pending = len(first)
+        for chunk in first:
+            self._decode(chunk, chunk.start, 0)
 
     # -- windows
 
-    def _window(self, seek: int) -> tuple[torch.Tensor, int]:
-        """The 3,000 frames decoded from `seek`, and how many of them hold audio.
-        Past the end of short audio the window is padded with zeros, as
-        openai-whisper and transformers pad it."""
-        frames = min(geometry.N_FRAMES, self.content - seek)
-        return pad_or_trim(self.mel[:, seek : seek + geometry.N_FRAMES], geometry.N_FRAMES), frames
+    def _window(self, chunk: Chunk, seek: int) -> tuple[torch.Tensor, int]:
+        """The 3,000 frames decoded from `seek`, and how many of them hold the
+        chunk's audio. Past the end of the audio the window holds its padding
+        (silence), as openai-whisper and transformers pad it; past a chunk's
+        cut inside the audio it holds silence too, so the model does not see,
+        and half-transcribe, the next chunk's first words."""
+        frames = min(geometry.N_FRAMES, chunk.end - seek)
+        window = pad_or_trim(self.mel[:, seek : seek + geometry.N_FRAMES], geometry.N_FRAMES)
+        if chunk.end < self.content:
+            window = window.clone()
+            window[:, frames:] = self.mel[:, self.content : self.content + 1]  # a padding frame: silence
+        return window, frames
 
     def _decoding_options(self, seek: int, attempt: int) -> DecodingOptions:
         """The first window (and every window in BATCHED mode) sees the caller's
@@ -195,30 +231,25 @@ class LongFormJob:
             changes.update(previous_tokens=tuple(self._previous), prompt=None)
         return dataclasses.replace(self.options.decoding, **changes)
 
-    def _decode(self, seek: int, attempt: int, reserved: bool = False) -> None:
-        """Submit one window; `reserved` when the caller already counted it."""
-        features, frames = self._window(seek)
-        if not reserved:
-            with self._lock:
-                self._pending += 1
+    def _decode(self, chunk: Chunk, seek: int, attempt: int) -> None:
+        """Submit one window, already counted in `_pending`."""
+        features, frames = self._window(chunk, seek)
         # A window of digital silence is answered as silent by the engine, undecoded.
         self.submit(
             features.contiguous(),
             self._decoding_options(seek, attempt),
-            lambda outcome: self._on_window(seek, attempt, outcome),
+            lambda outcome: self._on_window(chunk, seek, attempt, outcome),
             self.is_cancelled,
             content_frames=frames,
         )
 
-    def _on_window(self, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
+    def _on_window(self, chunk: Chunk, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
         try:
-            self._handle(seek, attempt, outcome)
+            self._handle(chunk, seek, attempt, outcome)
         except BaseException as error:  # never leave the caller waiting
             self._fail(error)
 
-    def _handle(self, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
-        with self._lock:
-            self._pending -= 1
+    def _handle(self, chunk: Chunk, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
         if isinstance(outcome, BaseException):
             self._fail(outcome)
             return
@@ -227,15 +258,17 @@ class LongFormJob:
         result = outcome
         ratio = compression_ratio(self.tokenizer.decode(result.tokens))
         if needs_fallback(result, ratio, self.options) and attempt + 1 < len(self.options.temperatures):
-            self._decode(seek, attempt + 1)
+            self._next([(chunk, seek, attempt + 1)])
             return
         if self.language is None and result.language is not None:
             self.language, self.language_probability = result.language, result.language_probability
-        features, frames = self._window(seek)
+        features, frames = self._window(chunk, seek)
         if is_silent(result, self.options):
             outcome = WindowOutcome((), frames)
         else:
-            outcome = split_window(result.tokens, self.tokenizer, seek, frames, result, ratio)
+            # A BATCHED window that reaches its chunk's end saw everything up to a pause.
+            closes_chunk = self.options.mode is LongFormMode.BATCHED and seek + frames == chunk.end
+            outcome = split_window(result.tokens, self.tokenizer, seek, frames, result, ratio, closes_chunk)
             if self.options.word_timestamps:
                 # Runs on the engine thread, between decoder steps.
                 segments = self.add_words(
@@ -246,34 +279,32 @@ class LongFormJob:
         with self._lock:
             self._accepted[seek] = (outcome, result)
         if self.options.mode is LongFormMode.SEQUENTIAL:
-            self._after_sequential(seek, outcome, result)
-        else:
-            self._after_batched(seek)
+            self._condition_on(outcome, result)
+        later = [(chunk, seek + outcome.advance, 0)] if seek + outcome.advance < chunk.end else []
+        if seek == 0:  # the language is known now
+            later += [(other, other.start, 0) for other in self._after_first_window]
+        self._next(later)
 
-    def _after_sequential(self, seek: int, outcome: WindowOutcome, result: DecodingResult) -> None:
+    def _condition_on(self, outcome: WindowOutcome, result: DecodingResult) -> None:
+        """SEQUENTIAL: the next window sees the text so far, unless it was decoded
+        too hot to trust."""
         for segment in outcome.segments:
             self._previous.extend(segment.tokens)
         if not self.options.condition_on_previous_text or result.temperature > MAX_CONDITIONING_TEMPERATURE:
             self._previous = []
-        next_seek = seek + outcome.advance
-        if next_seek < self.content:
-            self._decode(next_seek, 0)
-        else:
-            self._finish()
 
-    def _after_batched(self, seek: int) -> None:
-        if seek == 0 and self.content > geometry.N_FRAMES:
-            # The first window fixed the language; the rest run in parallel.
-            # Count them all before submitting any, so that none can see the
-            # job as finished while others are still being submitted.
-            later = range(geometry.N_FRAMES, self.content, geometry.N_FRAMES)
-            with self._lock:
-                self._pending += len(later)
-            for window_seek in later:
-                self._decode(window_seek, 0, reserved=True)
-            return
+    def _next(self, windows: list[tuple[Chunk, int, int]]) -> None:
+        """One window is handled; submit the `windows` (chunk, seek, attempt)
+        that follow it, or finish when none is left anywhere.
+
+        They are counted before this one is uncounted, so that no other chunk
+        can find the job finished while they are still being submitted.
+        """
         with self._lock:
+            self._pending += len(windows) - 1
             done = self._pending == 0
+        for chunk, seek, attempt in windows:
+            self._decode(chunk, seek, attempt)
         if done:
             self._finish()
 
