@@ -99,7 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--word-timestamps", action="store_true", help="time every word (json, verbose_json, subtitles)")
     decoding.add_argument(
         "--long-form", choices=[m.value for m in LongFormMode],
-        help="audio over 30 s: window after window (sequential, the default) or all windows at once (batched)",
+        help="audio over 30 s: window after window (sequential, the default) or chunks cut at pauses, side by side (batched)",
     )
     decoding.add_argument("--prompt", "--initial-prompt", metavar="TEXT", help="text to condition the decoding on (names, spelling)")
     decoding.add_argument("--temperature", type=float, metavar="T", help="first sampling temperature (default: 0, greedy)")
