@@ -140,6 +140,16 @@ def split_window(
 
 # ------------------------------------------------------------ the state machine
 
+@dataclass(frozen=True)
+class WindowAt:
+    """One window to decode: where it starts, in which chunk, at which attempt
+    (the index of its temperature)."""
+
+    chunk: Chunk
+    seek: int  # mel frame
+    attempt: int = 0
+
+
 Submit = Callable[..., None]  # Engine.submit(features, options, on_done, is_cancelled, content_frames=...)
 # Aligner.add_words(segments, features, content_frames, offset, language, task)
 AddWords = Callable[..., tuple[Segment, ...]]
@@ -206,7 +216,7 @@ class LongFormJob:
         with self._lock:
             self._pending = len(first)
         for chunk in first:
-            self._decode(chunk, chunk.start, 0)
+            self._decode(WindowAt(chunk, chunk.start))
 
     # -- windows
 
@@ -231,25 +241,26 @@ class LongFormJob:
             changes.update(previous_tokens=tuple(self._previous), prompt=None)
         return dataclasses.replace(self.options.decoding, **changes)
 
-    def _decode(self, chunk: Chunk, seek: int, attempt: int) -> None:
+    def _decode(self, window: WindowAt) -> None:
         """Submit one window, already counted in `_pending`."""
-        features, frames = self._window(chunk, seek)
+        features, frames = self._window(window.chunk, window.seek)
         # A window of digital silence is answered as silent by the engine, undecoded.
         self.submit(
             features.contiguous(),
-            self._decoding_options(seek, attempt),
-            lambda outcome: self._on_window(chunk, seek, attempt, outcome),
+            self._decoding_options(window.seek, window.attempt),
+            lambda outcome: self._on_window(window, outcome),
             self.is_cancelled,
             content_frames=frames,
         )
 
-    def _on_window(self, chunk: Chunk, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
+    def _on_window(self, window: WindowAt, outcome: DecodingResult | BaseException) -> None:
         try:
-            self._handle(chunk, seek, attempt, outcome)
+            self._handle(window, outcome)
         except BaseException as error:  # never leave the caller waiting
             self._fail(error)
 
-    def _handle(self, chunk: Chunk, seek: int, attempt: int, outcome: DecodingResult | BaseException) -> None:
+    def _handle(self, window: WindowAt, outcome: DecodingResult | BaseException) -> None:
+        chunk, seek, attempt = window.chunk, window.seek, window.attempt
         if isinstance(outcome, BaseException):
             self._fail(outcome)
             return
@@ -258,7 +269,7 @@ class LongFormJob:
         result = outcome
         ratio = compression_ratio(self.tokenizer.decode(result.tokens))
         if needs_fallback(result, ratio, self.options) and attempt + 1 < len(self.options.temperatures):
-            self._next([(chunk, seek, attempt + 1)])
+            self._next([dataclasses.replace(window, attempt=attempt + 1)])
             return
         if self.language is None and result.language is not None:
             self.language, self.language_probability = result.language, result.language_probability
@@ -280,9 +291,9 @@ class LongFormJob:
             self._accepted[seek] = (outcome, result)
         if self.options.mode is LongFormMode.SEQUENTIAL:
             self._condition_on(outcome, result)
-        later = [(chunk, seek + outcome.advance, 0)] if seek + outcome.advance < chunk.end else []
+        later = [WindowAt(chunk, seek + outcome.advance)] if seek + outcome.advance < chunk.end else []
         if seek == 0:  # the language is known now
-            later += [(other, other.start, 0) for other in self._after_first_window]
+            later += [WindowAt(other, other.start) for other in self._after_first_window]
         self._next(later)
 
     def _condition_on(self, outcome: WindowOutcome, result: DecodingResult) -> None:
@@ -293,9 +304,9 @@ class LongFormJob:
         if not self.options.condition_on_previous_text or result.temperature > MAX_CONDITIONING_TEMPERATURE:
             self._previous = []
 
-    def _next(self, windows: list[tuple[Chunk, int, int]]) -> None:
-        """One window is handled; submit the `windows` (chunk, seek, attempt)
-        that follow it, or finish when none is left anywhere.
+    def _next(self, windows: list[WindowAt]) -> None:
+        """One window is handled; submit the `windows` that follow it, or
+        finish when none is left anywhere.
 
         They are counted before this one is uncounted, so that no other chunk
         can find the job finished while they are still being submitted.
@@ -303,8 +314,8 @@ class LongFormJob:
         with self._lock:
             self._pending += len(windows) - 1
             done = self._pending == 0
-        for chunk, seek, attempt in windows:
-            self._decode(chunk, seek, attempt)
+        for window in windows:
+            self._decode(window)
         if done:
             self._finish()
 
