@@ -152,7 +152,7 @@ def measure(repeats: int = 15) -> None:
         resample(to_mono(decoded.samples), decoded.sample_rate)
         return time.perf_counter() - began
 
-    decoders = {"libsndfile": decode_with_libsndfile, "FFmpeg (PyAV)": decode_container}
+    decoders = {"libsndfile (ms)": decode_with_libsndfile, "FFmpeg through PyAV (ms)": decode_container}
     print(f"{len(samples) / rate:.0f} s of speech, median of {repeats} decodes (ms), the decoders taking turns")
     print(f"| format | size (kB) | {' | '.join(decoders)} |")
     print("| --- | --- |" + " --- |" * len(decoders))
