@@ -19,15 +19,8 @@ from types import ModuleType
 
 import numpy as np
 
-from python_backend_lib.audio.limits import (
-    MAX_CHANNELS,
-    AudioError,
-    DecodedFrames,
-    InMemoryFile,
-    check_sample_rate,
-    frame_limit,
-    too_long,
-)
+from python_backend_lib.audio import limits
+from python_backend_lib.audio.limits import AudioError
 
 # The FFmpeg demuxers a request's bytes may reach, by FFmpeg's name, and what
 # writes such files. Each reads one self-contained file: playlists and
@@ -76,7 +69,7 @@ def _pyav() -> ModuleType:
     return av
 
 
-def decode_container(data: bytes, max_seconds: float | None) -> DecodedFrames:
+def decode_container(data: bytes, max_seconds: float | None) -> limits.DecodedFrames:
     """Decode the best audio stream of a media file.
 
     Returns its samples [frames, channels] float32 at the stream's rate.
@@ -87,7 +80,7 @@ def decode_container(data: bytes, max_seconds: float | None) -> DecodedFrames:
     av = _pyav()
     try:
         container = av.open(
-            InMemoryFile(data),
+            limits.InMemoryFile(data),
             mode="r",
             options={"format_whitelist": ",".join(DEMUXERS)},
             metadata_errors=METADATA_ERRORS,
@@ -111,7 +104,7 @@ def _audio_stream(container):
     raise AudioError(f"the file has no audio stream ({f'only {kinds[0]}' if kinds else 'no streams at all'})")
 
 
-def _decode_stream(av, container, stream, max_seconds: float | None) -> DecodedFrames:
+def _decode_stream(av, container, stream, max_seconds: float | None) -> limits.DecodedFrames:
     """Decode packet by packet into [frames, channels] float32 blocks."""
     declared = _declared_seconds(container, stream)
     collected: _Collected | None = None  # made from the first frame, which shows what the stream really holds
@@ -130,7 +123,7 @@ def _decode_stream(av, container, stream, max_seconds: float | None) -> DecodedF
             "the file is truncated (or its header lies): its audio stream declares "
             f"{declared:.1f} s, only {decoded:.1f} s decode"
         )
-    return DecodedFrames(np.concatenate(collected.blocks), collected.sample_rate)
+    return limits.DecodedFrames(np.concatenate(collected.blocks), collected.sample_rate)
 
 
 class _Collected:
@@ -140,9 +133,9 @@ class _Collected:
     def __init__(self, first, max_seconds: float | None, declared_seconds: float | None) -> None:
         self.channels, self.sample_rate = first.layout.nb_channels, first.sample_rate
         _check_channels(self.channels)
-        check_sample_rate(self.sample_rate)
+        limits.check_sample_rate(self.sample_rate)
         self.max_seconds = max_seconds
-        self.limit = frame_limit(max_seconds, self.sample_rate)
+        self.limit = limits.frame_limit(max_seconds, self.sample_rate)
         self.declared = None if declared_seconds is None else round(declared_seconds * self.sample_rate)
         self.blocks: list[np.ndarray] = []
         self.n_frames = 0
@@ -156,7 +149,7 @@ class _Collected:
         self.blocks.append(_float32_frames(frame, self.channels))
         self.n_frames += frame.samples
         if self.n_frames > self.limit:
-            raise too_long(self.n_frames, self.declared, self.sample_rate, self.max_seconds)
+            raise limits.too_long(self.n_frames, self.declared, self.sample_rate, self.max_seconds)
 
 
 def _float32_frames(frame, channels: int) -> np.ndarray:
@@ -172,8 +165,8 @@ def _float32_frames(frame, channels: int) -> np.ndarray:
 
 
 def _check_channels(channels: int) -> None:
-    if not 1 <= channels <= MAX_CHANNELS:
-        raise AudioError(f"the audio stream has {channels} channels; at most {MAX_CHANNELS} are accepted")
+    if not 1 <= channels <= limits.MAX_CHANNELS:
+        raise AudioError(f"the audio stream has {channels} channels; at most {limits.MAX_CHANNELS} are accepted")
 
 
 def _declared_seconds(container, stream) -> float | None:
