@@ -105,11 +105,14 @@ def test_an_8_khz_recording_is_resampled_to_16_khz(files):
     ("fmt", "subtype"), [("WAV", "PCM_16"), ("FLAC", None), ("OGG", "VORBIS"), ("OGG", "OPUS"), ("MP3", None)]
 )
 def test_libsndfile_keeps_the_formats_it_reads(fmt, subtype):
-    """It reads these faster than FFmpeg (docs/media.md), and gives the same waveform as before."""
+    """It reads these faster than FFmpeg (docs/media.md): the waveform is
+    libsndfile's own reading of the file, resampled by libsoxr, as before."""
     data = libsndfile_file(JFK, fmt, subtype)
-    decoded = decode_with_libsndfile(data, None)
-    assert decoded is not None
-    np.testing.assert_array_equal(decode_audio(data), soxr.resample(decoded.samples[:, 0], decoded.sample_rate, SAMPLE_RATE, quality="HQ"))
+    assert decode_with_libsndfile(data, None) is not None
+    samples, rate = soundfile.read(io.BytesIO(data), dtype="float32")
+    expected = soxr.resample(samples, rate, SAMPLE_RATE, quality="HQ")
+    # mpg123 rounds a sample differently (by 1e-7) when read in blocks rather than whole.
+    np.testing.assert_allclose(decode_audio(data), expected, rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("kind", WITH_AUDIO)
