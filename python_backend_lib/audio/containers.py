@@ -86,7 +86,8 @@ def decode_container(data: bytes, max_seconds: float | None) -> limits.DecodedFr
             metadata_errors=METADATA_ERRORS,
         )
     except av.error.FFmpegError as err:
-        raise AudioError(f"not a decodable audio file: no audio or video format FFmpeg reads ({_reason(err)})") from None
+        reason = _reason(err)
+        raise AudioError(f"not a decodable audio file: no audio or video format FFmpeg reads ({reason})") from None
     with container:
         stream = _audio_stream(container)
         return _decode_stream(av, container, stream, max_seconds)
