@@ -1,6 +1,7 @@
-"""Turn `bench.gpu`'s JSON into a Markdown report and a plot.
+"""Turn a benchmark's JSON into a Markdown report and a plot.
 
-    python -m bench.report docs/benchmarks/gpu.json [--out docs/benchmarks]
+    python -m bench.report docs/benchmarks/gpu.json [--out docs/benchmarks]      # bench.gpu: gpu.md, gpu.png
+    python -m bench.report docs/benchmarks/served.json [--out docs/benchmarks]   # bench.served: served.md, served.png
 """
 
 from __future__ import annotations
@@ -207,12 +208,19 @@ def write_report(json_path: Path, out: Path) -> None:
     plot(data, out / "gpu.png")
 
 
+def write_served_report(json_path: Path, out: Path) -> None:
+    from bench import served_report
+
+    served_report.write(json_path, out)
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("json", type=Path)
     parser.add_argument("--out", type=Path)
     args = parser.parse_args()
-    write_report(args.json, args.out or args.json.parent)
+    served = "models" in json.loads(args.json.read_text())  # bench.served's results; bench.gpu's have none
+    (write_served_report if served else write_report)(args.json, args.out or args.json.parent)
 
 
 if __name__ == "__main__":

@@ -1,27 +1,50 @@
-"""A random-weight checkpoint folder that the Triton models can serve.
+"""A random-weight checkpoint folder that the Triton models can serve, and that emits text.
 
 The served models need a tokenizer.json, which `random:<size>` checkpoints
-lack. This writes the same seeded weights in Hugging Face format with a
-word-level tokenizer that spells token i as "<i>": transcripts are
-meaningless, as they are for random weights anyway, but every model of the
-ensemble loads and every request runs the full path.
+lack. This writes the same seeded weights (in float16, as a GPU serves them)
+in Hugging Face format with a word-level tokenizer that spells token i as
+"<i>": transcripts are meaningless, as they are for random weights anyway,
+but every model of the ensemble loads and every request runs the full path.
+
+Random weights mostly copy their input token, so left alone they repeat the
+prompt's <|notimestamps|> and every transcript is empty. `text_only` adds
+every control, language and timestamp token but <|endoftext|> to the
+checkpoint's suppress_tokens: each decoded token is then a text token, the
+tokenizer spells it, and postprocessing writes real text of the forced length.
+transformers reads the same list from generation_config.json.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
+import torch
+
 from python_backend_lib.checkpoints.hf_folder import write_hf_folder
-from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.checkpoints.weights import Checkpoint, load_checkpoint
 
 
-def write_served_checkpoint(source: str, directory: Path) -> Path:
+def text_only(checkpoint: Checkpoint) -> Checkpoint:
+    """The checkpoint with every token above <|endoftext|> suppressed."""
+    config = checkpoint.config
+    special = set(range(config.special.eot + 1, config.dims.n_vocab))
+    suppress = tuple(sorted(special | set(config.suppress_tokens)))
+    return dataclasses.replace(checkpoint, config=dataclasses.replace(config, suppress_tokens=suppress))
+
+
+def write_served_checkpoint(source: str, directory: Path, *, emit_text: bool = False) -> Path:
     """source: "random:<size>[:<seed>]"; returns the folder to pass to --checkpoint."""
     from tokenizers import Tokenizer
     from tokenizers.models import WordLevel
     from tokenizers.pre_tokenizers import WhitespaceSplit
 
     checkpoint = load_checkpoint(source)
+    checkpoint = dataclasses.replace(
+        checkpoint, state_dict={k: v.to(torch.float16) for k, v in checkpoint.state_dict.items()}
+    )
+    if emit_text:
+        checkpoint = text_only(checkpoint)
     write_hf_folder(checkpoint.config, checkpoint.state_dict, directory)
     n_vocab = checkpoint.config.dims.n_vocab
     tokenizer = Tokenizer(WordLevel({f"<{i}>": i for i in range(n_vocab)}, unk_token="<0>"))

@@ -22,46 +22,14 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.workloads import librispeech_like, noise, wav_bytes
+from bench.clips import wav_bytes
+from bench.triton_stats import model_stats, stats_delta
+from bench.workloads import librispeech_like, noise
 
 DISTINCT_CLIPS = 32
 SHORT_CLIP_S = 5.0  # the latency target's clip
 TOKENS = 30
 REQUESTS_AT = {1: 64, 8: 128, 64: 256, 256: 512}
-
-
-def model_stats(url: str) -> dict:
-    """Triton's cumulative per-model statistics: requests, and time queued and in execute()."""
-    import tritonclient.grpc as grpc
-
-    stats = grpc.InferenceServerClient(url).get_inference_statistics(as_json=True)
-    out = {}
-    for model in stats.get("model_stats", []):
-        inference = model.get("inference_stats", {})
-        out[model["name"]] = {
-            "requests": int(inference.get("success", {}).get("count", 0)),
-            "executions": int(model.get("execution_count", 0)),
-            "queue_ns": int(inference.get("queue", {}).get("ns", 0)),
-            "compute_ns": int(inference.get("compute_infer", {}).get("ns", 0)),
-        }
-    return out
-
-
-def stats_delta(before: dict, after: dict) -> dict:
-    """Per model: requests, executions (batches), mean queue and execute() time per request in ms."""
-    out = {}
-    for name, now in after.items():
-        then = before.get(name, {})
-        requests = now["requests"] - then.get("requests", 0)
-        if requests <= 0:
-            continue
-        out[name] = {
-            "requests": requests,
-            "executions": now["executions"] - then.get("executions", 0),
-            "queue_ms": round((now["queue_ns"] - then.get("queue_ns", 0)) / requests / 1e6, 3),
-            "execute_ms": round((now["compute_ns"] - then.get("compute_ns", 0)) / requests / 1e6, 3),
-        }
-    return out
 
 
 def repository_with_instances(counts: dict[str, int], directory: Path) -> Path:

@@ -7,8 +7,6 @@ number of tokens decoded, which `min_new_tokens = max_new_tokens` forces.
 
 from __future__ import annotations
 
-import io
-import wave
 from dataclasses import dataclass
 
 import numpy as np
@@ -53,15 +51,3 @@ def noise(duration_s: float, seed: int) -> np.ndarray:
     """[samples] float32 seeded noise at speech-like level."""
     rng = np.random.default_rng(seed)
     return (0.1 * rng.standard_normal(int(duration_s * SAMPLE_RATE))).astype(np.float32)
-
-
-def wav_bytes(waveform: np.ndarray) -> bytes:
-    """16-bit mono WAV at 16 kHz."""
-    pcm = (np.clip(waveform, -1.0, 1.0) * 32767).astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(SAMPLE_RATE)
-        out.writeframes(pcm.tobytes())
-    return buffer.getvalue()

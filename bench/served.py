@@ -1,0 +1,373 @@
+"""Issue 9's table for one model, in one run: the ceiling, the served path, the engine alone, transformers.
+
+    python -m bench.served --model tiny --out OUT            # on a GPU machine (scripts/gpu_run.sh served-tiny)
+    python -m bench.served --model tiny --quick --device cpu --out /tmp/bench-cpu   # the harness, on a CPU
+
+Phases, in this order (each with its own deadline; one that fails is recorded
+and the next one runs):
+
+- ceiling: `whisper-triton serve` on a copy of the model repository whose
+  `whisper` is a stand-in that answers at once (`bench.standin`); a
+  concurrency sweep through `transcribe` over gRPC.
+- served: `whisper-triton serve` as shipped; latency of a ~5 s clip at
+  concurrency 1, then the sweep up to twice the concurrency that saturates it.
+- engine: the library's `Pipeline` alone on the same clips (`bench.engine_alone`).
+- transformers: `generate` over batch sizes 1 to 256 (`bench.transformers_sweep`).
+
+Models: `tiny` is the packaged tiny.en with real decode lengths; `large-v3`
+has random weights of the real shapes that decode forced lengths (tiny's
+measured text tokens per second of audio, from this results file, times each
+clip's length); `tiny-random` does the same with tiny's shapes (a quick check
+of the forced-length path on a CPU).
+
+Everything goes into one JSON file (`--results`), saved after every point and
+copied into `--out` with the Markdown table and the plot (`bench.report`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import traceback
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from bench import report
+from bench.clips import load_clips, nearest
+from bench.engine_alone import EnginePlan, run_engine
+from bench.host import GpuSampler, busy_cores, cpu_times
+from bench.jobs import Job, forced_jobs, real_jobs
+from bench.load import LoadGenerator, PointPlan, PointResult
+from bench.provenance import provenance
+from bench.server_process import ServeCommand, ServerProcess
+from bench.standin import canned_check, write_standin_repository
+from bench.stats import saturation, sweep_done
+from bench.transformers_sweep import BATCH_SIZES, TransformersPlan, run_transformers
+from bench.triton_stats import model_stats, stats_delta
+
+PHASES = ("ceiling", "served", "engine", "transformers")
+STATE_DIR = Path(os.environ.get("WHISPER_BENCH_STATE", "/tmp/whisper-bench"))
+LATENCY_CLIP_S = 5.0  # the issue's latency target is for a ~5 s clip at concurrency 1
+POINT_MARGIN_S = 15.0  # a point needs its warm-up and window plus this (drain, statistics)
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    source: str  # checkpoint source: "default" or "random:<size>:<seed>"
+    random: bool  # random weights: forced lengths, a served copy with a word-level tokenizer
+
+
+MODELS = {
+    "tiny": ModelSpec("default", random=False),
+    "large-v3": ModelSpec("random:large-v3:0", random=True),
+    "tiny-random": ModelSpec("random:tiny:0", random=True),
+}
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long each part runs; `quick` is the CPU smoke run."""
+
+    warmup_s: float = 2.0
+    point_s: float = 8.0
+    latency_s: float = 10.0
+    timeout_s: float = 60.0
+    max_concurrency: int = 2048
+    min_top_concurrency: int = 64
+    engine_min_requests: int = 1024
+    transformers_batches: tuple[int, ...] = BATCH_SIZES
+    transformers_budget_s_per_size: float = 25.0
+    startup_s: float = 300.0
+    budgets_s: tuple[tuple[str, float], ...] = (("ceiling", 140), ("served", 210), ("engine", 70), ("transformers", 120))
+
+    clip_stride: int = 1  # every clip_stride-th clip ...
+    max_clip_s: float | None = None  # ... of at most this length
+
+    @classmethod
+    def quick(cls) -> Settings:
+        return cls(warmup_s=2.0, point_s=12.0, latency_s=8.0, timeout_s=120.0, max_concurrency=8,
+                   clip_stride=4, max_clip_s=8.0,
+                   min_top_concurrency=4, engine_min_requests=16, transformers_batches=(1, 2, 4),
+                   transformers_budget_s_per_size=20.0, startup_s=240.0,
+                   budgets_s=(("ceiling", 90), ("served", 150), ("engine", 90), ("transformers", 120)))
+
+
+def say(message: str) -> None:
+    print(f"[bench.served {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Results:
+    """The run's JSON, saved (atomically) after every change, and copied to `out`."""
+
+    def __init__(self, path: Path, out: Path) -> None:
+        self.path, self.out = path, out
+        self.data = json.loads(path.read_text()) if path.exists() else {"runs": [], "models": {}}
+
+    def model(self, name: str) -> dict:
+        return self.data["models"].setdefault(name, {})
+
+    def save(self) -> None:
+        for target in {self.path, self.out / self.path.name}:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_suffix(".partial")
+            partial.write_text(json.dumps(self.data, indent=1))
+            partial.replace(target)
+
+
+# ------------------------------------------------------------------ the workload
+
+
+def tokens_per_second_from(results: Results) -> float:
+    """tiny's text tokens per second of audio, as this results file measured them (served, else the engine)."""
+    tiny = results.data["models"].get("tiny", {})
+    rate = tiny.get("tokens_per_audio_s")
+    if not rate:
+        raise RuntimeError("no tiny results in the results file to take tokens per second of audio from: "
+                           "run --model tiny first (into the same --results), or pass --tokens-per-second")
+    return float(rate)
+
+
+def served_checkpoint(spec: ModelSpec) -> str:
+    """What `whisper-triton serve --checkpoint` gets: the source, or a written folder for random weights."""
+    if not spec.random:
+        return spec.source
+    from bench.served_checkpoint import write_served_checkpoint
+
+    folder = STATE_DIR / ("checkpoint-" + spec.source.replace(":", "-"))
+    done = folder / "written"
+    if not done.exists():
+        started = time.monotonic()
+        write_served_checkpoint(spec.source, folder, emit_text=True)
+        done.write_text(spec.source)
+        say(f"wrote {folder} in {time.monotonic() - started:.0f} s")
+    return str(folder)
+
+
+def make_jobs(spec: ModelSpec, checkpoint: str, tokens_per_second: float | None, settings: Settings) -> list[Job]:
+    from python_backend_lib.checkpoints.weights import load_config
+
+    eot = load_config(checkpoint).special.eot
+    clips = [c for c in load_clips() if settings.max_clip_s is None or c.clip.duration_s <= settings.max_clip_s]
+    clips = clips[:: settings.clip_stride]
+    return forced_jobs(clips, eot, tokens_per_second) if spec.random else real_jobs(clips, eot)
+
+
+# ------------------------------------------------------------------ server phases
+
+
+class PointProbe:
+    """Reads the server and the host at a point's window edges."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.readings: dict[str, object] = {}
+        self.sampler: GpuSampler | None = None
+
+    def __call__(self, edge: str) -> None:
+        if edge == "start":
+            self.sampler = GpuSampler().__enter__()
+        else:
+            self.sampler.__exit__(None, None, None)
+        self.readings[edge] = (model_stats(self.url), cpu_times())
+
+    def record(self) -> dict:
+        (stats_before, cpu_before), (stats_after, cpu_after) = self.readings["start"], self.readings["end"]
+        return {"models": stats_delta(stats_before, stats_after),
+                "host_busy_cores": busy_cores(cpu_before, cpu_after, os.cpu_count() or 1),
+                **self.sampler.summary()}
+
+
+def measure_point(load: LoadGenerator, plan: PointPlan, url: str) -> dict:
+    probe = PointProbe(url)
+    result: PointResult = load.run(plan, at_window=probe)
+    return {**result.to_dict(), **probe.record()}
+
+
+def describe_point(label: str, point: dict) -> str:
+    latency = point["latency_ms"]
+    refused = {k: v for k, v in point["statuses"].items() if k != "OK"}
+    return (f"{label} concurrency {point['concurrency']:5d}: {point['goodput_per_s']:8.1f} good req/s, "
+            f"RTFx {point['rtfx']:8.1f}, p50 {latency['p50']} ms, p99 {latency['p99']} ms, "
+            f"tokens {point['mean_tokens']}, client CPU {point['client_cpu_cores']} cores, "
+            f"host {point['host_busy_cores']} cores" + (f", not OK {refused}" if refused else "")
+            + (f" FAILED: {point['problems']}" if point["failed"] else ""))
+
+
+def sweep(label: str, load: LoadGenerator, server: ServerProcess, settings: Settings, deadline: float,
+          section: dict, results: Results) -> None:
+    """Doubling concurrency from 1 until twice the saturating concurrency (and at least min_top)."""
+    from bench.stats import PointStats
+
+    points: list[dict] = section.setdefault("points", [])
+    concurrency = 1
+    while concurrency <= settings.max_concurrency:
+        if deadline - time.monotonic() < settings.warmup_s + settings.point_s + POINT_MARGIN_S:
+            section["stopped"] = f"out of time before concurrency {concurrency}"
+            say(f"{label}: {section['stopped']}")
+            break
+        plan = PointPlan(concurrency, settings.warmup_s, settings.point_s, settings.timeout_s)
+        point = measure_point(load, plan, server.command.grpc_url)
+        if server.process.poll() is not None:
+            raise RuntimeError(f"the server exited during the point at concurrency {concurrency}:\n{server.log_tail()}")
+        points.append(point)
+        stats = [PointStats(**{k: v for k, v in p.items() if k in PointStats.__dataclass_fields__}) for p in points]
+        found = saturation(stats)
+        section["saturation"] = asdict(found) if found else None
+        results.save()
+        say(describe_point(label, point))
+        if sweep_done(stats, settings.min_top_concurrency):
+            break
+        concurrency *= 2
+
+
+def server_phase(phase: str, command: ServeCommand, jobs: list[Job], args, settings: Settings, deadline: float,
+                 results: Results, section: dict) -> None:
+    log_path = args.out / f"{phase}-{args.model}.log"
+    startup = max(30.0, min(settings.startup_s, deadline - time.monotonic() - 30))
+    say(f"{phase}: starting {command.display}")
+    with ServerProcess(command, log_path, startup) as server:
+        section["server"] = {"command": command.display, "ready_s": server.ready_s, **server.metadata(),
+                             "log": log_path.name}
+        say(f"{phase}: ready after {server.ready_s} s ({section['server']['version']})")
+        results.save()
+        requests = [j.load_request() for j in jobs]
+        if phase == "served":
+            short = nearest([j.audio for j in jobs], LATENCY_CLIP_S)
+            job = next(j for j in jobs if j.audio is short)
+            with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
+                load.run(PointPlan(1, 0.0, settings.warmup_s, settings.timeout_s))  # warm-up
+                plan = PointPlan(1, 0.0, settings.latency_s, settings.timeout_s)
+                section["latency_5s"] = {"clip": job.describe(), **measure_point(load, plan, command.grpc_url)}
+            results.save()
+            say(describe_point(f"{phase} [{short.clip.name}]", section["latency_5s"]))
+        with LoadGenerator(command.grpc_url, requests, processes=args.clients) as load:
+            sweep(phase, load, server, settings, deadline, section, results)
+
+
+# ------------------------------------------------------------------ the run
+
+
+def run_phase(phase: str, spec: ModelSpec, checkpoint: str, jobs: list[Job], args, settings: Settings,
+              results: Results, run_id: int) -> None:
+    budget = dict(settings.budgets_s)[phase]
+    deadline = min(time.monotonic() + budget, args.deadline)
+    section = results.model(args.model)[phase] = {"run": run_id, "budget_s": budget}
+    started = time.monotonic()
+    try:
+        if phase == "ceiling":
+            repository = write_standin_repository(STATE_DIR / "ceiling-repository")
+            canned = canned_check(jobs[0].check.eot)  # every answer is the canned transcript
+            standin_jobs = [dataclasses.replace(j, check=canned) for j in jobs]
+            server_phase(phase, ServeCommand(checkpoint, repository), standin_jobs, args, settings, deadline, results,
+                         section)
+        elif phase == "served":
+            server_phase(phase, ServeCommand(checkpoint), jobs, args, settings, deadline, results, section)
+            rate = served_tokens_per_second(section)
+            if rate and not spec.random:
+                results.model(args.model)["tokens_per_audio_s"] = rate
+        elif phase == "engine":
+            plan = EnginePlan(checkpoint, args.device, settings.engine_min_requests)
+            section.update(run_engine(jobs, plan, say))
+            if not spec.random and "tokens_per_audio_s" not in results.model(args.model):
+                results.model(args.model)["tokens_per_audio_s"] = section["tokens_per_audio_s"]
+        elif phase == "transformers":
+            plan = TransformersPlan(hf_folder(checkpoint), args.device, settings.transformers_batches,
+                                    budget_s_per_size=settings.transformers_budget_s_per_size)
+            section.update(run_transformers(jobs, plan, say, deadline))
+    except Exception as error:  # keep what was measured; the next phase runs
+        section["error"] = f"{type(error).__name__}: {error}"
+        say(f"{phase} failed: {section['error']}")
+        traceback.print_exc()
+    finally:
+        section["wall_s"] = round(time.monotonic() - started, 1)
+        results.save()
+        free_gpu_memory()
+
+
+def served_tokens_per_second(section: dict) -> float | None:
+    """Text tokens per second of audio over the served sweep's good requests (weighted by requests)."""
+    points = [p for p in section.get("points", []) if p.get("tokens_per_audio_s") and not p["failed"]]
+    total = sum(p["statuses"].get("OK", 0) for p in points)
+    if not total:
+        return None
+    return round(sum(p["tokens_per_audio_s"] * p["statuses"].get("OK", 0) for p in points) / total, 3)
+
+
+def hf_folder(checkpoint: str) -> Path:
+    """The Hugging Face-format folder transformers loads (the packaged tiny.en is converted on first use)."""
+    from python_backend_lib.checkpoints.weights import load_config
+
+    directory = load_config(checkpoint).directory
+    if directory is None:
+        raise ValueError(f"checkpoint {checkpoint!r} has no Hugging Face-format folder for transformers")
+    return directory
+
+
+def free_gpu_memory() -> None:
+    if "torch" in sys.modules:
+        import gc
+
+        import torch
+
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.served", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), required=True)
+    parser.add_argument("--phases", nargs="+", choices=PHASES, default=list(PHASES))
+    parser.add_argument("--out", type=Path, required=True, help="the JSON, the table, the plot and server logs")
+    parser.add_argument("--results", type=Path, help=f"the results JSON, kept between calls (default {STATE_DIR}/served.json)")
+    parser.add_argument("--device", default="cuda", help="for the engine and transformers (the server picks its own)")
+    parser.add_argument("--quick", action="store_true", help="short points and sweeps: the CPU smoke run")
+    parser.add_argument("--clients", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
+                        help="client processes of the load generator")
+    parser.add_argument("--budget-s", type=float, default=570.0, help="the whole run ends its last phase by then")
+    parser.add_argument("--tokens-per-second", type=float,
+                        help="forced lengths of random-weight models (default: tiny's, from the results file)")
+    args = parser.parse_args(argv)
+    args.results = args.results or STATE_DIR / "served.json"
+    args.deadline = time.monotonic() + args.budget_s
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    settings = Settings.quick() if args.quick else Settings()
+    spec = MODELS[args.model]
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    results = Results(args.results, args.out)
+    run = {"id": len(results.data["runs"]), "model": args.model, "phases": args.phases, "quick": args.quick,
+           "settings": asdict(settings), "client_processes": args.clients, **provenance()}
+    results.data["runs"].append(run)
+    say(f"run {run['id']}: commit {run['commit']} (dirty: {run['dirty']}, checked by {run['checked_by']}), "
+        f"{run['machine']['gpu'] or 'no GPU'}, {run['machine']['cpu_count']} CPUs")
+    model = results.model(args.model)
+    checkpoint = served_checkpoint(spec)
+    rate = None
+    if spec.random:
+        rate = args.tokens_per_second or tokens_per_second_from(results)
+        model["forced_tokens_per_audio_s"] = rate
+    jobs = make_jobs(spec, checkpoint, rate, settings)
+    model.update({"source": spec.source, "checkpoint": checkpoint, "random_weights": spec.random,
+                  "request_parameters": "per clip" if spec.random else jobs[0].parameters,
+                  "clips": [j.describe() for j in jobs]})
+    results.save()
+    say(f"{len(jobs)} clips, {sum(j.audio.clip.duration_s for j in jobs):.0f} s of audio"
+        + (f", forced at {rate} tokens per second" if rate else ""))
+    for phase in PHASES:
+        if phase in args.phases:
+            run_phase(phase, spec, checkpoint, jobs, args, settings, results, run["id"])
+    report.write_served_report(args.results, args.out)
+    say(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""`whisper-triton serve` as a user starts it, in a process of its own, for one benchmark phase.
+
+The command is the project's console script (through this interpreter, so the
+same environment serves), with free ports; its output goes to a log file.
+Stopping sends SIGTERM, as Ctrl-C or `docker stop` would: the launcher drains
+and stops tritonserver.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+READY_POLL_S = 0.5
+STOP_TIMEOUT_S = 90.0  # the launcher drains for up to 30 s, then waits up to 40 s for tritonserver
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def whisper_triton() -> list[str]:
+    """This interpreter's `whisper-triton` console script, else the module it runs."""
+    script = Path(sys.executable).parent / "whisper-triton"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "python_backend_lib.apps.cli"]
+
+
+@dataclass
+class ServeCommand:
+    """What to serve: a checkpoint (None: the model configs' own) and a model repository (None: the packaged one)."""
+
+    checkpoint: str | None
+    model_repository: Path | None = None
+    ports: dict[str, int] = field(default_factory=lambda: {p: free_port() for p in ("http", "grpc", "metrics")})
+
+    def argv(self) -> list[str]:
+        argv = [*whisper_triton(), "serve",
+                f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
+                f"--metrics-port={self.ports['metrics']}"]
+        if self.checkpoint is not None:
+            argv.append(f"--checkpoint={self.checkpoint}")
+        if self.model_repository is not None:
+            argv.append(f"--model-repository={self.model_repository}")
+        return argv
+
+    @property
+    def display(self) -> str:
+        """The command as a user types it."""
+        return " ".join(["whisper-triton", *self.argv()[len(whisper_triton()):]])
+
+    @property
+    def grpc_url(self) -> str:
+        return f"localhost:{self.ports['grpc']}"
+
+
+class ServerProcess:
+    """A running `whisper-triton serve`; `with ServerProcess(command, log, timeout) as server: ...`."""
+
+    def __init__(self, command: ServeCommand, log_path: Path, startup_timeout_s: float) -> None:
+        self.command, self.log_path, self.startup_timeout_s = command, log_path, startup_timeout_s
+        self.process: subprocess.Popen | None = None
+        self.ready_s: float | None = None
+
+    def __enter__(self) -> ServerProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        with open(self.log_path, "w") as log:
+            self.process = subprocess.Popen(self.command.argv(), stdout=log, stderr=subprocess.STDOUT,
+                                            stdin=subprocess.DEVNULL, start_new_session=True)
+        try:
+            self._wait_ready(started)
+        except BaseException:
+            self.stop()
+            raise
+        self.ready_s = round(time.monotonic() - started, 1)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    def _wait_ready(self, started: float) -> None:
+        import tritonclient.grpc as grpc
+
+        client = grpc.InferenceServerClient(self.command.grpc_url)
+        try:
+            while True:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"whisper-triton serve exited with {self.process.returncode}:\n{self.log_tail()}")
+                if time.monotonic() - started > self.startup_timeout_s:
+                    raise RuntimeError(f"not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+                try:
+                    if client.is_server_ready():
+                        return
+                except Exception:  # not listening yet
+                    pass
+                time.sleep(READY_POLL_S)
+        finally:
+            client.close()
+
+    def metadata(self) -> dict:
+        """Triton's name and version, from the server itself."""
+        import tritonclient.grpc as grpc
+
+        client = grpc.InferenceServerClient(self.command.grpc_url)
+        try:
+            data = client.get_server_metadata(as_json=True)
+        finally:
+            client.close()
+        return {"name": data.get("name"), "version": data.get("version")}
+
+    def log_tail(self, chars: int = 3000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:] if self.log_path.exists() else ""
+
+    def stop(self) -> int | None:
+        """SIGTERM to the launcher's process group, then SIGKILL if it outlives STOP_TIMEOUT_S."""
+        process = self.process
+        if process is None:
+            return None
+        if process.poll() is None:
+            group = os.getpgid(process.pid)
+            os.killpg(group, signal.SIGTERM)
+            try:
+                process.wait(STOP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(group, signal.SIGKILL)
+                process.wait()
+        return process.returncode

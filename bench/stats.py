@@ -1,0 +1,151 @@
+"""From request outcomes to a load point's figures, and from a sweep to its saturation point.
+
+A load point sends requests for warm-up plus a measured window. Throughput
+counts what completes inside the window (so requests sent during warm-up that
+finish inside it count: the server was busy with them); latency and status
+counts are over the requests sent inside the window, each followed to its end.
+Goodput counts only successful responses whose transcript passed its check.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+OK = "OK"
+BAD_TRANSCRIPT = "BAD_TRANSCRIPT"  # answered, but empty or of an implausible length
+# Saturation: the smallest concurrency whose goodput is within this share of the sweep's best.
+SATURATION_SHARE = 0.95
+# The issue's graceful-overload target: goodput at twice the saturating concurrency
+# keeps at least this share of the goodput at saturation.
+OVERLOAD_SHARE = 0.9
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """One request: when it was sent and answered (time.monotonic, shared by all processes on Linux)."""
+
+    clip: int  # index into the point's clip list
+    sent: float
+    done: float
+    status: str  # OK, BAD_TRANSCRIPT, or the gRPC status name of an error (UNAVAILABLE, ...)
+    tokens: int = 0  # text tokens of the transcript
+    fallback: bool = False  # some window was decoded again, hotter
+
+
+@dataclass(frozen=True)
+class PointStats:
+    concurrency: int
+    window_s: float
+    sent: int  # requests sent inside the window
+    answered_per_s: float  # responses of any kind completed inside the window, per second
+    goodput_per_s: float  # good transcripts completed inside the window, per second
+    rtfx: float  # audio seconds of those good transcripts per wall second
+    latency_ms: dict[str, float | None]  # p50, p90, p99, mean of good requests sent inside the window
+    statuses: dict[str, int]  # of the requests sent inside the window
+    mean_tokens: float | None  # text tokens per good request
+    tokens_per_audio_s: float | None
+    fallbacks: int  # good requests whose decoding fell back to a higher temperature
+    problems: list[str] = field(default_factory=list)  # a few examples of bad transcripts
+
+    @property
+    def failed(self) -> bool:
+        """A point with any bad transcript does not count: the benchmark did not do real work."""
+        return self.statuses.get(BAD_TRANSCRIPT, 0) > 0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "failed": self.failed}
+
+
+def percentile_summary(latencies_s: Sequence[float]) -> dict[str, float | None]:
+    """p50, p90, p99 and the mean, in ms, rounded to 0.01 ms; None for no data."""
+    if not latencies_s:
+        return {**{f"p{q}": None for q in PERCENTILES}, "mean": None}
+    ms = np.asarray(latencies_s, dtype=np.float64) * 1e3
+    summary = {f"p{q}": round(float(np.percentile(ms, q)), 2) for q in PERCENTILES}
+    return {**summary, "mean": round(float(ms.mean()), 2)}
+
+
+def summarize(
+    outcomes: Sequence[Outcome],
+    durations_s: Sequence[float],
+    window: tuple[float, float],
+    concurrency: int,
+    problems: Sequence[str] = (),
+) -> PointStats:
+    """The figures of one load point; durations_s[i] is clip i's length."""
+    start, end = window
+    window_s = end - start
+    completed = [o for o in outcomes if start <= o.done < end]
+    good_completed = [o for o in completed if o.status == OK]
+    sent = [o for o in outcomes if start <= o.sent < end]
+    good_sent = [o for o in sent if o.status == OK]
+    audio_s = sum(durations_s[o.clip] for o in good_completed)
+    tokens = sum(o.tokens for o in good_sent)
+    sent_audio_s = sum(durations_s[o.clip] for o in good_sent)
+    return PointStats(
+        concurrency=concurrency,
+        window_s=round(window_s, 3),
+        sent=len(sent),
+        answered_per_s=round(len(completed) / window_s, 2),
+        goodput_per_s=round(len(good_completed) / window_s, 2),
+        rtfx=round(audio_s / window_s, 1),
+        latency_ms=percentile_summary([o.done - o.sent for o in good_sent]),
+        statuses=dict(sorted(Counter(o.status for o in sent).items())),
+        mean_tokens=round(tokens / len(good_sent), 2) if good_sent else None,
+        tokens_per_audio_s=round(tokens / sent_audio_s, 3) if sent_audio_s else None,
+        fallbacks=sum(o.fallback for o in good_sent),
+        problems=list(problems)[:5],
+    )
+
+
+def saturation_index(goodputs: Sequence[float]) -> int | None:
+    """Index of the first point whose goodput is at least SATURATION_SHARE of the best."""
+    if not goodputs:
+        return None
+    best = max(goodputs)
+    return next(i for i, g in enumerate(goodputs) if g >= SATURATION_SHARE * best)
+
+
+@dataclass(frozen=True)
+class Saturation:
+    concurrency: int  # the smallest concurrency that reaches SATURATION_SHARE of the best goodput
+    goodput_per_s: float
+    rtfx: float
+    best_goodput_per_s: float
+    overload_concurrency: int | None  # twice `concurrency`, when measured
+    overload_goodput_per_s: float | None
+    overload_share: float | None  # goodput there over goodput at saturation
+    graceful: bool | None  # overload_share >= OVERLOAD_SHARE
+
+
+def saturation(points: Sequence[PointStats]) -> Saturation | None:
+    """Where a concurrency sweep (ascending) saturates, and what twice that concurrency keeps."""
+    counted = [p for p in points if not p.failed]
+    index = saturation_index([p.goodput_per_s for p in counted])
+    if index is None:
+        return None
+    at = counted[index]
+    twice = next((p for p in counted if p.concurrency == 2 * at.concurrency), None)
+    share = round(twice.goodput_per_s / at.goodput_per_s, 3) if twice and at.goodput_per_s else None
+    return Saturation(
+        concurrency=at.concurrency,
+        goodput_per_s=at.goodput_per_s,
+        rtfx=at.rtfx,
+        best_goodput_per_s=max(p.goodput_per_s for p in counted),
+        overload_concurrency=twice.concurrency if twice else None,
+        overload_goodput_per_s=twice.goodput_per_s if twice else None,
+        overload_share=share,
+        graceful=None if share is None else share >= OVERLOAD_SHARE,
+    )
+
+
+def sweep_done(points: Sequence[PointStats], min_top: int) -> bool:
+    """A doubling sweep has seen enough: it reached `min_top` and twice its saturating concurrency."""
+    found = saturation(points)
+    top = points[-1].concurrency if points else 0
+    return found is not None and top >= min_top and top >= 2 * found.concurrency

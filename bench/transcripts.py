@@ -1,0 +1,83 @@
+"""What a benchmark request must get back: non-empty text of a plausible (or an exact) length.
+
+A benchmark whose requests return nothing measures nothing: every response is
+read as verbose_json and its text tokens are counted (the segments' tokens
+below <|endoftext|>, so timestamps and control tokens do not count). With
+real weights the count must be plausible for the clip's length; with forced
+lengths (random weights, min_new_tokens = max_new_tokens) it must be exact.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# What every benchmark request asks for, beyond the defaults: the whole transcript as
+# verbose_json (so its tokens can be counted), decoded without timestamp tokens, as the
+# ensemble's default response format (json) decodes.
+REQUEST_PARAMETERS: dict[str, object] = {"response_format": "verbose_json", "timestamps": False}
+
+# Fast read speech is about 4 tokens a second; a transcript far beyond that is a
+# repetition loop, not speech. The slack lets a short clip hold a few words.
+MAX_TOKENS_PER_SECOND = 10.0
+TOKEN_SLACK = 10
+
+
+@dataclass(frozen=True)
+class TranscriptCheck:
+    """How one response is judged.
+
+    eot: the checkpoint's <|endoftext|> id; smaller ids are text.
+    expected_tokens: the exact text-token count (forced lengths), or None for
+        any plausible count for `duration_s`.
+    """
+
+    eot: int
+    duration_s: float
+    expected_tokens: int | None = None
+
+    @property
+    def max_tokens(self) -> int:
+        return math.floor(MAX_TOKENS_PER_SECOND * self.duration_s) + TOKEN_SLACK
+
+
+@dataclass(frozen=True)
+class Verdict:
+    tokens: int  # text tokens in the transcript
+    fallback: bool  # some window was decoded again at a higher temperature
+    problem: str | None  # None when the transcript passes
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+
+def text_tokens(record: Mapping[str, Any], eot: int) -> int:
+    """Text tokens of a verbose_json record: segment tokens below `eot`."""
+    return sum(1 for segment in record["segments"] for token in segment["tokens"] if token < eot)
+
+
+def judge(record: Mapping[str, Any], check: TranscriptCheck) -> Verdict:
+    """Whether a verbose_json record (as a dict) is a real transcript of the clip."""
+    tokens = text_tokens(record, check.eot)
+    fallback = any(segment.get("temperature", 0.0) > 0 for segment in record["segments"])
+    problem = None
+    if not str(record.get("text", "")).strip():
+        problem = "empty text"
+    elif check.expected_tokens is not None and tokens != check.expected_tokens:
+        problem = f"{tokens} text tokens, {check.expected_tokens} forced"
+    elif check.expected_tokens is None and not 1 <= tokens <= check.max_tokens:
+        problem = f"{tokens} text tokens for {check.duration_s:g} s (plausible: 1 to {check.max_tokens})"
+    return Verdict(tokens=tokens, fallback=fallback, problem=problem)
+
+
+def judge_json(data: bytes | str, check: TranscriptCheck) -> Verdict:
+    """`judge` of a verbose_json document as the server sends it."""
+    try:
+        record = json.loads(data)
+        return judge(record, check)
+    except (json.JSONDecodeError, KeyError, TypeError) as error:
+        return Verdict(tokens=0, fallback=False, problem=f"not verbose_json: {error}")

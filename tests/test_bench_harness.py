@@ -1,0 +1,334 @@
+"""The served benchmark's pure pieces: statistics, transcript checks, forced lengths, host readings,
+provenance, carrying files in parts, the stand-in repository and the report."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import served_report
+from bench.carry import gather, split
+from bench.host import CpuTimes, busy_cores, parse_proc_stat
+from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
+from bench.load import split_slots
+from bench.provenance import blob_id, stamped_commit_info, write_stamp
+from bench.standin import CANNED_NAME, CANNED_PATH, STANDIN_SOURCE, canned_check, write_standin_repository
+from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, saturation, summarize, sweep_done
+from bench.transcripts import REQUEST_PARAMETERS, TranscriptCheck, judge, judge_json, text_tokens
+from python_backend_lib.apps.server import packaged_model_repository
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.serving.parameters import parse_request_parameters
+
+EOT = 50256
+
+
+# ------------------------------------------------------------------ statistics
+
+
+def test_a_point_counts_completions_in_its_window_and_latency_of_requests_sent_in_it():
+    durations = [2.0, 4.0]
+    outcomes = [
+        Outcome(0, sent=9.0, done=10.5, status=OK, tokens=5),  # sent in warm-up, done inside: throughput only
+        Outcome(1, sent=10.5, done=11.0, status=OK, tokens=10),
+        Outcome(0, sent=11.0, done=11.2, status=OK, tokens=6, fallback=True),
+        Outcome(1, sent=11.2, done=11.3, status="UNAVAILABLE"),
+        Outcome(0, sent=11.5, done=12.5, status=OK, tokens=7),  # done after the window: latency only
+        Outcome(1, sent=12.6, done=12.7, status=OK, tokens=8),  # after the window: not counted
+    ]
+    stats = summarize(outcomes, durations, window=(10.0, 12.0), concurrency=2)
+    assert stats.sent == 4
+    assert stats.answered_per_s == 2.0  # 4 completions in 2 s
+    assert stats.goodput_per_s == 1.5
+    assert stats.rtfx == (2.0 + 4.0 + 2.0) / 2.0
+    assert stats.statuses == {OK: 3, "UNAVAILABLE": 1}
+    latencies_ms = np.array([0.5, 0.2, 1.0]) * 1e3
+    assert stats.latency_ms["p50"] == pytest.approx(np.percentile(latencies_ms, 50))
+    assert stats.latency_ms["p99"] == pytest.approx(np.percentile(latencies_ms, 99))
+    assert stats.mean_tokens == pytest.approx((10 + 6 + 7) / 3, abs=0.01)
+    assert stats.tokens_per_audio_s == pytest.approx(23 / 8.0, abs=1e-3)
+    assert stats.fallbacks == 1 and not stats.failed
+
+
+def test_one_bad_transcript_fails_the_point():
+    outcomes = [Outcome(0, 1.0, 1.1, OK, 3), Outcome(0, 1.2, 1.3, BAD_TRANSCRIPT, 0)]
+    stats = summarize(outcomes, [1.0], (0.0, 2.0), 1, problems=["clip: empty text"])
+    assert stats.failed and stats.goodput_per_s == 0.5 and stats.problems == ["clip: empty text"]
+    assert stats.to_dict()["failed"] is True
+
+
+def point(concurrency: int, goodput: float, failed: bool = False) -> PointStats:
+    statuses = {OK: 10, **({BAD_TRANSCRIPT: 1} if failed else {})}
+    return PointStats(concurrency, 8.0, 11, goodput, goodput, goodput * 5, {}, statuses, 10.0, 3.0, 0)
+
+
+def test_saturation_is_the_first_concurrency_within_5_percent_of_the_best():
+    sweep = [point(1, 100), point(2, 190), point(4, 350), point(8, 600), point(16, 800), point(32, 900),
+             point(64, 950), point(128, 960)]
+    found = saturation(sweep)
+    assert found.concurrency == 64 and found.best_goodput_per_s == 960
+    assert found.overload_concurrency == 128 and found.overload_share == pytest.approx(960 / 950, abs=1e-3)
+    assert found.graceful
+    assert sweep_done(sweep, min_top=64)
+    assert not sweep_done(sweep[:-1], min_top=64)  # 64 is not yet twice the saturating 64
+    assert not sweep_done(sweep, min_top=256)
+
+
+def test_overload_that_loses_goodput_is_not_graceful_and_failed_points_do_not_count():
+    found = saturation([point(1, 100), point(2, 200), point(4, 150), point(8, 5000, failed=True)])
+    assert found.concurrency == 2 and found.overload_share == 0.75 and found.graceful is False
+
+
+@pytest.mark.parametrize("concurrency, processes, expected", [
+    (1, 4, [(0, 1)]), (6, 4, [(0, 2), (2, 2), (4, 1), (5, 1)]), (512, 4, [(0, 128), (128, 128), (256, 128), (384, 128)]),
+])
+def test_slots_are_spread_evenly_over_the_client_processes(concurrency, processes, expected):
+    assert split_slots(concurrency, processes) == expected
+
+
+# ------------------------------------------------------------------ transcripts and jobs
+
+
+def verbose(text: str, *token_lists: list[int], temperature: float = 0.0) -> dict:
+    return {"text": text, "segments": [{"tokens": t, "temperature": temperature} for t in token_lists]}
+
+
+def test_text_tokens_leave_out_timestamps_and_control_tokens():
+    assert text_tokens(verbose("x", [50364, 11, 12, 50400], [50400, 13, 50500]), EOT) == 3
+
+
+@pytest.mark.parametrize("record, check, problem", [
+    (verbose("hello there", [11, 12]), TranscriptCheck(EOT, 1.0), None),
+    (verbose("  ", [11]), TranscriptCheck(EOT, 1.0), "empty text"),
+    (verbose("x", []), TranscriptCheck(EOT, 1.0), "0 text tokens for 1 s (plausible: 1 to 20)"),
+    (verbose("x", list(range(21))), TranscriptCheck(EOT, 1.0), "21 text tokens for 1 s (plausible: 1 to 20)"),
+    (verbose("x", [1, 2, 3]), TranscriptCheck(EOT, 1.0, expected_tokens=3), None),
+    (verbose("x", [1, 2]), TranscriptCheck(EOT, 1.0, expected_tokens=3), "2 text tokens, 3 forced"),
+])
+def test_a_transcript_must_be_non_empty_and_of_a_plausible_or_the_forced_length(record, check, problem):
+    assert judge(record, check).problem == problem
+
+
+def test_fallback_and_broken_documents_are_reported():
+    assert judge(verbose("a", [1], temperature=0.2), TranscriptCheck(EOT, 1.0)).fallback
+    assert judge_json(b"{not json", TranscriptCheck(EOT, 1.0)).problem.startswith("not verbose_json")
+
+
+def test_forced_lengths_follow_the_clip_length_within_whispers_positions():
+    assert forced_tokens(5.48, 3.2) == 18
+    assert forced_tokens(0.1, 3.2) == 1
+    assert forced_tokens(200.0, 3.2) == MAX_FORCED_TOKENS
+
+
+def test_jobs_ask_what_the_server_parses_into_the_librarys_options():
+    from bench.clips import load_clips
+
+    clip = load_clips()[0]
+    real, = real_jobs([clip], EOT)
+    assert real.parameters == REQUEST_PARAMETERS and real.check.expected_tokens is None
+    assert real.options == parse_request_parameters(REQUEST_PARAMETERS).transcription
+    forced, = forced_jobs([clip], EOT, 3.0)
+    n = forced_tokens(clip.clip.duration_s, 3.0)
+    options = forced.options
+    assert options.decoding.min_new_tokens == options.decoding.max_new_tokens == n == forced.check.expected_tokens
+    assert options.temperatures == (0.0,) and not options.decoding.timestamps
+    assert forced.load_request().wav == clip.wav
+
+
+# ------------------------------------------------------------------ host readings
+
+
+def test_cpu_busy_cores_from_proc_stat():
+    before = parse_proc_stat("cpu  100 0 50 800 50 0 0 0 0 0\ncpu0 1 2 3 4\n")
+    after = parse_proc_stat("cpu  400 0 150 1000 50 0 0 0 0 0\n")
+    assert before == CpuTimes(busy=150, total=1000)
+    assert busy_cores(before, after, cores=16) == pytest.approx(16 * 400 / 600, abs=0.01)
+    assert busy_cores(None, after, 16) is None
+    with pytest.raises(ValueError):
+        parse_proc_stat("intr 1 2 3\n")
+
+
+# ------------------------------------------------------------------ provenance
+
+
+def git(root: Path, *args: str) -> str:
+    return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def test_a_blob_id_is_what_git_gives_the_content(tmp_path):
+    path = tmp_path / "f.txt"
+    path.write_bytes(b"some content\n\x00binary")
+    assert blob_id(path.read_bytes()) == git(tmp_path, "hash-object", str(path))
+
+
+def test_the_stamp_tells_a_clean_copy_from_a_changed_one(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "a.py").write_text("a = 1\n")
+    (repo / "sub").mkdir()
+    (repo / "sub" / "b.txt").write_text("b\n")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    stamp = write_stamp(repo, tmp_path / "stamp.json")
+    assert stamp == json.loads((tmp_path / "stamp.json").read_text())
+    assert stamp["commit"] == git(repo, "rev-parse", "HEAD")
+    copy = tmp_path / "copy"  # what a device machine gets: the files, no .git
+    copy.mkdir()
+    (copy / "sub").mkdir()
+    (copy / "a.py").write_text("a = 1\n")
+    (copy / "sub" / "b.txt").write_text("b\n")
+    (copy / "untracked.log").write_text("ignored\n")
+    info = stamped_commit_info(stamp, copy)
+    assert (info.commit, info.dirty, info.changed) == (stamp["commit"], False, ())
+    (copy / "a.py").write_text("a = 2\n")
+    (copy / "sub" / "b.txt").unlink()
+    info = stamped_commit_info(stamp, copy)
+    assert info.dirty and info.changed == ("a.py", "sub/b.txt") and info.checked_by == "stamp"
+
+
+# ------------------------------------------------------------------ carrying a file in parts
+
+
+def test_a_file_split_in_parts_is_joined_only_when_every_part_is_there(tmp_path):
+    original = tmp_path / "weights.whl"
+    original.write_bytes(np.random.default_rng(0).bytes(1_000_003))
+    manifest = split(original, 3, tmp_path / "carry")
+    assert [len((tmp_path / "carry" / str(i) / n).read_bytes()) for i, n in enumerate(manifest.parts, 1)] == [
+        333_335, 333_335, 333_333]
+    stash = tmp_path / "stash"
+    assert gather(tmp_path / "carry" / "1", stash) is None
+    assert gather(tmp_path / "carry" / "3", stash) is None
+    joined = gather(tmp_path / "carry" / "2", stash)
+    assert joined == stash / "weights.whl" and joined.read_bytes() == original.read_bytes()
+
+
+def test_a_damaged_part_is_refused(tmp_path):
+    original = tmp_path / "f.bin"
+    original.write_bytes(b"0123456789")
+    manifest = split(original, 2, tmp_path / "carry")
+    (tmp_path / "carry" / "2" / manifest.parts[1]).write_bytes(b"xxxxx")
+    with pytest.raises(ValueError, match="damaged"):
+        gather(tmp_path / "carry" / "2", tmp_path / "stash")
+
+
+# ------------------------------------------------------------------ the stand-in repository
+
+
+def test_the_stand_in_repository_differs_from_the_packaged_one_only_in_whisper(tmp_path):
+    source = packaged_model_repository()
+    built = write_standin_repository(tmp_path / "ceiling")
+    theirs = {p.relative_to(source) for p in source.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
+    ours = {p.relative_to(built) for p in built.rglob("*") if p.is_file()}
+    model = Path("whisper", "1", "model.py")
+    assert ours == theirs | {Path("whisper", "1", CANNED_NAME)}
+    for name in theirs - {model}:
+        assert (built / name).read_bytes() == (source / name).read_bytes(), name
+    assert (built / model).read_bytes() == STANDIN_SOURCE.read_bytes()
+
+
+def test_the_canned_transcript_is_a_real_verbose_json_of_realistic_length():
+    record = json.loads(CANNED_PATH.read_text())
+    check = canned_check(EOT)
+    assert judge(record, check).ok
+    assert 3 <= check.duration_s <= 8 and check.expected_tokens >= 10  # a sentence, near the mean clip
+    assert record["text"].strip() and record["segments"][0]["avg_logprob"] > -1
+
+
+def test_random_weights_are_served_with_every_non_text_token_suppressed():
+    from bench.served_checkpoint import text_only
+
+    checkpoint = load_checkpoint("random:tiny:0")
+    special = checkpoint.config.special
+    suppressed = set(text_only(checkpoint).config.suppress_tokens)
+    assert special.eot not in suppressed and special.eot - 1 not in suppressed
+    assert set(range(special.eot + 1, checkpoint.config.dims.n_vocab)) <= suppressed
+    assert {special.no_timestamps, special.timestamp_begin, special.sot} <= suppressed
+
+
+# ------------------------------------------------------------------ the report
+
+
+def sweep_section(goodputs: dict[int, float], failed_at: int | None = None) -> dict:
+    points = []
+    for concurrency, goodput in goodputs.items():
+        failed = concurrency == failed_at
+        points.append({**point(concurrency, goodput, failed).to_dict(), "client_processes": 1,
+                       "client_cpu_cores": 0.1, "host_busy_cores": 3.0, "gpu_utilisation_pct": 50.0,
+                       "gpu_memory_used_gib": 5.0,
+                       "latency_ms": {"p50": 10.0, "p90": 12.0, "p99": 20.0, "mean": 11.0},
+                       "models": {"whisper": {"queue_ms": 1.0, "execute_ms": 0.5}}})
+    stats = [point(c, g, c == failed_at) for c, g in goodputs.items()]
+    from dataclasses import asdict
+
+    return {"run": 0, "points": points, "saturation": asdict(saturation(stats)),
+            "server": {"command": "whisper-triton serve", "name": "triton", "version": "2.51.0", "ready_s": 9.0}}
+
+
+def results_fixture(commits: tuple[str, ...] = ("abc",)) -> dict:
+    runs = [{"id": i, "model": "tiny", "phases": ["served"], "quick": False, "commit": c, "dirty": False,
+             "changed": [], "checked_by": "stamp", "date": "2026-11-23", "command": "python -m bench.served",
+             "machine": {"gpu": "H100", "gpu_memory_gib": 79.6, "cpu_count": 16, "driver": "580", "torch": "2.11",
+                         "python": "3.12"}} for i, c in enumerate(commits)]
+    served = sweep_section({1: 100.0, 2: 150.0, 4: 200.0, 8: 150.0})
+    served["latency_5s"] = {**served["points"][0], "clip": {"duration_s": 4.96}}
+    tiny = {
+        "source": "default", "random_weights": False, "tokens_per_audio_s": 3.1,
+        "clips": [{"name": "c", "recording": "r.wav", "start_s": 0.0, "end_s": 4.96, "duration_s": 4.96,
+                   "forced_tokens": None}],
+        "ceiling": sweep_section({1: 500.0, 2: 1100.0, 4: 1200.0, 8: 1210.0}),
+        "served": served,
+        "engine": {"rtfx": 1500.0, "requests_per_s": 300.0, "mean_tokens": 17.0, "requests": 1024, "slots": 256,
+                   "failed": False},
+        "transformers": {"transformers": "5.17", "dtype": "float16", "attention": "sdpa", "decoding": "greedy",
+                         "feature_extraction": "WhisperFeatureExtractor(device='cuda')",
+                         "rows": [{"batch": 1, "rtfx": 100.0, "generate_rtfx": 120.0, "requests_per_s": 20.0,
+                                   "mean_tokens": 17.0},
+                                  {"batch": 2, "rtfx": 180.0, "generate_rtfx": 230.0, "requests_per_s": 36.0,
+                                   "mean_tokens": 17.0},
+                                  {"batch": 4, "error": "out of memory: CUDA"}],
+                         "best": {"batch": 2, "rtfx": 180.0}, "best_generate": {"batch": 2, "rtfx": 230.0}},
+    }
+    return {"runs": runs, "models": {"tiny": tiny}}
+
+
+def target_rows(data: dict) -> dict[str, list]:
+    return {row[0]: row for row in served_report.targets(data)}
+
+
+def test_the_targets_are_read_from_the_saturated_point_and_the_best_transformers_batch():
+    rows = target_rows(results_fixture())
+    assert rows["tiny served RTFx at saturation"][2:] == ["1000.0 (concurrency 4)", "missed"]
+    assert rows["tiny served / engine alone (RTFx)"][2:] == ["0.667 (1000.0 / 1500.0)", "met"]
+    assert rows["tiny served / transformers' best (feature extraction included)"][2:] == [
+        "5.556 (1000.0 / 180.0 at batch 2)", "met"]
+    assert rows["tiny p50, ~5 s clip, concurrency 1"][2:] == ["10.0 ms (4.96 s clip)", "met"]
+    assert rows["tiny: goodput at 2x saturation / at saturation"][2:] == ["0.75 (concurrency 8 vs 4)", "missed"]
+    assert rows["tiny: ceiling (stand-in whisper), best requests/s"][2:] == [1210.0, "met"]
+    assert rows["large-v3 served / engine alone (RTFx)"][2:] == [None, "not measured"]
+
+
+def test_a_failed_point_or_phase_never_counts():
+    data = results_fixture()
+    data["models"]["tiny"]["served"] = sweep_section({1: 100.0, 2: 150.0, 4: 200.0, 8: 5000.0}, failed_at=8)
+    data["models"]["tiny"]["engine"] = {"error": "RuntimeError: boom"}
+    rows = target_rows(data)
+    assert rows["tiny served RTFx at saturation"][2] == "1000.0 (concurrency 4)"
+    assert rows["tiny served / engine alone (RTFx)"][3] == "not measured"
+    text = served_report.markdown(data)
+    assert "FAILED" in text and "failed: RuntimeError: boom" in text
+
+
+def test_the_report_names_its_runs_and_says_when_they_are_not_one(tmp_path):
+    text = served_report.markdown(results_fixture())
+    assert "All rows come from one commit on one machine." in text
+    assert "`python -m bench.served`" in text and "H100 (79.6 GiB), 16 CPUs" in text
+    assert "not one run" in served_report.markdown(results_fixture(("abc", "def")))
+    path = tmp_path / "served.json"
+    path.write_text(json.dumps(results_fixture()))
+    served_report.write(path, tmp_path)
+    assert (tmp_path / "served.md").read_text() == text
+    assert (tmp_path / "served.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
