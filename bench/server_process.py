@@ -14,6 +14,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,23 +89,20 @@ class ServerProcess:
         self.stop()
 
     def _wait_ready(self, started: float) -> None:
-        import tritonclient.grpc as grpc
-
-        client = grpc.InferenceServerClient(self.command.grpc_url)
-        try:
-            while True:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"whisper-triton serve exited with {self.process.returncode}:\n{self.log_tail()}")
-                if time.monotonic() - started > self.startup_timeout_s:
-                    raise RuntimeError(f"not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
-                try:
-                    if client.is_server_ready():
+        """Poll Triton's readiness over HTTP, each try bounded (a gRPC call can hang while the port opens)."""
+        url = f"http://localhost:{self.command.ports['http']}/v2/health/ready"
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"whisper-triton serve exited with {self.process.returncode}:\n{self.log_tail()}")
+            if time.monotonic() - started > self.startup_timeout_s:
+                raise RuntimeError(f"not ready after {self.startup_timeout_s:.0f} s:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(url, timeout=READY_POLL_S * 4) as response:
+                    if response.status == 200:
                         return
-                except Exception:  # not listening yet
-                    pass
-                time.sleep(READY_POLL_S)
-        finally:
-            client.close()
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(READY_POLL_S)
 
     def metadata(self) -> dict:
         """Triton's name and version, from the server itself."""
@@ -111,7 +110,7 @@ class ServerProcess:
 
         client = grpc.InferenceServerClient(self.command.grpc_url)
         try:
-            data = client.get_server_metadata(as_json=True)
+            data = client.get_server_metadata(as_json=True, client_timeout=20.0)
         finally:
             client.close()
         return {"name": data.get("name"), "version": data.get("version")}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+STATS_TIMEOUT_S = 20.0
+
 
 def model_stats(url: str) -> dict:
     """Cumulative statistics of every model, from the gRPC endpoint at `url`."""
@@ -9,7 +11,7 @@ def model_stats(url: str) -> dict:
 
     client = grpc.InferenceServerClient(url)
     try:
-        stats = client.get_inference_statistics(as_json=True)
+        stats = client.get_inference_statistics(as_json=True, client_timeout=STATS_TIMEOUT_S)
     finally:
         client.close()
     out = {}

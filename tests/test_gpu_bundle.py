@@ -91,6 +91,19 @@ def test_every_wheel_is_pinned_exactly_and_once():
         assert wheel.reason
 
 
+def test_no_http_leaves_out_exactly_the_http_clients_transport():
+    from importlib.metadata import requires
+
+    kept = {Requirement(w.requirement).name for w in bundle.selected_wheels(no_http=True)}
+    left_out = {Requirement(w.requirement).name for w in bundle.WHEELS} - kept
+    assert left_out == {"geventhttpclient", "gevent", "greenlet", "zope.event", "zope.interface", "brotli"}
+    assert {"tritonclient", "numpy", "flashinfer-python", "soundfile"} <= kept
+    # tritonclient asks for geventhttpclient only with its http (or all) extra: the gRPC client needs none of them
+    gevent = [r for r in requires("tritonclient") if r.startswith("geventhttpclient")]
+    assert gevent and all(Requirement(r).marker.evaluate({"extra": ""}) is False for r in gevent)
+    assert len(bundle.selected_wheels(no_http=False)) == len(bundle.WHEELS)
+
+
 # --- the installer, on a fake bundle ----------------------------------------------
 
 FAKE_SERVER = "#!/bin/sh\necho 'Usage: tritonserver [options]'\nexit 1\n"
