@@ -5,8 +5,9 @@ alone, transformers) gets the same jobs. With real weights a job asks what a
 client would (`REQUEST_PARAMETERS`) and its answer must be a plausible
 transcript. With random weights each job forces its decode length: as many
 text tokens as tiny.en produced per second of real speech, times the clip's
-length, with min_new_tokens = max_new_tokens and no temperature fallback
-(forced lengths are not "unlikely" text to decode again).
+length, with min_new_tokens = max_new_tokens, no timestamp tokens (the served
+checkpoint suppresses every token but text, `bench.served_checkpoint`) and no
+temperature fallback (forced lengths are not "unlikely" text to decode again).
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def forced_jobs(clips: list[ClipAudio], eot: int, tokens_per_second: float) -> l
     jobs = []
     for c in clips:
         n = forced_tokens(c.clip.duration_s, tokens_per_second)
-        parameters = {**REQUEST_PARAMETERS, "language": "en", "min_new_tokens": n, "max_new_tokens": n,
-                      "temperature_increment": 0}
+        parameters = {**REQUEST_PARAMETERS, "language": "en", "timestamps": False, "min_new_tokens": n,
+                      "max_new_tokens": n, "temperature_increment": 0}
         jobs.append(Job(c, parameters, TranscriptCheck(eot, c.clip.duration_s, expected_tokens=n)))
     return jobs

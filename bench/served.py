@@ -3,8 +3,8 @@
     python -m bench.served --model tiny --out OUT            # on a GPU machine (scripts/gpu_run.sh served-tiny)
     python -m bench.served --model tiny --quick --device cpu --out /tmp/bench-cpu   # the harness, on a CPU
 
-Phases, in this order (each with its own deadline; one that fails is recorded
-and the next one runs):
+Phases, in this order (each gets its share of `--budget-s`, split between the
+phases asked for; one that fails is recorded and the next one runs):
 
 - ceiling: `whisper-triton serve` on a copy of the model repository whose
   `whisper` is a stand-in that answers at once (`bench.standin`); a
@@ -82,7 +82,9 @@ class Settings:
     transformers_batches: tuple[int, ...] = BATCH_SIZES
     transformers_budget_s_per_size: float = 25.0
     startup_s: float = 300.0
-    budgets_s: tuple[tuple[str, float], ...] = (("ceiling", 140), ("served", 210), ("engine", 70), ("transformers", 120))
+    # Each phase's share of the time left when the phases start (of those asked for).
+    shares: tuple[tuple[str, float], ...] = (("ceiling", 0.26), ("served", 0.39), ("engine", 0.13),
+                                             ("transformers", 0.22))
 
     clip_stride: int = 1  # every clip_stride-th clip ...
     max_clip_s: float | None = None  # ... of at most this length
@@ -92,8 +94,7 @@ class Settings:
         return cls(warmup_s=2.0, point_s=12.0, latency_s=8.0, timeout_s=120.0, max_concurrency=8,
                    clip_stride=4, max_clip_s=8.0,
                    min_top_concurrency=4, engine_min_requests=16, transformers_batches=(1, 2, 4),
-                   transformers_budget_s_per_size=20.0, startup_s=240.0,
-                   budgets_s=(("ceiling", 90), ("served", 150), ("engine", 90), ("transformers", 120)))
+                   transformers_budget_s_per_size=20.0, startup_s=240.0)
 
 
 def say(message: str) -> None:
@@ -251,11 +252,16 @@ def server_phase(phase: str, command: ServeCommand, jobs: list[Job], args, setti
 # ------------------------------------------------------------------ the run
 
 
+def phase_budgets(phases: list[str], settings: Settings, seconds: float) -> dict[str, float]:
+    """`seconds` split between the phases asked for, by their shares."""
+    shares = {phase: share for phase, share in settings.shares if phase in phases}
+    return {phase: seconds * share / sum(shares.values()) for phase, share in shares.items()}
+
+
 def run_phase(phase: str, spec: ModelSpec, checkpoint: str, jobs: list[Job], args, settings: Settings,
-              results: Results, run_id: int) -> None:
-    budget = dict(settings.budgets_s)[phase]
+              results: Results, run_id: int, budget: float) -> None:
     deadline = min(time.monotonic() + budget, args.deadline)
-    section = results.model(args.model)[phase] = {"run": run_id, "budget_s": budget}
+    section = results.model(args.model)[phase] = {"run": run_id, "budget_s": round(budget)}
     started = time.monotonic()
     try:
         if phase == "ceiling":
@@ -361,9 +367,12 @@ def main(argv: list[str] | None = None) -> int:
     results.save()
     say(f"{len(jobs)} clips, {sum(j.audio.clip.duration_s for j in jobs):.0f} s of audio"
         + (f", forced at {rate} tokens per second" if rate else ""))
-    for phase in PHASES:
-        if phase in args.phases:
-            run_phase(phase, spec, checkpoint, jobs, args, settings, results, run["id"])
+    remaining = [phase for phase in PHASES if phase in args.phases]
+    while remaining:  # time a phase leaves unused goes to the ones after it
+        phase = remaining[0]
+        budget = phase_budgets(remaining, settings, args.deadline - time.monotonic())[phase]
+        run_phase(phase, spec, checkpoint, jobs, args, settings, results, run["id"], budget)
+        remaining.pop(0)
     report.write_served_report(args.results, args.out)
     say(f"wrote {args.out}")
     return 0

@@ -1,8 +1,9 @@
 """transformers' `WhisperForConditionalGeneration.generate` on the benchmark's jobs, batch sizes 1 to 256.
 
 Half precision with PyTorch SDPA attention on a GPU (float32 on the CPU, where
-half precision is not what anyone runs), greedy, no timestamps, no
-temperature fallback. The jobs are taken in order, repeated as needed, in
+half precision is not what anyone runs), greedy, without temperature
+fallback, with timestamp tokens as the jobs ask (real weights: on, as served;
+forced lengths: off). The jobs are taken in order, repeated as needed, in
 batches of each size; each batch is timed in two parts: feature extraction
 (`WhisperFeatureExtractor` with its `device` option, which runs the STFT on the
 GPU: the fastest way transformers offers) and `generate`. A batch size reports
@@ -74,7 +75,8 @@ def run_transformers(jobs: list[Job], plan: TransformersPlan, say, deadline: flo
         "dtype": str(dtype).removeprefix("torch."),
         "attention": "sdpa",
         "feature_extraction": f"WhisperFeatureExtractor(device={plan.device.split(':')[0]!r})",
-        "decoding": "greedy, no timestamps, no fallback" + ("; language en" if multilingual else ""),
+        "decoding": f"greedy, timestamps {'on' if jobs[0].options.decoding.timestamps else 'off'}, no fallback"
+        + ("; language en" if multilingual else ""),
         "rows": rows,
         "best": {"batch": best["batch"], "rtfx": best["rtfx"]} if best else None,
         "best_generate": {"batch": best_generate["batch"], "rtfx": best_generate["generate_rtfx"]}
@@ -107,9 +109,10 @@ def _run_size(model, extractor, jobs, size, plan, multilingual, eot, dtype, dead
             lengths = {"max_new_tokens": forced_cap}
         language = {"language": "en", "task": "transcribe"} if multilingual else {}
         with torch.inference_mode():
-            return model.generate(inputs, return_timestamps=False, do_sample=False, num_beams=1,
+            return model.generate(inputs, return_timestamps=timestamps, do_sample=False, num_beams=1,
                                   **language, **lengths)
 
+    timestamps = jobs[0].options.decoding.timestamps  # as the server decodes them
     batches = max(plan.min_batches, math.ceil(len(jobs) / size))
     if plan.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()

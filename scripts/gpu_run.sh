@@ -41,14 +41,14 @@ exec > >(tee -a "$OUT/log") 2>&1
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-575}
 PHASES=${*:-install tests bench triton slow}
-PY=python3
+PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer}
 export WHISPER_BENCH_STATE=${WHISPER_BENCH_STATE:-/tmp/whisper-bench}
 export PYTHONPATH=$PWD  # this checkout, also in the Triton stub, over any installed copy
 BUNDLE=${BUNDLE:-$(ls -d .gpu-bundle .bundle 2>/dev/null | head -1)}
-TRITON_HOME=/opt/whisper-triton
-INSTALLED=/tmp/whisper-bundle-installed
+TRITON_HOME=${TRITON_HOME:-/opt/whisper-triton}
+INSTALLED=${INSTALLED:-/tmp/whisper-bundle-installed}
 STASH=/tmp/whisper-carry
 left() { echo $((DEADLINE_S - ($(date +%s) - START))); }
 say() { echo "[gpu_run $(($(date +%s) - START)) s] $*"; }
@@ -57,29 +57,21 @@ has() { [[ " $PHASES " == *" $1 "* ]]; }
 say "phases: $PHASES; $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader)"
 $PY -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda)'
 
-# Triton's server and stub find their libraries and this Python through these (install_gpu_bundle.sh's env.sh).
-triton_env() {
-    export WHISPER_TRITON_HOME=$TRITON_HOME PATH=$(dirname "$(command -v $PY)"):$TRITON_HOME/bin:$PATH
-    local libdir
-    libdir=$($PY -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
-    export LD_LIBRARY_PATH=$TRITON_HOME/lib:$libdir${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-}
-
-# 1. Wheels and Triton. Without `install`, only the wheels the benchmark needs (numpy 1.26 excepted:
-#    the tests and bench.gpu's offline part use the image's numpy).
+# 1. Wheels and Triton, by the bundle's own installer (it checks the files, installs the wheels into
+#    this Python, unpacks Triton and writes env.sh). Without `install`, only the wheels the benchmark
+#    needs (numpy 1.26 excepted: the tests and bench.gpu's offline part use the image's numpy).
 if has install; then
     if [[ -f $INSTALLED ]]; then
         say "install: done on this machine already ($(cat $INSTALLED))"
-    elif [[ -z $BUNDLE ]]; then
+    elif [[ -z $BUNDLE || ! -f $BUNDLE/install_gpu_bundle.sh ]]; then
         say "install: no bundle carried (.gpu-bundle or .bundle)"; exit 1
     else
-        $PY -m pip install -q --no-index --no-deps --force-reinstall --no-compile --disable-pip-version-check \
-            $(ls $BUNDLE/wheels/*.whl .whl/*.whl 2>/dev/null | grep -v '/whisper_triton-') || exit 1
-        mkdir -p $TRITON_HOME && tar -xJf $BUNDLE/tritonserver-*.tar.xz -C $TRITON_HOME --strip-components=1 || exit 1
-        triton_env
-        ldd $TRITON_HOME/backends/python/triton_python_backend_stub | grep "not found"
+        PYTHON=$(command -v $PY) bash $BUNDLE/install_gpu_bundle.sh $BUNDLE $TRITON_HOME || exit 1
+        EXTRA=$(ls .whl/*.whl 2>/dev/null || true)
+        if [[ -n $EXTRA ]]; then
+            $PY -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check $EXTRA || exit 1
+        fi
         echo "$BUNDLE at $(date -u +%H:%M:%S)" > $INSTALLED
-        say "install: $($PY -c 'import numpy, flashinfer; print("numpy", numpy.__version__, "flashinfer", flashinfer.__version__)')"
     fi
 else
     WHEELS=$(ls ${BUNDLE:+$BUNDLE/wheels/*.whl} .whl/*.whl 2>/dev/null | grep -v -e '/numpy-' -e '/whisper_triton-' || true)
@@ -87,7 +79,10 @@ else
         $PY -m pip install -q --no-index --no-deps --no-compile --disable-pip-version-check $WHEELS || exit 1
     fi
 fi
-[[ -f $INSTALLED ]] && triton_env
+if [[ -f $INSTALLED ]]; then  # Triton's server and stub find their libraries and this Python through it
+    source $TRITON_HOME/env.sh
+    say "installed: $($PY -c 'import numpy, flashinfer; print("numpy", numpy.__version__, "flashinfer", flashinfer.__version__)' 2>&1 | tail -1)"
+fi
 
 SITE=$($PY -c 'import flashinfer, os; print(os.path.dirname(flashinfer.__file__))' 2>/dev/null)
 if [[ -n $SITE && -f .flashinfer/aot.tgz ]]; then  # prebuilt modules: FlashInfer loads data/aot/<name>/<name>.so as is

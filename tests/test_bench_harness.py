@@ -82,6 +82,15 @@ def test_overload_that_loses_goodput_is_not_graceful_and_failed_points_do_not_co
     assert found.concurrency == 2 and found.overload_share == 0.75 and found.graceful is False
 
 
+def test_the_time_is_split_between_the_phases_asked_for_by_their_shares():
+    from bench.served import Settings, phase_budgets
+
+    budgets = phase_budgets(["ceiling", "served", "engine", "transformers"], Settings(), 500.0)
+    assert sum(budgets.values()) == pytest.approx(500.0) and budgets["served"] > budgets["ceiling"]
+    alone = phase_budgets(["engine", "transformers"], Settings(), 300.0)
+    assert alone == pytest.approx({"engine": 300 * 0.13 / 0.35, "transformers": 300 * 0.22 / 0.35})
+
+
 @pytest.mark.parametrize("concurrency, processes, expected", [
     (1, 4, [(0, 1)]), (6, 4, [(0, 2), (2, 2), (4, 1), (5, 1)]), (512, 4, [(0, 128), (128, 128), (256, 128), (384, 128)]),
 ])
@@ -130,6 +139,7 @@ def test_jobs_ask_what_the_server_parses_into_the_librarys_options():
     real, = real_jobs([clip], EOT)
     assert real.parameters == REQUEST_PARAMETERS and real.check.expected_tokens is None
     assert real.options == parse_request_parameters(REQUEST_PARAMETERS).transcription
+    assert real.options.decoding.timestamps  # the shipped default
     forced, = forced_jobs([clip], EOT, 3.0)
     n = forced_tokens(clip.clip.duration_s, 3.0)
     options = forced.options
