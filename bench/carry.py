@@ -23,7 +23,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 MANIFEST_SUFFIX = ".carry.json"
-CHUNK = 1 << 20
 INCOMPLETE = 3  # gather's exit status while parts are missing
 
 
@@ -44,11 +43,8 @@ class Manifest:
 
 
 def sha256(path: Path) -> str:
-    digest = hashlib.sha256()
     with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(CHUNK), b""):
-            digest.update(block)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def split(path: Path, parts: int, out: Path) -> Manifest:

@@ -1,7 +1,7 @@
 """GPU benchmark: transformers' generate against our engine, eager and with
-CUDA graphs, and the Triton server end to end.
+CUDA graphs (the served path end to end is `bench.served`).
 
-    python -m bench.gpu --models tiny large-v3 --sections steps offline encoder triton --out docs/benchmarks
+    python -m bench.gpu --models tiny large-v3 --sections steps offline encoder --out docs/benchmarks
 
 Writes `<out>/gpu.json` as it goes (each finished measurement is kept if a
 later one fails), then `gpu.md` and `gpu.png` (see `bench.report`). Random
@@ -9,8 +9,7 @@ weights with the real shapes; every request decodes a forced number of tokens
 (min_new_tokens = max_new_tokens), so all systems do the same work.
 
 Offline runs submit every request at time 0 and report, per request, the time
-from then to its result. Features (log-mel) are computed beforehand for the
-offline runs and are part of the Triton runs.
+from then to its result. Features (log-mel) are computed beforehand.
 """
 
 from __future__ import annotations
@@ -410,38 +409,16 @@ def encoder_kernels(name: str, config, results: Results) -> None:
     free_cuda()
 
 
-def triton_section(args, results: Results) -> None:
-    from bench.triton_load import run_triton
-
-    if not args.triton_skip_shipped:
-        run_triton(args, results, say)
-    if args.triton_preprocessing_instances:
-        # The same server with more CPU instances of the audio models: is the
-        # GPU engine or the preprocessing the bound?
-        n = args.triton_preprocessing_instances
-        run_triton(args, results, say, instances={"preprocessing": n, "postprocessing": max(1, n // 2)},
-                   protocols=["grpc"], concurrencies=[64, 256], threads=args.triton_threads)
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", nargs="+", default=["tiny", "large-v3"])
-    parser.add_argument("--sections", nargs="+", default=["steps", "offline", "triton"],
-                        choices=["steps", "offline", "encoder", "triton"])
+    parser.add_argument("--sections", nargs="+", default=["steps", "offline"],
+                        choices=["steps", "offline", "encoder"])
     parser.add_argument("--out", type=Path, default=Path("docs/benchmarks"))
     parser.add_argument("--append", action="store_true", help="add to the JSON already in --out")
     parser.add_argument("--quick", action="store_true", help="fewer requests and slots: a smoke run")
     parser.add_argument("--profile-dir", type=Path, help="write a cProfile of graph decode steps here")
-    parser.add_argument("--triton-model", default="tiny")
-    parser.add_argument("--triton-requests", type=int, default=512)
-    parser.add_argument("--triton-concurrency", nargs="+", type=int, default=[1, 8, 64, 256])
-    parser.add_argument("--triton-protocols", nargs="+", default=["http", "grpc"])
-    parser.add_argument("--triton-startup-s", type=float, default=240.0)
-    parser.add_argument("--triton-preprocessing-instances", type=int, default=0,
-                        help="then serve again with this many preprocessing instances (0: don't)")
-    parser.add_argument("--triton-threads", type=int, help="OMP_NUM_THREADS of that second server")
-    parser.add_argument("--triton-skip-shipped", action="store_true", help="only the second server")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("bench.gpu needs a CUDA GPU", file=sys.stderr)
@@ -461,12 +438,6 @@ def main(argv: list[str] | None = None) -> int:
 
                 traceback.print_exc()
                 free_cuda()
-    if "triton" in args.sections:
-        try:
-            triton_section(args, results)
-        except Exception as error:
-            say(f"triton failed: {type(error).__name__}: {error}")
-            results.add("failures", {"model": "triton", "error": f"{type(error).__name__}: {error}"})
     from bench.report import write_report
 
     with contextlib.suppress(Exception):

@@ -45,7 +45,7 @@ from bench.load import LoadGenerator, PointPlan, PointResult
 from bench.provenance import provenance
 from bench.server_process import ServeCommand, ServerProcess
 from bench.standin import canned_check, write_standin_repository
-from bench.stats import saturation, sweep_done
+from bench.stats import PointStats, saturation, sweep_done
 from bench.transformers_sweep import BATCH_SIZES, TransformersPlan, run_transformers
 from bench.triton_stats import model_stats, stats_delta
 
@@ -73,12 +73,12 @@ class Settings:
     """How long each part runs; `quick` is the CPU smoke run."""
 
     warmup_s: float = 2.0
-    point_s: float = 8.0
+    point_s: float = 6.0
     latency_s: float = 10.0
     timeout_s: float = 60.0
     max_concurrency: int = 2048
     min_top_concurrency: int = 64
-    engine_min_requests: int = 1024
+    engine_min_requests: int = 2048
     transformers_batches: tuple[int, ...] = BATCH_SIZES
     transformers_budget_s_per_size: float = 25.0
     startup_s: float = 300.0
@@ -182,10 +182,11 @@ class PointProbe:
                 **self.sampler.summary()}
 
 
-def measure_point(load: LoadGenerator, plan: PointPlan, url: str) -> dict:
+def measure_point(load: LoadGenerator, plan: PointPlan, url: str) -> tuple[PointResult, dict]:
+    """The point's result, and its record: the load generator's figures with the server's and the host's."""
     probe = PointProbe(url)
-    result: PointResult = load.run(plan, at_window=probe)
-    return {**result.to_dict(), **probe.record()}
+    result = load.run(plan, at_window=probe)
+    return result, {**result.to_dict(), **probe.record()}
 
 
 def describe_point(label: str, point: dict) -> str:
@@ -201,9 +202,8 @@ def describe_point(label: str, point: dict) -> str:
 def sweep(label: str, load: LoadGenerator, server: ServerProcess, settings: Settings, deadline: float,
           section: dict, results: Results) -> None:
     """Doubling concurrency from 1 until twice the saturating concurrency (and at least min_top)."""
-    from bench.stats import PointStats
-
     points: list[dict] = section.setdefault("points", [])
+    measured: list[PointStats] = []
     concurrency = 1
     while concurrency <= settings.max_concurrency:
         if deadline - time.monotonic() < settings.warmup_s + settings.point_s + POINT_MARGIN_S:
@@ -211,16 +211,16 @@ def sweep(label: str, load: LoadGenerator, server: ServerProcess, settings: Sett
             say(f"{label}: {section['stopped']}")
             break
         plan = PointPlan(concurrency, settings.warmup_s, settings.point_s, settings.timeout_s)
-        point = measure_point(load, plan, server.command.grpc_url)
+        result, point = measure_point(load, plan, server.command.grpc_url)
         if server.process.poll() is not None:
             raise RuntimeError(f"the server exited during the point at concurrency {concurrency}:\n{server.log_tail()}")
         points.append(point)
-        stats = [PointStats(**{k: v for k, v in p.items() if k in PointStats.__dataclass_fields__}) for p in points]
-        found = saturation(stats)
+        measured.append(result.stats)
+        found = saturation(measured)
         section["saturation"] = asdict(found) if found else None
         results.save()
         say(describe_point(label, point))
-        if sweep_done(stats, settings.min_top_concurrency):
+        if sweep_done(measured, settings.min_top_concurrency):
             break
         concurrency *= 2
 
@@ -242,7 +242,8 @@ def server_phase(phase: str, command: ServeCommand, jobs: list[Job], args, setti
             with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
                 load.run(PointPlan(1, 0.0, settings.warmup_s, settings.timeout_s))  # warm-up
                 plan = PointPlan(1, 0.0, settings.latency_s, settings.timeout_s)
-                section["latency_5s"] = {"clip": job.describe(), **measure_point(load, plan, command.grpc_url)}
+                _, point = measure_point(load, plan, command.grpc_url)
+                section["latency_5s"] = {"clip": job.describe(), **point}
             results.save()
             say(describe_point(f"{phase} [{short.clip.name}]", section["latency_5s"]))
         with LoadGenerator(command.grpc_url, requests, processes=args.clients) as load:
@@ -265,13 +266,14 @@ def run_phase(phase: str, spec: ModelSpec, checkpoint: str, jobs: list[Job], arg
     started = time.monotonic()
     try:
         if phase == "ceiling":
-            repository = write_standin_repository(STATE_DIR / "ceiling-repository")
+            repository = write_standin_repository(STATE_DIR / "ceiling-repository", args.model_repository)
             canned = canned_check(jobs[0].check.eot)  # every answer is the canned transcript
             standin_jobs = [dataclasses.replace(j, check=canned) for j in jobs]
             server_phase(phase, ServeCommand(checkpoint, repository), standin_jobs, args, settings, deadline, results,
                          section)
         elif phase == "served":
-            server_phase(phase, ServeCommand(checkpoint), jobs, args, settings, deadline, results, section)
+            server_phase(phase, ServeCommand(checkpoint, args.model_repository), jobs, args, settings, deadline,
+                         results, section)
             rate = served_tokens_per_second(section)
             if rate and not spec.random:
                 results.model(args.model)["tokens_per_audio_s"] = rate
@@ -335,6 +337,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--clients", type=int, default=max(1, min(4, (os.cpu_count() or 1) // 4)),
                         help="client processes of the load generator")
     parser.add_argument("--budget-s", type=float, default=570.0, help="the whole run ends its last phase by then")
+    parser.add_argument("--model-repository", type=Path,
+                        help="serve this repository instead of the packaged one (the ceiling replaces its whisper)")
     parser.add_argument("--tokens-per-second", type=float,
                         help="forced lengths of random-weight models (default: tiny's, from the results file)")
     args = parser.parse_args(argv)

