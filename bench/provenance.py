@@ -27,6 +27,8 @@ from pathlib import Path
 REPO_ROOT = Path(__file__).resolve().parent.parent
 STAMP_PATH = REPO_ROOT / ".bench" / "stamp.json"
 MAX_NAMED_CHANGES = 20
+# scripts/gpu_run.sh sets this to its own command line, so a run records the device call too.
+CALL_ENV = "BENCH_CALL"
 # Versions worth recording beside torch and Python.
 PACKAGES = ("transformers", "tritonclient", "flashinfer-python", "numpy", "grpcio")
 
@@ -144,6 +146,7 @@ def provenance(command: str | None = None) -> dict:
         "machine": machine_info(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
         "command": command if command is not None else invocation(),
+        "call": os.environ.get(CALL_ENV),  # the script that ran the command, when one did
     }
 
 

@@ -120,7 +120,8 @@ def provenance_section(data: dict) -> list[str]:
              f"{(r['commit'] or '?')[:10]}{' dirty' if r['dirty'] else ''}",
              f"{r['machine']['gpu'] or 'no GPU'} ({r['machine']['gpu_memory_gib'] or '-'} GiB), "
              f"{r['machine']['cpu_count']} CPUs, driver {r['machine']['driver'] or '-'}",
-             f"torch {r['machine']['torch']}, Python {r['machine']['python']}", r["date"], f"`{r['command']}`"]
+             f"torch {r['machine']['torch']}, Python {r['machine']['python']}", r["date"],
+             f"`{r['command']}`" + (f" (by `{r['call']}`)" if r.get("call") else "")]
             for r in runs]
     commits = {(r["commit"], r["dirty"]) for r in runs}
     machines = {(r["machine"]["gpu"], r["machine"]["cpu_count"], r["machine"]["driver"]) for r in runs}

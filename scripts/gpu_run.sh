@@ -42,6 +42,7 @@ DEADLINE_S=${DEADLINE_S:-575}
 PHASES=${*:-install tests bench slow}
 PY=${PY:-python3}
 export PYTHONUNBUFFERED=1
+export BENCH_CALL="${SERVED_ARGS:+SERVED_ARGS=\"$SERVED_ARGS\" }scripts/gpu_run.sh $PHASES"  # recorded with the results
 export FLASHINFER_WORKSPACE_BASE=${FLASHINFER_WORKSPACE_BASE:-/tmp/flashinfer}
 export WHISPER_BENCH_STATE=${WHISPER_BENCH_STATE:-/tmp/whisper-bench}
 export PYTHONPATH=$PWD  # this checkout, also in the Triton stub, over any installed copy
