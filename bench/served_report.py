@@ -235,7 +235,11 @@ def markdown(data: dict) -> str:
              "Made by `python -m bench.served` (see the commands below); the numbers are in `served.json`. "
              "RTFx is seconds of audio transcribed per wall second; goodput counts only answers whose transcript "
              "passed its check (non-empty, plausible length; exact length where forced).", "",
-             "## Targets (issue 9)", "", _table(["target", "wanted", "measured", ""], targets(data)), ""]
+             "## Targets (issue 9)", ""]
+    if any(r.get("quick") for r in data.get("runs", [])):
+        parts += ["**Quick run (`--quick`): short points on a few clips, a check of the harness. "
+                  "These are not figures to quote.**", ""]
+    parts += [_table(["target", "wanted", "measured", ""], targets(data)), ""]
     parts += provenance_section(data)
     for name in _models(data):
         parts += model_section(name, data["models"][name])

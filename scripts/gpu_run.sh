@@ -81,7 +81,7 @@ else
 fi
 if [[ -f $INSTALLED ]]; then  # Triton's server and stub find their libraries and this Python through it
     source $TRITON_HOME/env.sh
-    say "installed: $($PY -c 'import numpy, flashinfer; print("numpy", numpy.__version__, "flashinfer", flashinfer.__version__)' 2>&1 | tail -1)"
+    say "installed: $($PY -c 'from importlib.metadata import version as v; print(*(f"{p} {v(p)}" for p in ("numpy", "flashinfer-python", "tritonclient")))' 2>&1 | tail -1)"
 fi
 
 SITE=$($PY -c 'import flashinfer, os; print(os.path.dirname(flashinfer.__file__))' 2>/dev/null)

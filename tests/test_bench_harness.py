@@ -337,6 +337,10 @@ def test_the_report_names_its_runs_and_says_when_they_are_not_one(tmp_path):
     assert "All rows come from one commit on one machine." in text
     assert "`python -m bench.served`" in text and "H100 (79.6 GiB), 16 CPUs" in text
     assert "not one run" in served_report.markdown(results_fixture(("abc", "def")))
+    assert "Quick run" not in text
+    quick = results_fixture()
+    quick["runs"][0]["quick"] = True
+    assert "These are not figures to quote." in served_report.markdown(quick)
     path = tmp_path / "served.json"
     path.write_text(json.dumps(results_fixture()))
     served_report.write(path, tmp_path)
