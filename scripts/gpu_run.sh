@@ -118,6 +118,7 @@ fi
 
 # 3. Files carried in parts over several calls.
 if has carry; then
+    [[ -f $INSTALLED ]] || say "carry: this machine has not run the install phase: it is a fresh one (start again from the first call)"
     for part in .carry/*/; do
         [[ -d $part ]] || continue
         joined=$($PY -m bench.carry gather "$part" $STASH)
