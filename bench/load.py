@@ -2,9 +2,10 @@
 
 `concurrency` is the number of requests in flight: each of that many client
 slots sends a request, waits for its answer, and sends the next. The slots are
-spread over a few processes, each with one `tritonclient.grpc.aio` client and
-one event loop, so that at thousands of requests a second the client is not
-the bottleneck; each process measures its own CPU time over the window so the
+spread over a few processes, each with one event loop and one
+`tritonclient.grpc.aio` client (its own connection) per SLOTS_PER_CONNECTION
+slots, so that at thousands of requests a second the client is not the
+bottleneck; each process measures its own CPU time over the window so the
 report can show it.
 
 A point runs warm-up plus a measured window, all processes on one shared clock
@@ -29,6 +30,14 @@ from python_backend_lib.serving import tensor_names
 
 START_DELAY_S = 0.5  # orders reach every process before the shared start time
 GRPC_STATUS_PREFIX = "StatusCode."
+# Each process opens one gRPC connection per this many slots, as that many separate
+# clients would: no one HTTP/2 connection's stream limit or lock caps the load.
+SLOTS_PER_CONNECTION = 64
+CHANNEL_ARGS = [
+    ("grpc.max_send_message_length", 2**31 - 1),
+    ("grpc.max_receive_message_length", 2**31 - 1),
+    ("grpc.use_local_subchannel_pool", 1),  # a connection of its own, not one shared by every channel
+]
 
 
 @dataclass(frozen=True)
@@ -150,19 +159,26 @@ def _worker_main(pipe, url: str, requests: list[LoadRequest]) -> None:
 async def _serve_orders(pipe, url: str, requests: list[LoadRequest]) -> None:
     import tritonclient.grpc.aio as grpc_aio
 
-    client = grpc_aio.InferenceServerClient(url)
+    clients: list = []  # clients[k] serves this process's slots k * SLOTS_PER_CONNECTION ...
+
+    def client_for(local_slot: int):
+        while len(clients) <= local_slot // SLOTS_PER_CONNECTION:
+            clients.append(grpc_aio.InferenceServerClient(url, channel_args=CHANNEL_ARGS))
+        return clients[local_slot // SLOTS_PER_CONNECTION]
+
     inputs = [_audio_input(grpc_aio, r.wav) for r in requests]  # built once: the client's work per request stays small
     outputs = [grpc_aio.InferRequestedOutput(tensor_names.FORMATTED)]
     loop = asyncio.get_running_loop()
     try:
         while (order := await loop.run_in_executor(None, pipe.recv)) is not None:
             try:
-                report = await _run_order(client, requests, inputs, outputs, order)
+                report = await _run_order(client_for, requests, inputs, outputs, order)
             except Exception as error:  # the parent raises it
                 report = error
             pipe.send(report)
     finally:
-        await client.close()
+        for client in clients:
+            await client.close()
 
 
 def _audio_input(grpc_aio, wav: bytes):
@@ -173,7 +189,7 @@ def _audio_input(grpc_aio, wav: bytes):
     return audio
 
 
-async def _run_order(client, requests, inputs, outputs, order: _Order) -> _Report:
+async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _Report:
     plan = order.plan
     window_start, end = order.start + plan.warmup_s, order.start + plan.warmup_s + plan.duration_s
     outcomes: list[Outcome] = []
@@ -187,7 +203,7 @@ async def _run_order(client, requests, inputs, outputs, order: _Order) -> _Repor
             cpu[edge] = times.user + times.system
 
     async def slot(index: int) -> None:
-        k = index
+        client, k = client_for(index - order.first_slot), index
         await asyncio.sleep(max(0.0, order.start - time.monotonic()))
         while time.monotonic() < end:
             clip = k % len(requests)
