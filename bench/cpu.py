@@ -37,7 +37,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bench.triton_load import model_stats, repository_with_instances, stats_delta
+from bench.repository_copy import repository_with_instances
+from bench.triton_stats import model_stats, stats_delta
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPOSITORY / "tests"))  # the tests' clips and text normalisation, so WERs match theirs

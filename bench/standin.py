@@ -20,6 +20,8 @@ import shutil
 import sys
 from pathlib import Path
 
+from bench.repository_copy import copy_repository
+
 BENCH_DIR = Path(__file__).resolve().parent
 STANDIN_SOURCE = BENCH_DIR / "standin_whisper.py"
 CANNED_PATH = BENCH_DIR / "data" / "canned_verbose.json"
@@ -30,14 +32,9 @@ WHISPER_MODEL_FILE = Path("whisper") / "1" / "model.py"
 def write_standin_repository(directory: Path, source: Path | None = None) -> Path:
     """Copy the model repository `source` (default: the packaged one) to `directory`
     (emptied first) and put the stand-in in place of whisper/1/model.py."""
-    from python_backend_lib.apps.server import packaged_model_repository
-
-    source = source or packaged_model_repository()
-    if not (source / WHISPER_MODEL_FILE).is_file():
-        raise ValueError(f"{source} has no {WHISPER_MODEL_FILE} to replace")
-    if directory.exists():
-        shutil.rmtree(directory)
-    shutil.copytree(source, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    copy_repository(directory, source)
+    if not (directory / WHISPER_MODEL_FILE).is_file():
+        raise ValueError(f"{source or 'the packaged repository'} has no {WHISPER_MODEL_FILE} to replace")
     model = directory / WHISPER_MODEL_FILE
     shutil.copyfile(STANDIN_SOURCE, model)
     shutil.copyfile(CANNED_PATH, model.parent / CANNED_NAME)

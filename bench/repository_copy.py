@@ -1,0 +1,31 @@
+"""Variants of the model repository for a benchmark: a copy, with a model replaced
+(bench.standin) or other instance counts (bench.cpu --instances)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from pathlib import Path
+
+
+def copy_repository(directory: Path, source: Path | None = None) -> Path:
+    """Copy the model repository `source` (default: the packaged one) to `directory`, emptied first."""
+    from python_backend_lib.apps.server import packaged_model_repository
+
+    source = source or packaged_model_repository()
+    if directory.exists():
+        shutil.rmtree(directory)
+    shutil.copytree(source, directory, ignore=shutil.ignore_patterns("__pycache__"))
+    return directory
+
+
+def repository_with_instances(counts: dict[str, int], directory: Path, source: Path | None = None) -> Path:
+    """A copy of the repository where each named model has `count` instances."""
+    copy_repository(directory, source)
+    for model, count in counts.items():
+        config = directory / model / "config.pbtxt"
+        text, n = re.subn(r"count:\s*\d+", f"count: {count}", config.read_text())
+        if n != 1:
+            raise ValueError(f"{config}: expected one instance count, found {n}")
+        config.write_text(text)
+    return directory
