@@ -5,9 +5,11 @@
 
 Runs locust without its web UI for --run-time, printing its stats table as it
 goes, and writes locust's reports (<prefix>_stats.csv and the other CSVs,
-<prefix>.html) and the final numbers (<prefix>_summary.json). Exits non-zero
-when any request failed, when locust itself failed, or when no request
-completed at all.
+<prefix>.html) and the final numbers (<prefix>_summary.json); with --record,
+also the figures to keep (<record>.json and <record>.md, with the commit and
+the machine: docs/benchmarks/loadtest is the one the README quotes). Exits
+non-zero when any request failed, when locust itself failed, or when no
+request completed at all.
 """
 
 from __future__ import annotations
@@ -15,11 +17,13 @@ from __future__ import annotations
 import argparse
 import collections
 import importlib.util
+import json
 import subprocess
 import sys
 from pathlib import Path
 
 from clients.connection import AddressError, Protocol, parse_address
+from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR, Summary
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
@@ -46,6 +50,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--audio-dir", type=Path, default=DEFAULT_AUDIO_DIR, help="clips and their manifest.tsv")
     parser.add_argument("--max-clip-seconds", type=float, default=60.0, help="leave out longer clips")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request fails")
+    parser.add_argument(
+        "--record", type=Path, help="after a passing run, write <RECORD>.json and <RECORD>.md (e.g. docs/benchmarks/loadtest)"
+    )
     args = parser.parse_args(argv)
     protocols = [p.strip() for p in args.protocols.split(",") if p.strip()]
     unknown = sorted(set(protocols) - set(USER_CLASSES))
@@ -135,8 +142,33 @@ def main(argv: list[str] | None = None) -> int:
     if summary.total.requests == 0:
         print(f"loadtest: FAILED: no request completed; {cause}", file=sys.stderr)
         return EXIT_ON_FAILURE
+    if args.record:
+        for path in records.write_record(args.record, "Load test", records.origin(), record(args, summary), markdown(args, summary)):
+            print(f"wrote {path}")
     print("loadtest: passed")
     return 0
+
+
+def record(args: argparse.Namespace, summary: Summary) -> dict:
+    settings = {"users": args.users, "spawn_rate": args.spawn_rate, "run_time": args.run_time,
+                "protocols": list(args.protocols), "max_clip_seconds": args.max_clip_seconds}  # fmt: skip
+    return {"settings": settings, **json.loads(summary.to_json())}
+
+
+def markdown(args: argparse.Namespace, summary: Summary) -> list[str]:
+    rows = [
+        f"| {row.request_type} | {row.name} | {row.requests} | {row.failures} | {row.median_ms:.0f} "
+        f"| {row.p95_ms:.0f} | {row.requests_per_s:.2f} |"
+        for row in (*summary.rows, summary.total)
+    ]
+    return [
+        f"{args.users} locust users ({', '.join(args.protocols)}, split evenly) for {args.run_time}, each sending the "
+        f"test clips of up to {args.max_clip_seconds:g} s at random to the `transcribe` model, back to back.",
+        "",
+        "| type | name | requests | failures | median ms | p95 ms | req/s |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+        *rows,
+    ]
 
 
 if __name__ == "__main__":

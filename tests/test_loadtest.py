@@ -6,6 +6,8 @@ inside pytest: the runs are `python -m loadtest.run` subprocesses.
 
 from __future__ import annotations
 
+import json
+import re
 import socket
 import subprocess
 import sys
@@ -148,6 +150,7 @@ def test_a_short_run_against_the_server_passes(server: RunningServer, tmp_path):
         "--spawn-rate=4",
         "--run-time=15s",
         "--max-clip-seconds=30",
+        f"--record={tmp_path / 'record'}",
     )
     output = completed.stdout[-4000:] + completed.stderr[-4000:]
     assert completed.returncode == 0, output
@@ -157,6 +160,16 @@ def test_a_short_run_against_the_server_passes(server: RunningServer, tmp_path):
         sent = sum(row.requests for row in summary.rows if row.request_type == protocol)
         assert sent > 0, f"no {protocol} request completed:\n{output}"
     assert Path(f"{prefix}_stats.csv").is_file() and Path(f"{prefix}.html").is_file()
+    # The record keeps the figures with where they come from.
+    stored = json.loads((tmp_path / "record.json").read_text())
+    assert Summary.from_json(json.dumps({k: stored[k] for k in ("rows", "total", "errors")})) == summary
+    assert stored["settings"]["users"] == 4
+    origin = stored["provenance"]
+    assert re.fullmatch(r"[0-9a-f]{40}", origin["commit"])
+    assert origin["machine"]["cpu_count"] >= 1 and origin["machine"]["cpu"]
+    assert origin["command"].startswith("python -m loadtest.run ")
+    page = (tmp_path / "record.md").read_text()
+    assert origin["commit"][:12] in page and f"| Aggregated | {summary.total.requests} | 0 |" in page
 
 
 def test_without_locust_the_run_says_what_to_install(monkeypatch, capsys):
