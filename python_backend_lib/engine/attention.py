@@ -89,6 +89,9 @@ class SdpaAttention:
     def __init__(self, pool: KVSlotPool) -> None:
         self.pool = pool
         self._layout: StepLayout | None = None
+        # On the CPU a loop over rows costs little and saves a copy; a GPU would
+        # rather run one kernel over the gathered rows.
+        self._cross_in_place = pool.cross_k[0].device.type == "cpu"
 
     def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
@@ -137,8 +140,24 @@ class SdpaAttention:
         return self._unpad(out)
 
     def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        if self._cross_in_place:
+            return self._cross_attention_in_place(layer, q)
         slots = self._layout.slots
         keys = self.pool.cross_k[layer][slots].transpose(1, 2)  # [B, H, 1500, D]
         values = self.pool.cross_v[layer][slots].transpose(1, 2)
         out = F.scaled_dot_product_attention(self._pad(q), keys, values)
         return self._unpad(out)
+
+    def _cross_attention_in_place(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Row by row over each slot's K/V where it lies: gathering the rows'
+        1,500 positions into one tensor would copy 2.3 MB per row, layer and
+        step for K and again for V, more memory traffic than the attention's own."""
+        padded = self._pad(q)  # [B, H, max_query, D]
+        keys, values = self.pool.cross_k[layer], self.pool.cross_v[layer]
+        out = [
+            F.scaled_dot_product_attention(
+                padded[i : i + 1], keys[s : s + 1].transpose(1, 2), values[s : s + 1].transpose(1, 2)
+            )
+            for i, s in enumerate(self._layout.host_slots())
+        ]  # each [1, H, max_query, D]
+        return self._unpad(torch.cat(out))

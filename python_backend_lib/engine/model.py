@@ -14,6 +14,7 @@ from torch import nn
 
 from python_backend_lib.checkpoints.weights import Checkpoint
 from python_backend_lib.core.model_facts import ModelDims
+from python_backend_lib.engine import cpu_linear
 from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 
 
@@ -124,6 +125,7 @@ class Whisper(nn.Module):
         self.dims = dims
         self.encoder = Encoder(dims)
         self.decoder = Decoder(dims)
+        self.packed_output: torch.Tensor | None = None  # the tied projection, packed by `pack_for_cpu`
 
     @classmethod
     def from_checkpoint(cls, checkpoint: Checkpoint, *, device: torch.device, dtype: torch.dtype) -> "Whisper":
@@ -131,7 +133,15 @@ class Whisper(nn.Module):
             model = cls(checkpoint.config.dims)
         state = {k: v for k, v in checkpoint.state_dict.items() if k != "proj_out.weight"}
         model.load_state_dict(state, strict=True, assign=True)
-        return model.to(device=device, dtype=dtype).eval()
+        model = model.to(device=device, dtype=dtype).eval()
+        if cpu_linear.can_pack(device, dtype):
+            model.pack_for_cpu()
+        return model
+
+    def pack_for_cpu(self) -> None:
+        """Run every linear layer, and the output projection, through oneDNN (`cpu_linear`)."""
+        cpu_linear.pack_linears(self)
+        self.packed_output = cpu_linear.pack(self.decoder.embed_tokens.weight)
 
     def encode(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         return self.encoder(mel, attention)
@@ -141,6 +151,8 @@ class Whisper(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, width] -> logits [N, vocab] in float32 (tied output projection)."""
+        if self.packed_output is not None:
+            return cpu_linear.packed_linear(hidden, self.packed_output, None).float()
         return (hidden @ self.decoder.embed_tokens.weight.T).float()
 
     def decode_step(
