@@ -181,11 +181,21 @@ def _as_float32_tensor(waveform, device: torch.device) -> torch.Tensor:
     if isinstance(waveform, torch.Tensor):
         return waveform.to(device, torch.float32)
     # Through float32 numpy first, as the feature extractor rounds float64 input.
-    array = np.ascontiguousarray(waveform, dtype=np.float32)
+    return _to_device(np.ascontiguousarray(waveform, dtype=np.float32), device)
+
+
+_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.int64): torch.int64}
+
+
+def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """`array` as a tensor on `device`, without waiting for the device.
+
+    A copy from pageable memory waits for everything queued on the stream (the
+    engine's decoder steps: milliseconds per call); from pinned memory it is
+    queued like a kernel, and the caller goes on at once.
+    """
     if device.type == "cuda":
-        # A copy from pageable memory waits for everything queued on the stream (the
-        # engine's decoder steps); from pinned memory it is queued like a kernel.
-        pinned = torch.empty(array.shape, dtype=torch.float32, pin_memory=True)
+        pinned = torch.empty(array.shape, dtype=_TORCH_DTYPES[array.dtype], pin_memory=True)
         pinned.numpy()[...] = array
         return pinned.to(device, non_blocking=True)
     if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
@@ -226,7 +236,7 @@ def features_for_many(waveforms: Sequence, n_mels: int, device=None) -> list[tor
     if short:
         lengths = [len(waveforms[i]) for i in short]
         flat = _as_float32_tensor(_concatenate([waveforms[i] for i in short]), device)  # [sum(lengths)]
-        counts = torch.tensor(lengths, device=device)
+        counts = _to_device(np.array(lengths, dtype=np.int64), device)
         rows = torch.repeat_interleave(torch.arange(len(short), device=device), counts, output_size=len(flat))
         starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts, output_size=len(flat))
         padded = torch.zeros(len(short), N_SAMPLES, device=device)
