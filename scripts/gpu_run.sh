@@ -15,6 +15,7 @@
 #   bench         bench.gpu: transformers against the engine, step times, memory
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
 #                 (transformers in a second run, with the image's numpy 2, kept aside at install, first on PYTHONPATH)
+#                 SERVED_PHASES="served engine" names the first run's phases (default: ceiling served engine)
 #   served-large  bench.served --model large-v3 (after served-tiny: its forced lengths come from tiny's
 #                 results, kept in /tmp/whisper-bench/served.json; SERVED_ARGS="--tokens-per-second X"
 #                 on a machine that lost them)
@@ -181,9 +182,9 @@ for model in tiny large; do
         continue
     fi
     rest=$((budget * 22 / 100))  # transformers' share of the phases (bench.served's Settings.shares)
-    say "served-$model: ceiling, served, engine (budget $((budget - rest)) s)"
+    say "served-$model: ${SERVED_PHASES:-ceiling served engine} (budget $((budget - rest)) s)"
     timeout $((budget - rest + 10)) $PY -m bench.served --model $name --out "$OUT" --budget-s $((budget - rest)) \
-        --phases ceiling served engine ${SERVED_ARGS:-}
+        --phases ${SERVED_PHASES:-ceiling served engine} ${SERVED_ARGS:-}
     say "served-$model exit $?; transformers (budget $(($(left) - 15)) s, numpy 2 from $NUMPY2)"
     PYTHONPATH=$NUMPY2:$PWD timeout $(($(left) - 5)) $PY -m bench.served --model $name --out "$OUT" \
         --budget-s $(($(left) - 15)) --phases transformers ${SERVED_ARGS:-}
