@@ -87,11 +87,14 @@ def stamped_commit_info(stamp: dict, root: Path = REPO_ROOT) -> CommitInfo:
 
 
 def commit_info(root: Path = REPO_ROOT, stamp_path: Path = STAMP_PATH) -> CommitInfo:
+    """The stamp first, when there is one: it was written for this copy, and it checks
+    the files' content. A GPU machine's copy may hold a repository whose HEAD is not
+    the commit carried (seen: the HEAD of an earlier session's copy)."""
+    if stamp_path.is_file():
+        return stamped_commit_info(json.loads(stamp_path.read_text()), root)
     found = git_commit_info(root)
     if found is not None:
         return found
-    if stamp_path.is_file():
-        return stamped_commit_info(json.loads(stamp_path.read_text()), root)
     return CommitInfo(None, None, "nothing")
 
 

@@ -25,6 +25,7 @@
 # Carried (ignored by git, named in the device call's `carry`):
 #   .gpu-bundle/ or .bundle/ the offline bundle (scripts/build_gpu_bundle.py; BUNDLE=dir picks another)
 #   .carry/N/                part N of a file too large for one call (python -m bench.carry split)
+#   .bench/served.json       results of calls on an earlier machine, which served-* phases continue
 #   .bench/stamp.json        the commit and its files (python -m bench.provenance stamp): the results
 #                            record it, and whether the tree here differed from it
 #   .whl/*.whl               or just the wheels a phase needs
@@ -169,6 +170,11 @@ if has bench; then
 fi
 
 # 6. Issue 9's served table, one model per phase; bench.served keeps every phase inside its budget.
+#    Results of calls on an earlier machine, carried as .bench/served.json, are continued.
+if [[ -f .bench/served.json && ! -f $WHISPER_BENCH_STATE/served.json ]]; then
+    mkdir -p $WHISPER_BENCH_STATE && cp .bench/served.json $WHISPER_BENCH_STATE/served.json
+    say "results: continuing the carried .bench/served.json"
+fi
 for model in tiny large; do
     has served-$model || continue
     [[ $model == large ]] && name=large-v3 || name=tiny

@@ -15,7 +15,7 @@ from bench.carry import gather, split
 from bench.host import CpuTimes, busy_cores, parse_proc_stat
 from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
 from bench.load import split_slots
-from bench.provenance import blob_id, stamped_commit_info, write_stamp
+from bench.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
 from bench.standin import CANNED_NAME, CANNED_PATH, STANDIN_SOURCE, canned_check, write_standin_repository
 from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, saturation, summarize, sweep_done
 from bench.transcripts import REQUEST_PARAMETERS, TranscriptCheck, judge, judge_json, text_tokens
@@ -198,6 +198,26 @@ def test_the_stamp_tells_a_clean_copy_from_a_changed_one(tmp_path):
     (copy / "sub" / "b.txt").unlink()
     info = stamped_commit_info(stamp, copy)
     assert info.dirty and info.changed == ("a.py", "sub/b.txt") and info.checked_by == "stamp"
+
+
+def test_a_stamp_outranks_a_repository_whose_head_is_another_commit(tmp_path):
+    """A device copy once held the repository of an earlier copy: its HEAD named a
+    commit that was not the one carried. The stamp, written for the carried tree, wins."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "a.py").write_text("a = 1\n")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    old_head = git(repo, "rev-parse", "HEAD")
+    (repo / "a.py").write_text("a = 2\n")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "second")
+    stamp_path = tmp_path / "stamp.json"
+    stamp = write_stamp(repo, stamp_path)
+    git(repo, "reset", "-q", "--soft", old_head)  # the stale repository: HEAD is the first commit
+    info = commit_info(repo, stamp_path)
+    assert (info.commit, info.dirty, info.checked_by) == (stamp["commit"], False, "stamp")
+    assert info.commit != old_head
 
 
 # ------------------------------------------------------------------ carrying a file in parts

@@ -105,11 +105,17 @@ class Pipeline:
         return [f.result() for f in futures]
 
     def submit(
-        self, waveform: np.ndarray, options: TranscribeOptions, is_cancelled: Callable[[], bool] | None = None
+        self,
+        waveform: np.ndarray,
+        options: TranscribeOptions,
+        is_cancelled: Callable[[], bool] | None = None,
+        *,
+        features: torch.Tensor | None = None,
     ) -> Future[Transcript]:
-        """Queue a recording of any length (16 kHz mono) for transcription."""
+        """Queue a recording of any length (16 kHz mono) for transcription;
+        `features` as for `start`."""
         future: Future[Transcript] = Future()
-        self.start(waveform, options, _settle(future), is_cancelled)
+        self.start(waveform, options, _settle(future), is_cancelled, features=features)
         return future
 
     def features(self, waveforms: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
