@@ -79,6 +79,13 @@ class AttentionBackend(Protocol):
         """q [tokens, heads, head_dim] over each row's encoder K/V -> same shape."""
 
 
+def sdpa_encoder_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The encoder's full (non-causal) attention through PyTorch SDPA; q, k, v:
+    [B, T, heads, head_dim] -> [B, T, heads, head_dim]. Every backend's default."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
+    return out.transpose(1, 2)
+
+
 class SdpaAttention:
     """PyTorch scaled-dot-product attention over the slot pool, on any device.
 
@@ -94,8 +101,7 @@ class SdpaAttention:
         self._cross_in_place = pool.cross_k[0].device.type == "cpu"
 
     def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return out.transpose(1, 2)
+        return sdpa_encoder_attention(q, k, v)
 
     def begin_step(self, layout: StepLayout) -> None:
         device = layout.slots.device

@@ -38,9 +38,8 @@ from typing import Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
-from python_backend_lib.engine.attention import StepLayout
+from python_backend_lib.engine.attention import StepLayout, sdpa_encoder_attention
 from python_backend_lib.engine.kv_cache import PAGE_SIZE, KVSlotPool
 
 # One float workspace serves every wrapper (they run one after another on one
@@ -156,7 +155,35 @@ def _int32(array: np.ndarray) -> torch.Tensor:
 # ------------------------------------------------------------- decode kernels
 
 
-class PagedDecode:
+class _PagedLayers:
+    """What both kernels' steps share: each layer's pages of the pool, and the
+    attention calls of a step once its wrappers are planned (`self_wrapper`,
+    `cross_wrapper`, `cache_index`: where each row's new key and value go)."""
+
+    self_wrapper: object
+    cross_wrapper: object
+
+    def __init__(self, pool: KVSlotPool) -> None:
+        n_layers = pool.shape.n_layers
+        self.pool = pool
+        self.dtype = pool.self_k[0].dtype
+        self.device = pool.self_k[0].device
+        self._self_pages = [pool.self_pages(layer) for layer in range(n_layers)]
+        self._cross_pages = [pool.cross_pages(layer) for layer in range(n_layers)]
+        self._self_positions = [pool.self_positions(layer) for layer in range(n_layers)]
+        self.cache_index: torch.Tensor | None = None  # [rows] long, set per step (or fixed)
+
+    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        flat_k, flat_v = self._self_positions[layer]
+        flat_k.index_copy_(0, self.cache_index, k)
+        flat_v.index_copy_(0, self.cache_index, v)
+        return self.self_wrapper.run(q, self._self_pages[layer])
+
+    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        return self.cross_wrapper.run(q, self._cross_pages[layer])
+
+
+class PagedDecode(_PagedLayers):
     """Self- and cross-attention of one query per row through FlashInfer's
     CUDA-core batch decode kernel, for every decoder layer of a step.
 
@@ -169,16 +196,10 @@ class PagedDecode:
     def __init__(
         self, pool: KVSlotPool, workspace: torch.Tensor, *, graph_batch: int | None = None
     ) -> None:
+        super().__init__(pool)
         flashinfer = import_flashinfer()
         shape = pool.shape
-        self.pool = pool
-        self.dtype = pool.self_k[0].dtype
-        self.device = pool.self_k[0].device
         self.graph_batch = graph_batch
-        self._self_pages = [pool.self_pages(layer) for layer in range(shape.n_layers)]
-        self._cross_pages = [pool.cross_pages(layer) for layer in range(shape.n_layers)]
-        self._self_positions = [pool.self_positions(layer) for layer in range(shape.n_layers)]
-        self.cache_index: torch.Tensor | None = None  # [rows] long, set per step (or fixed)
 
         # (indptr [rows + 1], indices [rows * pages_per_slot], last_page_len [rows]) of
         # the self and cross tables: FlashInfer's own buffers in eager mode, ours
@@ -240,32 +261,16 @@ class PagedDecode:
         Read from FlashInfer's private `_plan_info`: no public accessor exists."""
         return tuple(self.self_wrapper._plan_info), tuple(self.cross_wrapper._plan_info)
 
-    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        flat_k, flat_v = self._self_positions[layer]
-        flat_k.index_copy_(0, self.cache_index, k)
-        flat_v.index_copy_(0, self.cache_index, v)
-        return self.self_wrapper.run(q, self._self_pages[layer])
-
-    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        return self.cross_wrapper.run(q, self._cross_pages[layer])
-
-
-class PagedPrefill:
+class PagedPrefill(_PagedLayers):
     """Prompt rows through FlashInfer's batch prefill kernels (fa3 on Hopper):
     causal self-attention over each row's cached and new tokens, non-causal
     cross-attention over its encoder positions."""
 
     def __init__(self, pool: KVSlotPool, workspace: torch.Tensor) -> None:
+        super().__init__(pool)
         flashinfer = import_flashinfer()
-        self.pool = pool
-        self.dtype = pool.self_k[0].dtype
-        n_layers = pool.shape.n_layers
-        self._self_pages = [pool.self_pages(layer) for layer in range(n_layers)]
-        self._cross_pages = [pool.cross_pages(layer) for layer in range(n_layers)]
-        self._self_positions = [pool.self_positions(layer) for layer in range(n_layers)]
         self.self_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
         self.cross_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-        self.cache_index: torch.Tensor | None = None
 
     def plan(self, layout: StepLayout, slots: Sequence[int], tokens: TokenRows) -> None:
         shape = self.pool.shape
@@ -288,18 +293,7 @@ class PagedPrefill:
                 q_data_type=self.dtype,
                 kv_data_type=self.dtype,
             )
-        device = self.pool.self_k[0].device
-        self.cache_index = torch.from_numpy(tokens.cache_index).to(device, non_blocking=True)
-
-    def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        flat_k, flat_v = self._self_positions[layer]
-        flat_k.index_copy_(0, self.cache_index, k)
-        flat_v.index_copy_(0, self.cache_index, v)
-        return self.self_wrapper.run(q, self._self_pages[layer])
-
-    def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        return self.cross_wrapper.run(q, self._cross_pages[layer])
-
+        self.cache_index = torch.from_numpy(tokens.cache_index).to(self.device, non_blocking=True)
 
 # ------------------------------------------------------------------- backend
 
@@ -345,8 +339,7 @@ class FlashInferAttention:
     def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v: [B, T, heads, head_dim] -> [B, T, heads, head_dim]."""
         if self.encoder is EncoderKernel.SDPA:
-            out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-            return out.transpose(1, 2)
+            return sdpa_encoder_attention(q, k, v)
         b, t, h, d = q.shape
         if self._encoder_wrapper is None:
             self._encoder_wrapper = import_flashinfer().BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD")

@@ -24,8 +24,9 @@ from python_backend_lib.core import geometry
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import Task
 from python_backend_lib.core.segments import Segment, Word
-from python_backend_lib.engine.attention import StepLayout
+from python_backend_lib.engine.attention import StepLayout, sdpa_encoder_attention
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.prompt import transcript_prefix
 from python_backend_lib.text.tokenizer import Tokenizer
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
@@ -53,8 +54,7 @@ class _RecordingAttention:
         self.scores: dict[int, torch.Tensor] = {}
 
     def encoder_attention(self, q, k, v):
-        out = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2))
-        return out.transpose(1, 2)
+        return sdpa_encoder_attention(q, k, v)
 
     def begin_step(self, layout: StepLayout) -> None:
         pass
@@ -116,11 +116,10 @@ class Aligner:
         """When each text token starts (seconds into the window), plus one more
         entry for the end of the last token; and each token's probability."""
         special = self.config.special
-        prefix = [special.sot]
-        if self.config.multilingual:
-            task_token = special.translate if task is Task.TRANSLATE else special.transcribe
-            prefix += [special.language_token(language or "en"), task_token]
-        sequence = [*prefix, special.no_timestamps, *text_tokens, special.eot]
+        # Through <|notimestamps|>, whose position predicts the first text token.
+        prompt = transcript_prefix(self.config, language or "en", task, timestamps=False)
+        sequence = [*prompt, *text_tokens, special.eot]
+        first = len(prompt) - 1  # the position that predicts text_tokens[0]
         device = next(self.model.parameters()).device
         dtype = next(self.model.parameters()).dtype
 
@@ -132,7 +131,7 @@ class Aligner:
         logits = self.model.decode_step(ids, layout, recorder, torch.arange(len(sequence), device=device))
 
         # How sure the model was of each text token, as openai-whisper reports it.
-        text_logits = logits[len(prefix) : len(prefix) + len(text_tokens), : special.eot].cpu()
+        text_logits = logits[first : first + len(text_tokens), : special.eot].cpu()
         probabilities = text_logits.softmax(dim=-1)[torch.arange(len(text_tokens)), text_tokens].tolist()
 
         # Attention over the frames that hold audio only: the padding must not
@@ -144,7 +143,7 @@ class Aligner:
         weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
         # Rows: the positions that predict each text token (<|notimestamps|> predicts
         # the first), then the last text token's position, which predicts the end.
-        matrix = weights.mean(dim=0)[len(prefix) : -1]
+        matrix = weights.mean(dim=0)[first:-1]
         text_index, time_index = dynamic_time_warping(-matrix.double().cpu().numpy())
         jumps = np.pad(np.diff(text_index), (1, 0), constant_values=1).astype(bool)
         return time_index[jumps] * geometry.SECONDS_PER_POSITION, probabilities
