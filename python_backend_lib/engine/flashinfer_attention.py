@@ -261,6 +261,7 @@ class PagedDecode(_PagedLayers):
         Read from FlashInfer's private `_plan_info`: no public accessor exists."""
         return tuple(self.self_wrapper._plan_info), tuple(self.cross_wrapper._plan_info)
 
+
 class PagedPrefill(_PagedLayers):
     """Prompt rows through FlashInfer's batch prefill kernels (fa3 on Hopper):
     causal self-attention over each row's cached and new tokens, non-causal
@@ -294,6 +295,7 @@ class PagedPrefill(_PagedLayers):
                 kv_data_type=self.dtype,
             )
         self.cache_index = torch.from_numpy(tokens.cache_index).to(self.device, non_blocking=True)
+
 
 # ------------------------------------------------------------------- backend
 
