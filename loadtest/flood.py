@@ -22,7 +22,6 @@ import statistics
 import sys
 import threading
 import time
-import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -34,6 +33,7 @@ from tritonclient.utils import InferenceServerException
 from clients.connection import AddressError, Protocol, parse_address
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR
+from loadtest.metrics import whisper_gauge
 from python_backend_lib.serving import tensor_names
 
 CLIP = DEFAULT_AUDIO_DIR / "cards_001.wav"  # 1.1 s: one short window
@@ -73,15 +73,6 @@ def transcribe(client: tritonclient.grpc.InferenceServerClient, audio: bytes) ->
     except InferenceServerException as error:
         return Outcome(time.monotonic() - started, error=error)
     return Outcome(time.monotonic() - started, text=reply.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode())
-
-
-def whisper_gauge(metrics_url: str, name: str) -> float:
-    """A whisper_* gauge of the (single) engine, from the metrics port."""
-    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
-        for line in reply.read().decode().splitlines():
-            if line.startswith(name + "{"):  # one series per device: {gpu="cpu"} on the CPU
-                return float(line.rsplit(" ", 1)[1])
-    raise ValueError(f"no {name} at {metrics_url}")
 
 
 def median_latency(grpc_url: str, audio: bytes) -> float:

@@ -36,6 +36,12 @@ STARTUP_TIMEOUT_S = 600
 SHUTDOWN_TIMEOUT_S = 60
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--soak-seconds", type=float, default=0.0, help="run tests/test_soak.py's long soak for this long (e.g. 600)"
+    )
+
+
 @dataclass(frozen=True)
 class RunningServer:
     http_url: str

@@ -1,0 +1,406 @@
+"""A soak test: mixed load for a bounded time, then every request accounted for.
+
+    python -m loadtest.soak --serve --seconds 600 --record docs/benchmarks/soak
+    python -m loadtest.soak --http-url localhost:8000 --grpc-url localhost:8001 \\
+        --metrics-url http://localhost:8002/metrics --fault-prompt TEXT --seconds 60
+
+Workers send, each one request at a time, a random mix (`WEIGHTS`) of short clips,
+a long recording, word timestamps, bad input, requests their client cancels or
+abandons mid-request, and, where the server arms a fault prompt
+(WHISPER_TRITON_FAULT_PROMPT), requests that break their decoder step. Each is
+judged (`soak_requests`). A warm-up of the same load comes first (its requests
+are judged too), then the soak proper. At the end the soak requires: no
+UNEXPECTED outcome, nothing left in the whisper model (requests in flight,
+windows decoding or waiting), the engine healthy and Triton ready, and the
+whisper stub's resident memory within `RSS_TOLERANCE_MIB` of where it was after
+the warm-up.
+
+`--serve` starts a server of its own with a fault prompt armed; otherwise the
+server must run on this machine (its memory is read from /proc). Progress is
+printed every PROGRESS_S; tests/test_soak.py runs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import os
+import random
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from clients.connection import AddressError, Protocol, parse_address
+from loadtest import records
+from loadtest.clips import DEFAULT_AUDIO_DIR, WINDOW_S, load_clips
+from loadtest.metrics import whisper_samples
+from loadtest.processes import rss_mib, stub_processes
+from loadtest.soak_requests import Expected, Inputs, Outcome, Result, SoakClient, text_of, transcript_text
+
+# How often each kind is picked (relative). Short clips dominate, as in real traffic.
+WEIGHTS = {
+    "short": 30, "long": 5, "words": 8, "bad_input": 8, "fault": 4,
+    "cancel": 8, "cancel_decoding": 5, "disconnect": 6,
+}  # fmt: skip
+DEFAULT_CONCURRENCY = 6
+SHORT_CLIPS = 6  # the shortest clips of the manifest, one window each
+LONG_CLIP = "sonnet1_longform.wav"  # 53 s: two windows, one after the other
+WORDS_CLIP = "jfk.wav"
+PROGRESS_S = 15.0
+# Abandoned requests (cancelled through the ensemble, hung up) are still decoded
+# after the soak; this long at most until nothing is left.
+SETTLE_TIMEOUT_S = 180.0
+# Under concurrent load the whisper stub's RSS first grows by some 300 MiB over
+# what sequential requests leave, then stays level (measured: 1,180 MiB after the
+# references, 1,480 after 30 s of this load, then 1,500, 1,480, 1,500 after three
+# more minutes): freed memory is not all returned to the system, since glibc keeps
+# a heap per thread (the engine, four responders, Triton's) with its fragments,
+# and keeps large blocks of the sizes seen once its mmap threshold has risen.
+# So memory is compared after WARMUP_S of the same load, and may then grow by
+# RSS_TOLERANCE_MIB: twice the largest rise seen after the warm-up (64 MiB). A
+# leak of each request's audio or features (the 2-minute waveform alone is 7.5
+# MiB), or of a slot, grows with the requests (over 1,000 in 10 minutes) instead.
+WARMUP_S = 30.0
+RSS_TOLERANCE_MIB = 128.0
+SEED = 11
+
+
+@dataclass(frozen=True)
+class Server:
+    http_url: str
+    grpc_url: str
+    metrics_url: str
+    fault_prompt: str | None
+
+    @property
+    def grpc_port(self) -> int:
+        return int(self.grpc_url.rpartition(":")[2])
+
+
+def load_inputs(audio_dir: Path = DEFAULT_AUDIO_DIR) -> Inputs:
+    """The manifest's shortest clips, its long recording, the clip for word timestamps,
+    and every clip one after another (a second of silence between) as one waveform."""
+    from python_backend_lib.audio.decode import decode_audio
+    from python_backend_lib.core import geometry
+
+    clips = load_clips(audio_dir)
+    by_name = {clip.name: clip for clip in clips}
+    short = tuple(c for c in clips if c.duration_s < WINDOW_S)[:SHORT_CLIPS]
+    gap = np.zeros(geometry.SAMPLE_RATE, dtype=np.float32)
+    # Distinct speech throughout: a clip repeated would be text that compresses too
+    # well, decoded again at rising temperatures, at random.
+    waveform = np.concatenate([part for clip in clips for part in (decode_audio(clip.audio), gap)])
+    return Inputs(short=short, long=by_name[LONG_CLIP], words=by_name[WORDS_CLIP], waveform=waveform.astype(np.float32))
+
+
+def references(client: SoakClient) -> Expected:
+    """Each input transcribed alone, before the load: what every answer must equal."""
+    inputs = client.inputs
+    texts = {clip.name: text_of(client.transcribe("grpc", clip.audio)) for clip in (*inputs.short, inputs.long)}
+    texts[Expected.WORDS_KEY] = text_of(client.transcribe("grpc", inputs.words.audio, word_timestamps=True))
+    texts[Expected.WAVEFORM_KEY] = transcript_text(whisper_direct(client, inputs.waveform))
+    return Expected(texts)
+
+
+def whisper_direct(client: SoakClient, waveform: np.ndarray):
+    import tritonclient.grpc
+
+    from python_backend_lib.serving import tensor_names
+
+    tensor = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, len(waveform)], "FP32")
+    tensor.set_data_from_numpy(waveform[None])
+    return client.grpc.infer(tensor_names.WHISPER_NAME, [tensor])
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """The server between loads: what the whisper model holds, its health, its stubs' memory."""
+
+    in_flight: float
+    running: float
+    waiting: float
+    healthy: float
+    ready: bool
+    rss_mib: dict[str, float]  # by model
+    counters: dict[str, float]  # whisper_requests_total by outcome, restarts, failed steps
+
+    @property
+    def idle(self) -> bool:
+        return self.in_flight == 0 and self.running == 0 and self.waiting == 0
+
+
+def snapshot(server: Server) -> Snapshot:
+    samples = whisper_samples(server.metrics_url)
+    counters = {k: v for k, v in samples.items()
+                if k.startswith("whisper_requests_total") or k in ("whisper_engine_restarts_total", "whisper_failed_steps_total")}  # fmt: skip
+    return Snapshot(
+        in_flight=samples["whisper_requests_in_flight"],
+        running=samples["whisper_running_batch_size"],
+        waiting=samples["whisper_waiting_windows"],
+        healthy=samples["whisper_engine_healthy"],
+        ready=is_ready(server.http_url),
+        rss_mib={stub.model: round(rss_mib(stub.pid), 1) for stub in stub_processes(server.grpc_port)},
+        counters=counters,
+    )
+
+
+def is_ready(http_url: str) -> bool:
+    """Triton's readiness; False too when it does not answer."""
+    import tritonclient.http
+
+    try:
+        return tritonclient.http.InferenceServerClient(http_url, connection_timeout=5).is_server_ready()
+    except Exception:  # refused, reset, timed out: not ready either way
+        return False
+
+
+def settle(server: Server, say: Callable[[str], None], timeout: float = SETTLE_TIMEOUT_S) -> Snapshot:
+    """Wait until the whisper model holds nothing (published once a second), then two more publications."""
+    started = time.monotonic()
+    said = started
+    while not (now := snapshot(server)).idle and time.monotonic() < started + timeout:
+        if time.monotonic() - said >= PROGRESS_S / 3:
+            said = time.monotonic()
+            say(f"settling: {now.in_flight:g} requests in the whisper model, {now.running:g} windows decoding, "
+                f"{now.waiting:g} waiting ({said - started:.0f} s)")  # fmt: skip
+        time.sleep(0.5)
+    time.sleep(2.5)
+    return snapshot(server)
+
+
+@dataclass
+class Tally:
+    """Outcomes as they come, from every worker."""
+
+    outcomes: list[Outcome] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, outcome: Outcome) -> None:
+        with self.lock:
+            self.outcomes.append(outcome)
+
+    def counts(self) -> collections.Counter:
+        with self.lock:
+            return collections.Counter(outcome.result for outcome in self.outcomes)
+
+
+@dataclass(frozen=True)
+class Load:
+    """What one phase of load did. rss_mib: the whisper stub's RSS at each progress line, by second."""
+
+    outcomes: list[Outcome]
+    rss_mib: list[tuple[float, float]]
+
+
+def run_load(server: Server, inputs: Inputs, expected: Expected, seconds: float, concurrency: int, seed: int,
+             say: Callable[[str], None], phase: str = "soak") -> Load:  # fmt: skip
+    """`concurrency` workers, each sending one request at a time until `seconds` have passed."""
+    tally = Tally()
+    deadline = time.monotonic() + seconds
+    errors: list[BaseException] = []
+    whisper = next(stub.pid for stub in stub_processes(server.grpc_port) if stub.model == "whisper")
+
+    def worker(index: int) -> None:
+        client = SoakClient(server.http_url, server.grpc_url, server.fault_prompt, inputs)
+        kinds = client.kinds()
+        names = sorted(kinds)
+        rng = random.Random(f"{seed} {phase} {index}")
+        try:
+            while time.monotonic() < deadline:
+                kind = rng.choices(names, weights=[WEIGHTS[name] for name in names])[0]
+                tally.add(kinds[kind](expected, rng))
+        except BaseException as error:  # a bug of the soak itself: stop and say so
+            errors.append(error)
+
+    threads = [threading.Thread(target=worker, args=(i,), name=f"soak-{i}", daemon=True) for i in range(concurrency)]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    timeline = []
+    while any(thread.is_alive() for thread in threads):
+        for thread in threads:
+            thread.join(timeout=PROGRESS_S / len(threads))
+        elapsed, rss = time.monotonic() - started, rss_mib(whisper)
+        timeline.append((round(elapsed, 1), round(rss, 1)))
+        counts = tally.counts()
+        say(f"{phase}: {min(elapsed, seconds):5.0f}/{seconds:.0f} s, {sum(counts.values())} requests: "
+            + ", ".join(f"{result.value} {counts[result]}" for result in Result)
+            + f"; whisper stub {rss:.0f} MiB")  # fmt: skip
+    if errors:
+        raise errors[0]
+    return Load(tally.outcomes, timeline)
+
+
+def count(outcomes: list[Outcome]) -> dict[str, dict[str, int]]:
+    """kind -> result -> requests."""
+    counts: dict[str, dict[str, int]] = {}
+    for outcome in outcomes:
+        by_result = counts.setdefault(outcome.kind, {})
+        by_result[outcome.result.value] = by_result.get(outcome.result.value, 0) + 1
+    return dict(sorted(counts.items()))
+
+
+@dataclass(frozen=True)
+class SoakReport:
+    seconds: float
+    warmup_seconds: float
+    concurrency: int
+    seed: int
+    counts: dict[str, dict[str, int]]  # the soak proper: kind -> result -> requests
+    warmup_counts: dict[str, dict[str, int]]
+    details: dict[str, int]  # "kind result: detail" -> requests, warm-up included
+    unexpected: list[str]  # the first few, in words, warm-up included
+    before: Snapshot  # after the warm-up
+    after: Snapshot  # once settled
+    rss_timeline_mib: list[tuple[float, float]]  # the whisper stub's RSS during the soak proper
+
+    @property
+    def sent(self) -> int:
+        return sum(sum(by_result.values()) for by_result in self.counts.values())
+
+    @property
+    def rss_growth_mib(self) -> float:
+        return self.after.rss_mib["whisper"] - self.before.rss_mib["whisper"]
+
+    def problems(self) -> list[str]:
+        """Why the soak failed; empty when it passed."""
+        problems = [f"unexpected: {line}" for line in self.unexpected]
+        if not self.after.idle:
+            problems.append(f"left in the whisper model: {self.after.in_flight:g} requests, "
+                            f"{self.after.running:g} windows decoding, {self.after.waiting:g} waiting")  # fmt: skip
+        if self.after.healthy != 1 or not self.after.ready:
+            problems.append(f"server not well: engine healthy {self.after.healthy:g}, ready {self.after.ready}")
+        if self.rss_growth_mib > RSS_TOLERANCE_MIB:
+            problems.append(f"the whisper stub grew {self.rss_growth_mib:.0f} MiB (tolerance {RSS_TOLERANCE_MIB:g})")
+        return problems
+
+    def results(self) -> dict:
+        data = asdict(self)
+        data |= {"sent": self.sent, "rss_growth_mib": round(self.rss_growth_mib, 1),
+                 "rss_tolerance_mib": RSS_TOLERANCE_MIB, "weights": WEIGHTS, "problems": self.problems()}  # fmt: skip
+        return data
+
+
+def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY, seed: int = SEED,
+         warmup_seconds: float = WARMUP_S, say: Callable[[str], None] = print) -> SoakReport:  # fmt: skip
+    """References, a warm-up of the load, the soak proper, and the server once settled."""
+    inputs = load_inputs()
+    say(f"soak: references against {server.grpc_url}")
+    expected = references(SoakClient(server.http_url, server.grpc_url, server.fault_prompt, inputs))
+    warmup = run_load(server, inputs, expected, warmup_seconds, concurrency, seed, say, phase="warm-up")
+    before = settle(server, say)
+    say(f"soak: {seconds:.0f} s with {concurrency} workers; whisper stub {before.rss_mib['whisper']:.0f} MiB")
+    load = run_load(server, inputs, expected, seconds, concurrency, seed, say)
+    say("soak: waiting for the server to settle")
+    after = settle(server, say)
+    every = warmup.outcomes + load.outcomes
+    details = collections.Counter(f"{o.kind} {o.result.value}: {o.detail}" for o in every if o.detail)
+    unexpected = [f"{o.kind}: {o.detail}" for o in every if o.result is Result.UNEXPECTED][:20]
+    return SoakReport(seconds, warmup_seconds, concurrency, seed, count(load.outcomes), count(warmup.outcomes),
+                      dict(sorted(details.items())), unexpected, before, after, load.rss_mib)  # fmt: skip
+
+
+def markdown(report: SoakReport) -> list[str]:
+    results = [r.value for r in Result]
+    rows = [f"| {kind} | " + " | ".join(str(by.get(r, 0)) for r in results) + f" | {sum(by.values())} |"
+            for kind, by in report.counts.items()]  # fmt: skip
+    totals = [sum(by.get(r, 0) for by in report.counts.values()) for r in results]
+    before, after = report.before, report.after
+    return [
+        f"{report.concurrency} workers for {report.seconds:.0f} s (after a warm-up of {report.warmup_seconds:.0f} s of "
+        f"the same load), each sending one request at a time, of a kind picked at random (weights {WEIGHTS}, seed "
+        f"{report.seed}), against `whisper-triton serve` with the packaged tiny.en on the CPU and a fault prompt "
+        "armed. Every answer is judged against the transcript the server gave the same input alone before the load "
+        "(`loadtest/soak_requests.py`). The soak proper:",
+        "",
+        "| kind | " + " | ".join(results) + " | all |",
+        "| --- |" + " --- |" * (len(results) + 1),
+        *rows,
+        "| all | " + " | ".join(map(str, totals)) + f" | {report.sent} |",
+        "",
+        "The warm-up: " + ", ".join(f"{kind} {by}" for kind, by in report.warmup_counts.items()) + ".",
+        "",
+        "By detail (warm-up included):",
+        "",
+        *[f"- {detail}: {count}" for detail, count in report.details.items()],
+        "",
+        "| after the warm-up / once settled | before | after |",
+        "| --- | --- | --- |",
+        *[f"| {model} stub RSS (MiB) | {before.rss_mib[model]:.0f} | {after.rss_mib.get(model, float('nan')):.0f} |"
+          for model in before.rss_mib],  # fmt: skip
+        f"| whisper requests in flight / windows decoding / waiting | {before.in_flight:g} / {before.running:g} / "
+        f"{before.waiting:g} | {after.in_flight:g} / {after.running:g} / {after.waiting:g} |",
+        f"| engine healthy, Triton ready | {before.healthy:g}, {before.ready} | {after.healthy:g}, {after.ready} |",
+        "",
+        "The whisper stub's RSS during the soak (s: MiB): "
+        + ", ".join(f"{second:.0f}: {rss:.0f}" for second, rss in report.rss_timeline_mib) + ".",
+        "",
+        f"The whisper stub's RSS grew {report.rss_growth_mib:.0f} MiB (tolerance {RSS_TOLERANCE_MIB:g} MiB). "
+        + ("Passed." if not report.problems() else "FAILED: " + "; ".join(report.problems())),
+    ]
+
+
+@contextlib.contextmanager
+def own_server(fault_prompt: str) -> Iterator[Server]:
+    """`whisper-triton serve`'s server on free ports, with `fault_prompt` armed."""
+    import socket
+
+    from python_backend_lib.apps.server import ServerSettings, TritonServer, packaged_model_repository
+    from python_backend_lib.serving.settings import FAULT_PROMPT_ENV
+
+    def free_port() -> int:
+        with socket.socket() as probe:
+            probe.bind(("", 0))
+            return probe.getsockname()[1]
+
+    os.environ[FAULT_PROMPT_ENV] = fault_prompt  # tritonserver inherits it
+    settings = ServerSettings(model_repository=packaged_model_repository(), http_port=free_port(),
+                              grpc_port=free_port(), metrics_port=free_port())  # fmt: skip
+    with TritonServer(settings) as triton:
+        yield Server(triton.http_url, triton.grpc_url, triton.metrics_url, fault_prompt)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m loadtest.soak", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--seconds", type=float, default=60.0, help="how long to send requests")
+    parser.add_argument("--warmup-seconds", type=float, default=WARMUP_S, help="the same load first, before memory is read")
+    parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="workers")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--serve", action="store_true", help="start a server of its own, with a fault prompt armed")
+    parser.add_argument("--http-url", default="localhost:8000", help="Triton's HTTP address, host:port or http://")
+    parser.add_argument("--grpc-url", default="localhost:8001", help="Triton's gRPC address, host:port or grpc://")
+    parser.add_argument("--metrics-url", default="http://localhost:8002/metrics", help="Triton's metrics endpoint")
+    parser.add_argument("--fault-prompt", help="the WHISPER_TRITON_FAULT_PROMPT the server was started with")
+    parser.add_argument("--record", type=Path, help="write <RECORD>.json and <RECORD>.md, e.g. docs/benchmarks/soak")
+    args = parser.parse_args(argv)
+    if args.seconds <= 0 or args.concurrency < 1:
+        parser.error("--seconds must be above 0 and --concurrency at least 1")
+    try:
+        http_url = parse_address(args.http_url, Protocol.HTTP).location
+        grpc_url = parse_address(args.grpc_url, Protocol.GRPC).location
+    except AddressError as error:
+        parser.error(str(error))
+    origin = records.origin() if args.record else None  # the load average before our own server starts
+    if args.serve:
+        context = own_server(args.fault_prompt or "soak: fail this request inside the engine")
+    else:
+        context = contextlib.nullcontext(Server(http_url, grpc_url, args.metrics_url, args.fault_prompt))
+    with context as server:
+        report = soak(server, args.seconds, args.concurrency, args.seed, args.warmup_seconds,
+                      say=lambda line: print(line, flush=True))
+    print("\n".join(markdown(report)))
+    if args.record:
+        for path in records.write_record(args.record, "Soak test", origin, report.results(), markdown(report)):
+            print(f"wrote {path}")
+    return 1 if report.problems() else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
