@@ -54,7 +54,8 @@ MIN_SHARE = 0.6
 # 2.1 s early, into the silence before a clip; less than a gap, so a segment
 # still cannot be taken for the neighbouring clip's.
 SEGMENT_TOLERANCE_S = GAP_S
-# Measured: 0.05 and 0.06 (batched was 0.20 when it cut at fixed 30 s boundaries).
+# Measured through the server, as docs/long-audio.md reports them: 0.079 sequential, 0.054
+# batched (0.20 when batched cut at fixed 30 s boundaries).
 MAX_WORD_ERROR_RATE = {"sequential": 0.12, "batched": 0.12}
 
 

@@ -7,7 +7,8 @@ text <|endoftext|>`, record those heads' attention, smooth it, and find the
 monotonic token-to-frame path of least cost (DTW). A word starts where the
 path reaches its first token. This costs one extra encoder and decoder pass,
 paid only by requests that ask for word timestamps; everything else keeps the
-fast attention path.
+fast attention path. It runs in the engine's callback, on the engine thread, so
+the running batch's next step waits for it.
 """
 
 from __future__ import annotations
