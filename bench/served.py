@@ -269,10 +269,10 @@ def run_phase(phase: str, spec: ModelSpec, checkpoint: str, jobs: list[Job], arg
             repository = write_standin_repository(STATE_DIR / "ceiling-repository", args.model_repository)
             canned = canned_check(jobs[0].check.eot)  # every answer is the canned transcript
             standin_jobs = [dataclasses.replace(j, check=canned) for j in jobs]
-            server_phase(phase, ServeCommand(checkpoint, repository), standin_jobs, args, settings, deadline, results,
+            server_phase(phase, ServeCommand(checkpoint, repository, args.gpus), standin_jobs, args, settings, deadline, results,
                          section)
         elif phase == "served":
-            server_phase(phase, ServeCommand(checkpoint, args.model_repository), jobs, args, settings, deadline,
+            server_phase(phase, ServeCommand(checkpoint, args.model_repository, args.gpus), jobs, args, settings, deadline,
                          results, section)
             rate = served_tokens_per_second(section)
             if rate and not spec.random:
@@ -339,6 +339,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=570.0, help="the whole run ends its last phase by then")
     parser.add_argument("--model-repository", type=Path,
                         help="serve this repository instead of the packaged one (the ceiling replaces its whisper)")
+    parser.add_argument("--gpus", help="the server's GPUs (`serve --gpus`, e.g. 0 or 0,1); the engine phase uses --device. "
+                        "Compare GPU counts with one --results file each")
     parser.add_argument("--tokens-per-second", type=float,
                         help="forced lengths of random-weight models (default: tiny's, from the results file)")
     args = parser.parse_args(argv)
@@ -354,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     STATE_DIR.mkdir(parents=True, exist_ok=True)
     results = Results(args.results, args.out)
     run = {"id": len(results.data["runs"]), "model": args.model, "phases": args.phases, "quick": args.quick,
-           "settings": asdict(settings), "client_processes": args.clients, **provenance()}
+           "settings": asdict(settings), "client_processes": args.clients, "gpus": args.gpus, **provenance()}
     results.data["runs"].append(run)
     say(f"run {run['id']}: commit {run['commit']} (dirty: {run['dirty']}, checked by {run['checked_by']}), "
         f"{run['machine']['gpu'] or 'no GPU'}, {run['machine']['cpu_count']} CPUs")

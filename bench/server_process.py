@@ -41,6 +41,7 @@ class ServeCommand:
 
     checkpoint: str | None
     model_repository: Path | None = None
+    gpus: str | None = None  # `serve --gpus`: "0", "0,1", "all" (None: every visible GPU)
     ports: dict[str, int] = field(default_factory=lambda: {p: free_port() for p in ("http", "grpc", "metrics")})
 
     def argv(self) -> list[str]:
@@ -51,6 +52,8 @@ class ServeCommand:
             argv.append(f"--checkpoint={self.checkpoint}")
         if self.model_repository is not None:
             argv.append(f"--model-repository={self.model_repository}")
+        if self.gpus is not None:
+            argv.append(f"--gpus={self.gpus}")
         return argv
 
     @property

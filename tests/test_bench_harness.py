@@ -366,3 +366,10 @@ def test_the_report_names_its_runs_and_says_when_they_are_not_one(tmp_path):
     served_report.write(path, tmp_path)
     assert (tmp_path / "served.md").read_text() == text
     assert (tmp_path / "served.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_served_command_names_the_gpus_when_asked():
+    from bench.server_process import ServeCommand
+
+    assert "--gpus=0,1" in ServeCommand("default", gpus="0,1").argv()
+    assert not any(a.startswith("--gpus") for a in ServeCommand("default").argv())
