@@ -218,6 +218,8 @@ def run_load(server: Server, inputs: Inputs, expected: Expected, seconds: float,
                 tally.add(kinds[kind](expected, rng))
         except BaseException as error:  # a bug of the soak itself: stop and say so
             errors.append(error)
+        finally:
+            client.close()
 
     threads = [threading.Thread(target=worker, args=(i,), name=f"soak-{i}", daemon=True) for i in range(concurrency)]
     started = time.monotonic()
@@ -293,7 +295,11 @@ def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY,
     """References, a warm-up of the load, the soak proper, and the server once settled."""
     inputs = load_inputs()
     say(f"soak: references against {server.grpc_url}")
-    expected = references(SoakClient(server.http_url, server.grpc_url, server.fault_prompt, inputs))
+    client = SoakClient(server.http_url, server.grpc_url, server.fault_prompt, inputs)
+    try:
+        expected = references(client)
+    finally:
+        client.close()
     warmup = run_load(server, inputs, expected, warmup_seconds, concurrency, seed, say, phase="warm-up")
     before = settle(server, say)
     say(f"soak: {seconds:.0f} s with {concurrency} workers; whisper stub {before.rss_mib['whisper']:.0f} MiB")

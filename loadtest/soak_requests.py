@@ -95,6 +95,11 @@ class SoakClient:
         self.http = tritonclient.http.InferenceServerClient(http_url, network_timeout=REQUEST_TIMEOUT_S)
         self.grpc = tritonclient.grpc.InferenceServerClient(grpc_url)
 
+    def close(self) -> None:
+        """Close the connections: Triton's stop waits (up to its exit timeout) for open HTTP ones."""
+        self.http.close()
+        self.grpc.close()
+
     def kinds(self) -> dict[str, Callable[[Expected, random.Random], Outcome]]:
         """Each kind of request, by name; `fault` only where the server has a fault prompt armed."""
         kinds = {

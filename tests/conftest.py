@@ -86,7 +86,7 @@ def launch_server(
 ) -> Iterator[LaunchedServer]:
     """`whisper-triton serve` on free ports, as a user would start it, with `environ`
     added to this process's environment, once it is ready; its log in `folder`.
-    Killed at the end if it still runs (stop it first to check how it stops)."""
+    Stopped at the end if it still runs (SIGTERM, then SIGKILL; stop it first to check how it stops)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     log = folder / "whisper-triton-serve.log"
     command = whisper_triton_command() + [
@@ -109,8 +109,12 @@ def launch_server(
         )
     finally:
         if process.poll() is None:
-            process.kill()
-            process.wait()
+            process.terminate()  # a killed launcher could not stop tritonserver and its models
+            try:
+                process.wait(timeout=SHUTDOWN_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
 
 
 @pytest.fixture(scope="session")

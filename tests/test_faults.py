@@ -13,12 +13,15 @@ The session server runs with the engine's fault hooks armed for two prompts
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
+import sys
 import time
 import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -42,7 +45,12 @@ from python_backend_lib.core import geometry
 from python_backend_lib.engine.scheduler import MAX_CONSECUTIVE_RESTARTS
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
+from python_backend_lib.serving.parent_watch import CHECK_INTERVAL_S
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV
+
+# loadtest/ is a folder of the checkout, not part of the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loadtest.processes import stub_processes, tritonserver_pid
 
 PROTOCOLS = ("http", "grpc")
 TRITON = {"http": tritonclient.http, "grpc": tritonclient.grpc}
@@ -208,6 +216,34 @@ def test_an_engine_that_keeps_failing_is_refused_fast_reported_and_the_server_ex
     assert status == 1, _log_tail(server.log)
     assert "a whisper engine failed repeatedly and refuses new requests" in log
     assert f"the engine failed {MAX_CONSECUTIVE_RESTARTS} times in a row and gives up" in log
+
+
+def model_processes_gone(stubs: list, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while any(Path(f"/proc/{stub.pid}").exists() for stub in stubs) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return not any(Path(f"/proc/{stub.pid}").exists() for stub in stubs)
+
+
+# The whisper model's process checks for its parent every second (ParentWatch).
+ORPHAN_EXIT_S = 2 * CHECK_INTERVAL_S + 5.0
+
+
+@pytest.mark.server
+def test_no_model_process_outlives_a_killed_tritonserver(tmp_path):
+    """tritonserver and the launcher killed at once (kill -9, nothing stops cleanly):
+    every model's process ends by itself. Triton 2.51's own check leaves the whisper
+    model's running once it has served a request; its ParentWatch ends it."""
+    with launch_server(tmp_path) as launched:
+        server = launched.server
+        assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
+        grpc_port = int(server.grpc_url.rpartition(":")[2])
+        stubs = stub_processes(grpc_port)
+        assert sorted(stub.model for stub in stubs) == ["postprocessing", "preprocessing", "whisper"]
+        launched.process.kill()
+        os.kill(tritonserver_pid(grpc_port), signal.SIGKILL)
+        launched.process.wait()
+        assert model_processes_gone(stubs, ORPHAN_EXIT_S), [s for s in stubs if Path(f"/proc/{s.pid}").exists()]
 
 
 # -------------------------------------------------------------------------- metrics

@@ -269,3 +269,22 @@ def test_a_checkpoint_that_cannot_load_ends_in_its_cause(tmp_path):
     last = completed.stderr.splitlines()[-1]
     assert last.startswith("whisper-triton: cannot load model '") and "has neither model.bin" in last, last
     assert not any(noise in completed.stderr for noise in NOISE) or triton_output.cuda_device_count() > 0
+
+
+def test_what_an_exited_tritonserver_leaves_in_its_group_is_ended():
+    """A model process that outlived tritonserver (its exit timeout, a crash) is killed
+    with the rest of tritonserver's process group when the launcher stops."""
+    from python_backend_lib.apps.server import _end_leftovers
+
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE, text=True, start_new_session=True
+    )
+    leftover = int(leader.stdout.readline())
+    assert leader.wait(timeout=10) == 0  # the leader is gone, its child lives on in the group
+    assert Path(f"/proc/{leftover}").exists()
+    _end_leftovers(leader.pid)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{leftover}/stat").exists() and "Z" not in Path(f"/proc/{leftover}/stat").read_text().split()[2]:
+        assert time.monotonic() < deadline, "the leftover survived"
+        time.sleep(0.05)
+    _end_leftovers(leader.pid)  # nothing left: no error

@@ -249,3 +249,14 @@ def test_the_fault_hooks_are_off_unless_their_variables_are_set():
     assert hooked.engine.batch.plan == FaultPlan(step_prompt="boom", engine_prompt="crash")
     for pipeline in (plain, hooked):
         pipeline.close()
+
+
+def test_the_parent_watch_acts_once_the_parent_is_gone(monkeypatch):
+    from python_backend_lib.serving import parent_watch
+
+    orphaned = threading.Event()
+    watch = parent_watch.ParentWatch(interval_s=0.01, on_orphaned=orphaned.set)
+    assert not orphaned.wait(0.1)  # the parent is still there
+    monkeypatch.setattr(parent_watch.os, "getppid", lambda: 1)  # what a process whose parent died sees
+    assert orphaned.wait(5)
+    watch.close()

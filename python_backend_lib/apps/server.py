@@ -163,6 +163,16 @@ def _die_with_parent() -> None:
         pass
 
 
+def _end_leftovers(group: int) -> None:
+    """Kill what is left of an exited tritonserver's process group: model stubs that
+    did not exit with it (Triton's exit timeout, a crash), which would otherwise keep
+    their memory, a GPU's included. tritonserver leads its own group (start_new_session)."""
+    try:
+        os.killpg(group, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):  # nothing left
+        pass
+
+
 class TritonServer:
     """A tritonserver process serving our model repository.
 
@@ -357,6 +367,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
+        _end_leftovers(process.pid)
         if self._pump is not None:
             self._pump.join(timeout=5)
         return process.returncode

@@ -18,12 +18,15 @@ import triton_python_backend_utils as pb_utils
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
 from python_backend_lib.serving.metrics import WhisperMetrics, device_label
+from python_backend_lib.serving.parent_watch import ParentWatch
 from python_backend_lib.serving.settings import ModelSettings, instance_device, load_pipeline
 from python_backend_lib.serving.whisper_service import WhisperService
 
 
 class TritonPythonModel:
     def initialize(self, args):
+        # Triton 2.51 leaves this model's process running when tritonserver dies: end it then.
+        self.parent_watch = ParentWatch()
         self.settings = ModelSettings.from_triton(args["model_config"])
         pipeline = load_pipeline(self.settings, device=instance_device(args))
         if pipeline.tokenizer is None:
@@ -48,3 +51,4 @@ class TritonPythonModel:
     def finalize(self):
         self.service.close()
         self.metrics.close()
+        self.parent_watch.close()
