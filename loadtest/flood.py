@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -209,7 +209,8 @@ class FloodReport:
         )
 
     def results(self) -> dict:
-        return {k: v for k, v in asdict(self).items() if k != "outcomes"}
+        """The record's numbers: every field but the outcomes (exceptions, not JSON)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "outcomes"}
 
 
 def _median(values: list[float]) -> float:

@@ -10,6 +10,7 @@ rate too gentle to reach the limit, and the test failed for want of a refusal.
 
 from __future__ import annotations
 
+import json
 import statistics
 import sys
 from pathlib import Path
@@ -46,6 +47,7 @@ def test_a_flood_at_twice_capacity_is_answered_or_refused_cleanly_and_the_server
     # Refusals are fast: quicker than the answers admitted during the flood.
     assert statistics.median(o.seconds for o in refused) < statistics.median(o.seconds for o in succeeded)
     assert report.latency_after_s <= 2 * report.latency_before_s + 0.5, report.summary()
+    assert json.loads(json.dumps(report.results()))["sent"] == report.sent  # what --record stores
 
 
 @pytest.mark.parametrize(
