@@ -155,8 +155,10 @@ fi
 
 # 4. Correctness.
 if has tests; then
-    say "tests (budget $(($(left) - 330)) s)"
-    timeout $(($(left) - 330)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py}
+    later=10  # seconds kept for the phases after the tests: the benchmarks need most of the call
+    if has bench || has served-tiny || has served-large || has slow; then later=330; fi
+    say "tests (budget $(($(left) - later)) s)"
+    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py}
     say "tests exit $?"
     save_jit
 fi
