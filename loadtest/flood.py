@@ -47,8 +47,9 @@ LIMIT_MARGIN = 2.0
 MAX_FLOOD_S = 180.0
 # The flood's rate follows the answers of the last RATE_WINDOW_S: a capacity
 # measured while the machine was busier than during the flood does not make the
-# flood too gentle to overload the server.
-RATE_WINDOW_S = 4.0
+# flood too gentle to overload the server. Answers come in bursts (requests
+# admitted together finish together), so the window spans several of them.
+RATE_WINDOW_S = 8.0
 REQUEST_TIMEOUT_S = 120.0  # a request not answered by then counts as lost
 LATENCY_SAMPLES = 5
 
