@@ -1,0 +1,94 @@
+"""The load-test, flood and soak figures the README quotes are the stored records'.
+
+Each record (docs/benchmarks/{loadtest,flood,soak}.json) is written by the tool
+that measured it (`--record`), with its commit, machine and command; the README's
+"Load testing" section must quote the same numbers, so a new record without a new
+README (or the reverse) fails here.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BENCHMARKS = REPO_ROOT / "docs" / "benchmarks"
+TOOLS = {"loadtest": "loadtest.run", "flood": "loadtest.flood", "soak": "loadtest.soak"}
+
+
+def load_testing_section() -> str:
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## Load testing")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def record(name: str) -> dict:
+    return json.loads((BENCHMARKS / f"{name}.json").read_text(encoding="utf-8"))
+
+
+def thousands(n: int) -> str:
+    """As the README writes counts: 1,310."""
+    return f"{n:,}"
+
+
+@pytest.mark.parametrize("name", sorted(TOOLS))
+def test_record_says_where_it_was_measured(name):
+    origin = record(name)["provenance"]
+    assert re.fullmatch(r"[0-9a-f]{40}", origin["commit"] or ""), f"{name}.json has no commit"
+    assert origin["machine"]["cpu"] and origin["machine"]["cpu_count"] > 0
+    assert f"-m {TOOLS[name]} " in origin["command"] and f"--record docs/benchmarks/{name}" in origin["command"]
+    assert (BENCHMARKS / f"{name}.md").is_file()
+    assert f"docs/benchmarks/{name}.md" in load_testing_section()
+
+
+def test_readme_load_test_table_is_the_record():
+    data = record("loadtest")
+    readme_rows = [
+        [cell.strip() for cell in line.strip("|").split("|")]
+        for line in load_testing_section().splitlines()
+        if line.startswith("| grpc |") or line.startswith("| http |") or line.startswith("| | Aggregated")
+    ]
+    expected = [
+        [row["request_type"], row["name"], str(row["requests"]), str(row["failures"]), f"{row['median_ms']:.0f}",
+         f"{row['p95_ms']:.0f}", f"{row['requests_per_s']:.2f}"]  # fmt: skip
+        for row in [*data["rows"], data["total"]]
+    ]
+    assert readme_rows == expected
+    assert f"**0 failures** in {data['total']['requests']} requests" in load_testing_section()
+    assert data["total"]["failures"] == 0 and data["errors"] == []
+
+
+def test_readme_flood_figures_are_the_record():
+    data, section = record("flood"), " ".join(load_testing_section().split())
+    assert data["lost"] == 0 and data["sent"] == data["answered"] + data["refused"]
+    for quoted in (
+        f"capacity {data['capacity_per_s']:.2f} requests/s",
+        f"{data['sent']} sent at up to {data['peak_rate_per_s']:g}/s over {data['flood_s']:.0f} s",
+        f"{data['answered']} answered with the right transcript, {data['refused']} refused at once",
+        f"median latency {data['latency_before_s']:.2f} s before, {data['latency_after_s']:.2f} s after",
+    ):
+        assert quoted in section
+
+
+def test_readme_soak_figures_are_the_record():
+    data, section = record("soak"), " ".join(load_testing_section().split())
+    assert data["problems"] == [] and data["unexpected"] == []
+    totals = {
+        result: sum(by.get(result, 0) for by in data["counts"].values())
+        for result in ("transcribed", "refused", "cancelled", "unexpected")
+    }
+    assert sum(totals.values()) == data["sent"]
+    for quoted in (
+        f"{data['concurrency']} workers for {data['seconds']:.0f} s",
+        f"{thousands(data['sent'])} requests, {thousands(totals['transcribed'])} transcribed",
+        f"{totals['refused']} refused with a named error ({data['counts']['bad_input']['refused']} bad inputs",
+        f"{data['counts']['fault']['refused']} broken steps",
+        f"{totals['cancelled']} cancelled by their clients, {totals['unexpected']} unexpected",
+        f"from {thousands(round(data['before']['rss_mib']['whisper']))} MiB after the warm-up to "
+        f"{thousands(round(data['after']['rss_mib']['whisper']))} MiB",
+        f"within {data['rss_tolerance_mib']:.0f} MiB",
+    ):
+        assert quoted in section
