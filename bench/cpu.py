@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bench.repository_copy import repository_with_instances
+from bench.repository_copy import parse_instances, repository_with_instances
 from bench.triton_stats import model_stats, stats_delta
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -372,7 +372,10 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
 
     environment = dict(item.split("=", 1) for item in args.server_env)
-    instances = {model: int(count) for model, count in (item.split("=", 1) for item in args.instances)}
+    try:
+        instances = parse_instances(args.instances)
+    except ValueError as error:
+        parser.error(str(error))
     changes = args.server_env + [f"{model} x{count}" for model, count in instances.items()]
     references = {clip.file: clip for clip in clips()}
     recordings = [Recording(clip, clip.read()) for clip in references.values()]

@@ -1,5 +1,5 @@
 """Variants of the model repository for a benchmark: a copy, with a model replaced
-(bench.standin) or other instance counts (bench.cpu --instances)."""
+(bench.standin) or other instance counts (--instances of bench.cpu and bench.served)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,17 @@ def copy_repository(directory: Path, source: Path | None = None) -> Path:
         shutil.rmtree(directory)
     shutil.copytree(source, directory, ignore=shutil.ignore_patterns("__pycache__"))
     return directory
+
+
+def parse_instances(items: list[str]) -> dict[str, int]:
+    """`MODEL=COUNT` items (the benchmarks' --instances) as {model: count}."""
+    counts = {}
+    for item in items:
+        model, _, count = item.partition("=")
+        if not model or not count.isdigit() or int(count) < 1:
+            raise ValueError(f"--instances takes MODEL=COUNT with a count of 1 or more, e.g. preprocessing=4; got {item!r}")
+        counts[model] = int(count)
+    return counts
 
 
 def repository_with_instances(counts: dict[str, int], directory: Path, source: Path | None = None) -> Path:

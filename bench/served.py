@@ -20,6 +20,10 @@ measured text tokens per second of audio, from this results file, times each
 clip's length); `tiny-random` does the same with tiny's shapes (a quick check
 of the forced-length path on a CPU).
 
+`--instances preprocessing=4` (repeatable) serves a copy of the repository with
+other instance counts, for the ceiling and the served path alike; the run records
+them.
+
 Everything goes into one JSON file (`--results`), saved after every point and
 copied into `--out` with the Markdown table and the plot (`bench.report`).
 """
@@ -43,6 +47,7 @@ from bench.host import GpuSampler, busy_cores, cpu_times
 from bench.jobs import Job, forced_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan, PointResult
 from bench.provenance import provenance
+from bench.repository_copy import parse_instances, repository_with_instances
 from bench.server_process import ServeCommand, ServerProcess
 from bench.standin import canned_check, write_standin_repository
 from bench.stats import PointStats, saturation, sweep_done
@@ -339,12 +344,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=570.0, help="the whole run ends its last phase by then")
     parser.add_argument("--model-repository", type=Path,
                         help="serve this repository instead of the packaged one (the ceiling replaces its whisper)")
+    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT",
+                        help="serve a copy of the repository with this many instances of a model (ceiling and served)")
     parser.add_argument("--gpus", help="the server's GPUs (`serve --gpus`, e.g. 0 or 0,1); the engine phase uses --device. "
                         "Compare GPU counts with one --results file each")
     parser.add_argument("--tokens-per-second", type=float,
                         help="forced lengths of random-weight models (default: tiny's, from the results file)")
     args = parser.parse_args(argv)
     args.results = args.results or STATE_DIR / "served.json"
+    try:
+        args.instances = parse_instances(args.instances)
+    except ValueError as error:
+        parser.error(str(error))
     args.deadline = time.monotonic() + args.budget_s
     return args
 
@@ -354,9 +365,13 @@ def main(argv: list[str] | None = None) -> int:
     settings = Settings.quick() if args.quick else Settings()
     spec = MODELS[args.model]
     STATE_DIR.mkdir(parents=True, exist_ok=True)
+    if args.instances:  # the ceiling's stand-in repository is made from this copy
+        args.model_repository = repository_with_instances(args.instances, STATE_DIR / "instances-repository",
+                                                          args.model_repository)
     results = Results(args.results, args.out)
     run = {"id": len(results.data["runs"]), "model": args.model, "phases": args.phases, "quick": args.quick,
-           "settings": asdict(settings), "client_processes": args.clients, "gpus": args.gpus, **provenance()}
+           "settings": asdict(settings), "client_processes": args.clients, "gpus": args.gpus,
+           "instances": args.instances, **provenance()}
     results.data["runs"].append(run)
     say(f"run {run['id']}: commit {run['commit']} (dirty: {run['dirty']}, checked by {run['checked_by']}), "
         f"{run['machine']['gpu'] or 'no GPU'}, {run['machine']['cpu_count']} CPUs")

@@ -4,6 +4,7 @@ provenance, carrying files in parts, the stand-in repository and the report."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -373,3 +374,25 @@ def test_the_served_command_names_the_gpus_when_asked():
 
     assert "--gpus=0,1" in ServeCommand("default", gpus="0,1").argv()
     assert not any(a.startswith("--gpus") for a in ServeCommand("default").argv())
+
+
+def test_other_instance_counts_are_served_from_a_copy_that_differs_only_there(tmp_path):
+    from bench.repository_copy import parse_instances, repository_with_instances
+    from bench.served import parse_args
+
+    args = parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "preprocessing=4",
+                       "--instances", "postprocessing=2"])  # fmt: skip
+    assert args.instances == {"preprocessing": 4, "postprocessing": 2}
+    copy = repository_with_instances(args.instances, tmp_path / "repository")
+    packaged = packaged_model_repository()
+    for config in sorted(packaged.glob("*/config.pbtxt")):
+        ours = (copy / config.relative_to(packaged)).read_text()
+        count = args.instances.get(config.parent.name)
+        expected = config.read_text() if count is None else re.sub(r"count:\s*\d+", f"count: {count}", config.read_text())
+        assert ours == expected
+    assert "count: 4" in (copy / "preprocessing" / "config.pbtxt").read_text()
+    for bad in (["preprocessing"], ["preprocessing=0"], ["=4"], ["preprocessing=four"]):
+        with pytest.raises(ValueError, match="MODEL=COUNT"):
+            parse_instances(bad)
+    with pytest.raises(SystemExit):
+        parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "whisper=x"])
