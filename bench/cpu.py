@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bench.repository_copy import parse_instances, repository_with_instances
+from bench.repository_copy import Instances, parse_instances, repository_with_instances
 from bench.triton_stats import model_stats, stats_delta
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -188,7 +188,7 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(log_path: Path, environment: dict[str, str], instances: dict[str, int] | None = None) -> Iterator[Served]:
+def served(log_path: Path, environment: dict[str, str], instances: dict[str, Instances] | None = None) -> Iterator[Served]:
     """`whisper-triton serve` with the packaged checkpoint on free ports; the packaged
     repository, or a copy of it with other instance counts."""
     from clients.api import Protocol, WhisperClient
@@ -367,8 +367,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-library", action="store_true", help="skip the in-process library")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for the server (e.g. to try thread settings)")  # fmt: skip
-    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT",
-                        help="serve a copy of the repository with this many instances of a model")  # fmt: skip
+    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT[:KIND]",
+                        help="serve a copy of the repository with this many instances of a model (KIND: cpu, gpu, auto)")  # fmt: skip
     args = parser.parse_args(argv)
 
     environment = dict(item.split("=", 1) for item in args.server_env)
@@ -376,7 +376,7 @@ def main(argv: list[str] | None = None) -> None:
         instances = parse_instances(args.instances)
     except ValueError as error:
         parser.error(str(error))
-    changes = args.server_env + [f"{model} x{count}" for model, count in instances.items()]
+    changes = args.server_env + [f"{model} {group.describe()}" for model, group in instances.items()]
     references = {clip.file: clip for clip in clips()}
     recordings = [Recording(clip, clip.read()) for clip in references.values()]
     audio = sum(c.duration for c in references.values())

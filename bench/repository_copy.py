@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 
@@ -19,24 +20,46 @@ def copy_repository(directory: Path, source: Path | None = None) -> Path:
     return directory
 
 
-def parse_instances(items: list[str]) -> dict[str, int]:
-    """`MODEL=COUNT` items (the benchmarks' --instances) as {model: count}."""
-    counts = {}
+KINDS = {"cpu": "KIND_CPU", "gpu": "KIND_GPU", "auto": "KIND_AUTO"}
+
+
+@dataclass(frozen=True)
+class Instances:
+    """A model's instance group in a repository copy: how many, and where (None: as configured)."""
+
+    count: int
+    kind: str | None = None  # a key of KINDS
+
+    def describe(self) -> str:
+        return f"x{self.count}" + (f" on {self.kind}" if self.kind else "")
+
+
+def parse_instances(items: list[str]) -> dict[str, Instances]:
+    """`MODEL=COUNT[:KIND]` items (the benchmarks' --instances), e.g. preprocessing=4 or whisper=1:cpu."""
+    groups = {}
     for item in items:
-        model, _, count = item.partition("=")
-        if not model or not count.isdigit() or int(count) < 1:
-            raise ValueError(f"--instances takes MODEL=COUNT with a count of 1 or more, e.g. preprocessing=4; got {item!r}")
-        counts[model] = int(count)
-    return counts
+        model, _, group = item.partition("=")
+        count, _, kind = group.partition(":")
+        if not model or not count.isdigit() or int(count) < 1 or (kind and kind not in KINDS):
+            raise ValueError(
+                f"--instances takes MODEL=COUNT[:KIND] with a count of 1 or more and a kind from {sorted(KINDS)}, "
+                f"e.g. preprocessing=4 or whisper=1:cpu; got {item!r}"
+            )
+        groups[model] = Instances(int(count), kind or None)
+    return groups
 
 
-def repository_with_instances(counts: dict[str, int], directory: Path, source: Path | None = None) -> Path:
-    """A copy of the repository where each named model has `count` instances."""
+def repository_with_instances(groups: dict[str, Instances], directory: Path, source: Path | None = None) -> Path:
+    """A copy of the repository where each named model has the instance group given."""
     copy_repository(directory, source)
-    for model, count in counts.items():
+    for model, group in groups.items():
         config = directory / model / "config.pbtxt"
-        text, n = re.subn(r"count:\s*\d+", f"count: {count}", config.read_text())
-        if n != 1:
-            raise ValueError(f"{config}: expected one instance count, found {n}")
+        # Settings start their line; comments may name them too.
+        text, counts = re.subn(r"^(\s*)count:\s*\d+", rf"\g<1>count: {group.count}", config.read_text(), flags=re.M)
+        kinds = 1
+        if group.kind:
+            text, kinds = re.subn(r"^(\s*)kind:\s*KIND_\w+", rf"\g<1>kind: {KINDS[group.kind]}", text, flags=re.M)
+        if (counts, kinds) != (1, 1):
+            raise ValueError(f"{config}: expected one instance group, found {counts} counts and {kinds} kinds")
         config.write_text(text)
     return directory

@@ -20,9 +20,9 @@ measured text tokens per second of audio, from this results file, times each
 clip's length); `tiny-random` does the same with tiny's shapes (a quick check
 of the forced-length path on a CPU).
 
-`--instances preprocessing=4` (repeatable) serves a copy of the repository with
-other instance counts, for the ceiling and the served path alike; the run records
-them.
+`--instances preprocessing=4` (repeatable; `whisper=1:cpu` also sets the kind)
+serves a copy of the repository with other instance groups, for the ceiling and
+the served path alike; the run records them.
 
 Everything goes into one JSON file (`--results`), saved after every point and
 copied into `--out` with the Markdown table and the plot (`bench.report`).
@@ -344,8 +344,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=570.0, help="the whole run ends its last phase by then")
     parser.add_argument("--model-repository", type=Path,
                         help="serve this repository instead of the packaged one (the ceiling replaces its whisper)")
-    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT",
-                        help="serve a copy of the repository with this many instances of a model (ceiling and served)")
+    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT[:KIND]",
+                        help="serve a copy of the repository with this many instances of a model, on KIND (cpu, gpu, "
+                        "auto; default as configured), for the ceiling and the served phases")
     parser.add_argument("--gpus", help="the server's GPUs (`serve --gpus`, e.g. 0 or 0,1); the engine phase uses --device. "
                         "Compare GPU counts with one --results file each")
     parser.add_argument("--tokens-per-second", type=float,
@@ -371,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(args.results, args.out)
     run = {"id": len(results.data["runs"]), "model": args.model, "phases": args.phases, "quick": args.quick,
            "settings": asdict(settings), "client_processes": args.clients, "gpus": args.gpus,
-           "instances": args.instances, **provenance()}
+           "instances": {model: asdict(group) for model, group in args.instances.items()}, **provenance()}
     results.data["runs"].append(run)
     say(f"run {run['id']}: commit {run['commit']} (dirty: {run['dirty']}, checked by {run['checked_by']}), "
         f"{run['machine']['gpu'] or 'no GPU'}, {run['machine']['cpu_count']} CPUs")

@@ -4,7 +4,6 @@ provenance, carrying files in parts, the stand-in repository and the report."""
 from __future__ import annotations
 
 import json
-import re
 import subprocess
 from pathlib import Path
 
@@ -376,23 +375,26 @@ def test_the_served_command_names_the_gpus_when_asked():
     assert not any(a.startswith("--gpus") for a in ServeCommand("default").argv())
 
 
-def test_other_instance_counts_are_served_from_a_copy_that_differs_only_there(tmp_path):
-    from bench.repository_copy import parse_instances, repository_with_instances
+def test_other_instance_groups_are_served_from_a_copy_that_differs_only_there(tmp_path):
+    from bench.repository_copy import Instances, parse_instances, repository_with_instances
     from bench.served import parse_args
 
     args = parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "preprocessing=4",
-                       "--instances", "postprocessing=2"])  # fmt: skip
-    assert args.instances == {"preprocessing": 4, "postprocessing": 2}
+                       "--instances", "whisper=2:cpu"])  # fmt: skip
+    assert args.instances == {"preprocessing": Instances(4), "whisper": Instances(2, "cpu")}
     copy = repository_with_instances(args.instances, tmp_path / "repository")
     packaged = packaged_model_repository()
+    changed = {
+        "preprocessing": lambda text: text.replace("    count: 1\n", "    count: 4\n"),
+        "whisper": lambda text: text.replace("    count: 1\n    kind: KIND_AUTO\n", "    count: 2\n    kind: KIND_CPU\n"),
+    }
     for config in sorted(packaged.glob("*/config.pbtxt")):
-        ours = (copy / config.relative_to(packaged)).read_text()
-        count = args.instances.get(config.parent.name)
-        expected = config.read_text() if count is None else re.sub(r"count:\s*\d+", f"count: {count}", config.read_text())
-        assert ours == expected
-    assert "count: 4" in (copy / "preprocessing" / "config.pbtxt").read_text()
-    for bad in (["preprocessing"], ["preprocessing=0"], ["=4"], ["preprocessing=four"]):
-        with pytest.raises(ValueError, match="MODEL=COUNT"):
+        change = changed.get(config.parent.name, lambda text: text)
+        assert (copy / config.relative_to(packaged)).read_text() == change(config.read_text())
+    whisper = (copy / "whisper" / "config.pbtxt").read_text()
+    assert "count: 2" in whisper and "kind: KIND_CPU" in whisper
+    for bad in (["preprocessing"], ["preprocessing=0"], ["=4"], ["preprocessing=four"], ["whisper=1:tpu"]):
+        with pytest.raises(ValueError, match=r"MODEL=COUNT\[:KIND\]"):
             parse_instances(bad)
     with pytest.raises(SystemExit):
         parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "whisper=x"])
