@@ -37,7 +37,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Iterator
 
-from bench.repository_copy import Instances, parse_instances, repository_with_instances
+from bench.repository_copy import Instances, add_instances_option, repository_with_instances
 from bench.triton_stats import model_stats, stats_delta
 
 REPOSITORY = Path(__file__).resolve().parents[1]
@@ -367,15 +367,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-library", action="store_true", help="skip the in-process library")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for the server (e.g. to try thread settings)")  # fmt: skip
-    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT[:KIND]",
-                        help="serve a copy of the repository with this many instances of a model (KIND: cpu, gpu, auto)")  # fmt: skip
+    add_instances_option(parser)
     args = parser.parse_args(argv)
 
     environment = dict(item.split("=", 1) for item in args.server_env)
-    try:
-        instances = parse_instances(args.instances)
-    except ValueError as error:
-        parser.error(str(error))
+    instances = dict(args.instances)
     changes = args.server_env + [f"{model} {group.describe()}" for model, group in instances.items()]
     references = {clip.file: clip for clip in clips()}
     recordings = [Recording(clip, clip.read()) for clip in references.values()]

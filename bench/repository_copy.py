@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 import shutil
 from dataclasses import dataclass
@@ -34,19 +35,23 @@ class Instances:
         return f"x{self.count}" + (f" on {self.kind}" if self.kind else "")
 
 
-def parse_instances(items: list[str]) -> dict[str, Instances]:
-    """`MODEL=COUNT[:KIND]` items (the benchmarks' --instances), e.g. preprocessing=4 or whisper=1:cpu."""
-    groups = {}
-    for item in items:
-        model, _, group = item.partition("=")
-        count, _, kind = group.partition(":")
-        if not model or not count.isdigit() or int(count) < 1 or (kind and kind not in KINDS):
-            raise ValueError(
-                f"--instances takes MODEL=COUNT[:KIND] with a count of 1 or more and a kind from {sorted(KINDS)}, "
-                f"e.g. preprocessing=4 or whisper=1:cpu; got {item!r}"
-            )
-        groups[model] = Instances(int(count), kind or None)
-    return groups
+def instance_group(item: str) -> tuple[str, Instances]:
+    """One --instances item, `MODEL=COUNT[:KIND]` (e.g. preprocessing=4 or whisper=1:cpu), as argparse's `type`."""
+    model, _, group = item.partition("=")
+    count, _, kind = group.partition(":")
+    if not model or not count.isdigit() or int(count) < 1 or (kind and kind not in KINDS):
+        raise argparse.ArgumentTypeError(
+            f"expected MODEL=COUNT[:KIND], with a count of 1 or more and a kind from {sorted(KINDS)}, "
+            f"e.g. preprocessing=4 or whisper=1:cpu; got {item!r}"
+        )
+    return model, Instances(int(count), kind or None)
+
+
+def add_instances_option(parser: argparse.ArgumentParser) -> None:
+    """--instances, repeatable; `dict(args.instances)` is then {model: Instances}."""
+    parser.add_argument("--instances", action="append", type=instance_group, default=[], metavar="MODEL=COUNT[:KIND]",
+                        help="serve a copy of the repository with this many instances of a model, on KIND (cpu, gpu, "
+                        "auto; default: as configured)")  # fmt: skip
 
 
 def repository_with_instances(groups: dict[str, Instances], directory: Path, source: Path | None = None) -> Path:

@@ -47,7 +47,7 @@ from bench.host import GpuSampler, busy_cores, cpu_times
 from bench.jobs import Job, forced_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan, PointResult
 from bench.provenance import provenance
-from bench.repository_copy import parse_instances, repository_with_instances
+from bench.repository_copy import add_instances_option, repository_with_instances
 from bench.server_process import ServeCommand, ServerProcess
 from bench.standin import canned_check, write_standin_repository
 from bench.stats import PointStats, saturation, sweep_done
@@ -344,19 +344,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--budget-s", type=float, default=570.0, help="the whole run ends its last phase by then")
     parser.add_argument("--model-repository", type=Path,
                         help="serve this repository instead of the packaged one (the ceiling replaces its whisper)")
-    parser.add_argument("--instances", action="append", default=[], metavar="MODEL=COUNT[:KIND]",
-                        help="serve a copy of the repository with this many instances of a model, on KIND (cpu, gpu, "
-                        "auto; default as configured), for the ceiling and the served phases")
+    add_instances_option(parser)  # for the ceiling and the served phases
     parser.add_argument("--gpus", help="the server's GPUs (`serve --gpus`, e.g. 0 or 0,1); the engine phase uses --device. "
                         "Compare GPU counts with one --results file each")
     parser.add_argument("--tokens-per-second", type=float,
                         help="forced lengths of random-weight models (default: tiny's, from the results file)")
     args = parser.parse_args(argv)
     args.results = args.results or STATE_DIR / "served.json"
-    try:
-        args.instances = parse_instances(args.instances)
-    except ValueError as error:
-        parser.error(str(error))
+    args.instances = dict(args.instances)
     args.deadline = time.monotonic() + args.budget_s
     return args
 

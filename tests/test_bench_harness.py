@@ -3,6 +3,7 @@ provenance, carrying files in parts, the stand-in repository and the report."""
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 from pathlib import Path
@@ -376,7 +377,7 @@ def test_the_served_command_names_the_gpus_when_asked():
 
 
 def test_other_instance_groups_are_served_from_a_copy_that_differs_only_there(tmp_path):
-    from bench.repository_copy import Instances, parse_instances, repository_with_instances
+    from bench.repository_copy import Instances, instance_group, repository_with_instances
     from bench.served import parse_args
 
     args = parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "preprocessing=4",
@@ -393,8 +394,8 @@ def test_other_instance_groups_are_served_from_a_copy_that_differs_only_there(tm
         assert (copy / config.relative_to(packaged)).read_text() == change(config.read_text())
     whisper = (copy / "whisper" / "config.pbtxt").read_text()
     assert "count: 2" in whisper and "kind: KIND_CPU" in whisper
-    for bad in (["preprocessing"], ["preprocessing=0"], ["=4"], ["preprocessing=four"], ["whisper=1:tpu"]):
-        with pytest.raises(ValueError, match=r"MODEL=COUNT\[:KIND\]"):
-            parse_instances(bad)
+    for bad in ("preprocessing", "preprocessing=0", "=4", "preprocessing=four", "whisper=1:tpu"):
+        with pytest.raises(argparse.ArgumentTypeError, match=r"MODEL=COUNT\[:KIND\]"):
+            instance_group(bad)
     with pytest.raises(SystemExit):
         parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "whisper=x"])
