@@ -380,13 +380,13 @@ def test_other_instance_groups_are_served_from_a_copy_that_differs_only_there(tm
     from bench.repository_copy import Instances, instance_group, repository_with_instances
     from bench.served import parse_args
 
-    args = parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "preprocessing=4",
+    args = parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "preprocessing=2",
                        "--instances", "whisper=2:cpu"])  # fmt: skip
-    assert args.instances == {"preprocessing": Instances(4), "whisper": Instances(2, "cpu")}
+    assert args.instances == {"preprocessing": Instances(2), "whisper": Instances(2, "cpu")}
     copy = repository_with_instances(args.instances, tmp_path / "repository")
     packaged = packaged_model_repository()
     changed = {
-        "preprocessing": lambda text: text.replace("    count: 1\n", "    count: 4\n"),
+        "preprocessing": lambda text: text.replace("    count: 4\n", "    count: 2\n"),
         "whisper": lambda text: text.replace("    count: 1\n    kind: KIND_AUTO\n", "    count: 2\n    kind: KIND_CPU\n"),
     }
     for config in sorted(packaged.glob("*/config.pbtxt")):
@@ -399,3 +399,25 @@ def test_other_instance_groups_are_served_from_a_copy_that_differs_only_there(tm
             instance_group(bad)
     with pytest.raises(SystemExit):
         parse_args(["--model", "tiny", "--out", str(tmp_path), "--instances", "whisper=x"])
+
+
+def test_the_ceiling_comparison_reports_each_stored_runs_best_point_and_instances(tmp_path):
+    from bench.ceiling_compare import load_variant, main
+
+    stored = sorted((Path(__file__).parent.parent / "docs" / "benchmarks" / "ceiling").glob("*.json"))
+    assert len(stored) >= 2
+    main([*map(str, stored), "--out", str(tmp_path)])
+    report = (tmp_path / "ceiling.md").read_text()
+    assert (tmp_path / "ceiling.png").stat().st_size > 0
+    for path in stored:
+        data = json.loads(path.read_text())
+        (model,) = data["models"].values()
+        best = max(model["ceiling"]["points"], key=lambda p: p["goodput_per_s"])
+        variant = load_variant(path)
+        row = next(line for line in report.splitlines() if line.startswith(f"| {path.stem} |"))
+        assert f"| {best['goodput_per_s']} | {best['concurrency']} |" in row
+        assert data["runs"][0]["commit"][:10] in row and variant.instances in row
+    with pytest.raises(ValueError, match="no ceiling sweep"):
+        broken = tmp_path / "broken.json"
+        broken.write_text(json.dumps({"runs": [{}], "models": {"tiny": {"ceiling": {"error": "boom"}}}}))
+        load_variant(broken)
