@@ -73,18 +73,23 @@ def test_outcome_labels(outcome, label):
 
 
 class _Metric:
+    calls = 0  # every call is an IPC round trip in the real pb_utils
+
     def __init__(self, family, labels, buckets):
         self.family, self.labels, self.buckets = family, labels, buckets
         self.value, self.observed = 0.0, []
 
     def increment(self, value):
         assert value >= 0, "counters only go up"
+        _Metric.calls += 1
         self.value += value
 
     def set(self, value):
+        _Metric.calls += 1
         self.value = value
 
     def observe(self, value):
+        _Metric.calls += 1
         self.observed.append(value)
 
 
@@ -140,8 +145,9 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     assert by_name["whisper_requests_total", (("outcome", "success"),)].value == 1
     assert by_name["whisper_requests_total", (("outcome", "overloaded"),)].value == 1
     assert by_name["whisper_audio_seconds_total", ()].value == 8.0
-    assert len(by_name["whisper_real_time_factor", ()].observed) == 1
-    assert len(by_name["whisper_queue_wait_seconds", ()].observed) == 1
+    assert by_name["whisper_real_time_factor_count", ()].value == 1
+    assert by_name["whisper_queue_wait_seconds_count", ()].value == 1
+    assert by_name["whisper_request_duration_seconds_bucket", (("le", "+Inf"),)].value == 1
     assert by_name["whisper_decode_steps_total", (("path", "eager"),)].value >= 1
     assert by_name["whisper_decode_steps_total", (("path", "cuda_graph"),)].value == 0
     assert by_name["whisper_decoding_slots", ()].value == 2
@@ -151,3 +157,34 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     assert by_name["whisper_engine_restarts_total", ()].value == 0
     assert by_name["whisper_attention_backend", (("backend", "sdpa"),)].value == 1
     assert audio_seconds(transcript) == 8.0 and audio_seconds(RuntimeError()) is None
+
+
+def test_histograms_publish_cumulative_buckets_in_a_fixed_number_of_calls():
+    """Prometheus's histogram series, made here: `_bucket{le}` counts the values at most
+    `le`, whatever number of observations a publish covers."""
+    from python_backend_lib.serving.metrics import QUEUE_WAIT_BUCKETS
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))
+    pipeline_engine = pipeline.engine
+    _MetricFamily.created = []
+    metrics = WhisperMetrics(_PbUtils, pipeline_engine, RequestLedger(4), gpu="cpu", backend="sdpa", interval_s=3600)
+    metrics.close()
+    pipeline.close()
+    waits = [0.0005, 0.001, 0.003, 0.2, 7.0, 100.0] * 50 + [0.02] * 1000
+    published = []
+    for batch in (waits[:700], waits[700:]):
+        pipeline_engine.stats.recent_waits.extend(batch)
+        _Metric.calls = 0
+        metrics.publish()
+        published.append(_Metric.calls)
+    series = {
+        (m.family.name, m.labels.get("le")): m.value for m in _MetricFamily.created if m.family.name.startswith("whisper_queue_wait")
+    }
+    for bound in QUEUE_WAIT_BUCKETS:
+        assert series["whisper_queue_wait_seconds_bucket", format(bound, "g")] == sum(w <= bound for w in waits), bound
+    assert series["whisper_queue_wait_seconds_bucket", "+Inf"] == series["whisper_queue_wait_seconds_count", None] == len(waits)
+    assert series["whisper_queue_wait_seconds_sum", None] == pytest.approx(sum(waits))
+    # Calls grow with the buckets and gauges, not with the 1,300 observations.
+    assert max(published) <= len(QUEUE_WAIT_BUCKETS) + 1 + 2 + 10
+

@@ -7,12 +7,19 @@ engine sees. All are documented in the README ("Operating").
 
 The engine and the request ledger keep plain counters; `WhisperMetrics` reads
 them on its own thread every `interval_s` and hands them to Triton through
-`pb_utils.MetricFamily`, so no metric call (an IPC round trip) ever runs on the
-engine thread or delays a request.
+`pb_utils.MetricFamily`, so no metric call ever runs on the engine thread or
+delays a request. Each metric call is an IPC round trip to the Triton process
+during which the stub holds the GIL (every Python thread of the model waits), so
+a publish makes a fixed number of calls however many requests it covers: counts
+are summed first, and the histograms are kept here and handed over as their
+cumulative `_bucket{le}`, `_sum` and `_count` counters (one call per observation
+cost a third of the whisper model's Python time at 540 requests/s on an H100).
 """
 
 from __future__ import annotations
 
+import bisect
+import collections
 import logging
 import threading
 from dataclasses import dataclass
@@ -151,19 +158,27 @@ class WhisperMetrics:
 
     def publish(self) -> None:
         """Hand everything new since the last call to Triton (on the metrics thread)."""
+        answered: collections.Counter = collections.Counter()
+        audio = 0.0
         while self.ledger.recent:
             finished = self.ledger.recent.popleft()
             label = outcome_label(finished.outcome)
-            self._requests[label].increment(1)
+            answered[label] += 1
             seconds = audio_seconds(finished.outcome)
             if label == SUCCESS and seconds is not None:
-                self._audio.increment(seconds)
+                audio += seconds
                 self._request_seconds.observe(finished.seconds)
                 if seconds > 0:
                     self._rtf.observe(finished.seconds / seconds)
+        for label, n in answered.items():
+            self._requests[label].increment(n)
+        if audio:
+            self._audio.increment(audio)
         waits = self.engine.stats.recent_waits
         while waits:
             self._queue_wait.observe(waits.popleft())
+        for histogram in (self._request_seconds, self._rtf, self._queue_wait):
+            histogram.flush()
         counters, last = read_counters(self.engine), self._published
         for metric, now, before in (
             (self._steps["cuda_graph"], counters.steps_graph, last.steps_graph),
@@ -215,6 +230,44 @@ class _Families:
     def gauge(self, name: str, description: str, **labels: str) -> Any:
         return self._family(name, description, self._family_type.GAUGE).Metric(labels={**self._labels, **labels})
 
-    def histogram(self, name: str, description: str, buckets: list[float]) -> Any:
-        family = self._family(name, description, self._family_type.HISTOGRAM)
-        return family.Metric(labels=dict(self._labels), buckets=buckets)
+    def histogram(self, name: str, description: str, buckets: list[float]) -> _Histogram:
+        return _Histogram(self, name, description, buckets)
+
+
+class _Histogram:
+    """A Prometheus histogram counted here and handed to Triton at `flush` as its
+    cumulative bucket counters (`<name>_bucket{le=...}`), `<name>_sum` and
+    `<name>_count`: what a Prometheus histogram exposes, at one IPC call per
+    changed series instead of one per observation."""
+
+    def __init__(self, families: _Families, name: str, description: str, bounds: list[float]) -> None:
+        self.bounds = sorted(bounds)
+        self._buckets = [
+            families.counter(f"{name}_bucket", description, le=_bound_label(bound))
+            for bound in [*self.bounds, float("inf")]
+        ]
+        self._sum = families.counter(f"{name}_sum", description)
+        self._count = families.counter(f"{name}_count", description)
+        self._new = [0] * len(self._buckets)  # observations since the last flush, by smallest bucket holding them
+        self._new_sum = 0.0
+
+    def observe(self, value: float) -> None:
+        self._new[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
+        self._new_sum += value
+
+    def flush(self) -> None:
+        cumulative = 0
+        for bucket, n in zip(self._buckets, self._new):
+            cumulative += n
+            if cumulative:
+                bucket.increment(cumulative)
+        if cumulative:
+            self._sum.increment(self._new_sum)
+            self._count.increment(cumulative)
+        self._new = [0] * len(self._buckets)
+        self._new_sum = 0.0
+
+
+def _bound_label(bound: float) -> str:
+    """A bucket's `le` label as Prometheus clients write it: 0.5, 10, +Inf."""
+    return "+Inf" if bound == float("inf") else format(bound, "g")
