@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import TranscribeOptions
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Entry, RequestLedger
 from python_backend_lib.serving.cancellation import CancellationWatcher, Watch
-from python_backend_lib.serving.inputs import check_waveform, single_row
+from python_backend_lib.serving.inputs import NONFINITE, check_waveform, nonfinite, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import error_response
 from python_backend_lib.serving.settings import ModelSettings
@@ -69,7 +70,7 @@ class WhisperService:
 
         The requests' log-mels are computed together, in one pass on the engine's device.
         """
-        admitted: list[tuple[Any, _Request, np.ndarray]] = []
+        checked: list[tuple[Any, _Request, np.ndarray]] = []
         for request in requests:
             pending = _Request(request.get_response_sender())
             try:
@@ -77,6 +78,15 @@ class WhisperService:
                 tensor = self.pb_utils.get_input_tensor_by_name(request, tensor_names.WAVEFORM)
                 waveform = single_row(tensor.as_numpy(), tensor_names.WAVEFORM)  # [samples]
                 check_waveform(waveform, self.settings.max_audio_seconds)
+                checked.append((request, pending, waveform))
+            except Exception as error:
+                self._finished(pending, error)
+        broken = nonfinite([waveform for _, _, waveform in checked])
+        admitted: list[tuple[Any, _Request, np.ndarray]] = []
+        for i, (request, pending, waveform) in enumerate(checked):
+            try:
+                if i in broken:
+                    raise RequestError(NONFINITE)
                 pending.entry = self.ledger.enter()  # Overloaded (UNAVAILABLE) when the limit is reached
                 admitted.append((request, pending, waveform))
             except Exception as error:
