@@ -1,0 +1,46 @@
+"""Latency of one ~5 s clip at concurrency 1, in several rounds, for A/B comparisons of the server.
+
+    python -m bench.latency_rounds --model tiny-random --tokens-per-second 2.732 --label freeze
+
+Starts `whisper-triton serve` as shipped, warms it up, then measures `--rounds`
+windows of `--seconds` each and prints one line per round (requests/s, p50,
+p90, p99 in ms). `bench.served` measures the same point once, inside its run.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bench.clips import nearest
+from bench.load import LoadGenerator, PointPlan
+from bench.served import LATENCY_CLIP_S, MODELS, STATE_DIR, Settings, make_jobs, served_checkpoint
+from bench.server_process import ServeCommand, ServerProcess
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.latency_rounds", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=15.0)
+    parser.add_argument("--label", default="", help="printed at the start of each line")
+    args = parser.parse_args(argv)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    spec = MODELS[args.model]
+    checkpoint = served_checkpoint(spec)
+    jobs = make_jobs(spec, checkpoint, args.tokens_per_second, Settings())
+    short = nearest([j.audio for j in jobs], LATENCY_CLIP_S)
+    job = next(j for j in jobs if j.audio is short)
+    command = ServeCommand(checkpoint)
+    with ServerProcess(command, STATE_DIR / f"latency-{args.label or 'server'}.log", 300.0):
+        with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
+            load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
+            for _ in range(args.rounds):
+                stats = load.run(PointPlan(1, 0.0, args.seconds, 60.0)).stats
+                latency = stats.latency_ms
+                print(f"{args.label} {stats.goodput_per_s:.1f} req/s p50 {latency['p50']} p90 {latency['p90']} "
+                      f"p99 {latency['p99']}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
