@@ -128,7 +128,7 @@ class Snapshot:
     waiting: float
     healthy: float
     ready: bool
-    rss_mib: dict[str, float]  # by model
+    rss_mib: dict[str, float]  # by model, its instances' stubs together
     counters: dict[str, float]  # whisper_requests_total by outcome, restarts, failed steps
 
     @property
@@ -146,9 +146,17 @@ def snapshot(server: Server) -> Snapshot:
         waiting=samples["whisper_waiting_windows"],
         healthy=samples["whisper_engine_healthy"],
         ready=is_ready(server.http_url),
-        rss_mib={stub.model: round(rss_mib(stub.pid), 1) for stub in stub_processes(server.grpc_port)},
+        rss_mib=model_rss_mib(stub_processes(server.grpc_port)),
         counters=counters,
     )
+
+
+def model_rss_mib(stubs) -> dict[str, float]:
+    """Resident memory by model: a model with several instances has a stub each."""
+    totals: dict[str, float] = {}
+    for stub in stubs:
+        totals[stub.model] = totals.get(stub.model, 0.0) + rss_mib(stub.pid)
+    return {model: round(total, 1) for model, total in totals.items()}
 
 
 def is_ready(http_url: str) -> bool:
@@ -339,7 +347,7 @@ def markdown(report: SoakReport) -> list[str]:
         "",
         "| after the warm-up / once settled | before | after |",
         "| --- | --- | --- |",
-        *[f"| {model} stub RSS (MiB) | {before.rss_mib[model]:.0f} | {after.rss_mib.get(model, float('nan')):.0f} |"
+        *[f"| {model} stubs' RSS (MiB) | {before.rss_mib[model]:.0f} | {after.rss_mib.get(model, float('nan')):.0f} |"
           for model in before.rss_mib],  # fmt: skip
         f"| whisper requests in flight / windows decoding / waiting | {before.in_flight:g} / {before.running:g} / "
         f"{before.waiting:g} | {after.in_flight:g} / {after.running:g} / {after.waiting:g} |",
