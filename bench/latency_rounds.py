@@ -11,9 +11,8 @@ from __future__ import annotations
 
 import argparse
 
-from bench.clips import nearest
 from bench.load import LoadGenerator, PointPlan
-from bench.served import LATENCY_CLIP_S, MODELS, STATE_DIR, Settings, make_jobs, served_checkpoint
+from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 
 
@@ -29,8 +28,7 @@ def main(argv: list[str] | None = None) -> None:
     spec = MODELS[args.model]
     checkpoint = served_checkpoint(spec)
     jobs = make_jobs(spec, checkpoint, args.tokens_per_second, Settings())
-    short = nearest([j.audio for j in jobs], LATENCY_CLIP_S)
-    job = next(j for j in jobs if j.audio is short)
+    job = latency_job(jobs)
     command = ServeCommand(checkpoint)
     with ServerProcess(command, STATE_DIR / f"latency-{args.label or 'server'}.log", 300.0):
         with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:

@@ -21,9 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from bench.clips import nearest
 from bench.load import LoadGenerator, PointPlan
-from bench.served import LATENCY_CLIP_S, MODELS, Settings, make_jobs, served_checkpoint
+from bench.served import MODELS, Settings, latency_job, make_jobs, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 
 WHISPER_STUB = "whisper/1/model.py"
@@ -81,14 +80,14 @@ def main(argv: list[str] | None = None) -> None:
     spec = MODELS[args.model]
     checkpoint = served_checkpoint(spec)
     jobs = make_jobs(spec, checkpoint, args.tokens_per_second, Settings())
-    short = nearest([j.audio for j in jobs], LATENCY_CLIP_S)
+    short = latency_job(jobs)
     args.out.mkdir(parents=True, exist_ok=True)
     report = [f"# py-spy samples of the whisper stub, `{args.model}`", ""]
     command = ServeCommand(checkpoint)
     with ServerProcess(command, args.out / "profile-server.log", 300.0):
         pid = stub_pid()
         for concurrency in args.concurrency:
-            chosen = [j for j in jobs if j.audio is short] if concurrency == 1 else jobs
+            chosen = [short] if concurrency == 1 else jobs
             path = args.out / f"profile-c{concurrency}.txt"
             with LoadGenerator(command.grpc_url, [j.load_request() for j in chosen], processes=4) as load:
                 load.run(PointPlan(concurrency, 0.0, 3.0, 60.0))  # warm-up

@@ -153,6 +153,12 @@ def served_checkpoint(spec: ModelSpec) -> str:
     return str(folder)
 
 
+def latency_job(jobs: list[Job]) -> Job:
+    """The job of the clip nearest LATENCY_CLIP_S: the latency target's request."""
+    short = nearest([j.audio for j in jobs], LATENCY_CLIP_S)
+    return next(j for j in jobs if j.audio is short)
+
+
 def make_jobs(spec: ModelSpec, checkpoint: str, tokens_per_second: float | None, settings: Settings) -> list[Job]:
     from python_backend_lib.checkpoints.weights import load_config
 
@@ -242,15 +248,14 @@ def server_phase(phase: str, command: ServeCommand, jobs: list[Job], args, setti
         results.save()
         requests = [j.load_request() for j in jobs]
         if phase == "served":
-            short = nearest([j.audio for j in jobs], LATENCY_CLIP_S)
-            job = next(j for j in jobs if j.audio is short)
+            job = latency_job(jobs)
             with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
                 load.run(PointPlan(1, 0.0, settings.warmup_s, settings.timeout_s))  # warm-up
                 plan = PointPlan(1, 0.0, settings.latency_s, settings.timeout_s)
                 _, point = measure_point(load, plan, command.grpc_url)
                 section["latency_5s"] = {"clip": job.describe(), **point}
             results.save()
-            say(describe_point(f"{phase} [{short.clip.name}]", section["latency_5s"]))
+            say(describe_point(f"{phase} [{job.audio.clip.name}]", section["latency_5s"]))
         with LoadGenerator(command.grpc_url, requests, processes=args.clients) as load:
             sweep(phase, load, server, settings, deadline, section, results)
 

@@ -37,6 +37,7 @@ from conftest import (
     launch_server,
     model_repository_with,
 )
+from test_model_repository import load, one
 from tritonclient.utils import InferenceServerException
 
 from python_backend_lib.apps.server import (
@@ -240,8 +241,8 @@ def configured_instances() -> list[str]:
     GPU-less host, whisper's KIND_AUTO group is one CPU instance."""
     names = []
     for config in packaged_model_repository().glob("*/config.pbtxt"):
-        counts = re.findall(r"^\s*count:\s*(\d+)", config.read_text(), flags=re.M)
-        names += [config.parent.name] * sum(map(int, counts))
+        groups = load(config.parent.name).get("instance_group", [])
+        names += [config.parent.name] * sum(one(group, "count") for group in groups)
     return sorted(names)
 
 
