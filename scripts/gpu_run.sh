@@ -192,8 +192,10 @@ for model in tiny large; do
     if [[ ! -f $INSTALLED ]]; then say "served-$model: not installed (the install phase)"; exit 1; fi
     budget=$(($(left) - 15))
     if [[ ${SERVED_ARGS:-} == *--phases* ]]; then  # phases named: one run (transformers alone gets numpy 2)
-        # Only the served phases start Triton, whose stub needs numpy 1.26; transformers' generate needs numpy 2.
-        [[ $SERVED_ARGS == *ceiling* || $SERVED_ARGS == *served* ]] && path=$PWD || path=$NUMPY2:$PWD
+        # Only the ceiling and served phases start Triton, whose stub needs numpy 1.26; transformers'
+        # generate needs numpy 2. The phase names are read after --phases (a --results path may say "served").
+        phases=" $(sed -n 's/.*--phases \([a-z ]*\).*/\1/p' <<< "$SERVED_ARGS") "
+        [[ $phases == *" ceiling "* || $phases == *" served "* ]] && path=$PWD || path=$NUMPY2:$PWD
         say "served-$model (budget $budget s)"
         PYTHONPATH=$path timeout $((budget + 10)) $PY -m bench.served --model $name --out "$OUT" --budget-s $budget $SERVED_ARGS
         say "served-$model exit $?"
