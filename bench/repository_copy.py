@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,15 +55,12 @@ def add_instances_option(parser: argparse.ArgumentParser) -> None:
 
 def repository_with_instances(groups: dict[str, Instances], directory: Path, source: Path | None = None) -> Path:
     """A copy of the repository where each named model has the instance group given."""
+    from python_backend_lib.apps.repository import InstanceGroup, read_instance_group, with_instance_group
+
     copy_repository(directory, source)
     for model, group in groups.items():
         config = directory / model / "config.pbtxt"
-        # Settings start their line; comments may name them too.
-        text, counts = re.subn(r"^(\s*)count:\s*\d+", rf"\g<1>count: {group.count}", config.read_text(), flags=re.M)
-        kinds = 1
-        if group.kind:
-            text, kinds = re.subn(r"^(\s*)kind:\s*KIND_\w+", rf"\g<1>kind: {KINDS[group.kind]}", text, flags=re.M)
-        if (counts, kinds) != (1, 1):
-            raise ValueError(f"{config}: expected one instance group, found {counts} counts and {kinds} kinds")
-        config.write_text(text)
+        text = config.read_text()
+        kind = KINDS[group.kind] if group.kind else read_instance_group(text).kind
+        config.write_text(with_instance_group(text, InstanceGroup(group.count, kind)))
     return directory

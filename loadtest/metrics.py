@@ -1,8 +1,10 @@
 """The whisper model's own metrics (whisper_*), read from Triton's metrics endpoint.
 
-Each whisper_* series carries its engine's `gpu` label ("cpu" on the CPU); the
-load tools talk to one engine, so they key samples by name and their other
-labels only: `whisper_requests_total{outcome="success"}`, `whisper_requests_in_flight`.
+Each whisper_* series carries its engine's labels: `gpu` (its device, "cpu" on
+the CPU) and `instance` (Triton's name for it). The load tools look at the
+server as a whole, so they key samples by name and their other labels only,
+summed over the engines: `whisper_requests_total{outcome="success"}`,
+`whisper_requests_in_flight`.
 """
 
 from __future__ import annotations
@@ -10,19 +12,19 @@ from __future__ import annotations
 import re
 import urllib.request
 
-_DEVICE_LABEL = re.compile(r'gpu="[^"]*",?')
+ENGINE_LABELS = re.compile(r'(?:gpu|instance)="[^"]*",?')
 
 
 def whisper_samples(metrics_url: str) -> dict[str, float]:
-    """Every whisper_* sample: 'name{other labels}' (or 'name') -> value."""
+    """Every whisper_* sample: 'name{other labels}' (or 'name') -> its value summed over the engines."""
     with urllib.request.urlopen(metrics_url, timeout=10) as reply:
         text = reply.read().decode()
     samples = {}
     for line in text.splitlines():
         if line.startswith("whisper_"):
             name, _, value = line.rpartition(" ")
-            name = _DEVICE_LABEL.sub("", name).replace(",}", "}").removesuffix("{}")
-            samples[name] = float(value)
+            name = ENGINE_LABELS.sub("", name).replace(",}", "}").removesuffix("{}")
+            samples[name] = samples.get(name, 0.0) + float(value)
     return samples
 
 

@@ -123,7 +123,7 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))
     ledger = RequestLedger(4)
     _MetricFamily.created = []
-    metrics = WhisperMetrics(_PbUtils, pipeline.engine, ledger, gpu="cpu", backend="sdpa", interval_s=3600)
+    metrics = WhisperMetrics(_PbUtils, pipeline.engine, ledger, gpu="cpu", instance="whisper_0_0", backend="sdpa", interval_s=3600)
     try:
         features = window_features(decode_audio(open("tests/data/audio/jfk.wav", "rb").read()), 80)
         done = threading.Event()
@@ -140,7 +140,8 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
         pipeline.close()
     by_name = {}
     for metric in _MetricFamily.created:
-        assert metric.labels.pop("gpu") == "cpu"  # every metric names its device
+        assert metric.labels.pop("gpu") == "cpu"  # every metric names its device ...
+        assert metric.labels.pop("instance") == "whisper_0_0"  # ... and its engine
         by_name[metric.family.name, tuple(sorted(metric.labels.items()))] = metric
     assert by_name["whisper_requests_total", (("outcome", "success"),)].value == 1
     assert by_name["whisper_requests_total", (("outcome", "overloaded"),)].value == 1
@@ -168,7 +169,7 @@ def test_histograms_publish_cumulative_buckets_in_a_fixed_number_of_calls():
     pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))
     pipeline_engine = pipeline.engine
     _MetricFamily.created = []
-    metrics = WhisperMetrics(_PbUtils, pipeline_engine, RequestLedger(4), gpu="cpu", backend="sdpa", interval_s=3600)
+    metrics = WhisperMetrics(_PbUtils, pipeline_engine, RequestLedger(4), gpu="cpu", instance="whisper_0_0", backend="sdpa", interval_s=3600)
     metrics.close()
     pipeline.close()
     waits = [0.0005, 0.001, 0.003, 0.2, 7.0, 100.0] * 50 + [0.02] * 1000

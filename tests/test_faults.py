@@ -57,6 +57,7 @@ from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV
 
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loadtest.metrics import ENGINE_LABELS
 from loadtest.processes import stub_processes, tritonserver_pid
 
 PROTOCOLS = ("http", "grpc")
@@ -100,13 +101,13 @@ def is_ready(server: RunningServer) -> bool:
         return False
 
 
-# Every whisper_* sample of a CPU server carries this label (one engine per device).
-CPU_LABEL = 'gpu="cpu"'
+# Every whisper_* sample of a CPU server carries these labels (one engine on the CPU).
+ENGINE = ('gpu="cpu"', 'instance="whisper_0_0"')
 
 
 def scrape(server: RunningServer) -> dict[str, float]:
     """Every sample on the metrics port: 'name{labels}' -> value, whisper_* samples
-    keyed without their `gpu` label, which each must carry."""
+    keyed without their engine's labels, which each must carry."""
     with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
         text = reply.read().decode()
     samples = {}
@@ -114,8 +115,8 @@ def scrape(server: RunningServer) -> dict[str, float]:
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             if name.startswith("whisper_"):
-                assert CPU_LABEL in name, f"{name} lacks its device label"
-                name = re.sub(r"\{\}$", "", name.replace(CPU_LABEL + ",", "").replace("," + CPU_LABEL, "").replace(CPU_LABEL, ""))
+                assert all(label in name for label in ENGINE), f"{name} lacks its engine's labels"
+                name = ENGINE_LABELS.sub("", name).replace(",}", "}").removesuffix("{}")
             samples[name] = float(value)
     return samples
 

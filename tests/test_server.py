@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import subprocess
+import sys
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -11,13 +13,17 @@ import numpy as np
 import pytest
 import tritonclient.grpc
 import tritonclient.http
-from conftest import AUDIO_DIR, RunningServer, whisper_triton_command
+from conftest import AUDIO_DIR, RunningServer, _stop, launch_server, whisper_triton_command
 from tritonclient.utils import InferenceServerException
 
 from clients.api import TranscriptionError, TranscriptionResult, WhisperClient
 from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import TimedText
+
+# loadtest/ is a folder of the checkout, not part of the installed package.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from loadtest.processes import stub_processes
 
 pytestmark = pytest.mark.server
 
@@ -107,6 +113,32 @@ def test_concurrent_requests_of_mixed_lengths(server, expected):
         results = list(pool.map(run, jobs))
     for (clip, _, timestamps), result in zip(jobs, results):
         assert result == expected(clip, timestamps), clip.name
+
+
+@pytest.mark.slow
+def test_two_engines_answer_as_the_library_from_a_copy_gone_after_the_stop(tmp_path, expected):
+    """`serve --engines 2`: two whisper processes on this device, each its own engine,
+    served from a copy of the repository that the launcher removes when it stops."""
+    with launch_server(tmp_path, {"TMPDIR": str(tmp_path)}, ("--engines", "2")) as launched:
+        (copy,) = tmp_path.glob("whisper-triton-repository-*")
+        port = int(launched.server.grpc_url.rsplit(":", 1)[1])
+        assert [stub.model for stub in stub_processes(port)].count(tensor_names.WHISPER_NAME) == 2
+        jobs = [CLIPS[i % len(CLIPS)] for i in range(12)]
+
+        def run(clip: Path) -> TranscriptionResult:
+            with WhisperClient(launched.server.url("grpc"), "grpc") as client:
+                return client.transcribe(clip.read_bytes())
+
+        with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+            results = list(pool.map(run, jobs))
+        for clip, result in zip(jobs, results):
+            assert result == expected(clip, True), clip.name
+        with urllib.request.urlopen(launched.server.metrics_url, timeout=10) as reply:
+            metrics = reply.read().decode()
+        engines = set(re.findall(r'^whisper_decoding_slots\{.*instance="(\w+)"', metrics, flags=re.M))
+        assert engines == {"whisper_0_0", "whisper_0_1"}  # each engine its own series
+        _stop(launched.process, "whisper-triton serve --engines 2", launched.server.log)
+    assert not copy.exists()
 
 
 def test_raw_pcm_equals_the_file(server, expected):

@@ -200,9 +200,10 @@ def test_model_settings_parse_the_operating_limits():
     settings = ModelSettings.from_triton(config, environ={})
     assert (settings.max_audio_seconds, settings.max_queued_requests, settings.kv_slots) == (600.0, 0, 8)
     assert settings.kv_memory_fraction is None
-    assert settings.request_limit(slots=8) == 8  # no queue: only the slots
+    assert settings.request_limit(slots=8, on_gpu=True) == 8  # no queue: only the slots
     default = ModelSettings.from_triton(triton_config(), environ={})
-    assert default.max_audio_seconds == DEFAULT_MAX_AUDIO_SECONDS and default.request_limit(slots=16) == 32
+    assert default.max_audio_seconds == DEFAULT_MAX_AUDIO_SECONDS and default.request_limit(slots=16, on_gpu=False) == 32
+    assert default.request_limit(slots=256, on_gpu=True) == 1024  # a GPU engine turns its slots over faster
 
 
 @pytest.mark.parametrize(

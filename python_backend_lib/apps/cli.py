@@ -62,6 +62,15 @@ def build_parser() -> argparse.ArgumentParser:
         "a comma-separated list of indexes such as 0,1, or none (the CPU)",
     )
     serve.add_argument(
+        "--engines",
+        type=_engine_count,
+        default=None,
+        metavar="N",
+        help="whisper engines (Triton instances, a process each) per GPU, or on the CPU without one: "
+        "auto (default) runs several on a GPU for small checkpoints (3 for tiny), one for large ones, "
+        "one on the CPU, and serves a repository whose whisper instance group was changed as written",
+    )
+    serve.add_argument(
         "--require-gpu-engine",
         action="store_true",
         help="on a GPU, refuse to start unless the engine runs with FlashInfer and CUDA graphs "
@@ -97,6 +106,7 @@ def serve_command(args: argparse.Namespace) -> int:
         log_verbose=args.log_verbose,
         gpus=args.gpus,
         require_gpu_engine=args.require_gpu_engine,
+        engines=args.engines,
     )
     triton = TritonServer(settings, log=sys.stderr)
     signal.signal(signal.SIGTERM, _raise_terminated)
@@ -134,6 +144,15 @@ def _gpu_list(text: str) -> str | None:
     if not all(index.isdigit() for index in indexes):
         raise argparse.ArgumentTypeError(f"expected all, none or GPU indexes such as 0,1; got {text!r}")
     return ",".join(indexes)
+
+
+def _engine_count(text: str) -> int | None:
+    """--engines: None for auto, else a count of at least 1."""
+    if text == "auto":
+        return None
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected auto or a number of engines of at least 1; got {text!r}")
+    return int(text)
 
 
 def _raise_terminated(signum: int, frame: object) -> None:

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from python_backend_lib.apps import preflight, triton_environment, triton_output
+from python_backend_lib.apps import preflight, repository, triton_environment, triton_output
 from python_backend_lib.apps.triton_output import Activity
 from python_backend_lib.core.cache import cache_root
 
@@ -88,6 +88,8 @@ class ServerSettings:
     # Triton ("0,1"; "" for none, the CPU); None: every GPU this process sees.
     gpus: str | None = None
     require_gpu_engine: bool = False  # refuse to start on a GPU without FlashInfer and CUDA graphs
+    # Whisper engines (instances) per GPU, or on the CPU without one; None: auto (`repository`).
+    engines: int | None = None
 
 
 def packaged_model_repository() -> Path:
@@ -192,6 +194,9 @@ class TritonServer:
         self._fatal = threading.Event()
         self._load_failure: str | None = None  # the first model's failure to load, in one line
         self._ready = False  # drain only a server that became ready
+        # What Triton serves: the settings' repository, or a copy with another engine count.
+        self.model_repository = settings.model_repository
+        self._copy: Path | None = None
 
     @property
     def connect_host(self) -> str:
@@ -220,7 +225,7 @@ class TritonServer:
         gpu = triton_output.cuda_device_count() > 0 if gpu is None else gpu
         return [
             str(installation.binary),
-            f"--model-repository={s.model_repository}",
+            f"--model-repository={self.model_repository}",
             f"--backend-directory={installation.backend_directory}",
             f"--http-address={s.host}",
             f"--http-port={s.http_port}",
@@ -244,9 +249,14 @@ class TritonServer:
         for problem in filter(None, problems):
             raise ServerError(problem)
         installation = find_triton()
+        env = triton_environment.server_environment(installation, self.settings)
+        s = self.settings
+        gpus = 0 if s.gpus == "" else len(s.gpus.split(",")) if s.gpus else triton_output.cuda_device_count()
+        self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env)
+        self.model_repository = self._copy or s.model_repository
         self._process = subprocess.Popen(
             self.command(installation),
-            env=triton_environment.server_environment(installation, self.settings),
+            env=env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -370,6 +380,8 @@ class TritonServer:
         _end_leftovers(process.pid)
         if self._pump is not None:
             self._pump.join(timeout=5)
+        if self._copy is not None:
+            repository.remove_copy(self._copy)
         return process.returncode
 
     def __enter__(self) -> TritonServer:

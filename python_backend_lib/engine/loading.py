@@ -61,7 +61,9 @@ class EngineSetup:
 
     slots: requests decoded together (KV slots); None: DEFAULT_SLOTS on the CPU,
         on a GPU as many as `kv_memory_fraction` of the free memory holds (at
-        most MAX_GPU_SLOTS).
+        most MAX_GPU_SLOTS; see `kv_budget` for several engines on one GPU).
+    engines_on_device: engines (Triton instances, each its own process) sharing
+        this device: on a GPU they split its KV memory, on the CPU its cores.
     cuda_graphs: capture the decode step per batch bucket (FlashInfer only).
     require_gpu_engine: on a CUDA device, refuse to start without FlashInfer and
         CUDA graphs instead of falling back to SDPA.
@@ -72,6 +74,7 @@ class EngineSetup:
     attention: AttentionKind = AttentionKind.AUTO
     cuda_graphs: bool = True
     kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION
+    engines_on_device: int = 1
     require_gpu_engine: bool = False
     faults: FaultPlan = FaultPlan()
 
@@ -110,13 +113,15 @@ def build_batch(
     """The model, its KV pool, attention backend and graphs, as a decode batch on `device`."""
     config = checkpoint.config
     stage, slots = "loading the weights", setup.slots
+    if device.type == "cpu" and setup.engines_on_device > 1:  # each engine its share of the cores
+        torch.set_num_threads(max(1, torch.get_num_threads() // setup.engines_on_device))
     try:
         start = time.perf_counter()
         model = Whisper.from_checkpoint(checkpoint, device=device, dtype=dtype)
         times.timed("weights", start)
         if slots is None:
             slots = (
-                gpu_slots(config.dims, dtype, device, setup.kv_memory_fraction)
+                gpu_slots(config.dims, dtype, device, setup.kv_memory_fraction, setup.engines_on_device)
                 if device.type == "cuda"
                 else DEFAULT_SLOTS
             )
@@ -179,10 +184,21 @@ def out_of_memory_advice(
     )
 
 
-def gpu_slots(dims, dtype: torch.dtype, device: torch.device, fraction: float) -> int:
-    """Request slots that fit in `fraction` of the GPU memory free now."""
-    free_bytes, _ = torch.cuda.mem_get_info(device)
-    return slots_for_memory(dims, dtype, int(free_bytes * fraction), MAX_GPU_SLOTS)
+def kv_budget(free_bytes: int, total_bytes: int, fraction: float, engines: int) -> int:
+    """Bytes of KV cache for one of `engines` engines on a GPU: `fraction` of the memory
+    free now, and no more than its equal share of `fraction` of the whole GPU.
+
+    Alone, an engine takes `fraction` of what is free. Several take equal shares
+    whether Triton loads them one after another (each later one sees less free
+    memory) or at once (each sees all of it).
+    """
+    return int(min(fraction * free_bytes, fraction * total_bytes / max(1, engines)))
+
+
+def gpu_slots(dims, dtype: torch.dtype, device: torch.device, fraction: float, engines: int = 1) -> int:
+    """Request slots that fit in this engine's `kv_budget` of the GPU's memory."""
+    free_bytes, total_bytes = torch.cuda.mem_get_info(device)
+    return slots_for_memory(dims, dtype, kv_budget(free_bytes, total_bytes, fraction, engines), MAX_GPU_SLOTS)
 
 
 def make_attention(kind: AttentionKind, pool: KVSlotPool):

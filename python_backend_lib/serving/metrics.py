@@ -81,7 +81,8 @@ class WhisperMetrics:
 
     pb_utils: `triton_python_backend_utils` (or anything with its `MetricFamily` API).
     engine: the `Engine` whose batch is watched; ledger: the whisper model's `RequestLedger`.
-    gpu: this instance's `gpu` label (`device_label`): one engine per GPU, each with its own series.
+    gpu: this instance's `gpu` label (`device_label`); instance: its `instance` label, Triton's
+        name for it (whisper_0_1): each engine, several on one GPU too, has its own series.
     backend: what decodes (`loading.AttentionBackendName` value), published as an info metric.
     """
 
@@ -92,13 +93,14 @@ class WhisperMetrics:
         ledger: RequestLedger,
         *,
         gpu: str,
+        instance: str,
         backend: str,
         interval_s: float = PUBLISH_INTERVAL_S,
     ) -> None:
         self.engine = engine
         self.ledger = ledger
         self.interval_s = interval_s
-        family = _Families(pb_utils, gpu=gpu)
+        family = _Families(pb_utils, gpu=gpu, instance=instance)
         self._requests = {
             label: family.counter("whisper_requests_total", "Requests answered, by outcome", outcome=label)
             for label in OUTCOMES
@@ -212,7 +214,7 @@ class WhisperMetrics:
 
 
 class _Families:
-    """One `MetricFamily` per name, created on first use; every metric carries the instance's `gpu` label."""
+    """One `MetricFamily` per name, created on first use; every metric carries the instance's labels."""
 
     def __init__(self, pb_utils: Any, **labels: str) -> None:
         self._family_type = pb_utils.MetricFamily

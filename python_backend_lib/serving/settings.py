@@ -29,6 +29,13 @@ CONFIG_PARAMETERS = (
 DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 # Numeric parameters set to this (or left out) take the library's default.
 AUTO = "auto"
+# Requests waiting for a decoding slot per slot, when max_queued_requests is "auto". A GPU
+# engine turns its slots over several times a second, so a queue of three batches is about a
+# second of waiting; it lets twice the saturating load wait rather than be refused and sent
+# again at once, which costs the server (audio decoding, the ensemble) for nothing. A CPU
+# engine turns its slots over in seconds: one batch waits there.
+QUEUED_PER_SLOT_GPU = 3
+QUEUED_PER_SLOT_CPU = 1
 # `whisper-triton serve --require-gpu-engine` sets it: on a GPU, refuse to start
 # without FlashInfer and CUDA graphs rather than serve the slow path.
 REQUIRE_GPU_ENGINE_ENV = "WHISPER_TRITON_REQUIRE_GPU_ENGINE"
@@ -49,7 +56,7 @@ class ModelSettings:
     checkpoint: the Whisper checkpoint source (see `weights.load_config`).
     max_audio_seconds: longer audio is refused (INVALID_ARG naming the limit).
     max_queued_requests: requests the whisper model holds beyond its decoding
-        slots before it refuses new ones (UNAVAILABLE); None: as many as the slots.
+        slots before it refuses new ones (UNAVAILABLE); None: auto (`request_limit`).
     kv_slots: windows decoded together (KV-cache slots); None: from free GPU
         memory, 16 on the CPU.
     kv_memory_fraction: share of the free GPU memory for the KV slots when
@@ -119,9 +126,12 @@ class ModelSettings:
             return self.decode_threads
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
-    def request_limit(self, slots: int) -> int:
-        """Requests the whisper model holds at most: its decoding slots plus `max_queued_requests`."""
-        return slots + (slots if self.max_queued_requests is None else self.max_queued_requests)
+    def request_limit(self, slots: int, on_gpu: bool) -> int:
+        """Requests the whisper model holds at most: its decoding slots plus `max_queued_requests`
+        (auto: QUEUED_PER_SLOT_GPU or QUEUED_PER_SLOT_CPU waiting requests per slot)."""
+        if self.max_queued_requests is not None:
+            return slots + self.max_queued_requests
+        return slots * (1 + (QUEUED_PER_SLOT_GPU if on_gpu else QUEUED_PER_SLOT_CPU))
 
 
 def instance_device(args: Mapping[str, str]) -> str:
@@ -132,9 +142,43 @@ def instance_device(args: Mapping[str, str]) -> str:
     return "cpu"
 
 
-def load_pipeline(settings: ModelSettings, device: str | None = None, environ: Mapping[str, str] = os.environ) -> Any:
+# Engines (instances of the whisper model, each a process of its own) per GPU that
+# `whisper-triton serve --engines auto` starts, by the checkpoint's encoder width. One
+# engine's host work, under one GIL, bounds a small checkpoint long before its GPU is
+# busy; a large one keeps the GPU busy alone, and a second engine only splits it. On an
+# H100 (docs/benchmarks/engines.md): tiny served 747, 1,135 and 1,300 requests/s with
+# 1, 2 and 3 engines at concurrency 512; large-v3 85 with one and 81 with two.
+ENGINES_BY_ENCODER_WIDTH = ((384, 3), (512, 3), (768, 2))  # (widest encoder, engines); wider: 1
+
+
+def auto_engines_per_gpu(dims: Any) -> int:
+    """Engines per GPU for a checkpoint of these `ModelDims` (see ENGINES_BY_ENCODER_WIDTH)."""
+    return next((n for width, n in ENGINES_BY_ENCODER_WIDTH if dims.n_audio_state <= width), 1)
+
+
+def engines_on_device(model_config: str, device: str) -> int:
+    """How many instances of the model Triton runs on `device` ("cuda:<id>" or "cpu"),
+    from `args["model_config"]` in `initialize` (normalized): they share its memory and cores.
+
+    Triton has resolved KIND_AUTO there (KIND_GPU listing every GPU, or KIND_CPU);
+    a GPU group's count is per listed GPU.
+    """
+    kind, _, index = device.partition(":")
+    count = 0
+    for group in json.loads(model_config).get("instance_group", []):
+        if kind == "cuda" and group.get("kind") == "KIND_GPU" and int(index) in group.get("gpus", []):
+            count += int(group.get("count", 1))
+        elif kind == "cpu" and group.get("kind") == "KIND_CPU":
+            count += int(group.get("count", 1))
+    return max(1, count)
+
+
+def load_pipeline(
+    settings: ModelSettings, device: str | None = None, environ: Mapping[str, str] = os.environ, *, engines: int = 1
+) -> Any:
     """The whisper model's `Pipeline` on `device` (default: the first GPU, else the CPU),
-    as its settings and the environment (`REQUIRE_GPU_ENGINE_ENV`, the fault prompts) ask.
+    as its settings and the environment (`REQUIRE_GPU_ENGINE_ENV`, the fault prompts) ask;
+    `engines` instances share the device (`engines_on_device`).
 
     Raises loading.GpuMemoryError, saying what to change, when it does not fit on the GPU.
     """
@@ -146,6 +190,7 @@ def load_pipeline(settings: ModelSettings, device: str | None = None, environ: M
     setup = EngineSetup(
         slots=settings.kv_slots,
         kv_memory_fraction=settings.kv_memory_fraction or DEFAULT_KV_MEMORY_FRACTION,
+        engines_on_device=engines,
         require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
         faults=FaultPlan(
             step_prompt=environ.get(FAULT_PROMPT_ENV) or None,

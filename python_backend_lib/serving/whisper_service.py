@@ -61,7 +61,8 @@ class WhisperService:
         self.pb_utils = pb_utils
         self.settings = settings
         self.pipeline = pipeline
-        self.ledger = RequestLedger(settings.request_limit(pipeline.engine.slots))
+        on_gpu = pipeline.device.type == "cuda"
+        self.ledger = RequestLedger(settings.request_limit(pipeline.engine.slots, on_gpu=on_gpu))
         self.watcher = CancellationWatcher()
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)

@@ -4,9 +4,10 @@
 device, then window by window, as `Pipeline.transcribe` does) and returns None;
 each request is answered later through its response sender, once its last
 window is decoded, so requests join and leave the running batch independently.
-One instance runs per GPU (instance_group KIND_GPU), on the device Triton
-names; on a host without GPUs, one instance on the CPU. TRANSCRIPT is the whole
-result as verbose_json, for `postprocessing` to write in every format.
+Each instance is one engine on the device Triton names (KIND_AUTO: a GPU, or the
+CPU on a host without one); instances on one device split its KV memory or its
+cores. TRANSCRIPT is the whole result as verbose_json, for `postprocessing` to
+write in every format.
 """
 
 import sys
@@ -19,7 +20,7 @@ sys.path.append(str(Path(__file__).resolve().parents[3]))
 
 from python_backend_lib.serving.metrics import WhisperMetrics, device_label
 from python_backend_lib.serving.parent_watch import ParentWatch
-from python_backend_lib.serving.settings import ModelSettings, instance_device, load_pipeline
+from python_backend_lib.serving.settings import ModelSettings, engines_on_device, instance_device, load_pipeline
 from python_backend_lib.serving.whisper_service import WhisperService
 
 
@@ -28,7 +29,9 @@ class TritonPythonModel:
         # Triton 2.51 leaves this model's process running when tritonserver dies: end it then.
         self.parent_watch = ParentWatch()
         self.settings = ModelSettings.from_triton(args["model_config"])
-        pipeline = load_pipeline(self.settings, device=instance_device(args))
+        device = instance_device(args)
+        engines = engines_on_device(args["model_config"], device)
+        pipeline = load_pipeline(self.settings, device=device, engines=engines)
         if pipeline.tokenizer is None:
             raise ValueError(f"checkpoint {self.settings.checkpoint!r} has no tokenizer.json")
         self.service = WhisperService(pb_utils, self.settings, pipeline)
@@ -37,10 +40,12 @@ class TritonPythonModel:
             pipeline.engine,
             self.service.ledger,
             gpu=device_label(pipeline.device),
+            instance=args["model_instance_name"],
             backend=pipeline.attention_backend.value,
         )
         pb_utils.Logger.log_info(
-            f"whisper on {pipeline.device} with {pipeline.attention_backend.value}, "
+            f"whisper {args['model_instance_name']} on {pipeline.device} (one of {engines} engines there) "
+            f"with {pipeline.attention_backend.value}, "
             f"{pipeline.engine.slots} slots; started in {pipeline.load_times.describe()}"
         )
 

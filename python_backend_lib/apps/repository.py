@@ -1,0 +1,122 @@
+"""The model repository `whisper-triton serve` hands to Triton: the one given, or a
+copy in which the `whisper` model runs another number of engines per device.
+
+An engine is one instance of the `whisper` model: one process with its own
+Python interpreter, decoding with continuous batching. On a GPU, a small
+checkpoint's engine is bound by that process's host work (its threads share one
+GIL) while the GPU is mostly idle, so several engines on one GPU serve more; a
+large checkpoint keeps the GPU busy with one (`settings.auto_engines_per_gpu`).
+Triton takes an instance count only from config.pbtxt, so a count other than the
+repository's means a copy: a temporary folder of links to the given models, with
+the whisper model's config.pbtxt rewritten.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.settings import CHECKPOINT_ENV, DEFAULT_CHECKPOINT, auto_engines_per_gpu
+
+# Settings start their line in config.pbtxt; comments may name them too.
+_COUNT = re.compile(r"^(\s*)count:\s*(\d+)", re.M)
+_KIND = re.compile(r"^(\s*)kind:\s*(KIND_\w+)", re.M)
+_CHECKPOINT = re.compile(r'key:\s*"checkpoint"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+
+
+@dataclass(frozen=True)
+class InstanceGroup:
+    """A model's one instance group: how many instances (per GPU, for GPU kinds), and where."""
+
+    count: int
+    kind: str  # KIND_AUTO, KIND_GPU or KIND_CPU
+
+
+# What the packaged repository's whisper model says: one engine, on each GPU or on the CPU.
+SHIPPED_WHISPER_GROUP = InstanceGroup(1, "KIND_AUTO")
+
+
+def read_instance_group(config: str) -> InstanceGroup:
+    """The instance group of a config.pbtxt holding exactly one; ValueError otherwise."""
+    counts, kinds = _COUNT.findall(config), _KIND.findall(config)
+    if len(counts) != 1 or len(kinds) != 1:
+        raise ValueError(f"expected one instance group, found {len(counts)} counts and {len(kinds)} kinds")
+    return InstanceGroup(int(counts[0][1]), kinds[0][1])
+
+
+def with_instance_group(config: str, group: InstanceGroup) -> str:
+    """config.pbtxt text with its one instance group replaced by `group`."""
+    read_instance_group(config)  # exactly one, or ValueError
+    config = _COUNT.sub(rf"\g<1>count: {group.count}", config)
+    return _KIND.sub(rf"\g<1>kind: {group.kind}", config)
+
+
+def whisper_config(repository: Path) -> Path:
+    return repository / tensor_names.WHISPER_NAME / "config.pbtxt"
+
+
+def configured_checkpoint(repository: Path, environ: dict[str, str]) -> str:
+    """The checkpoint the whisper model will load: the environment's, else its config's."""
+    if environ.get(CHECKPOINT_ENV):
+        return environ[CHECKPOINT_ENV]
+    found = _CHECKPOINT.search(whisper_config(repository).read_text())
+    return found.group(1) if found and found.group(1) else DEFAULT_CHECKPOINT
+
+
+def engines_to_serve(repository: Path, requested: int | None, gpus: int, checkpoint: str) -> int | None:
+    """How many engines per device the repository should be served with; None: as it is written.
+
+    requested: a number asked for (`serve --engines N`), or None for auto: on a host
+        with GPUs, `auto_engines_per_gpu` of the checkpoint, if the repository's
+        whisper model has the shipped instance group (another one was chosen by
+        its owner and is served as written); on the CPU, one.
+    gpus: GPUs Triton will see.
+    """
+    group = read_instance_group(whisper_config(repository).read_text())
+    if requested is not None:
+        return None if requested == group.count else requested
+    if gpus == 0 or group != SHIPPED_WHISPER_GROUP:
+        return None
+    from python_backend_lib.checkpoints.weights import load_config
+
+    engines = auto_engines_per_gpu(load_config(checkpoint).dims)
+    return None if engines == group.count else engines
+
+
+def serving_copy(source: Path, requested: int | None, gpus: int, environ: dict[str, str]) -> Path | None:
+    """The copy of `source` to serve (`engines_to_serve`), or None to serve it as written."""
+    try:
+        engines = engines_to_serve(source, requested, gpus, configured_checkpoint(source, environ))
+    except Exception as error:  # a checkpoint that cannot be read: the models report it as they load
+        print(f"whisper-triton: serving {source} as written: {error}", file=sys.stderr)
+        return None
+    return None if engines is None else repository_with_engines(source, engines)
+
+
+def repository_with_engines(source: Path, engines: int) -> Path:
+    """A temporary copy of `source` whose whisper model runs `engines` instances per
+    device: links to every model, the whisper model's config.pbtxt rewritten. The
+    caller removes it (`remove_copy`)."""
+    copy = Path(tempfile.mkdtemp(prefix="whisper-triton-repository-"))
+    for entry in source.iterdir():
+        if entry.name != tensor_names.WHISPER_NAME:
+            (copy / entry.name).symlink_to(entry.resolve())
+            continue
+        (copy / entry.name).mkdir()
+        for part in entry.iterdir():
+            if part.name != "config.pbtxt":
+                (copy / entry.name / part.name).symlink_to(part.resolve())
+        config = whisper_config(source).read_text()
+        group = read_instance_group(config)
+        whisper_config(copy).write_text(with_instance_group(config, InstanceGroup(engines, group.kind)))
+    return copy
+
+
+def remove_copy(copy: Path) -> None:
+    """Remove a copy made by `repository_with_engines` (its links, not what they point at)."""
+    shutil.rmtree(copy, ignore_errors=True)

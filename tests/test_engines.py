@@ -1,0 +1,120 @@
+"""Several whisper engines on one device: how many `serve` starts, the repository copy
+that says so to Triton, and how the engines split the device between them."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from python_backend_lib.apps import repository
+from python_backend_lib.apps.cli import build_parser
+from python_backend_lib.apps.repository import (
+    SHIPPED_WHISPER_GROUP,
+    InstanceGroup,
+    engines_to_serve,
+    read_instance_group,
+    repository_with_engines,
+    serving_copy,
+    with_instance_group,
+)
+from python_backend_lib.apps.server import packaged_model_repository
+from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.engine.loading import kv_budget
+from python_backend_lib.serving.settings import CHECKPOINT_ENV, auto_engines_per_gpu, engines_on_device
+
+GIB = 2**30
+
+
+def normalized(*groups: dict) -> str:
+    """`args["model_config"]` as Triton hands it to `initialize`: KIND_AUTO resolved."""
+    return json.dumps({"name": "whisper", "max_batch_size": 64, "instance_group": list(groups)})
+
+
+def test_the_engines_on_a_device_are_counted_from_tritons_normalized_config():
+    two_gpus = normalized({"name": "whisper_0", "kind": "KIND_GPU", "count": 3, "gpus": [0, 1]})
+    assert engines_on_device(two_gpus, "cuda:0") == engines_on_device(two_gpus, "cuda:1") == 3  # a count per GPU
+    by_hand = normalized({"kind": "KIND_GPU", "count": 1, "gpus": [0]}, {"kind": "KIND_GPU", "count": 2, "gpus": [0, 1]})
+    assert (engines_on_device(by_hand, "cuda:0"), engines_on_device(by_hand, "cuda:1")) == (3, 2)
+    assert engines_on_device(normalized({"kind": "KIND_CPU", "count": 2}), "cpu") == 2
+    assert engines_on_device(normalized({"kind": "KIND_CPU", "count": 2}), "cuda:0") == 1  # itself, at least
+
+
+def test_small_checkpoints_get_several_engines_per_gpu_and_large_ones_one():
+    assert auto_engines_per_gpu(load_config("random:tiny").dims) == 3
+    assert auto_engines_per_gpu(load_config("random:large-v3").dims) == 1
+    counts = [auto_engines_per_gpu(load_config(f"random:{size}").dims) for size in ("tiny", "base", "small", "medium", "large-v3")]
+    assert counts == sorted(counts, reverse=True)  # never more engines for a larger encoder
+
+
+def test_engines_on_one_gpu_take_equal_kv_shares_however_triton_loads_them():
+    total, fraction = 80 * GIB, 0.5
+    alone = kv_budget(76 * GIB, total, fraction, engines=1)
+    assert alone == 38 * GIB  # one engine: the fraction of what is free, as before
+    first = kv_budget(76 * GIB, total, fraction, engines=2)
+    second = kv_budget(76 * GIB - first - 4 * GIB, total, fraction, engines=2)  # after the first's KV and weights
+    assert first == second == 20 * GIB
+    together = 2 * kv_budget(76 * GIB, total, fraction, engines=2)  # loaded at once: each sees all free memory
+    assert together == 40 * GIB <= fraction * total
+
+
+def test_the_instance_group_is_read_and_rewritten_in_place():
+    config = (packaged_model_repository() / "whisper" / "config.pbtxt").read_text()
+    assert read_instance_group(config) == SHIPPED_WHISPER_GROUP
+    rewritten = with_instance_group(config, InstanceGroup(3, "KIND_GPU"))
+    assert read_instance_group(rewritten) == InstanceGroup(3, "KIND_GPU")
+    changed = [(a.strip(), b.strip()) for a, b in zip(config.splitlines(), rewritten.splitlines()) if a != b]
+    assert changed == [("count: 1", "count: 3"), ("kind: KIND_AUTO", "kind: KIND_GPU")]  # nothing else moved
+    with pytest.raises(ValueError, match="expected one instance group"):
+        read_instance_group(config + "\ninstance_group [ { count: 2\n kind: KIND_CPU } ]\n")
+
+
+def test_auto_serves_several_engines_only_on_a_gpu_and_only_over_the_shipped_group(tmp_path):
+    shipped = packaged_model_repository()
+    assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:tiny") == 3
+    assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:large-v3") is None  # one, as written
+    assert engines_to_serve(shipped, None, gpus=0, checkpoint="random:tiny") is None  # the CPU: as written
+    assert engines_to_serve(shipped, 2, gpus=0, checkpoint="random:tiny") == 2  # asked for: anywhere
+    assert engines_to_serve(shipped, 1, gpus=1, checkpoint="random:tiny") is None
+    chosen = repository_with_engines(shipped, 2)  # an owner's own instance group is served as written
+    try:
+        assert engines_to_serve(chosen, None, gpus=1, checkpoint="random:tiny") is None
+    finally:
+        repository.remove_copy(chosen)
+
+
+def test_the_copy_links_every_model_and_rewrites_only_the_whisper_count(tmp_path):
+    shipped = packaged_model_repository()
+    copy = repository_with_engines(shipped, 3)
+    try:
+        assert sorted(p.name for p in copy.iterdir()) == sorted(p.name for p in shipped.iterdir())
+        for entry in copy.iterdir():
+            if entry.name != "whisper":
+                assert entry.is_symlink() and entry.resolve() == (shipped / entry.name).resolve()
+        model = copy / "whisper" / "1" / "model.py"
+        assert model.resolve() == (shipped / "whisper" / "1" / "model.py").resolve()  # finds the library as before
+        config = (copy / "whisper" / "config.pbtxt").read_text()
+        assert read_instance_group(config) == InstanceGroup(3, "KIND_AUTO")
+    finally:
+        repository.remove_copy(copy)
+    assert not copy.exists() and (shipped / "whisper" / "1" / "model.py").exists()
+
+
+def test_a_checkpoint_that_cannot_be_read_leaves_the_repository_as_written(capsys):
+    shipped = packaged_model_repository()
+    assert serving_copy(shipped, None, gpus=1, environ={CHECKPOINT_ENV: "random:huge"}) is None
+    assert re.search(r"serving .* as written: .*huge", capsys.readouterr().err)
+
+
+@pytest.mark.parametrize(("text", "engines"), [("auto", None), ("1", 1), ("3", 3)])
+def test_serve_takes_auto_or_a_number_of_engines(text, engines):
+    assert build_parser().parse_args(["serve", "--engines", text]).engines == engines
+    assert build_parser().parse_args(["serve"]).engines is None
+
+
+@pytest.mark.parametrize("bad", ["0", "-1", "two", "1.5"])
+def test_serve_refuses_a_bad_number_of_engines(bad, capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--engines", bad])
+    assert "expected auto or a number of engines of at least 1" in capsys.readouterr().err
