@@ -89,7 +89,7 @@ def model_for(source: str, dtype: torch.dtype):
     return _MODELS[(source, dtype)]
 
 
-def make_batch(model, config, kind: str, slots: int, **attention_options) -> DecodeBatch:
+def make_batch(model, config, kind: str, slots: int, *, overlap: bool = True, **attention_options) -> DecodeBatch:
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs
     from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
@@ -106,7 +106,7 @@ def make_batch(model, config, kind: str, slots: int, **attention_options) -> Dec
         graphs.capture()
         encoder_graphs = EncoderGraphs(model, pool)
         encoder_graphs.capture()
-    return DecodeBatch(model, config, attention, graphs, encoder_graphs)
+    return DecodeBatch(model, config, attention, graphs, encoder_graphs, overlap=overlap)
 
 
 def requests(config, n: int, seed: int, options: DecodingOptions | None = None):
@@ -296,6 +296,42 @@ def test_joining_and_leaving_mid_decode() -> None:
     print(f"\njoin/leave: {step} steps, {len(lengths)} requests through 6 slots")
 
 
+def test_overlapped_steps_decode_as_steps_taken_one_after_another() -> None:
+    """Each step planned while the one before it runs, the tokens it chose written in
+    at launch: the tokens and logits of steps planned after the step before them,
+    with rows joining and leaving, detecting their language, feeding prompts and
+    timestamps. The two batch rows differently (a step later, beside rows that
+    ended), so their logits agree within the kernels' batch noise, not bit for bit."""
+    model, config = model_for("random:tiny:1", torch.float16)
+    lengths = [5, 40, 17, 33, 1, 24, 12, 30]
+    options = [
+        DecodingOptions(min_new_tokens=m, max_new_tokens=m, timestamps=(i % 3 == 0), language=None if i % 4 == 1 else "en",
+                        previous_tokens=(1, 2, 3) if i % 4 == 2 else ())  # fmt: skip
+        for i, m in enumerate(lengths)
+    ]
+    reqs = [requests(config, 1, seed=200 + i, options=o)[0] for i, o in enumerate(options)]
+    floor = noise_floor(model, config, reqs, "tiny-overlap")[0]
+    traces = {}
+    for overlap in (False, True):
+        batch = make_batch(model, config, "graph", 5, overlap=overlap)
+        trace = Trace()
+        batch.logit_observer = trace.observe
+        queue, results, followed, step = [Admission(i, *r) for i, r in enumerate(reqs)], {}, 0, 0
+        while queue or batch.rows:
+            if step % 2 == 0 and queue and batch.free_slots:
+                batch.admit(queue[:1])
+                queue = queue[1:]
+            results.update(batch.step())
+            step += 1
+            followed += bool(batch._in_flight and any(p.follows is not None for p in batch._in_flight.parts))
+        results.update(batch.drain())
+        assert [len(results[i].tokens) for i in range(len(reqs))] == lengths
+        trace.tokens = {i: list(results[i].tokens) for i in range(len(reqs))}
+        traces[overlap] = trace
+        assert (followed > 0) == overlap
+    compare(traces[False], traces[True], FLOOR_FACTOR * floor, name="overlapped vs stepwise graph steps")
+
+
 def test_sampling_rows_share_a_graph_with_greedy_rows() -> None:
     model, config = model_for("random:tiny:1", torch.float16)
     batch = make_batch(model, config, "graph", 4)
@@ -342,7 +378,7 @@ def test_a_graph_replay_equals_its_kernels_launched_directly(source) -> None:
         DecodingOptions(language="en", previous_tokens=tuple(range(1, 21)), min_new_tokens=5, max_new_tokens=5),
     ]
     reqs = [requests(config, 1, seed=40 + i, options=o)[0] for i, o in enumerate(options)]
-    batch = make_batch(model, config, "graph", 4)
+    batch = make_batch(model, config, "graph", 4, overlap=False)  # each step done before the direct launch
     queue = [Admission(i, *r) for i, r in enumerate(reqs)]
     compared = 0
     while queue or batch.rows:

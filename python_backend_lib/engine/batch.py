@@ -6,7 +6,9 @@ options. Without CUDA graphs a step is one eager decoder pass over every row's
 pending tokens. With them, rows that have at most `GRAPH_PROMPT_TOKENS` tokens to
 feed go through a captured graph, one token per row per step (a short prompt
 takes a step per token, which costs less than an eager pass), and rows with a
-long prompt (previous text) run eagerly in the same step.
+long prompt (previous text) run eagerly in the same step. Graph steps overlap
+(`overlap`): `step` launches the next step and then handles the one before it,
+so each call returns what finished one step earlier.
 
 The engine drives a batch from its thread; `decode` drives it to completion for offline use.
 """
@@ -16,18 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
+import numpy as np
 import torch
 
-from python_backend_lib.audio.features import SILENCE_LOG_MEL
-from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
-from python_backend_lib.engine.attention import AttentionBackend, StepLayout
+from python_backend_lib.engine.attention import AttentionBackend
+from python_backend_lib.engine.eager import eager_pass
+from python_backend_lib.engine.graph_io import GraphStep
 from python_backend_lib.engine.kv_cache import KVSlotPool
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.overlap import Launched, Part, fill_follows, mark_launched, plan_step
 from python_backend_lib.engine.prompt import Prompt, task_tokens
-from python_backend_lib.engine.rows import Admission, Row, RowState
+from python_backend_lib.engine.rows import Admission, Row, RowState, SilenceCheck, silence_flags, silent_result
 from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
+from python_backend_lib.engine.transfers import to_device
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs
@@ -47,8 +52,7 @@ class StepCounts:
 
     graph_replays: steps that replayed a captured CUDA graph.
     eager_passes: eager decoder passes (long prompts, no graphs, or a fallback).
-    graph_fallbacks: steps whose one-token rows ran eagerly because more rows were
-        ready than the largest captured graph holds.
+    graph_fallbacks: steps run eagerly because more rows were ready than the largest graph holds.
     """
 
     graph_replays: int = 0
@@ -65,16 +69,11 @@ class StepFailed(Exception):
         self.cause = cause
 
 
-def silent_result(admission: Admission) -> DecodingResult:
-    """The answer for a window of digital silence: certainly no speech, nothing decoded."""
-    return DecodingResult(
-        tokens=(),
-        language=None,
-        avg_logprob=float("-inf"),
-        no_speech_prob=1.0,
-        temperature=admission.options.temperature,
-        prompt_tokens=admission.prompt.tokens,
-    )
+def _failed(done: list[Finished], error: Exception) -> Exception:
+    """What a step raises when `error` interrupts it after `done` finished."""
+    if isinstance(error, StepFailed):
+        return StepFailed(done + error.finished, error.cause)
+    return StepFailed(done, error) if done else error
 
 
 class DecodeBatch:
@@ -85,21 +84,27 @@ class DecodeBatch:
         attention: AttentionBackend,
         graphs: DecodeGraphs | None = None,
         encoder_graphs: EncoderGraphs | None = None,
+        *,
+        overlap: bool = True,
     ) -> None:
         """graphs: captured decode steps (GPU); rows feeding one token step through them.
-        encoder_graphs: captured encoder passes (GPU) for admitting new requests."""
+        encoder_graphs: captured encoder passes (GPU) for admitting new requests.
+        overlap: plan each graph step while the one before it runs (`engine.overlap`)."""
         self.model = model
         self.config = config
         self.attention = attention
         self.graphs = graphs
         self.encoder_graphs = encoder_graphs
+        self.overlap = overlap
         self.pool: KVSlotPool = attention.pool
         self.device = next(model.parameters()).device
         self.dtype = next(model.parameters()).dtype
         self.rules = LogitRules(config, self.device)
+        self.timestamp_begin = config.special.timestamp_begin
         self.rows: list[Row] = []
         self.logit_observer: LogitObserver | None = None  # for tests and tracing
         self.counts = StepCounts()
+        self._in_flight: Launched | None = None  # a graph step launched, its results not yet handled
 
     @property
     def free_slots(self) -> int:
@@ -108,36 +113,32 @@ class DecodeBatch:
     # ------------------------------------------------------------ joining and leaving
 
     @torch.inference_mode()
-    def admit(self, admissions: Sequence[Admission]) -> list[Finished]:
+    def admit(self, admissions: Sequence[Admission]) -> None:
         """Encode the new requests together and store their cross-attention K/V.
 
-        Returns the windows answered at once, without a slot: those that asked
-        for the check (`content_frames`) and hold digital silence.
+        Windows that asked for the check (`content_frames`) and hold digital silence
+        are answered as silent by a later `step`, undecoded: the check runs on the
+        device and is read once done, so admitting waits for nothing.
         """
         if not admissions:
-            return []
+            return
         # Each clip to the device first (pinned or device features copy asynchronously), then stacked there.
         features = torch.stack([a.features.to(self.device, non_blocking=True) for a in admissions])
-        silent = self._digital_silence(admissions, features)
-        keep = [i for i in range(len(admissions)) if i not in silent]
-        finished = [(admissions[i].tag, silent_result(admissions[i])) for i in sorted(silent)]
-        if not keep:
-            return finished
-        admitted = [admissions[i] for i in keep]
-        mel = (features[keep] if silent else features).to(self.dtype)
-        slots = [self.pool.allocate() for _ in admitted]
+        silence = silence_flags([a.content_frames for a in admissions], features)
+        mel = features.to(self.dtype)
+        slots = [self.pool.allocate() for _ in admissions]
         try:
             if self.encoder_graphs is not None and self.encoder_graphs.fits(len(slots)):
                 self.encoder_graphs.run(mel, slots)
             else:
                 audio = self.model.encode(mel, self.attention)
-                self.pool.write_cross(torch.tensor(slots, device=self.device), self.model.cross_kv(audio))
+                self.pool.write_cross(to_device(np.array(slots), self.device), self.model.cross_kv(audio))
         except BaseException:  # e.g. out of memory: the slots hold nothing yet
             for slot in slots:
                 self.pool.release(slot)
             raise
         text_ctx = self.config.dims.n_text_ctx
-        for admission, slot in zip(admitted, slots):
+        for i, (admission, slot) in enumerate(zip(admissions, slots)):
             room = text_ctx - len(admission.prompt.tokens)
             limit = admission.options.max_new_tokens or room
             self.rows.append(
@@ -149,19 +150,22 @@ class DecodeBatch:
                     max_new_tokens=min(limit, room),
                     pending=list(admission.prompt.tokens),
                     language=admission.prompt.language,
+                    silence=SilenceCheck(silence, i) if admission.content_frames is not None else None,
                 )
             )
-        return finished
 
-    def _digital_silence(self, admissions: Sequence[Admission], features: torch.Tensor) -> set[int]:
-        """Indexes of the admissions that asked for the check and whose audio frames are digital silence."""
-        checked = [i for i, a in enumerate(admissions) if a.content_frames is not None]
-        if not checked:
-            return set()
-        frames = torch.tensor([admissions[i].content_frames for i in checked], device=self.device)
-        heard = torch.arange(N_FRAMES, device=self.device)[None, :] < frames[:, None]  # [k, frames]
-        loudest = features[checked].masked_fill(~heard[:, None, :], float("-inf")).amax(dim=(1, 2))
-        return {i for i, quiet in zip(checked, (loudest < SILENCE_LOG_MEL).tolist()) if quiet}
+    def _answer_silent(self, wait: bool) -> list[Finished]:
+        """Retire the rows whose silence check says silent (only those whose check is
+        done, unless `wait`); their answer is `silent_result`."""
+        silent = []
+        for row in self.rows:
+            if row.silence is not None and (wait or row.silence.ready()):
+                if row.silence.quiet():
+                    silent.append(row)
+                row.silence = None
+        for row in silent:
+            self._retire(row)
+        return [(row.tag, silent_result(row.options, row.prompt)) for row in silent]
 
     def drop(self, tag: Any) -> bool:
         """Remove a request (cancelled by its client) and free its slot."""
@@ -172,37 +176,67 @@ class DecodeBatch:
         return False
 
     def _retire(self, row: Row) -> None:
+        """Remove a row and free its slot (a step in flight may still write there: one stream orders it first)."""
         self.rows.remove(row)
         self.pool.release(row.slot)
 
+    def reset(self) -> None:
+        """Forget every row and the step in flight; every slot is free."""
+        self._in_flight = None
+        self.rows.clear()
+        self.pool.reset()
+
     def checkpoint(self) -> list[RowState]:
-        """Every row's step-changed fields, for `rewind` after a step that raised.
+        """Every row's step-changed fields, for `rewind` after a step that raised:
+        as before the step in flight, for the rows in it.
 
         A step is not atomic: it changes rows before its last device work (which
         is where a bad row or a CUDA error shows)."""
-        return [RowState.of(row) for row in self.rows]
+        before = {part.row: part.before for part in self._in_flight.parts} if self._in_flight else {}
+        return [before.get(row) or RowState.of(row) for row in self.rows]
 
     def rewind(self, saved: Sequence[RowState]) -> None:
-        """Put the rows still in the batch back as `checkpoint` saw them; the step
-        that raised may then run again (it rewrites the same KV positions). Rows
-        that finished inside that step have left with their results."""
+        """Put the rows still in the batch back as `checkpoint` saw them, the step in
+        flight abandoned; the steps that raised may then run again (they rewrite the
+        same KV positions). Rows that finished inside them have left with their results."""
+        if self._in_flight is not None:
+            self._in_flight = None
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)  # nothing of it still writes
         present = set(self.rows)
         for state in saved:
             if state.row in present:
                 state.restore()
 
+    def drain(self) -> list[Finished]:
+        """Handle the step in flight, if any; returns the requests that finished there."""
+        launched, self._in_flight = self._in_flight, None
+        return self._finish(launched, launched.result(), followed=set()) if launched else []
+
     # ------------------------------------------------------------------- one step
 
     @torch.inference_mode()
     def step(self, rows: Sequence[Row] | None = None) -> list[Finished]:
-        """One decoder pass over `rows` (default: every row); returns the requests that finished.
+        """One decoder pass over `rows` (default: every row); returns the requests that
+        finished. With graphs and `overlap`, and no `rows` named, that pass is launched
+        and the one before it handled: its finished requests are returned.
 
         Raises StepFailed, carrying the requests that finished before the
         failure, when a later part of the step raises.
         """
-        rows = list(self.rows if rows is None else rows)
-        if not rows:
-            return []
+        if rows is None and self.graphs is not None and self.overlap:
+            return self._step_overlapped()
+        done = self.drain() + self._answer_silent(wait=True)
+        present = set(self.rows)
+        if not (rows := [r for r in (self.rows if rows is None else rows) if r in present]):
+            return done
+        try:
+            return done + self._step_now(rows)
+        except Exception as error:
+            raise _failed(done, error) from error
+
+    def _step_now(self, rows: list[Row]) -> list[Finished]:
+        """One synchronous pass over `rows`."""
         if self.graphs is None:
             self.counts.eager_passes += 1
             return self._step_eager(rows)
@@ -217,96 +251,99 @@ class DecodeBatch:
             done = self._step_eager(eager)
         if by_token:
             try:
-                done += self._step_graph(by_token)
+                plan = plan_step(by_token, None, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
+                launched = self._launch(plan.parts, self.graphs.prepare(plan.inputs), None, None)
+                done += self._finish(launched, launched.result(), followed=set())
             except Exception as error:
-                if done:
-                    raise StepFailed(done, error) from error
-                raise
-            self.counts.graph_replays += 1
+                raise _failed(done, error) from error
         return done
+
+    def _step_overlapped(self) -> list[Finished]:
+        """Launch the next graph step (planned while the one in flight runs), then
+        handle the one in flight; rows with long prompts pass eagerly in between."""
+        done = self._answer_silent(wait=False)
+        previous = self._in_flight
+        plan = plan_step(self.rows, previous, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
+        if plan.parts and not self.graphs.fits(len(plan.parts)):  # more rows than the largest graph
+            self.counts.graph_fallbacks += 1
+            self._in_flight = None
+            done += self._finish(previous, previous.result(), followed=set()) if previous else []
+            return done + self._step_now([r for r in self.rows])
+        prepared = self.graphs.prepare(plan.inputs) if plan.parts else None
+        picked = previous.result() if previous else None
+        try:
+            if plan.eager:
+                self.counts.eager_passes += 1
+                done += self._step_eager(plan.eager)
+            launched = self._launch(plan.parts, prepared, previous, picked) if plan.parts else None
+            self._in_flight = launched
+            followed = {p.row for p in plan.parts if p.follows is not None}
+            done += self._finish(previous, picked, followed) if previous else []
+            if launched is not None:
+                launched.remember_before()
+        except Exception as error:
+            raise _failed(done, error) from error
+        return done
+
+    def _launch(self, parts: list[Part], prepared, previous: Launched | None, picked: GraphStep | None) -> Launched:
+        tokens, facts = fill_follows(prepared, parts, previous, picked, self.timestamp_begin)
+        pending = self.graphs.launch(prepared, keep_logits=self.logit_observer is not None)
+        mark_launched(parts)
+        self.counts.graph_replays += 1
+        return Launched(parts, tokens, facts, pending)
+
+    def _finish(self, launched: Launched, step: GraphStep, followed: set[Row]) -> list[Finished]:
+        """Apply a graph step's picks to its rows that are still in the batch.
+
+        followed: rows launched into the next step feeding what they chose here."""
+        present = set(self.rows)
+        done = []
+        for part in launched.parts:
+            check = part.row.silence
+            if part.row in present and check is not None and check.quiet():  # read before any result
+                self._retire(part.row)
+                done.append((part.row.tag, silent_result(part.row.options, part.row.prompt)))
+            elif check is not None:
+                part.row.silence = None
+        present = set(self.rows)
+        live = [(i, p) for i, p in enumerate(launched.parts) if p.row in present]
+        starting = [(i, p) for i, p in live if p.at_start]
+        waiting = self._start_of_transcript(
+            [p.row for _, p in starting],
+            [step.no_speech[i] for i, _ in starting],
+            [step.languages[i] for i, _ in starting] if step.languages is not None else None,
+        )
+        choosing = [(i, p) for i, p in live if p.chooses and p.row not in waiting]
+        if not choosing:
+            return done
+        rows = [p.row for _, p in choosing]
+        if self.logit_observer is not None:
+            self.logit_observer(rows, step.logits[torch.tensor([i for i, _ in choosing], device=step.logits.device)])
+        tokens = [step.tokens[i] for i, _ in choosing]
+        return done + self._advance(rows, tokens, [step.logprobs[i] for i, _ in choosing], followed)
 
     def _step_eager(self, rows: list[Row]) -> list[Finished]:
         """Every row's pending tokens at once, through the attention backend."""
-        device = self.device
-        layout = StepLayout(
-            slots=torch.tensor([r.slot for r in rows], device=device),
-            query_lens=tuple(len(r.pending) for r in rows),
-            cached_lens=tuple(r.cached for r in rows),
-            slot_ids=tuple(r.slot for r in rows),
-        )
-        tokens = torch.tensor([t for r in rows for t in r.pending], device=device)
-        last = layout.last_token_index(device)
-        # Rows that feed <|startoftranscript|> now also need the logits there
-        # (no-speech probability, language detection).
-        fresh = [i for i, r in enumerate(rows) if not r.prefilled]
-        starts = [sum(layout.query_lens[:i]) + rows[i].prompt.sot_index - rows[i].cached for i in fresh]
-        index = torch.cat([last, torch.tensor(starts, device=device, dtype=last.dtype)])
-        logits = self.model.decode_step(tokens, layout, self.attention, index)
-        logits, sot_logits = logits[: len(rows)], logits[len(rows) :]
-        for row in rows:
-            row.cached += len(row.pending)
-            row.pending = []
-        special = self.config.special
-        no_speech = sot_logits.float().softmax(dim=-1)[:, special.nospeech].tolist() if fresh else []
-        waiting = self._start_of_transcript(
-            [rows[i] for i in fresh], no_speech, sot_logits[:, list(special.language_tokens)]
-        )
+        passed = eager_pass(self.model, self.config, self.attention, rows)
+        waiting = self._start_of_transcript([rows[i] for i in passed.fresh], passed.no_speech, passed.languages)
         choosing = [i for i, r in enumerate(rows) if r not in waiting]
-        return self._choose([rows[i] for i in choosing], logits[choosing])
-
-    def _step_graph(self, rows: list[Row]) -> list[Finished]:
-        """One pending token per row, through the captured graph of the smallest bucket that holds them."""
-        step = self.graphs.run(rows)
-        at_start = [i for i, r in enumerate(rows) if r.cached == r.prompt.sot_index]
-        for row in rows:
-            row.cached += 1
-        waiting = self._start_of_transcript(
-            [rows[i] for i in at_start],
-            [step.no_speech[i] for i in at_start],
-            step.language_logits[at_start] if step.language_logits is not None and at_start else None,
-        )
-        choosing = []
-        for i, row in enumerate(rows):
-            if row in waiting:  # detected its language: feeds language and task next
-                continue
-            if len(row.pending) > 1:  # still feeding its prompt: this step's choice is not used
-                row.pending = row.pending[1:]
-                continue
-            row.pending = []
-            choosing.append(i)
-        if not choosing:
-            return []
-        tokens = [step.tokens[i] for i in choosing]
-        logprobs = [step.logprobs[i] for i in choosing]
-        hot = [k for k, i in enumerate(choosing) if rows[i].options.temperature > 0]
-        if hot:  # sampled rows draw from the graph's filtered logits
-            index = torch.tensor([choosing[k] for k in hot], device=self.device)
-            temperatures = torch.tensor([rows[choosing[k]].options.temperature for k in hot], device=self.device)
-            drawn, drawn_logprobs = sample(step.logits[index], temperatures)
-            for k, token, logprob in zip(hot, drawn.tolist(), drawn_logprobs.tolist()):
-                tokens[k], logprobs[k] = token, logprob
-        chosen_rows = [rows[i] for i in choosing]
-        if self.logit_observer is not None:
-            self.logit_observer(chosen_rows, step.logits[torch.tensor(choosing, device=self.device)])
-        return self._advance(chosen_rows, tokens, logprobs)
+        return self._choose([rows[i] for i in choosing], passed.logits[choosing])
 
     def _start_of_transcript(
-        self, rows: list[Row], no_speech: list[float], language_logits: torch.Tensor | None
+        self, rows: list[Row], no_speech: list[float], languages: list[tuple[int, float]] | None
     ) -> set[Row]:
         """Record the no-speech probability of rows whose <|startoftranscript|> was
         just fed, and detect the language of those that asked; return the rows
         that choose no token now (they feed their language and task tokens next).
 
-        language_logits: [len(rows), languages] raw logits at <|startoftranscript|>.
+        languages: each row's likeliest language at <|startoftranscript|> (its index
+            among the language tokens) and its probability; None on English-only checkpoints.
         """
         waiting: set[Row] = set()
-        detecting = [k for k, r in enumerate(rows) if r.prompt.detect_language and r.language is None]
-        if detecting:
-            probabilities = language_logits[detecting].float().softmax(dim=-1)
-            best = probabilities.max(dim=-1)
-            codes = self.config.special.language_codes
-            for k, index, confidence in zip(detecting, best.indices.tolist(), best.values.tolist()):
-                row = rows[k]
+        codes = self.config.special.language_codes
+        for k, row in enumerate(rows):
+            if row.prompt.detect_language and row.language is None:
+                index, confidence = languages[k]
                 row.language, row.language_probability = codes[index], confidence
                 row.pending = task_tokens(self.config, row.language, row.options.task, row.options.timestamps)
                 waiting.add(row)
@@ -319,8 +356,7 @@ class DecodeBatch:
         """Apply the rules to eager logits and choose each row's token."""
         if not rows:
             return []
-        timestamp_begin = self.config.special.timestamp_begin
-        facts = [row.rule_facts(timestamp_begin) for row in rows]
+        facts = [row.rule_facts(self.timestamp_begin) for row in rows]
         table = torch.tensor(facts, dtype=torch.long).T.to(self.device, non_blocking=True)
         logits = self.rules.apply(logits, RuleFacts.from_table(table))
         if self.logit_observer is not None:
@@ -328,10 +364,11 @@ class DecodeBatch:
         temperatures = [r.options.temperature for r in rows]
         hot = torch.tensor(temperatures, device=self.device) if any(t > 0 for t in temperatures) else None
         chosen, logprobs = sample(logits, hot)
-        return self._advance(rows, chosen.tolist(), logprobs.tolist())
+        return self._advance(rows, chosen.tolist(), logprobs.tolist(), followed=set())
 
-    def _advance(self, rows: list[Row], tokens: list[int], logprobs: list[float]) -> list[Finished]:
-        """Append each row's chosen token; retire the rows that finished."""
+    def _advance(self, rows: list[Row], tokens: list[int], logprobs: list[float], followed: set[Row]) -> list[Finished]:
+        """Append each row's chosen token; retire the rows that finished. A row in
+        `followed` feeds its token in the step launched already: nothing is pending."""
         eot = self.config.special.eot
         done = []
         for row, token, logprob in zip(rows, tokens, logprobs):
@@ -342,7 +379,7 @@ class DecodeBatch:
             row.sum_logprob += logprob
             if len(row.generated) >= row.max_new_tokens:
                 done.append((row, False))
-            else:
+            elif row not in followed:
                 row.pending = [token]
         for row, completed in done:
             self._retire(row)
@@ -356,7 +393,8 @@ def decode(batch: DecodeBatch, requests: Sequence[tuple[torch.Tensor, DecodingOp
     results: dict[int, DecodingResult] = {}
     while queue or batch.rows:
         n = min(len(queue), batch.free_slots)
-        results.update(batch.admit(queue[:n]))
+        batch.admit(queue[:n])
         queue = queue[n:]
         results.update(batch.step())
+    results.update(batch.drain())
     return [results[i] for i in range(len(requests))]

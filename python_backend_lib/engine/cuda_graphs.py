@@ -29,13 +29,20 @@ Static buffers, and the rules for them:
   only its page indices are rewritten, when slots change.
 - Padded rows point at the scratch slot 0 with one self position and the full
   1,500 encoder positions, never 0 (a row of length 0 would be skipped).
-- Plan, copy and replay on one stream (the current one); at most one step is
-  in flight, since each step ends by reading its tokens back, so the pinned
-  staging buffers are never rewritten under a pending copy.
+- Plan, copy and replay on one stream (the current one). A step is planned
+  while the one before it still runs (`engine.overlap`), so nothing the host
+  writes may wait for the stream or be rewritten under a copy still queued:
+  every host-to-device copy comes from pinned memory allocated for that step
+  (PyTorch's pinned allocator keeps it until its copy ran), FlashInfer gets its
+  page indices on the device (it copies host indices synchronously), and a
+  re-plan of a bucket first waits for its previous plan's copies (FlashInfer
+  reuses one pinned buffer per wrapper).
 - Outputs live in the graphs' private memory pool: the filtered logits
-  [batch, vocab], the raw logits of the language tokens [batch, languages]
-  (multilingual checkpoints), and (token, log-probability, no-speech
-  probability) [3, batch], read back in one small device-to-host copy.
+  [batch, vocab] and `picked` [N_PICKED, batch] (token, log-probability,
+  no-speech probability, detected language and its probability). After the
+  replay, rows at a temperature draw their token on the device, and `picked`
+  is copied into pinned memory behind an event: the host reads a step's
+  tokens without waiting for the step queued after it.
 """
 
 from __future__ import annotations
@@ -51,21 +58,30 @@ import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
+from python_backend_lib.engine.graph_io import (
+    META_CACHE_INDEX,
+    META_POSITION,
+    META_RULES,
+    META_TOKEN,
+    N_META,
+    PICKED_LOGPROB,
+    PICKED_TOKEN,
+    GraphStep,
+    PendingStep,
+    Prepared,
+    StepInputs,
+)
 from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
+from python_backend_lib.engine.transfers import pinned, to_device
 
 log = logging.getLogger(__name__)
 
 # Padded batch sizes with a captured step; a table takes those up to its
 # largest batch and the largest batch itself.
 DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
-
-# Rows of the `meta` buffer.
-META_TOKEN, META_POSITION, META_CACHE_INDEX = 0, 1, 2
-META_RULES = 3  # N_RULE_FACTS rows from here, in RuleFacts field order
-N_META = META_RULES + N_RULE_FACTS
 
 
 def bucket_sizes(max_batch: int, candidates: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
@@ -95,21 +111,6 @@ class GraphKey:
     cross_pages_per_slot: int
 
 
-# Rows of the `picked` output, read back after every replay.
-PICKED_TOKEN, PICKED_LOGPROB, PICKED_NO_SPEECH = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class GraphStep:
-    """What one replay hands back, for the n real rows."""
-
-    tokens: list[int]  # greedy choices
-    logprobs: list[float]  # their log-probabilities under the filtered logits
-    no_speech: list[float]  # the no-speech probability, meaningful where <|startoftranscript|> was fed
-    logits: torch.Tensor  # [n, vocab] float32 filtered logits (a view of the graph's output)
-    language_logits: torch.Tensor | None  # [n, languages] raw logits (a view); None on English-only checkpoints
-
-
 class _Entry:
     """One bucket: its graph, buffers and FlashInfer wrappers."""
 
@@ -122,8 +123,9 @@ class _Entry:
         self.decode = PagedDecode(pool, attention.workspace, graph_batch=b)
         self.meta = torch.zeros(N_META, b, dtype=torch.long, device=device)
         self.decode.cache_index = self.meta[META_CACHE_INDEX]
-        self.staging = torch.zeros(N_META, b, dtype=torch.long).pin_memory()
-        self.staging_np = self.staging.numpy()
+        # FlashInfer's self page indices, copied here from pinned memory before each re-plan.
+        self.self_indices = torch.zeros(b * shape.self_pages_per_slot, dtype=torch.int32, device=device)
+        self.planned: torch.cuda.Event | None = None  # after the last plan's copies
         self.pad = np.zeros(N_META, dtype=np.int64)  # token 0 at position 0 of the scratch slot
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
         self.self_pages_per_slot = shape.self_pages_per_slot
@@ -137,44 +139,50 @@ class _Entry:
         self.graph: torch.cuda.CUDAGraph | None = None
         self.logits: torch.Tensor | None = None
         self.picked: torch.Tensor | None = None
-        self.language_logits: torch.Tensor | None = None
 
-    def prepare(self, rows: Sequence[Row], timestamp_begin: int) -> None:
-        """Write the step's inputs for `rows` (the rest padding) into the buffers."""
-        n, b = len(rows), self.key.batch
-        st = self.staging_np
+    def prepare(self, inputs: StepInputs) -> Prepared:
+        """Write the step's plans for `inputs` (the rest of the bucket padding) and
+        its staged metadata; nothing here waits for the device."""
+        n, b = len(inputs.slots), self.key.batch
+        staged = torch.empty((N_META, b), dtype=torch.long, pin_memory=True)
+        st = staged.numpy()
         st[:, n:] = self.pad[:, None]
         slots = np.full(b, SCRATCH_SLOT, dtype=np.int64)
         lengths = np.ones(b, dtype=np.int64)  # self-attention keys, the new token included
         if n:
-            slots[:n] = [r.slot for r in rows]
-            cached = np.fromiter((r.cached for r in rows), dtype=np.int64, count=n)
-            st[META_TOKEN, :n] = [r.pending[0] for r in rows]
-            st[META_POSITION, :n] = cached
-            st[META_CACHE_INDEX, :n] = slots[:n] * self.text_ctx + cached
-            st[META_RULES:, :n] = np.array([r.rule_facts(timestamp_begin) for r in rows], dtype=np.int64).T
-            lengths[:n] = cached + 1
-        self.meta.copy_(self.staging, non_blocking=True)
+            slots[:n] = inputs.slots
+            st[META_TOKEN, :n] = inputs.tokens
+            st[META_POSITION, :n] = inputs.positions
+            st[META_CACHE_INDEX, :n] = inputs.slots * self.text_ctx + inputs.positions
+            st[META_RULES:, :n] = inputs.facts
+            lengths[:n] = inputs.positions + 1
 
         slot_key = tuple(slots.tolist())
         pages = -(-lengths // PAGE_SIZE)
         self_state = (slot_key, tuple(pages.tolist()))
         self_table = page_table(slots, lengths, self.self_pages_per_slot)
         if self_state != self.self_state:
-            self.decode.plan_self(self_table)
+            if self.planned is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
+                self.planned.synchronize()
+            indices = self.self_indices[: len(self_table.indices)]
+            indices.copy_(pinned(self_table.indices), non_blocking=True)
+            self.decode.plan_self(self_table, indices=indices)
             self.self_state = self_state
             self._check_plan()
+            self.planned = torch.cuda.Event()
+            self.planned.record()
         else:  # same pages: only the last page's fill moved
-            indptr, indices, last = self.decode.self_buffers
-            last.copy_(torch.from_numpy(self_table.last_page_len))
+            last = self.decode.self_buffers[2]
+            last.copy_(pinned(self_table.last_page_len), non_blocking=True)
         if slot_key != self.cross_slots:
             cross_table = page_table(slots, np.full(b, self.audio_ctx), self.cross_pages_per_slot)
-            if self.cross_slots is None:
+            if self.cross_slots is None:  # at capture, before any step is in flight
                 self.decode.plan_cross(cross_table)
                 self._check_plan()
             else:  # 94 pages a row whatever the slots: the schedule stands, the indices move
-                self.decode.cross_buffers[1].copy_(torch.from_numpy(cross_table.indices))
+                self.decode.cross_buffers[1].copy_(pinned(cross_table.indices), non_blocking=True)
             self.cross_slots = slot_key
+        return Prepared(self, inputs, staged)
 
     def _check_plan(self) -> None:
         if self.captured_plan is not None and self.decode.plan_info != self.captured_plan:
@@ -260,7 +268,9 @@ class DecodeGraphs:
     def _capture(self, batch: int) -> None:
         key = self.key(batch)
         entry = _Entry(key, self.attention)
-        entry.prepare([], self.timestamp_begin)  # every row padding
+        empty = StepInputs(*(np.zeros(0, dtype=np.int64) for _ in range(3)), np.zeros((N_RULE_FACTS, 0), np.int64),
+                           np.zeros(0))  # fmt: skip
+        entry.meta.copy_(entry.prepare(empty).pinned)  # every row padding
         entry.captured_plan = entry.decode.plan_info
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
@@ -270,48 +280,68 @@ class DecodeGraphs:
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._mempool):
-            entry.logits, entry.picked, entry.language_logits = self._forward(entry)
+            entry.logits, entry.picked = self._forward(entry)
         entry.graph = graph
         self._entries[key] = entry
 
-    def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         meta = entry.meta
         hidden = self.model.decoder(meta[META_TOKEN], meta[META_POSITION], entry.decode)
         raw = self.model.logits(hidden)  # [batch, vocab] float32
         # Read where <|startoftranscript|> was fed; the same arithmetic as the eager path.
         no_speech = raw.softmax(dim=-1)[:, self.no_speech]
-        languages = raw[:, self.language_tokens] if self.language_tokens is not None else None
+        if self.language_tokens is not None:
+            language = raw[:, self.language_tokens].float().softmax(dim=-1).max(dim=-1)
+            detected = (language.indices.float(), language.values)
+        else:
+            detected = (torch.zeros_like(no_speech), torch.zeros_like(no_speech))
         logits = self.rules.apply(raw, RuleFacts.from_table(meta[META_RULES:]))
         greedy, logprobs = sample(logits)
-        # Token ids are below 2**24, so float32 holds them exactly: one readback.
-        return logits, torch.stack([greedy.float(), logprobs, no_speech]), languages
+        # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
+        return logits, torch.stack([greedy.float(), logprobs, no_speech, *detected])
 
-    # replay ----------------------------------------------------------------
+    # steps -----------------------------------------------------------------
 
     @torch.inference_mode()
-    def run(self, rows: Sequence[Row], *, replay: bool = True) -> GraphStep:
-        """One decode step feeding each row's first pending token.
+    def prepare(self, inputs: StepInputs) -> Prepared:
+        """Plan a step for `inputs` in the smallest bucket that holds it, without waiting
+        for the device (a step still running keeps its own plans)."""
+        n = len(inputs.slots)
+        batch = choose_bucket(self.buckets, n)
+        if batch is None:
+            raise ValueError(f"{n} rows do not fit the largest captured batch {self.max_batch}")
+        return self._entries[self.key(batch)].prepare(inputs)
+
+    @torch.inference_mode()
+    def launch(self, prepared: Prepared, *, replay: bool = True, keep_logits: bool = False) -> PendingStep:
+        """Queue the step: its metadata, the graph, the draws of rows at a temperature,
+        the copy of its picks to the host. Returns at once.
 
         replay=False launches the captured step's kernels directly instead of
         replaying the graph, on the same buffers: the same kernels on the same
         inputs, which must give the same bits (tests check it).
+        keep_logits: keep a copy of the filtered logits (the next step overwrites the graph's).
         """
-        n = len(rows)
-        batch = choose_bucket(self.buckets, n)
-        if batch is None:
-            raise ValueError(f"{n} rows do not fit the largest captured batch {self.max_batch}")
-        entry = self._entries[self.key(batch)]
-        entry.prepare(rows, self.timestamp_begin)
+        entry, inputs = prepared.entry, prepared.inputs
+        entry.meta.copy_(prepared.pinned, non_blocking=True)
         if replay:
             entry.graph.replay()
-            logits, picked, languages = entry.logits, entry.picked, entry.language_logits
+            logits, picked = entry.logits, entry.picked
         else:
-            logits, picked, languages = self._forward(entry)
-        host = picked[:, :n].cpu()
-        return GraphStep(
-            tokens=host[PICKED_TOKEN].long().tolist(),
-            logprobs=host[PICKED_LOGPROB].tolist(),
-            no_speech=host[PICKED_NO_SPEECH].tolist(),
-            logits=logits[:n],
-            language_logits=None if languages is None else languages[:n],
-        )
+            logits, picked = self._forward(entry)
+        hot = np.flatnonzero(inputs.temperatures > 0)
+        if len(hot):  # rows at a temperature draw from the filtered logits, as `sample` does eagerly
+            device = logits.device
+            index = to_device(hot, device)
+            temperatures = to_device(inputs.temperatures[hot].astype(np.float32), device)
+            drawn, drawn_logprobs = sample(logits[index], temperatures)
+            picked[PICKED_TOKEN].index_copy_(0, index, drawn.float())
+            picked[PICKED_LOGPROB].index_copy_(0, index, drawn_logprobs)
+        n = len(inputs.slots)
+        kept = logits[:n].clone() if keep_logits else None
+        return PendingStep(n, picked, kept, self.language_tokens is not None)
+
+    def run(self, rows: Sequence[Row], *, replay: bool = True) -> GraphStep:
+        """One step feeding each row's first pending token, waited for (its logits kept)."""
+        prepared = self.prepare(StepInputs.of_rows(rows, self.timestamp_begin))
+        return self.launch(prepared, replay=replay, keep_logits=True).result()

@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from python_backend_lib.core.geometry import N_FRAMES
@@ -31,6 +32,7 @@ from python_backend_lib.engine.attention import SdpaAttention
 from python_backend_lib.engine.cuda_graphs import bucket_sizes, choose_bucket
 from python_backend_lib.engine.kv_cache import SCRATCH_SLOT, KVSlotPool
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.transfers import pinned
 
 log = logging.getLogger(__name__)
 
@@ -100,8 +102,6 @@ class EncoderGraphs:
         entry = self._entries[batch]
         entry.mel[:n].copy_(mel)
         entry.mel[n:].zero_()
-        # A small copy from pageable memory: it waits for the stream, which holds
-        # nothing at admission (the last step's tokens were read back), and no
-        # host buffer can be rewritten under it.
-        entry.slots.copy_(torch.tensor([*slots, *[SCRATCH_SLOT] * (batch - n)], dtype=torch.long))
+        # From pinned memory: a decoder step may still run, and admitting must not wait for it.
+        entry.slots.copy_(pinned(np.array([*slots, *[SCRATCH_SLOT] * (batch - n)], dtype=np.int64)), non_blocking=True)
         entry.graph.replay()

@@ -148,8 +148,9 @@ def token_rows(slots: Sequence[int], query_lens: Sequence[int], cached_lens: Seq
     return TokenRows(token_slots, positions, token_slots * text_ctx + positions)
 
 
-def _int32(array: np.ndarray) -> torch.Tensor:
-    return torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32))
+def _int32(array: np.ndarray, pinned: bool = False) -> torch.Tensor:
+    tensor = torch.from_numpy(np.ascontiguousarray(array, dtype=np.int32))
+    return tensor.pin_memory() if pinned else tensor
 
 
 # ------------------------------------------------------------- decode kernels
@@ -234,12 +235,17 @@ class PagedDecode(_PagedLayers):
         if graph_batch is not None:
             self.cache_index = torch.zeros(graph_batch, dtype=torch.long, device=self.device)
 
-    def _plan(self, wrapper, table: PageTable) -> None:
+    def _plan(self, wrapper, table: PageTable, indices: torch.Tensor | None = None) -> None:
+        """indices: the table's page indices already on the device. With graphs the
+        plan must not wait for the step still running: FlashInfer copies host
+        indices synchronously, and the rest of the table from pinned memory
+        asynchronously."""
         shape = self.pool.shape
+        pinned = self.graph_batch is not None
         wrapper.plan(
-            _int32(table.indptr),
-            _int32(table.indices),
-            _int32(table.last_page_len),
+            _int32(table.indptr, pinned),
+            _int32(table.indices) if indices is None else indices,
+            _int32(table.last_page_len, pinned),
             shape.n_heads,
             shape.n_heads,
             shape.head_dim,
@@ -248,8 +254,8 @@ class PagedDecode(_PagedLayers):
             kv_data_type=self.dtype,
         )
 
-    def plan_self(self, table: PageTable) -> None:
-        self._plan(self.self_wrapper, table)
+    def plan_self(self, table: PageTable, indices: torch.Tensor | None = None) -> None:
+        self._plan(self.self_wrapper, table, indices)
 
     def plan_cross(self, table: PageTable) -> None:
         self._plan(self.cross_wrapper, table)

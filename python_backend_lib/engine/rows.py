@@ -8,14 +8,80 @@ compared by identity: the batch, the graphs and the engine all hold the same obj
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Sequence
 
+import numpy as np
 import torch
 
-from python_backend_lib.core.geometry import SECONDS_PER_POSITION
+from python_backend_lib.audio.features import SILENCE_LOG_MEL
+from python_backend_lib.core.geometry import N_FRAMES, SECONDS_PER_POSITION
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.engine.prompt import Prompt
 from python_backend_lib.engine.rules import RuleFacts
+from python_backend_lib.engine.transfers import to_device
+
+# Rows of a [N_RULE_FACTS, rows] facts table (`RuleFacts` field order).
+AT_BEGIN, LAST_IS_TIMESTAMP, PENULTIMATE_IS_TIMESTAMP, LAST_TIMESTAMP, END_ALLOWED = (
+    RuleFacts._fields.index(name)
+    for name in ("at_begin", "last_is_timestamp", "penultimate_is_timestamp", "last_timestamp", "end_allowed")
+)
+
+
+class SilenceFlags:
+    """Which windows of one admission hold digital silence: computed on the device
+    and copied to the host behind an event, so admitting waits for nothing."""
+
+    def __init__(self, quiet: torch.Tensor) -> None:
+        """quiet: [k] bool, on the model's device."""
+        self._event = None
+        if quiet.device.type == "cuda":
+            self._host = torch.empty(quiet.shape, dtype=torch.bool, pin_memory=True)
+            self._host.copy_(quiet, non_blocking=True)
+            self._event = torch.cuda.Event()
+            self._event.record()
+        else:
+            self._host = quiet
+
+    def ready(self) -> bool:
+        return self._event is None or self._event.query()
+
+    def quiet(self, index: int) -> bool:
+        if self._event is not None:
+            self._event.synchronize()
+        return bool(self._host[index])
+
+
+def silent_result(options: DecodingOptions, prompt: Prompt) -> DecodingResult:
+    """The answer for a window of digital silence: certainly no speech, nothing decoded."""
+    return DecodingResult(
+        tokens=(),
+        language=None,
+        avg_logprob=float("-inf"),
+        no_speech_prob=1.0,
+        temperature=options.temperature,
+        prompt_tokens=prompt.tokens,
+    )
+
+
+def silence_flags(content_frames: Sequence[int | None], features: torch.Tensor) -> SilenceFlags:
+    """Whether each window's audio frames (its first `content_frames`) hold digital
+    silence (`audio.features.SILENCE_LOG_MEL`); features: [k, n_mels, N_FRAMES]."""
+    device = features.device
+    frames = to_device(np.array([n or 0 for n in content_frames]), device)
+    heard = torch.arange(N_FRAMES, device=device)[None, :] < frames[:, None]  # [k, frames]
+    loudest = features.masked_fill(~heard[:, None, :], float("-inf")).amax(dim=(1, 2))
+    return SilenceFlags(loudest < SILENCE_LOG_MEL)
+
+
+class SilenceCheck(NamedTuple):
+    flags: SilenceFlags
+    index: int
+
+    def ready(self) -> bool:
+        return self.flags.ready()
+
+    def quiet(self) -> bool:
+        return self.flags.quiet(self.index)
 
 
 @dataclass(frozen=True)
@@ -59,6 +125,7 @@ class Row:
     language: str | None = None
     language_probability: float | None = None
     prefilled: bool = False  # the logits at <|startoftranscript|> have been read
+    silence: SilenceCheck | None = None  # whether its window holds digital silence, until read
     _scan: _TimestampScan = field(default=_TimestampScan(None, 0, -1), repr=False)
 
     def rule_facts(self, timestamp_begin: int) -> RuleFacts:
@@ -94,6 +161,21 @@ class Row:
             prompt_tokens=self.prompt.tokens,
             language_probability=self.language_probability,
         )
+
+
+def follow_facts(facts: np.ndarray, tokens: np.ndarray, timestamp_begin: int) -> np.ndarray:
+    """The rule facts of rows at their next step, from their facts at this one
+    ([N_RULE_FACTS, k]) and the tokens they chose here ([k]): what `Row.rule_facts`
+    gives once each token is appended, but `end_allowed` (copied: it counts
+    tokens, which the caller knows)."""
+    chosen_timestamp = tokens >= timestamp_begin
+    after = facts.copy()
+    after[AT_BEGIN] = 0
+    after[LAST_IS_TIMESTAMP] = chosen_timestamp
+    # Fewer than two tokens (this one the first), or the one before it a timestamp.
+    after[PENULTIMATE_IS_TIMESTAMP] = facts[AT_BEGIN] | facts[LAST_IS_TIMESTAMP]
+    after[LAST_TIMESTAMP] = np.where(chosen_timestamp, tokens, facts[LAST_TIMESTAMP])
+    return after
 
 
 class RowState(NamedTuple):

@@ -260,12 +260,11 @@ class Engine:
                     self._answer(admission.tag, error)
 
     def _encode(self, admissions: list[Admission]) -> None:
-        finished = self.batch.admit(admissions)
+        self.batch.admit(admissions)
         now = time.monotonic()
         for admission in admissions:
             self.stats.admitted += 1
             self.stats.recent_waits.append(now - admission.tag.submitted_at)
-        self._deliver(finished)
 
     def _drop_cancelled(self) -> None:
         now = time.monotonic()
@@ -318,8 +317,7 @@ class Engine:
         Never raises: it runs when something already went wrong."""
         jobs = [row.tag for row in self.batch.rows] + [a.tag for a in self._pending]
         try:
-            self.batch.rows.clear()
-            self.batch.pool.reset()
+            self.batch.reset()
         except BaseException:
             log.exception("could not empty the decode batch")
         self._pending.clear()

@@ -1,0 +1,115 @@
+"""What a captured decode step reads and gives back, as the host sees it.
+
+The host describes a step's rows (`StepInputs`), writes them into pinned
+staging memory (`Prepared`), and after the launch reads the step's picks from
+pinned memory once its event has passed (`PendingStep`, `GraphStep`). The
+device buffers these fill, and the graphs that read them, are `cuda_graphs`'.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Sequence
+
+import numpy as np
+import torch
+
+from python_backend_lib.engine.rows import Row
+from python_backend_lib.engine.rules import N_RULE_FACTS
+
+if TYPE_CHECKING:
+    from python_backend_lib.engine.cuda_graphs import _Entry
+
+# Rows of the `meta` buffer.
+META_TOKEN, META_POSITION, META_CACHE_INDEX = 0, 1, 2
+META_RULES = 3  # N_RULE_FACTS rows from here, in RuleFacts field order
+N_META = META_RULES + N_RULE_FACTS
+
+# Rows of the `picked` output, read back after every step.
+PICKED_TOKEN, PICKED_LOGPROB, PICKED_NO_SPEECH, PICKED_LANGUAGE, PICKED_LANGUAGE_PROBABILITY = range(5)
+N_PICKED = 5
+
+
+@dataclass(frozen=True)
+class StepInputs:
+    """One step's rows as the host describes them (n rows, in order).
+
+    tokens: what each row feeds; a row that feeds the token its previous step
+        chose gets it written in at launch (`Prepared.staging`).
+    positions: tokens each row has in its cache before this step.
+    facts: [N_RULE_FACTS, n] the logit rules' facts (`RuleFacts` field order).
+    temperatures: rows above 0 draw their token at that temperature, on the device.
+    """
+
+    slots: np.ndarray
+    tokens: np.ndarray
+    positions: np.ndarray
+    facts: np.ndarray
+    temperatures: np.ndarray
+
+    @classmethod
+    def of_rows(cls, rows: Sequence[Row], timestamp_begin: int) -> StepInputs:
+        """Each row feeding its first pending token, choosing at its own temperature."""
+        n = len(rows)
+        facts = np.array([r.rule_facts(timestamp_begin) for r in rows], dtype=np.int64).reshape(n, N_RULE_FACTS)
+        return cls(
+            slots=np.fromiter((r.slot for r in rows), dtype=np.int64, count=n),
+            tokens=np.fromiter((r.pending[0] for r in rows), dtype=np.int64, count=n),
+            positions=np.fromiter((r.cached for r in rows), dtype=np.int64, count=n),
+            facts=facts.T,
+            temperatures=np.fromiter((r.options.temperature for r in rows), dtype=np.float64, count=n),
+        )
+
+
+@dataclass(frozen=True)
+class GraphStep:
+    """What one step hands back, for the n real rows."""
+
+    tokens: list[int]  # the chosen tokens: greedy, or drawn where the row has a temperature
+    logprobs: list[float]  # their log-probabilities under the filtered logits
+    no_speech: list[float]  # the no-speech probability, meaningful where <|startoftranscript|> was fed
+    languages: list[tuple[int, float]] | None  # (index into the language tokens, probability); None on English-only
+    logits: torch.Tensor | None  # [n, vocab] float32 filtered logits, when kept (`launch`'s keep_logits)
+
+
+@dataclass
+class Prepared:
+    """A step whose buffers and plans are written, waiting for `DecodeGraphs.launch`.
+    `staging` [N_META, batch] (pinned) may still be changed until then."""
+
+    entry: _Entry  # the bucket it was planned in
+    inputs: StepInputs
+    pinned: torch.Tensor
+
+    @property
+    def staging(self) -> np.ndarray:
+        return self.pinned.numpy()
+
+
+class PendingStep:
+    """A launched step; `result` waits for it alone (not for steps launched after it).
+
+    picked: [N_PICKED, batch] on the device, copied now (the n real rows are read)."""
+
+    def __init__(self, n: int, picked: torch.Tensor, logits: torch.Tensor | None, multilingual: bool) -> None:
+        self.n = n
+        self._host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
+        self._host.copy_(picked, non_blocking=True)
+        self._logits = logits
+        self._multilingual = multilingual
+        self._done = torch.cuda.Event()
+        self._done.record()
+
+    def result(self) -> GraphStep:
+        self._done.synchronize()
+        rows = self._host[:, : self.n].tolist()
+        languages = None
+        if self._multilingual:
+            languages = [(int(i), p) for i, p in zip(rows[PICKED_LANGUAGE], rows[PICKED_LANGUAGE_PROBABILITY])]
+        return GraphStep(
+            tokens=[int(t) for t in rows[PICKED_TOKEN]],
+            logprobs=rows[PICKED_LOGPROB],
+            no_speech=rows[PICKED_NO_SPEECH],
+            languages=languages,
+            logits=self._logits,
+        )

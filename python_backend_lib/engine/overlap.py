@@ -1,0 +1,160 @@
+"""Graph steps planned while the step before them runs on the GPU.
+
+A graph step is host work (which rows, their tokens and rule facts, FlashInfer's
+page tables) followed by GPU work. Done one after the other, the GPU waits for
+the host at every step: about a third of a step of 256 rows of tiny. Here
+`DecodeBatch` plans step t+1 while step t runs, waits for t's picks only to
+write in the tokens that t chose, launches t+1, and then handles t's results
+(new tokens, finished rows, callbacks) while t+1 runs.
+
+What that asks of each row, relative to the step t in flight:
+- A row that chooses a token at t feeds it at t+1: it *follows*. Its position,
+  cache slot and page tables are known in advance; its token, and the rule
+  facts that depend on it (`rows.follow_facts`), are written in at launch.
+- A row that reaches its token limit at t is done then, and skips t+1. A row
+  that ends with <|endoftext|> at t has already been launched into t+1: that
+  step's work for it is discarded (its slot may be given to a new request at
+  once; both run on one stream, so the new request's writes come after).
+- A row that detects its language at t does not know its next tokens (its
+  language and task) before t's results are read: it skips t+1.
+- A row feeding its prompt feeds the next prompt token.
+So a row's tokens come from the same kernels on the same inputs as in a step
+planned after the one before it: the results are those of the synchronous path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+import numpy as np
+
+from python_backend_lib.engine.graph_io import META_RULES, META_TOKEN, GraphStep, PendingStep, Prepared, StepInputs
+from python_backend_lib.engine.rows import END_ALLOWED, Row, RowState, follow_facts
+from python_backend_lib.engine.rules import N_RULE_FACTS
+
+
+@dataclass(eq=False)
+class Part:
+    """One row's part in a graph step.
+
+    follows: the index in the step before of the row whose pick it feeds (itself
+        there); None when it feeds a token the host knows (`Row.pending[0]`).
+    chooses: this step's pick is the row's next token (else it feeds its prompt).
+    at_start: it feeds <|startoftranscript|>: the no-speech probability and the
+        language are read from this step.
+    before: the row as if this step had not been launched, the one before it
+        handled (`Launched.remember_before`), for `DecodeBatch.rewind`.
+    """
+
+    row: Row
+    follows: int | None
+    chooses: bool
+    at_start: bool
+    before: RowState | None = None
+
+
+@dataclass
+class Launched:
+    """A launched graph step: its rows' parts, the tokens and facts it ran with, and its picks to come."""
+
+    parts: list[Part]
+    tokens: np.ndarray  # [n]
+    facts: np.ndarray  # [N_RULE_FACTS, n]
+    pending: PendingStep
+
+    def result(self) -> GraphStep:
+        return self.pending.result()
+
+    def remember_before(self) -> None:
+        """Record each row as if this step had not been launched (`mark_launched`
+        undone), once the step before it is handled: what a rewind restores."""
+        for part, token in zip(self.parts, self.tokens.tolist()):
+            row = part.row
+            pending = row.pending if part.follows is None else []
+            part.before = RowState.of(row)._replace(cached=row.cached - 1, pending=[token, *pending])
+
+
+@dataclass
+class Plan:
+    """The next graph step's rows, and the rows that need an eager pass first
+    (a prompt longer than the graphs feed one token a step)."""
+
+    parts: list[Part]
+    inputs: StepInputs
+    eager: list[Row]
+
+
+def detects_language(row: Row) -> bool:
+    return row.prompt.detect_language and row.language is None
+
+
+def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_tokens: int, timestamp_begin: int) -> Plan:
+    """The parts of the step after `previous` (None: nothing in flight), for the rows in
+    `rows` that can take part in it, in their order."""
+    in_flight = {part.row: (i, part) for i, part in enumerate(previous.parts)} if previous else {}
+    parts: list[Part] = []
+    eager: list[Row] = []
+    tokens, positions, slots, temperatures, facts = [], [], [], [], []
+    for row in rows:
+        index, part = in_flight.get(row, (None, None))
+        if part is not None and part.chooses:
+            if len(row.generated) + 1 >= row.max_new_tokens:
+                continue  # done at the step in flight
+            follows, token = index, -1  # the token comes at launch
+            row_facts = previous.facts[:, index].copy()
+            row_facts[END_ALLOWED] = len(row.generated) + 1 >= row.options.min_new_tokens
+        elif part is not None and part.at_start and detects_language(row):
+            continue  # its next tokens depend on the language it detects there
+        elif not row.pending:
+            continue
+        elif part is None and len(row.pending) > graph_prompt_tokens:
+            eager.append(row)
+            continue
+        else:
+            follows, token = None, row.pending[0]
+            row_facts = np.asarray(row.rule_facts(timestamp_begin), dtype=np.int64)
+        at_start = row.cached == row.prompt.sot_index
+        chooses = follows is not None or (len(row.pending) == 1 and not (at_start and detects_language(row)))
+        parts.append(Part(row, follows, chooses, at_start))
+        tokens.append(token)
+        positions.append(row.cached)
+        slots.append(row.slot)
+        temperatures.append(row.options.temperature if chooses else 0.0)
+        facts.append(row_facts)
+    inputs = StepInputs(
+        slots=np.array(slots, dtype=np.int64),
+        tokens=np.array(tokens, dtype=np.int64),
+        positions=np.array(positions, dtype=np.int64),
+        facts=np.array(facts, dtype=np.int64).reshape(len(parts), N_RULE_FACTS).T,
+        temperatures=np.array(temperatures, dtype=np.float64),
+    )
+    return Plan(parts, inputs, eager)
+
+
+def fill_follows(prepared: Prepared, parts: Sequence[Part], previous: Launched | None, picked: GraphStep | None,
+                 timestamp_begin: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
+    """Write into the prepared step the tokens its following rows chose at `previous`
+    (whose picks are `picked`), with the rule facts those tokens change; return the
+    step's tokens [n] and facts table [N_RULE_FACTS, n]."""
+    n = len(parts)
+    staging = prepared.staging
+    columns = [j for j, part in enumerate(parts) if part.follows is not None]
+    if columns:
+        sources = [parts[j].follows for j in columns]
+        chosen = np.array([picked.tokens[i] for i in sources], dtype=np.int64)
+        after = follow_facts(previous.facts[:, sources], chosen, timestamp_begin)
+        after[END_ALLOWED] = staging[META_RULES + END_ALLOWED, columns]  # counted when planned
+        staging[META_TOKEN, columns] = chosen
+        staging[META_RULES:, columns] = after
+    return staging[META_TOKEN, :n].copy(), staging[META_RULES:, :n].copy()
+
+
+def mark_launched(parts: Sequence[Part]) -> None:
+    """Each row of a launched step has one more token in its cache; a row that fed a
+    host token has it no longer pending."""
+    for part in parts:
+        row = part.row
+        row.cached += 1
+        if part.follows is None:
+            row.pending = row.pending[1:]

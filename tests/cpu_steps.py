@@ -1,0 +1,96 @@
+"""The decode-graph table's interface, computed eagerly on the CPU, for tests of the
+scheduling around it (which rows a step holds, the tokens written in at launch,
+results handled a step late) where there is no GPU.
+
+`CpuStepTable` takes what `cuda_graphs.DecodeGraphs` takes (a step's `StepInputs`,
+staged into the same metadata rows) and computes what the captured step computes
+(the decoder over one token per row, the tied projection, the no-speech
+probability, the language, Whisper's rules, the pick, draws at a temperature),
+through PyTorch SDPA instead of FlashInfer. `launch` runs the step at once: on the
+CPU there is nothing to overlap, only the order of the host's work to check. The
+real table runs on a GPU in tests/test_gpu.py.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from python_backend_lib.core.model_facts import ModelConfig
+from python_backend_lib.engine.attention import SdpaAttention, StepLayout
+from python_backend_lib.engine.graph_io import (
+    META_POSITION,
+    META_RULES,
+    META_TOKEN,
+    N_META,
+    GraphStep,
+    Prepared,
+    StepInputs,
+)
+from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
+
+
+class _Done:
+    def __init__(self, step: GraphStep) -> None:
+        self._step = step
+
+    def result(self) -> GraphStep:
+        return self._step
+
+
+class CpuStepTable:
+    def __init__(self, model: Whisper, config: ModelConfig, attention: SdpaAttention, *, max_batch: int) -> None:
+        self.model, self.config, self.attention = model, config, attention
+        self.max_batch = max_batch
+        self.rules = LogitRules(config, torch.device("cpu"))
+        self.launches = 0
+
+    def fits(self, n: int) -> bool:
+        return 1 <= n <= self.max_batch
+
+    def prepare(self, inputs: StepInputs) -> Prepared:
+        n = len(inputs.slots)
+        if not self.fits(n):
+            raise ValueError(f"{n} rows do not fit the largest batch {self.max_batch}")
+        staged = torch.zeros(N_META, n, dtype=torch.long)
+        st = staged.numpy()
+        st[META_TOKEN] = inputs.tokens
+        st[META_POSITION] = inputs.positions
+        st[META_RULES:] = inputs.facts
+        return Prepared(entry=None, inputs=inputs, pinned=staged)
+
+    @torch.inference_mode()
+    def launch(self, prepared: Prepared, *, keep_logits: bool = False) -> _Done:
+        self.launches += 1
+        inputs, meta = prepared.inputs, prepared.pinned.clone()  # as the device copy of the staging
+        n = len(inputs.slots)
+        layout = StepLayout(
+            slots=torch.from_numpy(inputs.slots.copy()),
+            query_lens=(1,) * n,
+            cached_lens=tuple(meta[META_POSITION].tolist()),
+            slot_ids=tuple(inputs.slots.tolist()),
+        )
+        raw = self.model.decode_step(meta[META_TOKEN], layout, self.attention, torch.arange(n))
+        special = self.config.special
+        no_speech = raw.softmax(dim=-1)[:, special.nospeech]
+        languages = None
+        if self.config.multilingual:
+            best = raw[:, list(special.language_tokens)].float().softmax(dim=-1).max(dim=-1)
+            languages = list(zip(best.indices.tolist(), best.values.tolist()))
+        logits = self.rules.apply(raw, RuleFacts.from_table(meta[META_RULES:]))
+        tokens, logprobs = sample(logits)
+        hot = np.flatnonzero(inputs.temperatures > 0)
+        if len(hot):
+            index = torch.from_numpy(hot)
+            drawn, drawn_logprobs = sample(logits[index], torch.from_numpy(inputs.temperatures[hot]).float())
+            tokens[index], logprobs[index] = drawn, drawn_logprobs
+        return _Done(
+            GraphStep(
+                tokens=tokens.tolist(),
+                logprobs=logprobs.tolist(),
+                no_speech=no_speech.tolist(),
+                languages=languages,
+                logits=logits.clone() if keep_logits else None,
+            )
+        )

@@ -1,0 +1,277 @@
+"""Graph steps planned while the step before them runs (`engine.overlap`): the same
+results as steps taken one after another, and the engine's handling of failures,
+cancellations and silence around a step in flight.
+
+The graph table here is the CPU stand-in (`cpu_steps.CpuStepTable`): the same
+inputs and outputs as the captured steps, computed eagerly. tests/test_gpu.py
+runs the real table the same way on a GPU.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import CancelledError, Future
+
+import numpy as np
+import pytest
+import torch
+from cpu_steps import CpuStepTable
+from reference import clips
+
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core import geometry
+from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.engine.attention import SdpaAttention
+from python_backend_lib.engine.batch import DecodeBatch
+from python_backend_lib.engine.faults import FaultPlan, FaultyDecodeBatch, InjectedFault
+from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.prompt import initial_tokens
+from python_backend_lib.engine.rows import END_ALLOWED, Admission, Row, follow_facts
+from python_backend_lib.engine.rules import N_RULE_FACTS
+from python_backend_lib.engine.scheduler import Engine
+from python_backend_lib.text.tokenizer import load_tokenizer
+
+CPU = torch.device("cpu")
+_MODELS: dict = {}
+
+
+def model_for(source: str, dtype: torch.dtype):
+    if (source, dtype) not in _MODELS:
+        checkpoint = load_checkpoint(source)
+        _MODELS[source, dtype] = (Whisper.from_checkpoint(checkpoint, device=CPU, dtype=dtype), checkpoint.config)
+    return _MODELS[source, dtype]
+
+
+def make_batch(source: str, slots: int, *, overlap: bool, dtype=torch.float32, faults: FaultPlan | None = None):
+    model, config = model_for(source, dtype)
+    attention = SdpaAttention(KVSlotPool(PoolShape.for_model(config.dims, slots), device=CPU, dtype=dtype))
+    graphs = CpuStepTable(model, config, attention, max_batch=slots)
+    if faults is not None:
+        return FaultyDecodeBatch(model, config, attention, graphs, plan=faults, overlap=overlap)
+    return DecodeBatch(model, config, attention, graphs, overlap=overlap)
+
+
+def random_features(config, seed: int) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(config.dims.n_mels, N_FRAMES, generator=generator).clamp(-1.5, 1.5)
+
+
+def run(batch: DecodeBatch, admissions: list[Admission], join_every: int = 2) -> tuple[dict, int]:
+    """Admit one request every `join_every` steps (while slots are free) and step until
+    every request is answered; returns the results by tag, and how many launched
+    steps fed a row the token its step before chose (0 without overlap)."""
+    queue, results, followed, steps = list(admissions), {}, 0, 0
+    while queue or batch.rows:
+        if queue and batch.free_slots and steps % join_every == 0:
+            batch.admit(queue[:1])
+            queue = queue[1:]
+        results.update(batch.step())
+        steps += 1
+        in_flight = batch._in_flight
+        followed += bool(in_flight and any(part.follows is not None for part in in_flight.parts))
+    results.update(batch.drain())
+    assert batch.free_slots == batch.pool.shape.n_slots
+    return results, followed
+
+
+def assert_same(overlapped: dict, stepwise: dict, sampled: set = frozenset(), rel: float = 1e-9) -> None:
+    """The same tokens, language and prompt; probabilities within `rel`: the two runs
+    batch the rows differently (a step later, beside rows that ended), and the
+    CPU's matrix products round a row's sums differently in other batches."""
+    assert overlapped.keys() == stepwise.keys()
+    for tag, a in stepwise.items():
+        b = overlapped[tag]
+        if tag in sampled:  # drawn at a temperature: other draws in another order
+            assert len(b.tokens) == len(a.tokens) and b.prompt_tokens == a.prompt_tokens
+            continue
+        assert (b.tokens, b.language, b.finished, b.prompt_tokens) == (a.tokens, a.language, a.finished, a.prompt_tokens), tag
+        for name in ("avg_logprob", "no_speech_prob", "language_probability"):
+            expected = getattr(a, name)
+            assert getattr(b, name) == (expected if expected is None else pytest.approx(expected, rel=rel)), (tag, name)
+
+
+def test_the_facts_a_row_follows_with_equal_its_own_after_each_token():
+    """`follow_facts` from a step's facts and pick gives what `Row.rule_facts` gives
+    once the pick is appended, over random sequences of text and timestamp tokens."""
+    begin = 50364
+    generator = np.random.default_rng(0)
+    options = DecodingOptions(timestamps=True, min_new_tokens=5)
+    for _ in range(50):
+        row = Row(tag=0, options=options, prompt=None, slot=1, max_new_tokens=100, pending=[])
+        facts = np.array(row.rule_facts(begin), dtype=np.int64)
+        for _ in range(12):
+            token = int(generator.choice([generator.integers(0, 50000), generator.integers(begin, begin + 1500)]))
+            followed = follow_facts(facts[:, None], np.array([token]), begin)[:, 0]
+            row.generated.append(token)
+            expected = np.array(row.rule_facts(begin), dtype=np.int64)
+            followed[END_ALLOWED] = expected[END_ALLOWED]  # the caller counts tokens
+            assert followed.tolist() == expected.tolist()
+            facts = expected
+    assert len(facts) == N_RULE_FACTS
+
+
+@pytest.mark.slow
+def test_overlapped_steps_give_the_stepwise_results_with_random_weights():
+    """Language detection, prompts fed a token a step and a long one fed eagerly,
+    forced lengths (rows leave at different steps), timestamps, a row at a
+    temperature and a window of digital silence, joining one by one."""
+    source = "random:tiny:1"
+    _, config = model_for(source, torch.float64)
+    forced = [dict(min_new_tokens=m, max_new_tokens=m) for m in (6, 11, 3, 9, 14, 7, 5, 12)]
+    options = [
+        DecodingOptions(**forced[0]),  # multilingual: its language is detected
+        DecodingOptions(language="en", timestamps=True, **forced[1]),
+        DecodingOptions(language="de", previous_tokens=(1, 2, 3), **forced[2]),
+        DecodingOptions(language="en", previous_tokens=tuple(range(1, 21)), **forced[3]),  # fed eagerly
+        DecodingOptions(language="en", temperature=1.0, **forced[4]),
+        DecodingOptions(**forced[5]),
+        DecodingOptions(language="fr", task="translate", **forced[6]),
+        DecodingOptions(language="en", **forced[7]),
+    ]
+    admissions = [Admission(i, random_features(config, i), o, initial_tokens(config, o, None)) for i, o in enumerate(options)]
+    silent = torch.full((config.dims.n_mels, N_FRAMES), -1.5)  # the log-mel of zeros
+    admissions.append(Admission("silence", silent, DecodingOptions(language="en"), initial_tokens(config, DecodingOptions(language="en"), None), content_frames=N_FRAMES))
+    stepwise, none_followed = run(make_batch(source, 4, overlap=False, dtype=torch.float64), admissions)
+    overlapped, followed = run(make_batch(source, 4, overlap=True, dtype=torch.float64), admissions)
+    assert none_followed == 0 and followed > 10  # the steps did overlap
+    assert_same(overlapped, stepwise, sampled={4})
+    assert stepwise["silence"].tokens == () and stepwise["silence"].no_speech_prob == 1.0
+    assert stepwise[0].language is not None and stepwise[0].language_probability is not None  # detected
+
+
+@pytest.mark.slow
+def test_overlapped_steps_give_the_stepwise_transcripts_of_real_speech():
+    """tiny.en on the shared clips, timestamps on: real text and timestamp tokens
+    through the facts written in at launch."""
+    model, config = model_for("default", torch.float32)
+    tokenizer = load_tokenizer(config)
+    options = DecodingOptions(timestamps=True)
+    features = [window_features(decode_audio(c.read())[: geometry.N_SAMPLES], config.dims.n_mels) for c in clips()[:6]]
+    prompt = initial_tokens(config, options, tokenizer)
+    admissions = [Admission(i, f, options, prompt, content_frames=N_FRAMES) for i, f in enumerate(features)]
+    stepwise, _ = run(make_batch("default", 3, overlap=False), admissions, join_every=3)
+    overlapped, followed = run(make_batch("default", 3, overlap=True), admissions, join_every=3)
+    assert followed > 20
+    assert_same(overlapped, stepwise, rel=1e-5)  # float32: a row's sums move by about 1e-6 with its batch
+    timestamps = [t for r in stepwise.values() for t in r.tokens if t >= config.special.timestamp_begin]
+    assert len(timestamps) >= 2 * len(admissions)  # the timestamp rules were exercised
+
+
+def _engine_results(batch: DecodeBatch, windows: list[tuple[torch.Tensor, DecodingOptions]], tokenizer,
+                    cancel_after: dict | None = None, stats: list | None = None) -> list:  # fmt: skip
+    """Every window through an Engine over `batch`: each one's result or exception
+    (the engine's statistics appended to `stats`)."""
+    engine = Engine(batch, batch.config, tokenizer)
+    futures, steps = [], {"n": 0}
+    original_step = batch.step
+
+    def counted_step(rows=None):
+        steps["n"] += 1
+        return original_step(rows)
+
+    batch.step = counted_step
+    try:
+        for i, (features, options) in enumerate(windows):
+            future: Future = Future()
+
+            def on_done(outcome, future=future):
+                (future.set_exception if isinstance(outcome, BaseException) else future.set_result)(outcome)
+
+            limit = (cancel_after or {}).get(i)
+            engine.submit(features, options, on_done, (lambda limit=limit: steps["n"] > limit) if limit else None)
+            futures.append(future)
+        outcomes = []
+        for future in futures:
+            try:
+                outcomes.append(future.result(timeout=120))
+            except Exception as error:
+                outcomes.append(error)
+        return outcomes
+    finally:
+        engine.close()
+        if stats is not None:
+            stats.append(engine.stats)
+
+
+@pytest.fixture(scope="module")
+def speech():
+    _, config = model_for("default", torch.float32)
+    return [window_features(decode_audio(c.read())[: geometry.N_SAMPLES], config.dims.n_mels) for c in clips()[:5]]
+
+
+@pytest.mark.slow
+def test_a_failing_request_fails_alone_with_a_step_in_flight(speech):
+    """A step that raises while the one before it is in flight: the engine rewinds
+    the rows (the step in flight abandoned), steps them one by one, and only the
+    request that fails alone gets the error."""
+    _, config = model_for("default", torch.float32)
+    tokenizer = load_tokenizer(config)
+    windows = [(f, DecodingOptions()) for f in speech]
+    clean = _engine_results(make_batch("default", 3, overlap=True), windows, tokenizer)
+    faulty_windows = windows[:2] + [(speech[2], DecodingOptions(prompt="boom"))] + windows[3:]
+    faulty = _engine_results(make_batch("default", 3, overlap=True, faults=FaultPlan(step_prompt="boom")), faulty_windows, tokenizer)
+    assert isinstance(faulty[2], InjectedFault)
+    for i in (0, 1, 3, 4):
+        assert faulty[i].tokens == clean[i].tokens
+
+
+@pytest.mark.slow
+def test_a_step_that_fails_after_launching_the_next_is_rewound_and_retried(speech, monkeypatch):
+    """The failure comes while handling step t, step t+1 already launched: rows
+    rewound to before t (each row's state as the launch remembered it) and retried
+    one by one give every request the result it gets without the failure."""
+    _, config = model_for("default", torch.float32)
+    tokenizer = load_tokenizer(config)
+    windows = [(f, DecodingOptions()) for f in speech]
+    clean = _engine_results(make_batch("default", 3, overlap=True), windows, tokenizer)
+    batch = make_batch("default", 3, overlap=True)
+    original = DecodeBatch._advance
+    calls = {"n": 0}
+
+    def flaky(self, rows, tokens, logprobs, followed):
+        calls["n"] += 1
+        if calls["n"] in (4, 9) and followed:  # mid-decode, a step launched after this one
+            raise RuntimeError("a bug while handling a step")
+        return original(self, rows, tokens, logprobs, followed)
+
+    monkeypatch.setattr(DecodeBatch, "_advance", flaky)
+    stats = []
+    retried = _engine_results(batch, windows, tokenizer, stats=stats)
+    assert stats[0].failed_steps == 2 and stats[0].restarts == 0
+    assert [r.tokens for r in retried] == [r.tokens for r in clean]
+    assert batch.free_slots == 3
+
+
+@pytest.mark.slow
+def test_a_request_cancelled_with_a_step_in_flight_leaves_and_frees_its_slot(speech):
+    _, config = model_for("default", torch.float32)
+    tokenizer = load_tokenizer(config)
+    windows = [(f, DecodingOptions(min_new_tokens=30)) for f in speech[:3]]
+    clean = _engine_results(make_batch("default", 3, overlap=True), windows, tokenizer)
+    batch = make_batch("default", 3, overlap=True)
+    outcomes = _engine_results(batch, windows, tokenizer, cancel_after={1: 6})
+    assert isinstance(outcomes[1], CancelledError)
+    assert outcomes[0].tokens == clean[0].tokens and outcomes[2].tokens == clean[2].tokens
+    assert batch.free_slots == 3 and not batch.rows
+
+
+def test_a_silent_window_is_answered_silent_before_any_token():
+    """Digital silence is read after the admission (which does not wait for the
+    device): the row may take part in a step, but its answer is the silent one."""
+    _, config = model_for("random:tiny:1", torch.float32)
+    options = DecodingOptions(language="en", min_new_tokens=4, max_new_tokens=4)
+    prompt = initial_tokens(config, options, None)
+    silent = torch.full((config.dims.n_mels, N_FRAMES), -1.5)  # the log-mel of zeros
+    batch = make_batch("random:tiny:1", 2, overlap=True)
+    batch.admit([Admission("quiet", silent, options, prompt, content_frames=N_FRAMES),
+                 Admission("loud", random_features(config, 1), options, prompt, content_frames=N_FRAMES)])  # fmt: skip
+    assert [row.silence is not None for row in batch.rows] == [True, True]  # not read yet
+    results = {}
+    while batch.rows:
+        results.update(batch.step())
+    results.update(batch.drain())
+    assert results["quiet"].tokens == () and results["quiet"].no_speech_prob == 1.0
+    assert len(results["loud"].tokens) == 4
