@@ -1,11 +1,11 @@
 """Chosen load points of the served path, for A/B comparisons of server variants in one call.
 
     python -m bench.points --model tiny-random --tokens-per-second 2.732 --concurrency 1 256 512 --label base --out OUT
-    python -m bench.points ... --instances whisper=2 --label two-engines --out OUT
+    python -m bench.points ... --engines 2 --label two-engines --out OUT
     python -m bench.points ... --env WHISPER_TRITON_SOMETHING=1 --label variant --out OUT
 
-Starts `whisper-triton serve` (a copy of the repository when `--instances` is
-given; `--env` is set for the server's processes), then measures each
+Starts `whisper-triton serve` (`--engines` per GPU; a copy of the repository when
+`--instances` is given; `--env` is set for the server's processes), then measures each
 concurrency as `bench.served` measures a sweep point: warm-up, a measured
 window, every answer judged, Triton's per-model statistics at the window's
 edges. Concurrency 1 sends only the clip nearest 5 s, as the latency target
@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--label", required=True, help="the variant's name in the results")
     parser.add_argument("--env", action="append", type=environment_item, default=[], metavar="NAME=VALUE",
                         help="set for the server (repeatable)")
+    parser.add_argument("--engines", type=int, help="whisper engines per GPU (`serve --engines`; default auto)")
     add_instances_option(parser)
     parser.add_argument("--out", type=Path, required=True, help="server logs and the results")
     parser.add_argument("--results", type=Path, help="the JSON variants are appended to (default OUT/points.json)")
@@ -77,8 +78,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.instances:
         repository = repository_with_instances(args.instances, STATE_DIR / f"points-{args.label}-repository")
     os.environ.update(dict(args.env))  # the server inherits it
-    command = ServeCommand(checkpoint, repository)
-    variant = {"label": args.label, "model": args.model, "env": dict(args.env),
+    command = ServeCommand(checkpoint, repository, engines=args.engines)
+    variant = {"label": args.label, "model": args.model, "env": dict(args.env), "engines": args.engines or "auto",
                "instances": {m: g.describe() for m, g in args.instances.items()}, **provenance(), "points": []}
     started = time.monotonic()
     with ServerProcess(command, args.out / f"points-{args.label}.log", 300.0) as server:

@@ -70,6 +70,8 @@ MODELS = {
     "tiny": ModelSpec("default", random=False),
     "large-v3": ModelSpec("random:large-v3:0", random=True),
     "tiny-random": ModelSpec("random:tiny:0", random=True),
+    "base-random": ModelSpec("random:base:0", random=True),
+    "small-random": ModelSpec("random:small:0", random=True),
 }
 
 

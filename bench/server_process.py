@@ -42,6 +42,7 @@ class ServeCommand:
     checkpoint: str | None
     model_repository: Path | None = None
     gpus: str | None = None  # `serve --gpus`: "0", "0,1", "all" (None: every visible GPU)
+    engines: int | None = None  # `serve --engines` (None: auto)
     ports: dict[str, int] = field(default_factory=lambda: {p: free_port() for p in ("http", "grpc", "metrics")})
 
     def argv(self) -> list[str]:
@@ -54,6 +55,8 @@ class ServeCommand:
             argv.append(f"--model-repository={self.model_repository}")
         if self.gpus is not None:
             argv.append(f"--gpus={self.gpus}")
+        if self.engines is not None:
+            argv.append(f"--engines={self.engines}")
         return argv
 
     @property

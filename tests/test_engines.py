@@ -45,7 +45,7 @@ def test_small_checkpoints_get_several_engines_per_gpu_and_large_ones_one():
     assert auto_engines_per_gpu(load_config("random:tiny").dims) == 3
     assert auto_engines_per_gpu(load_config("random:large-v3").dims) == 1
     counts = [auto_engines_per_gpu(load_config(f"random:{size}").dims) for size in ("tiny", "base", "small", "medium", "large-v3")]
-    assert counts == sorted(counts, reverse=True)  # never more engines for a larger encoder
+    assert counts == [3, 1, 1, 1, 1]  # only tiny's host work outruns its GPU (the measurements beside the rule)
 
 
 def test_engines_on_one_gpu_take_equal_kv_shares_however_triton_loads_them():

@@ -67,8 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         metavar="N",
         help="whisper engines (Triton instances, a process each) per GPU, or on the CPU without one: "
-        "auto (default) runs several on a GPU for small checkpoints (3 for tiny), one for large ones, "
-        "one on the CPU, and serves a repository whose whisper instance group was changed as written",
+        "auto (default) runs 3 per GPU for tiny-sized checkpoints, whose host work outruns one GPU, and one "
+        "for larger ones or on the CPU; a repository whose whisper instance group was changed is served as written",
     )
     serve.add_argument(
         "--require-gpu-engine",

@@ -144,11 +144,12 @@ def instance_device(args: Mapping[str, str]) -> str:
 
 # Engines (instances of the whisper model, each a process of its own) per GPU that
 # `whisper-triton serve --engines auto` starts, by the checkpoint's encoder width. One
-# engine's host work, under one GIL, bounds a small checkpoint long before its GPU is
-# busy; a large one keeps the GPU busy alone, and a second engine only splits it. On an
-# H100 (docs/benchmarks/engines.md): tiny served 747, 1,135 and 1,300 requests/s with
-# 1, 2 and 3 engines at concurrency 512; large-v3 85 with one and 81 with two.
-ENGINES_BY_ENCODER_WIDTH = ((384, 3), (512, 3), (768, 2))  # (widest encoder, engines); wider: 1
+# engine's host work, under one GIL, bounds tiny long before its GPU is busy; larger
+# checkpoints keep the GPU busy with one, and more engines only split it. On an H100
+# (docs/benchmarks/engines.md), tiny served 747, 1,135 and 1,300 requests/s at
+# concurrency 512 with 1, 2 and 3 engines; large-v3 85 with one and 81 with two; base
+# and small, with the steps overlapped, 1,004 and 411 with two engines, 1,078 and 372 with three.
+ENGINES_BY_ENCODER_WIDTH = ((384, 3),)  # (widest encoder, engines); wider: 1
 
 
 def auto_engines_per_gpu(dims: Any) -> int:
