@@ -71,6 +71,7 @@ def run_engine(jobs: list[Job], plan: EnginePlan, say) -> dict:
         "mean_tokens": timed["mean_tokens"],
         "tokens_per_audio_s": round(timed["tokens"] / audio_s, 3),
         "fallbacks": timed["fallbacks"],
+        "long_samples": timed["long_samples"],
         "bad_transcripts": timed["bad"],
         "problems": timed["problems"],
         "failed": timed["bad"] > 0,
@@ -104,13 +105,14 @@ def _run_all(pipeline, jobs: list[Job]) -> dict:
             futures.append(future)
     done.wait()
     wall = max(finished_at.values()) - start
-    tokens = fallbacks = bad = 0
+    tokens = fallbacks = long_samples = bad = 0
     problems: list[str] = []
     for job, future in zip(jobs, futures):
         record = Document.from_transcript(future.result(), job.options).verbose_record()
         verdict = judge(record, job.check)
         tokens += verdict.tokens
         fallbacks += verdict.fallback
+        long_samples += verdict.long_sample
         if not verdict.ok:
             bad += 1
             if len(problems) < 5:
@@ -121,6 +123,7 @@ def _run_all(pipeline, jobs: list[Job]) -> dict:
         "tokens": tokens,
         "mean_tokens": round(tokens / len(jobs), 2),
         "fallbacks": fallbacks,
+        "long_samples": long_samples,
         "bad": bad,
         "problems": problems,
     }

@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, summarize
-from bench.transcripts import TranscriptCheck, judge_json
+from bench.transcripts import TranscriptCheck, Verdict, judge_json
 from python_backend_lib.serving import tensor_names
 
 START_DELAY_S = 0.5  # orders reach every process before the shared start time
@@ -209,8 +209,10 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
             clip = k % len(requests)
             k += plan.concurrency
             sent = time.monotonic()
-            status, tokens, fallback, problem = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s)
-            outcomes.append(Outcome(clip, sent, time.monotonic(), status, tokens, fallback))
+            status, verdict = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s)
+            outcomes.append(Outcome(clip, sent, time.monotonic(), status, verdict.tokens, verdict.fallback,
+                                    verdict.long_sample))  # fmt: skip
+            problem = verdict.problem
             if problem and len(problems) < 5:
                 problems.append(f"{requests[clip].name}: {problem}")
 
@@ -218,8 +220,8 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
     return _Report(outcomes=outcomes, cpu_s=cpu["end"] - cpu["start"], problems=problems)
 
 
-async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) -> tuple[str, int, bool, str | None]:
-    """(status, text tokens, fell back, problem) of one request."""
+async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) -> tuple[str, Verdict]:
+    """One request's status and its transcript's verdict (an empty one for an error)."""
     from tritonclient.utils import InferenceServerException
 
     try:
@@ -229,6 +231,6 @@ async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) 
         )
     except InferenceServerException as error:
         status = str(error.status() or "UNKNOWN").removeprefix(GRPC_STATUS_PREFIX)
-        return status, 0, False, None
+        return status, Verdict(tokens=0, fallback=False, problem=None)
     verdict = judge_json(result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0], request.check)
-    return (OK if verdict.ok else BAD_TRANSCRIPT), verdict.tokens, verdict.fallback, verdict.problem
+    return (OK if verdict.ok else BAD_TRANSCRIPT), verdict

@@ -182,7 +182,7 @@ def sweep_table(section: dict) -> str:
         statuses = ", ".join(f"{k} {v}" for k, v in p["statuses"].items())
         rows.append([p["concurrency"], p["goodput_per_s"], p["rtfx"], p["answered_per_s"], p["latency_ms"]["p50"],
                      p["latency_ms"]["p99"], statuses + (" FAILED" if p["failed"] else ""), p["mean_tokens"],
-                     p["fallbacks"], f"{p['client_cpu_cores']} ({p['client_processes']})", p["host_busy_cores"],
+                     _fallbacks(p), f"{p['client_cpu_cores']} ({p['client_processes']})", p["host_busy_cores"],
                      p.get("gpu_utilisation_pct"), p.get("gpu_memory_used_gib"), *queue_execute])
     return _table(["concurrency", "good req/s", "RTFx", "answered/s", "p50 ms", "p99 ms", "requests sent (status)",
                    "tokens/request", "fallbacks", "client CPU cores (processes)", "host CPU cores busy", "GPU %",
@@ -288,3 +288,9 @@ def write(json_path: Path, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "served.md").write_text(markdown(data))
     plot(data, out / "served.png")
+
+
+def _fallbacks(point: dict) -> str:
+    """Requests that fell back, and how many of those sampled a loop past a plausible length."""
+    long = point.get("long_samples", 0)
+    return f"{point['fallbacks']} ({long} long)" if long else str(point["fallbacks"])

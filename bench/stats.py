@@ -35,6 +35,7 @@ class Outcome:
     status: str  # OK, BAD_TRANSCRIPT, or the gRPC status name of an error (UNAVAILABLE, ...)
     tokens: int = 0  # text tokens of the transcript
     fallback: bool = False  # some window was decoded again, hotter
+    long_sample: bool = False  # a sampled window repeated itself past the plausible length (`transcripts`)
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,7 @@ class PointStats:
     mean_tokens: float | None  # text tokens per good request
     tokens_per_audio_s: float | None
     fallbacks: int  # good requests whose decoding fell back to a higher temperature
+    long_samples: int  # of those, the ones whose sampled window repeated itself past a plausible length
     problems: list[str] = field(default_factory=list)  # a few examples of bad transcripts
 
     @property
@@ -99,6 +101,7 @@ def summarize(
         mean_tokens=round(tokens / len(good_sent), 2) if good_sent else None,
         tokens_per_audio_s=round(tokens / sent_audio_s, 3) if sent_audio_s else None,
         fallbacks=sum(o.fallback for o in good_sent),
+        long_samples=sum(o.long_sample for o in good_sent),
         problems=list(problems)[:5],
     )
 
@@ -145,7 +148,9 @@ def saturation(points: Sequence[PointStats]) -> Saturation | None:
 
 
 def sweep_done(points: Sequence[PointStats], min_top: int) -> bool:
-    """A doubling sweep has seen enough: it reached `min_top` and twice its saturating concurrency."""
+    """A doubling sweep has seen enough: it reached `min_top` and twice its saturating
+    concurrency with points that count (a failed point is measured again further on)."""
     found = saturation(points)
-    top = points[-1].concurrency if points else 0
+    counted = [p for p in points if not p.failed]
+    top = counted[-1].concurrency if counted else 0
     return found is not None and top >= min_top and top >= 2 * found.concurrency

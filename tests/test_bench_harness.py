@@ -63,7 +63,7 @@ def test_one_bad_transcript_fails_the_point():
 
 def point(concurrency: int, goodput: float, failed: bool = False) -> PointStats:
     statuses = {OK: 10, **({BAD_TRANSCRIPT: 1} if failed else {})}
-    return PointStats(concurrency, 8.0, 11, goodput, goodput, goodput * 5, {}, statuses, 10.0, 3.0, 0)
+    return PointStats(concurrency, 8.0, 11, goodput, goodput, goodput * 5, {}, statuses, 10.0, 3.0, 0, 0)
 
 
 def test_saturation_is_the_first_concurrency_within_5_percent_of_the_best():
@@ -76,6 +76,9 @@ def test_saturation_is_the_first_concurrency_within_5_percent_of_the_best():
     assert sweep_done(sweep, min_top=64)
     assert not sweep_done(sweep[:-1], min_top=64)  # 64 is not yet twice the saturating 64
     assert not sweep_done(sweep, min_top=256)
+    failed_at_twice = sweep[:-1] + [point(128, 960, failed=True)]
+    assert not sweep_done(failed_at_twice, min_top=64)  # a failed point is measured again further on
+    assert sweep_done(failed_at_twice + [point(256, 955)], min_top=64)
 
 
 def test_overload_that_loses_goodput_is_not_graceful_and_failed_points_do_not_count():
@@ -120,6 +123,17 @@ def test_text_tokens_leave_out_timestamps_and_control_tokens():
 ])
 def test_a_transcript_must_be_non_empty_and_of_a_plausible_or_the_forced_length(record, check, problem):
     assert judge(record, check).problem == problem
+
+
+def test_a_sampled_window_that_loops_is_the_models_answer_but_a_greedy_loop_is_not():
+    looping = list(range(53))  # 53 text tokens for 1.5 s, as tiny.en sampled on the H100
+    sampled = judge(verbose("o o o", looping, temperature=1.0), TranscriptCheck(EOT, 1.5))
+    assert sampled.ok and sampled.long_sample and sampled.fallback
+    greedy = judge(verbose("o o o", looping), TranscriptCheck(EOT, 1.5))
+    assert greedy.problem == "53 text tokens for 1.5 s (plausible: 1 to 25)" and not greedy.long_sample
+    assert judge(verbose(" ", [], temperature=1.0), TranscriptCheck(EOT, 1.5)).problem == "empty text"
+    outcomes = [Outcome(0, 1.0, 1.1, OK, 53, True, True), Outcome(0, 1.2, 1.3, OK, 3)]
+    assert summarize(outcomes, [1.5], (0.0, 2.0), 1).long_samples == 1
 
 
 def test_fallback_and_broken_documents_are_reported():
