@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import CancelledError
 
 import pytest
@@ -26,22 +25,6 @@ def test_the_ledger_refuses_one_more_than_its_limit_and_names_it():
     ledger.leave(second, "done")
     ledger.leave(third, "done")
     assert ledger.in_flight == 0
-
-
-def test_a_full_ledger_asked_to_wait_admits_once_a_request_leaves_and_refuses_after_the_wait():
-    """What a full engine among several does: wait for room rather than refuse at once."""
-    ledger = RequestLedger(1)
-    held = ledger.enter()
-    leaver = threading.Timer(0.2, ledger.leave, (held, "done"))
-    leaver.start()
-    started = time.monotonic()
-    entry = ledger.enter(wait_s=5.0)
-    assert 0.15 < time.monotonic() - started < 4.0 and ledger.in_flight == 1
-    started = time.monotonic()
-    with pytest.raises(Overloaded, match="server overloaded"):
-        ledger.enter(wait_s=0.3)
-    assert time.monotonic() - started >= 0.25
-    ledger.leave(entry, "done")
 
 
 def test_closing_an_entry_twice_counts_once():

@@ -203,7 +203,7 @@ def test_model_settings_parse_the_operating_limits():
     assert settings.request_limit(slots=8, on_gpu=True) == 8  # no queue: only the slots
     default = ModelSettings.from_triton(triton_config(), environ={})
     assert default.max_audio_seconds == DEFAULT_MAX_AUDIO_SECONDS and default.request_limit(slots=16, on_gpu=False) == 32
-    assert default.request_limit(slots=256, on_gpu=True) == 1024  # a GPU engine turns its slots over faster
+    assert default.request_limit(slots=256, on_gpu=True) == 2048  # a GPU engine turns its slots over faster
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,7 @@ Triton's own queue (`max_queue_size` in config.pbtxt) never sees the requests
 that wait inside the engine for a decoding slot. Without a bound a burst above
 capacity would wait there ever longer; with one, the excess is refused at once
 with UNAVAILABLE ("server overloaded, retry later") and the admitted requests
-keep a bounded latency: at most `limit` requests ahead of any one of them. With
-several engines on a device, `execute` first waits a little for room
-(`whisper_service.FULL_ENGINE_WAIT_S`), so that Triton turns to another engine.
+keep a bounded latency: at most `limit` requests ahead of any one of them.
 
 The ledger also keeps what monitoring needs: how many requests are in flight,
 and each finished request's outcome, duration and audio length.
@@ -63,17 +61,16 @@ class RequestLedger:
         self._setting = setting
         self._in_flight = 0
         self._lock = threading.Lock()
-        self._room = threading.Condition(self._lock)  # notified when a request leaves
         self.recent: collections.deque[Finished] = collections.deque(maxlen=MAX_RECENT_REQUESTS)
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
-    def enter(self, wait_s: float = 0.0) -> Entry:
-        """Admit one request; Overloaded when `limit` are in flight and none leaves within `wait_s`."""
-        with self._room:
-            if not self._room.wait_for(lambda: self._in_flight < self.limit, timeout=wait_s):
+    def enter(self) -> Entry:
+        """Admit one request; Overloaded when `limit` are in flight already."""
+        with self._lock:
+            if self._in_flight >= self.limit:
                 raise Overloaded(
                     f"server overloaded: {self._in_flight} requests in flight, the limit "
                     f"(decoding slots + {self._setting}) is {self.limit}; retry later"
@@ -91,6 +88,5 @@ class RequestLedger:
                     return
                 entry.closed = True
                 self._in_flight -= 1
-                self._room.notify()
             seconds = time.monotonic() - entry.started
         self.recent.append(Finished(outcome, seconds))

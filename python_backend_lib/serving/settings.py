@@ -29,12 +29,15 @@ CONFIG_PARAMETERS = (
 DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 # Numeric parameters set to this (or left out) take the library's default.
 AUTO = "auto"
-# Requests waiting for a decoding slot per slot, when max_queued_requests is "auto". A GPU
-# engine turns its slots over several times a second, so a queue of three batches is about a
-# second of waiting; it lets twice the saturating load wait rather than be refused and sent
-# again at once, which costs the server (audio decoding, the ensemble) for nothing. A CPU
-# engine turns its slots over in seconds: one batch waits there.
-QUEUED_PER_SLOT_GPU = 3
+# Requests waiting for a decoding slot per slot, when max_queued_requests is "auto".
+# Twice the saturating load must wait, not be refused: a refused request is sent again
+# at once and costs the server its audio decoding and the ensemble for nothing. A GPU
+# engine turns its slots over several times a second, so the queue can be deep; and
+# Triton does not spread requests evenly over several engines: at concurrency 2048, one
+# of tiny's three engines on an H100 reached a limit of four batches (1,024 requests)
+# while the three held about 1,900 (docs/benchmarks/served.md, the run at 8e96f26).
+# A CPU engine turns its slots over in seconds: one batch waits there.
+QUEUED_PER_SLOT_GPU = 7
 QUEUED_PER_SLOT_CPU = 1
 # `whisper-triton serve --require-gpu-engine` sets it: on a GPU, refuse to start
 # without FlashInfer and CUDA graphs rather than serve the slow path.

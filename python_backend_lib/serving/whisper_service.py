@@ -38,11 +38,6 @@ log = logging.getLogger(__name__)
 # so a few keep answers flowing while the engine decodes; more would only
 # contend for the GIL.
 RESPONDER_THREADS = 4
-# With several engines on one device, a full engine's `execute` waits this long for a
-# request to leave before refusing: meanwhile Triton hands new requests to the other
-# engines' instances (an instance inside `execute` gets none), so a busier engine
-# does not turn work away that another would take.
-FULL_ENGINE_WAIT_S = 1.0
 # The whisper stub runs Triton's execute thread, the engine thread, the responders
 # and two pollers in one interpreter. Python's default switch interval (5 ms) would
 # let a responder hold the GIL for a whole decoder step while the engine waits.
@@ -62,14 +57,12 @@ class _Request:
 class WhisperService:
     """The whisper model's requests: start them, answer each exactly once."""
 
-    def __init__(self, pb_utils: Any, settings: ModelSettings, pipeline: Any, *, engines: int = 1) -> None:
-        """engines: whisper instances on this one's device (see FULL_ENGINE_WAIT_S)."""
+    def __init__(self, pb_utils: Any, settings: ModelSettings, pipeline: Any) -> None:
         self.pb_utils = pb_utils
         self.settings = settings
         self.pipeline = pipeline
         on_gpu = pipeline.device.type == "cuda"
         self.ledger = RequestLedger(settings.request_limit(pipeline.engine.slots, on_gpu=on_gpu))
-        self._full_wait_s = FULL_ENGINE_WAIT_S if engines > 1 else 0.0
         self.watcher = CancellationWatcher()
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -99,7 +92,7 @@ class WhisperService:
             try:
                 if i in broken:
                     raise RequestError(NONFINITE)
-                pending.entry = self.ledger.enter(self._full_wait_s)  # Overloaded (UNAVAILABLE) when full
+                pending.entry = self.ledger.enter()  # Overloaded (UNAVAILABLE) when the limit is reached
                 admitted.append((request, pending, waveform))
             except Exception as error:
                 self._finished(pending, error)

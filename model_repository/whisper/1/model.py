@@ -34,7 +34,7 @@ class TritonPythonModel:
         pipeline = load_pipeline(self.settings, device=device, engines=engines)
         if pipeline.tokenizer is None:
             raise ValueError(f"checkpoint {self.settings.checkpoint!r} has no tokenizer.json")
-        self.service = WhisperService(pb_utils, self.settings, pipeline, engines=engines)
+        self.service = WhisperService(pb_utils, self.settings, pipeline)
         self.metrics = WhisperMetrics(
             pb_utils,
             pipeline.engine,
