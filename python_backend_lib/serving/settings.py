@@ -149,9 +149,9 @@ def instance_device(args: Mapping[str, str]) -> str:
 # `whisper-triton serve --engines auto` starts, by the checkpoint's encoder width. One
 # engine's host work, under one GIL, bounds tiny long before its GPU is busy; larger
 # checkpoints keep the GPU busy with one, and more engines only split it. On an H100
-# (docs/benchmarks/engines.md), tiny served 747, 1,135 and 1,300 requests/s at
-# concurrency 512 with 1, 2 and 3 engines; large-v3 85 with one and 81 with two; base
-# and small, with the steps overlapped, 1,004 and 411 with two engines, 1,078 and 372 with three.
+# (docs/benchmarks/engines.md), at concurrency 512: tiny 734 requests/s with one engine
+# and 1,176 with two (one call), 1,135 with two and 1,301 with three (another); large-v3
+# 85 with one and 81 with two at 128; base and small gained nothing from a third.
 ENGINES_BY_ENCODER_WIDTH = ((384, 3),)  # (widest encoder, engines); wider: 1
 
 
