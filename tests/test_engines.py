@@ -71,15 +71,16 @@ def test_the_instance_group_is_read_and_rewritten_in_place():
 
 
 def test_auto_serves_several_engines_only_on_a_gpu_and_only_over_the_shipped_group(tmp_path):
-    shipped = packaged_model_repository()
+    shipped = (packaged_model_repository() / "whisper" / "config.pbtxt").read_text()
     assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:tiny") == 3
     assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:large-v3") is None  # one, as written
     assert engines_to_serve(shipped, None, gpus=0, checkpoint="random:tiny") is None  # the CPU: as written
     assert engines_to_serve(shipped, 2, gpus=0, checkpoint="random:tiny") == 2  # asked for: anywhere
     assert engines_to_serve(shipped, 1, gpus=1, checkpoint="random:tiny") is None
-    chosen = repository_with_engines(shipped, 2)  # an owner's own instance group is served as written
+    chosen = repository_with_engines(packaged_model_repository(), 2)  # an owner's own group is served as written
     try:
-        assert engines_to_serve(chosen, None, gpus=1, checkpoint="random:tiny") is None
+        assert engines_to_serve((chosen / "whisper" / "config.pbtxt").read_text(), None, gpus=1,
+                                checkpoint="random:tiny") is None  # fmt: skip
     finally:
         repository.remove_copy(chosen)
 

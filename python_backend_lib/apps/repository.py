@@ -60,16 +60,17 @@ def whisper_config(repository: Path) -> Path:
     return repository / tensor_names.WHISPER_NAME / "config.pbtxt"
 
 
-def configured_checkpoint(repository: Path, environ: dict[str, str]) -> str:
-    """The checkpoint the whisper model will load: the environment's, else its config's."""
+def configured_checkpoint(config: str, environ: dict[str, str]) -> str:
+    """The checkpoint the whisper model (its config.pbtxt text) will load: the environment's, else its config's."""
     if environ.get(CHECKPOINT_ENV):
         return environ[CHECKPOINT_ENV]
-    found = _CHECKPOINT.search(whisper_config(repository).read_text())
+    found = _CHECKPOINT.search(config)
     return found.group(1) if found and found.group(1) else DEFAULT_CHECKPOINT
 
 
-def engines_to_serve(repository: Path, requested: int | None, gpus: int, checkpoint: str) -> int | None:
-    """How many engines per device the repository should be served with; None: as it is written.
+def engines_to_serve(config: str, requested: int | None, gpus: int, checkpoint: str) -> int | None:
+    """How many engines per device a repository whose whisper model has this
+    config.pbtxt text should be served with; None: as it is written.
 
     requested: a number asked for (`serve --engines N`), or None for auto: on a host
         with GPUs, `auto_engines_per_gpu` of the checkpoint, if the repository's
@@ -77,7 +78,7 @@ def engines_to_serve(repository: Path, requested: int | None, gpus: int, checkpo
         its owner and is served as written); on the CPU, one.
     gpus: GPUs Triton will see.
     """
-    group = read_instance_group(whisper_config(repository).read_text())
+    group = read_instance_group(config)
     if requested is not None:
         return None if requested == group.count else requested
     if gpus == 0 or group != SHIPPED_WHISPER_GROUP:
@@ -91,7 +92,8 @@ def engines_to_serve(repository: Path, requested: int | None, gpus: int, checkpo
 def serving_copy(source: Path, requested: int | None, gpus: int, environ: dict[str, str]) -> Path | None:
     """The copy of `source` to serve (`engines_to_serve`), or None to serve it as written."""
     try:
-        engines = engines_to_serve(source, requested, gpus, configured_checkpoint(source, environ))
+        config = whisper_config(source).read_text()
+        engines = engines_to_serve(config, requested, gpus, configured_checkpoint(config, environ))
     except Exception as error:  # a checkpoint that cannot be read: the models report it as they load
         print(f"whisper-triton: serving {source} as written: {error}", file=sys.stderr)
         return None
@@ -103,17 +105,17 @@ def repository_with_engines(source: Path, engines: int) -> Path:
     device: links to every model, the whisper model's config.pbtxt rewritten. The
     caller removes it (`remove_copy`)."""
     copy = Path(tempfile.mkdtemp(prefix="whisper-triton-repository-"))
+    whisper = source / tensor_names.WHISPER_NAME
     for entry in source.iterdir():
-        if entry.name != tensor_names.WHISPER_NAME:
+        if entry != whisper:
             (copy / entry.name).symlink_to(entry.resolve())
-            continue
-        (copy / entry.name).mkdir()
-        for part in entry.iterdir():
-            if part.name != "config.pbtxt":
-                (copy / entry.name / part.name).symlink_to(part.resolve())
-        config = whisper_config(source).read_text()
-        group = read_instance_group(config)
-        whisper_config(copy).write_text(with_instance_group(config, InstanceGroup(engines, group.kind)))
+    (copy / whisper.name).mkdir()
+    for part in whisper.iterdir():
+        if part.name != "config.pbtxt":
+            (copy / whisper.name / part.name).symlink_to(part.resolve())
+    config = whisper_config(source).read_text()
+    kind = read_instance_group(config).kind
+    whisper_config(copy).write_text(with_instance_group(config, InstanceGroup(engines, kind)))
     return copy
 
 

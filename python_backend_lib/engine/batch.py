@@ -105,6 +105,7 @@ class DecodeBatch:
         self.logit_observer: LogitObserver | None = None  # for tests and tracing
         self.counts = StepCounts()
         self._in_flight: Launched | None = None  # a graph step launched, its results not yet handled
+        self._unheard: dict[Row, None] = {}  # rows whose silence check has not been read, oldest first
 
     @property
     def free_slots(self) -> int:
@@ -153,16 +154,20 @@ class DecodeBatch:
                     silence=SilenceCheck(silence, i) if admission.content_frames is not None else None,
                 )
             )
+            if self.rows[-1].silence is not None:
+                self._unheard[self.rows[-1]] = None
 
-    def _answer_silent(self, wait: bool) -> list[Finished]:
-        """Retire the rows whose silence check says silent (only those whose check is
-        done, unless `wait`); their answer is `silent_result`."""
+    def _answer_silent(self, wait: bool, among: Sequence[Row] | None = None) -> list[Finished]:
+        """Read the silence checks not read yet (those done, unless `wait`; of the rows
+        `among`, if given) and retire the rows found silent: their answer is `silent_result`."""
+        rows = list(self._unheard) if among is None else [r for r in among if r in self._unheard]
         silent = []
-        for row in self.rows:
-            if row.silence is not None and (wait or row.silence.ready()):
+        for row in rows:
+            if wait or row.silence.ready():
                 if row.silence.quiet():
                     silent.append(row)
                 row.silence = None
+                del self._unheard[row]
         for row in silent:
             self._retire(row)
         return [(row.tag, silent_result(row.options, row.prompt)) for row in silent]
@@ -178,12 +183,14 @@ class DecodeBatch:
     def _retire(self, row: Row) -> None:
         """Remove a row and free its slot (a step in flight may still write there: one stream orders it first)."""
         self.rows.remove(row)
+        self._unheard.pop(row, None)
         self.pool.release(row.slot)
 
     def reset(self) -> None:
         """Forget every row and the step in flight; every slot is free."""
         self._in_flight = None
         self.rows.clear()
+        self._unheard.clear()
         self.pool.reset()
 
     def checkpoint(self) -> list[RowState]:
@@ -296,15 +303,8 @@ class DecodeBatch:
         """Apply a graph step's picks to its rows that are still in the batch.
 
         followed: rows launched into the next step feeding what they chose here."""
-        present = set(self.rows)
-        done = []
-        for part in launched.parts:
-            check = part.row.silence
-            if part.row in present and check is not None and check.quiet():  # read before any result
-                self._retire(part.row)
-                done.append((part.row.tag, silent_result(part.row.options, part.row.prompt)))
-            elif check is not None:
-                part.row.silence = None
+        # A row's silence is read before any of its results (its check ran before this step).
+        done = self._answer_silent(wait=True, among=[p.row for p in launched.parts]) if self._unheard else []
         present = set(self.rows)
         live = [(i, p) for i, p in enumerate(launched.parts) if p.row in present]
         starting = [(i, p) for i, p in live if p.at_start]

@@ -16,6 +16,7 @@ import torch
 
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS
+from python_backend_lib.engine.transfers import ToHost
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import _Entry
@@ -93,16 +94,12 @@ class PendingStep:
 
     def __init__(self, n: int, picked: torch.Tensor, logits: torch.Tensor | None, multilingual: bool) -> None:
         self.n = n
-        self._host = torch.empty(picked.shape, dtype=picked.dtype, pin_memory=True)
-        self._host.copy_(picked, non_blocking=True)
+        self._picked = ToHost(picked)
         self._logits = logits
         self._multilingual = multilingual
-        self._done = torch.cuda.Event()
-        self._done.record()
 
     def result(self) -> GraphStep:
-        self._done.synchronize()
-        rows = self._host[:, : self.n].tolist()
+        rows = self._picked.get()[:, : self.n].tolist()
         languages = None
         if self._multilingual:
             languages = [(int(i), p) for i, p in zip(rows[PICKED_LANGUAGE], rows[PICKED_LANGUAGE_PROBABILITY])]

@@ -18,37 +18,13 @@ from python_backend_lib.core.geometry import N_FRAMES, SECONDS_PER_POSITION
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.engine.prompt import Prompt
 from python_backend_lib.engine.rules import RuleFacts
-from python_backend_lib.engine.transfers import to_device
+from python_backend_lib.engine.transfers import ToHost, to_device
 
 # Rows of a [N_RULE_FACTS, rows] facts table (`RuleFacts` field order).
 AT_BEGIN, LAST_IS_TIMESTAMP, PENULTIMATE_IS_TIMESTAMP, LAST_TIMESTAMP, END_ALLOWED = (
     RuleFacts._fields.index(name)
     for name in ("at_begin", "last_is_timestamp", "penultimate_is_timestamp", "last_timestamp", "end_allowed")
 )
-
-
-class SilenceFlags:
-    """Which windows of one admission hold digital silence: computed on the device
-    and copied to the host behind an event, so admitting waits for nothing."""
-
-    def __init__(self, quiet: torch.Tensor) -> None:
-        """quiet: [k] bool, on the model's device."""
-        self._event = None
-        if quiet.device.type == "cuda":
-            self._host = torch.empty(quiet.shape, dtype=torch.bool, pin_memory=True)
-            self._host.copy_(quiet, non_blocking=True)
-            self._event = torch.cuda.Event()
-            self._event.record()
-        else:
-            self._host = quiet
-
-    def ready(self) -> bool:
-        return self._event is None or self._event.query()
-
-    def quiet(self, index: int) -> bool:
-        if self._event is not None:
-            self._event.synchronize()
-        return bool(self._host[index])
 
 
 def silent_result(options: DecodingOptions, prompt: Prompt) -> DecodingResult:
@@ -63,25 +39,28 @@ def silent_result(options: DecodingOptions, prompt: Prompt) -> DecodingResult:
     )
 
 
-def silence_flags(content_frames: Sequence[int | None], features: torch.Tensor) -> SilenceFlags:
+def silence_flags(content_frames: Sequence[int | None], features: torch.Tensor) -> ToHost:
     """Whether each window's audio frames (its first `content_frames`) hold digital
-    silence (`audio.features.SILENCE_LOG_MEL`); features: [k, n_mels, N_FRAMES]."""
+    silence (`audio.features.SILENCE_LOG_MEL`), on their way to the host; features:
+    [k, n_mels, N_FRAMES]. Admitting does not wait for them (`SilenceCheck`)."""
     device = features.device
     frames = to_device(np.array([n or 0 for n in content_frames]), device)
     heard = torch.arange(N_FRAMES, device=device)[None, :] < frames[:, None]  # [k, frames]
     loudest = features.masked_fill(~heard[:, None, :], float("-inf")).amax(dim=(1, 2))
-    return SilenceFlags(loudest < SILENCE_LOG_MEL)
+    return ToHost(loudest < SILENCE_LOG_MEL)
 
 
 class SilenceCheck(NamedTuple):
-    flags: SilenceFlags
+    """One window's answer among an admission's `silence_flags`."""
+
+    flags: ToHost
     index: int
 
     def ready(self) -> bool:
         return self.flags.ready()
 
     def quiet(self) -> bool:
-        return self.flags.quiet(self.index)
+        return bool(self.flags.get()[self.index])
 
 
 @dataclass(frozen=True)

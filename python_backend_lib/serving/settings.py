@@ -33,9 +33,10 @@ AUTO = "auto"
 # Twice the saturating load must wait, not be refused: a refused request is sent again
 # at once and costs the server its audio decoding and the ensemble for nothing. A GPU
 # engine turns its slots over several times a second, so the queue can be deep; and
-# Triton does not spread requests evenly over several engines: at concurrency 2048, one
-# of tiny's three engines on an H100 reached a limit of four batches (1,024 requests)
-# while the three held about 1,900 (docs/benchmarks/served.md, the run at 8e96f26).
+# Triton does not spread requests evenly over several engines: at concurrency 2048, an
+# engine of tiny's three on an H100 reached a limit of four batches (1,024 requests; its
+# `execute` then waited for room) with 2,048 requests in flight in all
+# (docs/benchmarks/served.md and engines.md, the run at 8e96f26).
 # A CPU engine turns its slots over in seconds: one batch waits there.
 QUEUED_PER_SLOT_GPU = 7
 QUEUED_PER_SLOT_CPU = 1
