@@ -1,0 +1,246 @@
+"""Where the time of one ~5 s clip goes at concurrency 1, on a GPU: the engine's parts and the GPU's kernels.
+
+    python -m bench.latency_breakdown --model tiny-random --tokens-per-second 2.732 --out OUT
+
+Runs the latency target's request (the clip nearest 5 s, as `bench.served`
+sends it) through the library's engine alone, one at a time, and reports:
+- the wall time of a request, and of its parts on the engine thread (the
+  admission with its encoder, each decoder step) with the time the thread spent
+  waiting for the GPU's picks;
+- from `torch.profiler`, every GPU kernel of a few requests: how long the GPU
+  was busy per request, how many kernels one decoder step runs and what each costs.
+With `--served`, the same request through `whisper-triton serve` (gRPC,
+`transcribe`), so the Triton path's share is the difference. Writes
+OUT/latency-breakdown.md and .json, and a gzipped Chrome trace of the profiled requests.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import shutil
+import statistics
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
+
+
+@dataclass
+class Timings:
+    """Seconds spent on the engine thread in the instrumented calls, per call."""
+
+    calls: dict[str, list[float]] = field(default_factory=lambda: collections.defaultdict(list))
+
+    def wrap(self, owner: type, name: str, label: str) -> None:
+        original = getattr(owner, name)
+        calls = self.calls[label]
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return original(*args, **kwargs)
+            finally:
+                calls.append(time.perf_counter() - start)
+
+        setattr(owner, name, timed)
+
+    def reset(self) -> None:
+        for calls in self.calls.values():
+            calls.clear()
+
+    def per_request(self, requests: int) -> dict[str, dict[str, float]]:
+        return {label: {"calls": round(len(c) / requests, 2), "ms": round(1e3 * sum(c) / requests, 3),
+                        "ms_per_call": round(1e3 * statistics.mean(c), 4) if c else 0.0}
+                for label, c in self.calls.items()}  # fmt: skip
+
+
+def instrument() -> Timings:
+    from python_backend_lib.engine.batch import DecodeBatch
+    from python_backend_lib.engine.cuda_graphs import DecodeGraphs
+    from python_backend_lib.engine.graph_io import PendingStep
+    from python_backend_lib.engine.scheduler import Engine
+
+    timings = Timings()
+    timings.wrap(Engine, "_encode", "admit (encoder launched)")
+    timings.wrap(DecodeBatch, "step", "decoder step (on the engine thread)")
+    timings.wrap(DecodeGraphs, "prepare", "  step: prepare (plan, page tables)")
+    timings.wrap(DecodeGraphs, "launch", "  step: launch (copy in, replay)")
+    timings.wrap(PendingStep, "result", "  step: wait for picks")
+    return timings
+
+
+def one_request(pipeline, job) -> tuple[float, float]:
+    """Seconds for the log-mel, and for the whole request."""
+    start = time.perf_counter()
+    features = pipeline.features([job.audio.waveform])[0]
+    featured = time.perf_counter()
+    pipeline.submit(job.audio.waveform, job.options, features=features).result()
+    return featured - start, time.perf_counter() - start
+
+
+def kernel_summary(profiler, requests: int, steps: float) -> dict:
+    """GPU kernels of the profiled requests: busy time, count per step, the costliest names."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in profiler.events() if e.device_type == DeviceType.CUDA]
+    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
+    busy, reach = 0.0, float("-inf")
+    for start, end in spans:  # the union of the kernels' intervals, in microseconds
+        if end > reach:
+            busy += end - max(start, reach)
+            reach = end
+    by_name: dict[str, list[float]] = collections.defaultdict(list)
+    for e in kernels:
+        by_name[e.name].append(e.time_range.end - e.time_range.start)
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))
+    return {
+        "kernels_per_request": round(len(kernels) / requests, 1),
+        "kernels_per_step": round(len(kernels) / requests / steps, 1) if steps else None,
+        "gpu_busy_ms_per_request": round(busy / requests / 1e3, 3),
+        "kernel_ms_per_request": round(sum(e.time_range.end - e.time_range.start for e in kernels) / requests / 1e3, 3),
+        "top": [
+            {
+                "name": name[:90],
+                "per_request": round(len(d) / requests, 1),
+                "us_each": round(statistics.mean(d), 2),
+                "ms_per_request": round(sum(d) / requests / 1e3, 3),
+            }
+            for name, d in top[:40]
+        ],  # fmt: skip
+    }
+
+
+def engine_part(checkpoint: str, job, args, out: Path, say) -> dict:
+    import torch
+
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    timings = instrument()
+    pipeline = Pipeline.load(checkpoint, device=args.device)
+    try:
+        for _ in range(args.warmup):
+            one_request(pipeline, job)
+        counts = pipeline.engine.batch.counts
+        replays = counts.graph_replays
+        timings.reset()
+        walls, mels = [], []
+        for _ in range(args.requests):
+            mel, wall = one_request(pipeline, job)
+            mels.append(mel)
+            walls.append(wall)
+        steps = (counts.graph_replays - replays) / args.requests
+        parts = timings.per_request(args.requests)
+        say(f"engine alone: p50 {1e3 * statistics.median(walls):.2f} ms, {steps:.1f} graph steps per request")
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if pipeline.device.type == "cuda":
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        with torch.profiler.profile(activities=activities) as profiler:
+            for _ in range(args.profiled):
+                one_request(pipeline, job)
+        trace = out / "latency-breakdown-trace.json"
+        profiler.export_chrome_trace(str(trace))
+        with open(trace, "rb") as raw, gzip.open(f"{trace}.gz", "wb") as packed:
+            shutil.copyfileobj(raw, packed)
+        trace.unlink()
+        kernels = kernel_summary(profiler, args.profiled, steps)
+    finally:
+        pipeline.close()
+    walls_ms = sorted(1e3 * w for w in walls)
+    return {
+        "requests": args.requests,
+        "p50_ms": round(statistics.median(walls_ms), 3),
+        "p99_ms": round(walls_ms[min(len(walls_ms) - 1, int(0.99 * len(walls_ms)))], 3),
+        "log_mel_ms": round(1e3 * statistics.median(mels), 3),
+        "graph_steps_per_request": steps,
+        "engine_thread": parts,
+        "kernels": kernels,
+    }
+
+
+def served_part(checkpoint: str, job, args, say) -> dict:
+    from bench.load import LoadGenerator, PointPlan
+    from bench.server_process import ServeCommand, ServerProcess
+
+    command = ServeCommand(checkpoint)
+    with ServerProcess(command, STATE_DIR / "latency-breakdown-server.log", 300.0):
+        with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
+            load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
+            stats = load.run(PointPlan(1, 0.0, args.served_seconds, 60.0)).stats
+    say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
+    return {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms}
+
+
+def report(record: dict) -> str:
+    engine = record["engine"]
+    lines = [
+        f"# Latency of one {record['clip_s']} s clip at concurrency 1: `{record['model']}`",
+        "",
+        f"Commit {record['commit']}, {record['machine']}. Command: `{record['command']}`.",
+        "",
+        f"Engine alone: p50 {engine['p50_ms']} ms, p99 {engine['p99_ms']} ms over {engine['requests']} requests, "
+        f"one at a time; log-mel {engine['log_mel_ms']} ms; {engine['graph_steps_per_request']} graph steps each.",
+    ]
+    if "served" in record:
+        served = record["served"]
+        lines.append(f"Served (gRPC, `transcribe`): p50 {served['latency_ms']['p50']} ms, "
+                     f"p99 {served['latency_ms']['p99']} ms.")  # fmt: skip
+    lines += ["", "## The engine thread, per request", "", "| part | calls | ms | ms per call |", "|---|---|---|---|"]
+    lines += [
+        f"| {label} | {v['calls']} | {v['ms']} | {v['ms_per_call']} |" for label, v in engine["engine_thread"].items()
+    ]
+    k = engine["kernels"]
+    lines += ["", "## GPU kernels, per request (torch.profiler)", "",
+              f"{k['kernels_per_request']} kernels ({k['kernels_per_step']} per graph step); the GPU busy "
+              f"{k['gpu_busy_ms_per_request']} ms (kernel time summed: {k['kernel_ms_per_request']} ms).", "",
+              "| kernel | per request | us each | ms per request |", "|---|---|---|---|"]  # fmt: skip
+    lines += [f"| `{t['name']}` | {t['per_request']} | {t['us_each']} | {t['ms_per_request']} |" for t in k["top"]]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> None:
+    from bench.provenance import provenance
+
+    parser = argparse.ArgumentParser(prog="python -m bench.latency_breakdown", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
+    parser.add_argument("--warmup", type=int, default=20)
+    parser.add_argument("--requests", type=int, default=100)
+    parser.add_argument("--profiled", type=int, default=5)
+    parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    parser.add_argument("--served", action="store_true", help="also measure the request through the server")
+    parser.add_argument("--served-seconds", type=float, default=10.0)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+
+    def say(message: str) -> None:
+        print(f"[latency-breakdown] {message}", flush=True)
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    spec = MODELS[args.model]
+    checkpoint = served_checkpoint(spec)
+    job = latency_job(make_jobs(spec, checkpoint, args.tokens_per_second, Settings()))
+    made = provenance()
+    machine = made["machine"]
+    record = {
+        "model": args.model,
+        "clip_s": job.audio.clip.duration_s,
+        "commit": (made["commit"] or "?")[:10] + (" (changed)" if made["dirty"] else ""),
+        "machine": f"{machine.get('gpu')}, {machine['cpu_count']} CPUs",
+        "command": made["command"],
+        "provenance": made,
+        "engine": engine_part(checkpoint, job, args, args.out, say),
+    }
+    if args.served:
+        record["served"] = served_part(checkpoint, job, args, say)
+    (args.out / "latency-breakdown.json").write_text(json.dumps(record, indent=1, default=str))
+    (args.out / "latency-breakdown.md").write_text(report(record))
+    print(report(record))
+
+
+if __name__ == "__main__":
+    main()
