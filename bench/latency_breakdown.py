@@ -82,17 +82,22 @@ def one_request(pipeline, job) -> tuple[float, float]:
     return featured - start, time.perf_counter() - start
 
 
+def covered(spans: list[tuple[float, float]]) -> float:
+    """The length of the union of (start, end) intervals: time the GPU ran any kernel."""
+    total, reach = 0.0, float("-inf")
+    for start, end in sorted(spans):
+        if end > reach:
+            total += end - max(start, reach)
+            reach = end
+    return total
+
+
 def kernel_summary(profiler, requests: int, steps: float) -> dict:
     """GPU kernels of the profiled requests: busy time, count per step, the costliest names."""
     from torch.autograd import DeviceType
 
     kernels = [e for e in profiler.events() if e.device_type == DeviceType.CUDA]
-    spans = sorted((e.time_range.start, e.time_range.end) for e in kernels)
-    busy, reach = 0.0, float("-inf")
-    for start, end in spans:  # the union of the kernels' intervals, in microseconds
-        if end > reach:
-            busy += end - max(start, reach)
-            reach = end
+    busy = covered([(e.time_range.start, e.time_range.end) for e in kernels])
     by_name: dict[str, list[float]] = collections.defaultdict(list)
     for e in kernels:
         by_name[e.name].append(e.time_range.end - e.time_range.start)

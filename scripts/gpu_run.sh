@@ -14,6 +14,8 @@
 #   tests         the GPU tests, not slow (tests/test_gpu.py and test_gpu_features.py; TESTS="..." picks files)
 #   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
 #                 differences measured against float16 logit noise (needs install, the weights)
+#   latency       bench.latency_breakdown --model tiny --served: where one 5 s clip's time goes at
+#                 concurrency 1 (the engine's parts, the GPU's kernels, the served path beside it; needs the weights)
 #   bench         bench.gpu: transformers against the engine, step times, memory
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
 #                 (transformers in a second run, with the image's numpy 2, kept aside at install, first on PYTHONPATH)
@@ -168,6 +170,13 @@ if has exactness; then
     say "exactness (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) $PY -m bench.exactness --out "$OUT"
     say "exactness exit $?"
+fi
+
+# 4c. One 5 s clip at concurrency 1, taken apart (needs install and the weights).
+if has latency; then
+    say "latency (budget $(($(left) - 10)) s)"
+    timeout $(($(left) - 10)) $PY -m bench.latency_breakdown --model tiny --served --out "$OUT"
+    say "latency exit $?"
 fi
 
 # 5. Offline benchmark: transformers against the engine, step times, memory.
