@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
+from bench.stats import percentile_summary
 
 
 @dataclass
@@ -154,11 +155,9 @@ def engine_part(checkpoint: str, job, args, out: Path, say) -> dict:
         kernels = kernel_summary(profiler, args.profiled, steps)
     finally:
         pipeline.close()
-    walls_ms = sorted(1e3 * w for w in walls)
     return {
         "requests": args.requests,
-        "p50_ms": round(statistics.median(walls_ms), 3),
-        "p99_ms": round(walls_ms[min(len(walls_ms) - 1, int(0.99 * len(walls_ms)))], 3),
+        "latency_ms": percentile_summary(walls),
         "log_mel_ms": round(1e3 * statistics.median(mels), 3),
         "graph_steps_per_request": steps,
         "engine_thread": parts,
@@ -167,14 +166,10 @@ def engine_part(checkpoint: str, job, args, out: Path, say) -> dict:
 
 
 def served_part(checkpoint: str, job, args, say) -> dict:
-    from bench.load import LoadGenerator, PointPlan
-    from bench.server_process import ServeCommand, ServerProcess
+    from bench.latency_rounds import one_clip_rounds
 
-    command = ServeCommand(checkpoint)
-    with ServerProcess(command, STATE_DIR / "latency-breakdown-server.log", 300.0):
-        with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
-            load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
-            stats = load.run(PointPlan(1, 0.0, args.served_seconds, 60.0)).stats
+    log = STATE_DIR / "latency-breakdown-server.log"
+    (stats,) = one_clip_rounds(checkpoint, job, log, args.served_seconds, rounds=1)
     say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
     return {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms}
 
@@ -186,7 +181,8 @@ def report(record: dict) -> str:
         "",
         f"Commit {record['commit']}, {record['machine']}. Command: `{record['command']}`.",
         "",
-        f"Engine alone: p50 {engine['p50_ms']} ms, p99 {engine['p99_ms']} ms over {engine['requests']} requests, "
+        f"Engine alone: p50 {engine['latency_ms']['p50']} ms, p99 {engine['latency_ms']['p99']} ms over "
+        f"{engine['requests']} requests, "
         f"one at a time; log-mel {engine['log_mel_ms']} ms; {engine['graph_steps_per_request']} graph steps each.",
     ]
     if "served" in record:

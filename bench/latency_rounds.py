@@ -10,10 +10,25 @@ p90, p99 in ms). `bench.served` measures the same point once, inside its run.
 from __future__ import annotations
 
 import argparse
+from collections.abc import Iterator
+from pathlib import Path
 
+from bench.jobs import Job
 from bench.load import LoadGenerator, PointPlan
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
+from bench.stats import PointStats
+
+
+def one_clip_rounds(checkpoint: str, job: Job, log: Path, seconds: float, rounds: int) -> Iterator[PointStats]:
+    """Start `whisper-triton serve` as shipped, warm it up with `job`, then measure `rounds`
+    windows of `seconds`, one request at a time: each window's statistics as it ends."""
+    command = ServeCommand(checkpoint)
+    with ServerProcess(command, log, 300.0):
+        with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
+            load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
+            for _ in range(rounds):
+                yield load.run(PointPlan(1, 0.0, seconds, 60.0)).stats
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -28,16 +43,14 @@ def main(argv: list[str] | None = None) -> None:
     spec = MODELS[args.model]
     checkpoint = served_checkpoint(spec)
     jobs = make_jobs(spec, checkpoint, args.tokens_per_second, Settings())
-    job = latency_job(jobs)
-    command = ServeCommand(checkpoint)
-    with ServerProcess(command, STATE_DIR / f"latency-{args.label or 'server'}.log", 300.0):
-        with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
-            load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
-            for _ in range(args.rounds):
-                stats = load.run(PointPlan(1, 0.0, args.seconds, 60.0)).stats
-                latency = stats.latency_ms
-                print(f"{args.label} {stats.goodput_per_s:.1f} req/s p50 {latency['p50']} p90 {latency['p90']} "
-                      f"p99 {latency['p99']}", flush=True)
+    log = STATE_DIR / f"latency-{args.label or 'server'}.log"
+    for stats in one_clip_rounds(checkpoint, latency_job(jobs), log, args.seconds, args.rounds):
+        latency = stats.latency_ms
+        print(
+            f"{args.label} {stats.goodput_per_s:.1f} req/s p50 {latency['p50']} p90 {latency['p90']} "
+            f"p99 {latency['p99']}",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":
