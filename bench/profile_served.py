@@ -31,11 +31,13 @@ LINE = re.compile(r":\d+\)$")
 TOP = 12
 
 
-def stub_pid() -> int:
-    found = subprocess.run(["pgrep", "-f", WHISPER_STUB], capture_output=True, text=True).stdout.split()
-    if len(found) != 1:
-        raise RuntimeError(f"expected one whisper stub, found pids {found}")
-    return int(found[0])
+def stub_pids() -> list[int]:
+    """The whisper stubs' process ids, one per engine (they are alike: one is sampled)."""
+    found = sorted(int(pid) for pid in subprocess.run(["pgrep", "-f", WHISPER_STUB], capture_output=True,
+                                                       text=True).stdout.split())
+    if not found:
+        raise RuntimeError("no whisper stub is running")
+    return found
 
 
 def summarize(raw: str) -> str:
@@ -85,7 +87,9 @@ def main(argv: list[str] | None = None) -> None:
     report = [f"# py-spy samples of the whisper stub, `{args.model}`", ""]
     command = ServeCommand(checkpoint)
     with ServerProcess(command, args.out / "profile-server.log", 300.0):
-        pid = stub_pid()
+        pids = stub_pids()
+        pid = pids[0]
+        report += [f"The stub sampled: process {pid}, one of {len(pids)} (one per engine).", ""]
         for concurrency in args.concurrency:
             chosen = [short] if concurrency == 1 else jobs
             path = args.out / f"profile-c{concurrency}.txt"

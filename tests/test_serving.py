@@ -242,7 +242,7 @@ def test_the_waveforms_holding_nan_or_infinity_are_found_among_many():
     assert nonfinite(waveforms) == set() and nonfinite([]) == set()
     waveforms[1][399] = np.nan
     waveforms[3][0] = -np.inf
-    waveforms[4][:2] = np.finfo(np.float32).max  # finite samples whose sum is not
+    waveforms[4][:2] = np.finfo(np.float32).max  # finite samples whose sum of squares is not
     assert nonfinite(waveforms) == {1, 3}
 
 

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.utils.rnn import pad_sequence
 
 from python_backend_lib.core.geometry import HOP_LENGTH, N_FFT, N_FRAMES, N_FREQ_BINS, N_SAMPLES, SAMPLE_RATE
 
@@ -184,26 +185,23 @@ def _as_float32_tensor(waveform, device: torch.device) -> torch.Tensor:
     return _to_device(np.ascontiguousarray(waveform, dtype=np.float32), device)
 
 
-_TORCH_DTYPES = {np.dtype(np.float32): torch.float32, np.dtype(np.int64): torch.int64}
-
-
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """`array` as a tensor on `device`, without waiting for the device."""
     if device.type == "cuda":
-        return _through_pinned(array.shape, array.dtype, lambda staging: np.copyto(staging, array), device)
+        return _through_pinned(array.shape, lambda staging: np.copyto(staging, array), device)
     if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
         array = array.copy()
     return torch.from_numpy(array)
 
 
-def _through_pinned(shape, dtype: np.dtype, fill: Callable[[np.ndarray], object], device: torch.device) -> torch.Tensor:
-    """A tensor on `device` whose content `fill` writes into pinned host memory.
+def _through_pinned(shape, fill: Callable[[np.ndarray], object], device: torch.device) -> torch.Tensor:
+    """A float32 tensor on `device` whose content `fill` writes into pinned host memory.
 
     A copy from pageable memory waits for everything queued on the stream (the
     engine's decoder steps: milliseconds per call); from pinned memory it is
     queued like a kernel, and the caller goes on at once.
     """
-    pinned = torch.empty(shape, dtype=_TORCH_DTYPES[np.dtype(dtype)], pin_memory=True)
+    pinned = torch.empty(shape, dtype=torch.float32, pin_memory=True)
     fill(pinned.numpy())
     return pinned.to(device, non_blocking=True)
 
@@ -230,7 +228,8 @@ def features_for_many(waveforms: Sequence, n_mels: int, device=None) -> list[tor
     The short ones travel as one concatenation (a single copy to the device),
     are zero-padded to 30 s there and go through one STFT; each item keeps its
     own dynamic-range floor, so every result equals `features_for` of it alone.
-    Longer recordings are computed one by one.
+    Longer recordings are computed one by one. The padding is done by two native
+    calls whatever the count, as `execute` pays for each Python-level operation.
     """
     device = _resolve_device(waveforms[0], device) if waveforms else torch.device("cpu")
     results: list[torch.Tensor | None] = [None] * len(waveforms)
@@ -241,11 +240,8 @@ def features_for_many(waveforms: Sequence, n_mels: int, device=None) -> list[tor
     if short:
         lengths = [len(waveforms[i]) for i in short]
         flat = _concatenated([waveforms[i] for i in short], device)  # [sum(lengths)]
-        counts = _to_device(np.array(lengths, dtype=np.int64), device)
-        rows = torch.repeat_interleave(torch.arange(len(short), device=device), counts, output_size=len(flat))
-        starts = torch.repeat_interleave(counts.cumsum(0) - counts, counts, output_size=len(flat))
-        padded = torch.zeros(len(short), N_SAMPLES, device=device)
-        padded[rows, torch.arange(len(flat), device=device) - starts] = flat
+        rows = pad_sequence(flat.split(lengths), batch_first=True)  # [n, longest], zero-padded
+        padded = F.pad(rows, (0, N_SAMPLES - rows.shape[1]))  # [n, N_SAMPLES]
         for i, item in zip(short, log_mel_spectrogram(padded, n_mels)):
             results[i] = item
     return results
@@ -261,4 +257,4 @@ def _concatenated(waveforms: Sequence, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return torch.from_numpy(np.concatenate(arrays))
     total = sum(len(a) for a in arrays)
-    return _through_pinned((total,), np.float32, lambda staging: np.concatenate(arrays, out=staging), device)
+    return _through_pinned((total,), lambda staging: np.concatenate(arrays, out=staging), device)
