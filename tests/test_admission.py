@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import CancelledError
 
 import pytest
@@ -25,6 +26,20 @@ def test_the_ledger_refuses_one_more_than_its_limit_and_names_it():
     ledger.leave(second, "done")
     ledger.leave(third, "done")
     assert ledger.in_flight == 0
+
+
+def test_a_full_ledger_given_a_deadline_admits_when_a_request_leaves_before_it():
+    ledger = RequestLedger(1)
+    first = ledger.enter()
+    leaving = threading.Timer(0.2, ledger.leave, (first, "done"))
+    leaving.start()
+    started = time.monotonic()
+    second = ledger.enter(deadline=started + 30)
+    assert 0.15 < time.monotonic() - started < 30 and ledger.in_flight == 1
+    with pytest.raises(Overloaded, match="server overloaded: 1 requests in flight"):
+        ledger.enter(deadline=time.monotonic() + 0.2)  # nobody leaves: refused once the deadline passed
+    ledger.leave(second, "done")
+    leaving.join()
 
 
 def test_closing_an_entry_twice_counts_once():

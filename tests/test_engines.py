@@ -22,7 +22,12 @@ from python_backend_lib.apps.repository import (
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.checkpoints.weights import load_config
 from python_backend_lib.engine.loading import kv_budget
-from python_backend_lib.serving.settings import CHECKPOINT_ENV, auto_engines_per_gpu, engines_on_device
+from python_backend_lib.serving.settings import (
+    CHECKPOINT_ENV,
+    auto_engines_per_gpu,
+    engines_on_device,
+    engines_sharing_queue,
+)
 
 GIB = 2**30
 
@@ -39,6 +44,14 @@ def test_the_engines_on_a_device_are_counted_from_tritons_normalized_config():
     assert (engines_on_device(by_hand, "cuda:0"), engines_on_device(by_hand, "cuda:1")) == (3, 2)
     assert engines_on_device(normalized({"kind": "KIND_CPU", "count": 2}), "cpu") == 2
     assert engines_on_device(normalized({"kind": "KIND_CPU", "count": 2}), "cuda:0") == 1  # itself, at least
+
+
+def test_every_engine_of_the_model_shares_one_queue():
+    two_gpus = normalized({"name": "whisper_0", "kind": "KIND_GPU", "count": 3, "gpus": [0, 1]})
+    assert engines_sharing_queue(two_gpus) == 6
+    mixed = normalized({"kind": "KIND_GPU", "count": 1, "gpus": [0]}, {"kind": "KIND_CPU", "count": 2})
+    assert engines_sharing_queue(mixed) == 3
+    assert engines_sharing_queue(normalized({"kind": "KIND_CPU", "count": 1})) == 1
 
 
 def test_small_checkpoints_get_several_engines_per_gpu_and_large_ones_one():

@@ -15,6 +15,7 @@ from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.scheduler import EngineUnavailable
+from python_backend_lib.serving.admission import AdmissionPolicy
 from python_backend_lib.serving.cancellation import CancellationWatcher
 from python_backend_lib.serving.inputs import check_waveform, nonfinite, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
@@ -24,6 +25,7 @@ from python_backend_lib.serving.settings import (
     DEFAULT_MAX_AUDIO_SECONDS,
     ENGINE_FAULT_PROMPT_ENV,
     FAULT_PROMPT_ENV,
+    SHARED_ADMISSION_WAIT_S,
     ModelSettings,
     instance_device,
     load_pipeline,
@@ -200,10 +202,14 @@ def test_model_settings_parse_the_operating_limits():
     settings = ModelSettings.from_triton(config, environ={})
     assert (settings.max_audio_seconds, settings.max_queued_requests, settings.kv_slots) == (600.0, 0, 8)
     assert settings.kv_memory_fraction is None
-    assert settings.request_limit(slots=8, on_gpu=True) == 8  # no queue: only the slots
+    assert settings.admission(slots=8, on_gpu=True) == AdmissionPolicy(limit=8)  # no queue: only the slots
+    assert settings.admission(slots=8, on_gpu=True, engines=3) == AdmissionPolicy(limit=8, wait_s=SHARED_ADMISSION_WAIT_S)
     default = ModelSettings.from_triton(triton_config(), environ={})
-    assert default.max_audio_seconds == DEFAULT_MAX_AUDIO_SECONDS and default.request_limit(slots=16, on_gpu=False) == 32
-    assert default.request_limit(slots=256, on_gpu=True) == 2048  # a GPU engine turns its slots over faster
+    assert default.max_audio_seconds == DEFAULT_MAX_AUDIO_SECONDS
+    assert default.admission(slots=16, on_gpu=False) == AdmissionPolicy(limit=32)  # one batch waits, refused at once
+    assert default.admission(slots=256, on_gpu=True) == AdmissionPolicy(limit=2048)  # a GPU engine turns over faster
+    # Engines that share Triton's queue keep one batch each, and wait for room: Triton's queue holds the rest.
+    assert default.admission(slots=256, on_gpu=True, engines=3) == AdmissionPolicy(512, SHARED_ADMISSION_WAIT_S)
 
 
 @pytest.mark.parametrize(

@@ -1,11 +1,13 @@
-"""Bounded admission: the whisper model holds at most so many requests and refuses the rest at once.
+"""Bounded admission: the whisper model holds at most so many requests.
 
 The whisper model's `execute` hands each request to the engine and returns, so
 Triton's own queue (`max_queue_size` in config.pbtxt) never sees the requests
 that wait inside the engine for a decoding slot. Without a bound a burst above
-capacity would wait there ever longer; with one, the excess is refused at once
-with UNAVAILABLE ("server overloaded, retry later") and the admitted requests
-keep a bounded latency: at most `limit` requests ahead of any one of them.
+capacity would wait there ever longer; with one, the admitted requests keep a
+bounded latency: at most `limit` requests ahead of any one of them. The excess
+is refused with UNAVAILABLE ("server overloaded, retry later"), at once or,
+where several engines share Triton's queue, after `execute` waited a while for
+room (`AdmissionPolicy`).
 
 The ledger also keeps what monitoring needs: how many requests are in flight,
 and each finished request's outcome, duration and audio length.
@@ -46,6 +48,21 @@ class Finished:
     seconds: float
 
 
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """limit: requests held at most (decoding plus waiting for a slot).
+    wait_s: how long `execute` waits for room before it refuses a request. A
+        model with several engines (instances) waits: while one engine's
+        `execute` waits, Triton hands its queue to the others, so that requests
+        go where there is room. Refused at once, they would pile up in whichever
+        engine Triton calls most often: at twice tiny's saturating load on an
+        H100 one engine of three held half of all requests in flight
+        (docs/benchmarks/engines.md)."""
+
+    limit: int
+    wait_s: float = 0.0
+
+
 class RequestLedger:
     """Counts the requests in flight and refuses one more than `limit`.
 
@@ -60,16 +77,19 @@ class RequestLedger:
         self.limit = limit
         self._setting = setting
         self._in_flight = 0
-        self._lock = threading.Lock()
+        self._room = threading.Condition(threading.Lock())
         self.recent: collections.deque[Finished] = collections.deque(maxlen=MAX_RECENT_REQUESTS)
 
     @property
     def in_flight(self) -> int:
         return self._in_flight
 
-    def enter(self) -> Entry:
-        """Admit one request; Overloaded when `limit` are in flight already."""
-        with self._lock:
+    def enter(self, deadline: float | None = None) -> Entry:
+        """Admit one request; Overloaded when `limit` are in flight already and, given a
+        `deadline` (time.monotonic()), none has left before it."""
+        with self._room:
+            if deadline is not None:
+                self._room.wait_for(lambda: self._in_flight < self.limit, timeout=deadline - time.monotonic())
             if self._in_flight >= self.limit:
                 raise Overloaded(
                     f"server overloaded: {self._in_flight} requests in flight, the limit "
@@ -83,10 +103,11 @@ class RequestLedger:
         (bad input, or overloaded). Closing an entry twice counts once."""
         seconds = 0.0
         if entry is not None:
-            with self._lock:
+            with self._room:
                 if entry.closed:
                     return
                 entry.closed = True
                 self._in_flight -= 1
+                self._room.notify()
             seconds = time.monotonic() - entry.started
         self.recent.append(Finished(outcome, seconds))

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from python_backend_lib.serving.admission import AdmissionPolicy
+
 # Overrides every model's `checkpoint` parameter; `whisper-triton serve --checkpoint` sets it.
 CHECKPOINT_ENV = "WHISPER_TRITON_CHECKPOINT"
 DEFAULT_CHECKPOINT = "default"  # the packaged tiny.en
@@ -31,15 +33,18 @@ DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 AUTO = "auto"
 # Requests waiting for a decoding slot per slot, when max_queued_requests is "auto".
 # Twice the saturating load must wait, not be refused: a refused request is sent again
-# at once and costs the server its audio decoding and the ensemble for nothing. A GPU
-# engine turns its slots over several times a second, so the queue can be deep; and
-# Triton does not spread requests evenly over several engines: at concurrency 2048, an
-# engine of tiny's three on an H100 reached a limit of four batches (1,024 requests; its
-# `execute` then waited for room) with 2,048 requests in flight in all
-# (docs/benchmarks/served.md and engines.md, the run at 8e96f26).
-# A CPU engine turns its slots over in seconds: one batch waits there.
+# at once and costs the server its audio decoding and the ensemble for nothing. A lone
+# GPU engine turns its slots over several times a second, so its queue can be deep.
+# Engines that share Triton's queue (several instances) keep one batch waiting each and
+# leave the rest in Triton's queue, which hands it to whichever has room
+# (`admission.AdmissionPolicy`). A CPU engine turns its slots over in seconds: one batch
+# waits there.
 QUEUED_PER_SLOT_GPU = 7
+QUEUED_PER_SLOT_SHARED = 1
 QUEUED_PER_SLOT_CPU = 1
+# How long a full engine's `execute` waits for room when several engines share the
+# queue; longer than any decode takes to free a slot, so it refuses only when stuck.
+SHARED_ADMISSION_WAIT_S = 2.0
 # `whisper-triton serve --require-gpu-engine` sets it: on a GPU, refuse to start
 # without FlashInfer and CUDA graphs rather than serve the slow path.
 REQUIRE_GPU_ENGINE_ENV = "WHISPER_TRITON_REQUIRE_GPU_ENGINE"
@@ -60,7 +65,7 @@ class ModelSettings:
     checkpoint: the Whisper checkpoint source (see `weights.load_config`).
     max_audio_seconds: longer audio is refused (INVALID_ARG naming the limit).
     max_queued_requests: requests the whisper model holds beyond its decoding
-        slots before it refuses new ones (UNAVAILABLE); None: auto (`request_limit`).
+        slots before it refuses new ones (UNAVAILABLE); None: auto (`admission`).
     kv_slots: windows decoded together (KV-cache slots); None: from free GPU
         memory, 16 on the CPU.
     kv_memory_fraction: share of the free GPU memory for the KV slots when
@@ -130,12 +135,17 @@ class ModelSettings:
             return self.decode_threads
         return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
-    def request_limit(self, slots: int, on_gpu: bool) -> int:
-        """Requests the whisper model holds at most: its decoding slots plus `max_queued_requests`
-        (auto: QUEUED_PER_SLOT_GPU or QUEUED_PER_SLOT_CPU waiting requests per slot)."""
+    def admission(self, slots: int, on_gpu: bool, engines: int = 1) -> AdmissionPolicy:
+        """The whisper model's request limit, for an engine of `slots` decoding slots among
+        `engines` that share Triton's queue (`engines_sharing_queue`): its slots plus
+        `max_queued_requests` (auto: QUEUED_PER_SLOT_* waiting requests per slot)."""
+        shared = engines > 1
         if self.max_queued_requests is not None:
-            return slots + self.max_queued_requests
-        return slots * (1 + (QUEUED_PER_SLOT_GPU if on_gpu else QUEUED_PER_SLOT_CPU))
+            queued = self.max_queued_requests
+        else:
+            per_slot = QUEUED_PER_SLOT_CPU if not on_gpu else QUEUED_PER_SLOT_SHARED if shared else QUEUED_PER_SLOT_GPU
+            queued = slots * per_slot
+        return AdmissionPolicy(limit=slots + queued, wait_s=SHARED_ADMISSION_WAIT_S if shared else 0.0)
 
 
 def instance_device(args: Mapping[str, str]) -> str:
@@ -175,6 +185,15 @@ def engines_on_device(model_config: str, device: str) -> int:
             count += int(group.get("count", 1))
         elif kind == "cpu" and group.get("kind") == "KIND_CPU":
             count += int(group.get("count", 1))
+    return max(1, count)
+
+
+def engines_sharing_queue(model_config: str) -> int:
+    """How many instances of the model Triton runs in all, on every device: one queue feeds them."""
+    count = 0
+    for group in json.loads(model_config).get("instance_group", []):
+        per_device = int(group.get("count", 1))
+        count += per_device * max(1, len(group.get("gpus", []))) if group.get("kind") == "KIND_GPU" else per_device
     return max(1, count)
 
 

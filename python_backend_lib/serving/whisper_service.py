@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -57,12 +58,14 @@ class _Request:
 class WhisperService:
     """The whisper model's requests: start them, answer each exactly once."""
 
-    def __init__(self, pb_utils: Any, settings: ModelSettings, pipeline: Any) -> None:
+    def __init__(self, pb_utils: Any, settings: ModelSettings, pipeline: Any, engines: int = 1) -> None:
+        """engines: instances of the model in all, which share Triton's queue (`engines_sharing_queue`)."""
         self.pb_utils = pb_utils
         self.settings = settings
         self.pipeline = pipeline
         on_gpu = pipeline.device.type == "cuda"
-        self.ledger = RequestLedger(settings.request_limit(pipeline.engine.slots, on_gpu=on_gpu))
+        self.admission = settings.admission(pipeline.engine.slots, on_gpu=on_gpu, engines=engines)
+        self.ledger = RequestLedger(self.admission.limit)
         self.watcher = CancellationWatcher()
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
@@ -87,12 +90,13 @@ class WhisperService:
             except Exception as error:
                 self._finished(pending, error)
         broken = nonfinite([waveform for _, _, waveform in checked])
+        deadline = time.monotonic() + self.admission.wait_s if self.admission.wait_s else None
         admitted: list[tuple[Any, _Request, np.ndarray]] = []
         for i, (request, pending, waveform) in enumerate(checked):
             try:
                 if i in broken:
                     raise RequestError(NONFINITE)
-                pending.entry = self.ledger.enter()  # Overloaded (UNAVAILABLE) when the limit is reached
+                pending.entry = self.ledger.enter(deadline)  # Overloaded (UNAVAILABLE): no room by the deadline
                 admitted.append((request, pending, waveform))
             except Exception as error:
                 self._finished(pending, error)

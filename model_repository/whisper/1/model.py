@@ -20,7 +20,13 @@ sys.path.append(str(Path(__file__).resolve().parents[3]))
 
 from python_backend_lib.serving.metrics import WhisperMetrics, device_label
 from python_backend_lib.serving.parent_watch import ParentWatch
-from python_backend_lib.serving.settings import ModelSettings, engines_on_device, instance_device, load_pipeline
+from python_backend_lib.serving.settings import (
+    ModelSettings,
+    engines_on_device,
+    engines_sharing_queue,
+    instance_device,
+    load_pipeline,
+)
 from python_backend_lib.serving.whisper_service import WhisperService
 
 
@@ -34,7 +40,7 @@ class TritonPythonModel:
         pipeline = load_pipeline(self.settings, device=device, engines=engines)
         if pipeline.tokenizer is None:
             raise ValueError(f"checkpoint {self.settings.checkpoint!r} has no tokenizer.json")
-        self.service = WhisperService(pb_utils, self.settings, pipeline)
+        self.service = WhisperService(pb_utils, self.settings, pipeline, engines_sharing_queue(args["model_config"]))
         self.metrics = WhisperMetrics(
             pb_utils,
             pipeline.engine,
