@@ -4,8 +4,9 @@ results handled a step late) where there is no GPU.
 
 `CpuStepTable` takes what `cuda_graphs.DecodeGraphs` takes (a step's `StepInputs`,
 staged into the same metadata rows) and computes what the captured step computes
-(the decoder over one token per row, the tied projection, the no-speech
-probability, the language, Whisper's rules, the pick, draws at a temperature),
+(the tokens of following rows fed from the step before's picks, the decoder over
+one token per row, the tied projection, the no-speech probability, the language,
+Whisper's rules, the pick, draws at a temperature),
 through PyTorch SDPA instead of FlashInfer. `launch` runs the step at once: on the
 CPU there is nothing to overlap, only the order of the host's work to check. The
 real table runs on a GPU in tests/test_gpu.py.
@@ -19,6 +20,7 @@ import torch
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.engine.attention import SdpaAttention, StepLayout
 from python_backend_lib.engine.graph_io import (
+    META_FOLLOWS,
     META_POSITION,
     META_RULES,
     META_TOKEN,
@@ -28,7 +30,8 @@ from python_backend_lib.engine.graph_io import (
     StepInputs,
 )
 from python_backend_lib.engine.model import Whisper
-from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
+from python_backend_lib.engine.overlap import fed_inputs
+from python_backend_lib.engine.rules import LogitRules, sample
 
 
 class _Done:
@@ -44,6 +47,7 @@ class CpuStepTable:
         self.model, self.config, self.attention = model, config, attention
         self.max_batch = max_batch
         self.rules = LogitRules(config, torch.device("cpu"))
+        self.picks = torch.zeros(max_batch, dtype=torch.long)  # the last step's tokens, as on the device
         self.launches = 0
 
     def fits(self, n: int) -> bool:
@@ -57,6 +61,7 @@ class CpuStepTable:
         st = staged.numpy()
         st[META_TOKEN] = inputs.tokens
         st[META_POSITION] = inputs.positions
+        st[META_FOLLOWS] = inputs.follows
         st[META_RULES:] = inputs.facts
         return Prepared(entry=None, inputs=inputs, pinned=staged)
 
@@ -71,20 +76,22 @@ class CpuStepTable:
             cached_lens=tuple(meta[META_POSITION].tolist()),
             slot_ids=tuple(inputs.slots.tolist()),
         )
-        raw = self.model.decode_step(meta[META_TOKEN], layout, self.attention, torch.arange(n))
+        fed, facts = fed_inputs(meta, self.picks, self.config.special.timestamp_begin)
+        raw = self.model.decode_step(fed, layout, self.attention, torch.arange(n))
         special = self.config.special
         no_speech = raw.softmax(dim=-1)[:, special.nospeech]
         languages = None
         if self.config.multilingual:
             best = raw[:, list(special.language_tokens)].float().softmax(dim=-1).max(dim=-1)
             languages = list(zip(best.indices.tolist(), best.values.tolist()))
-        logits = self.rules.apply(raw, RuleFacts.from_table(meta[META_RULES:]))
+        logits = self.rules.apply(raw, facts)
         tokens, logprobs = sample(logits)
         hot = np.flatnonzero(inputs.temperatures > 0)
         if len(hot):
             index = torch.from_numpy(hot)
             drawn, drawn_logprobs = sample(logits[index], torch.from_numpy(inputs.temperatures[hot]).float())
             tokens[index], logprobs[index] = drawn, drawn_logprobs
+        self.picks[:n] = tokens
         return _Done(
             GraphStep(
                 tokens=tokens.tolist(),

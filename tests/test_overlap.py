@@ -26,8 +26,10 @@ from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.engine.attention import SdpaAttention
 from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.faults import FaultPlan, FaultyDecodeBatch, InjectedFault
+from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, N_META
 from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.overlap import fed_inputs
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import END_ALLOWED, Admission, Row, follow_facts
 from python_backend_lib.engine.rules import N_RULE_FACTS
@@ -113,6 +115,37 @@ def test_the_facts_a_row_follows_with_equal_its_own_after_each_token():
     assert len(facts) == N_RULE_FACTS
 
 
+def test_the_device_feeds_following_rows_the_picks_and_facts_the_host_settles():
+    """`fed_inputs` (on the device) from the step before's picks, over the facts the
+    host planned as if no pick were a timestamp, gives the tokens and facts that
+    `follow_facts` gives from the picks (`Launched.settle`); rows that do not follow
+    keep their own token and facts."""
+    begin = 50364
+    generator = np.random.default_rng(1)
+    options = DecodingOptions(timestamps=True)
+    before = []
+    for _ in range(24):  # facts of rows after random text and timestamp tokens
+        row = Row(tag=0, options=options, prompt=None, slot=1, max_new_tokens=100, pending=[])
+        for _ in range(int(generator.integers(0, 5))):
+            row.generated.append(int(generator.choice([generator.integers(0, 50000), generator.integers(begin, begin + 1500)])))
+        before.append(row.rule_facts(begin))
+    before = np.array(before, dtype=np.int64).T  # [N_RULE_FACTS, 24]: the step before's rows
+    picks = np.where(generator.random(24) < 0.5, generator.integers(0, 50000, 24), generator.integers(begin, begin + 1500, 24))
+    follows = np.array([5, -1, 0, 23, -1, 11, 7, 2, 19, -1])
+    own = np.array(Row(tag=0, options=options, prompt=None, slot=1, max_new_tokens=9, pending=[]).rule_facts(begin))
+    planned = np.repeat(own[:, None], len(follows), axis=1)
+    following = np.flatnonzero(follows >= 0)
+    planned[:, following] = follow_facts(before[:, follows[following]], np.full(len(following), -1), begin)
+    meta = np.zeros((N_META, len(follows)), dtype=np.int64)
+    meta[META_TOKEN], meta[META_FOLLOWS], meta[META_RULES:] = 7, follows, planned
+    tokens, facts = fed_inputs(torch.from_numpy(meta), torch.from_numpy(picks), begin)
+    expected = planned.copy()
+    expected[:, following] = follow_facts(before[:, follows[following]], picks[follows[following]], begin)
+    assert tokens.tolist() == [int(picks[f]) if f >= 0 else 7 for f in follows]
+    assert torch.stack([torch.as_tensor(f).long() for f in facts]).tolist() == expected.tolist()
+    assert any(picks[f] >= begin for f in follows[following]) and any(picks[f] < begin for f in follows[following])
+
+
 @pytest.mark.slow
 def test_overlapped_steps_give_the_stepwise_results_with_random_weights():
     """Language detection, prompts fed a token a step and a long one fed eagerly,
@@ -145,7 +178,7 @@ def test_overlapped_steps_give_the_stepwise_results_with_random_weights():
 @pytest.mark.slow
 def test_overlapped_steps_give_the_stepwise_transcripts_of_real_speech():
     """tiny.en on the shared clips, timestamps on: real text and timestamp tokens
-    through the facts written in at launch."""
+    fed from the step before's picks."""
     model, config = model_for("default", torch.float32)
     tokenizer = load_tokenizer(config)
     options = DecodingOptions(timestamps=True)

@@ -28,7 +28,7 @@ from python_backend_lib.engine.eager import eager_pass
 from python_backend_lib.engine.graph_io import GraphStep
 from python_backend_lib.engine.kv_cache import KVSlotPool
 from python_backend_lib.engine.model import Whisper
-from python_backend_lib.engine.overlap import Launched, Part, fill_follows, mark_launched, plan_step
+from python_backend_lib.engine.overlap import Launched, Part, mark_launched, plan_step
 from python_backend_lib.engine.prompt import Prompt, task_tokens
 from python_backend_lib.engine.rows import Admission, Row, RowState, SilenceCheck, silence_flags, silent_result
 from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
@@ -259,15 +259,16 @@ class DecodeBatch:
         if by_token:
             try:
                 plan = plan_step(by_token, None, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
-                launched = self._launch(plan.parts, self.graphs.prepare(plan.inputs), None, None)
+                launched = self._launch(plan.parts, self.graphs.prepare(plan.inputs))
                 done += self._finish(launched, launched.result(), followed=set())
             except Exception as error:
                 raise _failed(done, error) from error
         return done
 
     def _step_overlapped(self) -> list[Finished]:
-        """Launch the next graph step (planned while the one in flight runs), then
-        handle the one in flight; rows with long prompts pass eagerly in between."""
+        """Launch the next graph step (planned while the one in flight runs; the device
+        feeds it that step's picks), then handle the one in flight; rows with long
+        prompts pass eagerly in between."""
         done = self._answer_silent(wait=False)
         previous = self._in_flight
         plan = plan_step(self.rows, previous, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
@@ -277,27 +278,30 @@ class DecodeBatch:
             done += self._finish(previous, previous.result(), followed=set()) if previous else []
             return done + self._step_now([r for r in self.rows])
         prepared = self.graphs.prepare(plan.inputs) if plan.parts else None
-        picked = previous.result() if previous else None
         try:
-            if plan.eager:
+            if plan.eager:  # rows not in the step in flight; rare (a long prompt)
                 self.counts.eager_passes += 1
                 done += self._step_eager(plan.eager)
-            launched = self._launch(plan.parts, prepared, previous, picked) if plan.parts else None
+            launched = self._launch(plan.parts, prepared) if plan.parts else None
             self._in_flight = launched
-            followed = {p.row for p in plan.parts if p.follows is not None}
-            done += self._finish(previous, picked, followed) if previous else []
+            if previous is not None:
+                picked = previous.result()
+                if launched is not None:
+                    launched.settle(previous, picked, self.timestamp_begin)
+                followed = {p.row for p in plan.parts if p.follows is not None}
+                done += self._finish(previous, picked, followed)
             if launched is not None:
                 launched.remember_before()
         except Exception as error:
             raise _failed(done, error) from error
         return done
 
-    def _launch(self, parts: list[Part], prepared, previous: Launched | None, picked: GraphStep | None) -> Launched:
-        tokens, facts = fill_follows(prepared, parts, previous, picked, self.timestamp_begin)
+    def _launch(self, parts: list[Part], prepared) -> Launched:
+        inputs = prepared.inputs
         pending = self.graphs.launch(prepared, keep_logits=self.logit_observer is not None)
         mark_launched(parts)
         self.counts.graph_replays += 1
-        return Launched(parts, tokens, facts, pending)
+        return Launched(parts, inputs.tokens.copy(), inputs.facts.copy(), pending)
 
     def _finish(self, launched: Launched, step: GraphStep, followed: set[Row]) -> list[Finished]:
         """Apply a graph step's picks to its rows that are still in the batch.

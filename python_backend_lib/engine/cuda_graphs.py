@@ -20,8 +20,13 @@ checked against the captured one.
 
 Static buffers, and the rules for them:
 - `meta` [N_META, batch] long: token ids, positions, the flat self-cache index
-  each row's new K/V goes to, and the logit rules' per-row facts. Filled from a
-  pinned host copy once per step (one host-to-device copy).
+  each row's new K/V goes to, which row of the step before each row follows,
+  and the logit rules' per-row facts. Filled from a pinned host copy once per
+  step (one host-to-device copy).
+- `picks` [max_batch] long, shared by every bucket: the tokens the step launched
+  last chose, in its row order. The next step reads the tokens of the rows that
+  follow from here (`overlap.fed_inputs`), so it is launched before the host has
+  seen them.
 - FlashInfer's page-table buffers, one int32 block per bucket: the self table
   is re-planned only when a row's page count or slot changes (every 16 tokens),
   otherwise only the last-page lengths change; the cross table has 94 pages
@@ -60,6 +65,7 @@ from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
 from python_backend_lib.engine.graph_io import (
     META_CACHE_INDEX,
+    META_FOLLOWS,
     META_POSITION,
     META_RULES,
     META_TOKEN,
@@ -73,8 +79,9 @@ from python_backend_lib.engine.graph_io import (
 )
 from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.overlap import fed_inputs
 from python_backend_lib.engine.rows import Row
-from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
+from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, sample
 from python_backend_lib.engine.transfers import pinned, to_device
 
 log = logging.getLogger(__name__)
@@ -128,6 +135,7 @@ class _Entry:
         self.planned: torch.cuda.Event | None = None  # after the last plan's copies
         self.pad = np.zeros(N_META, dtype=np.int64)  # token 0 at position 0 of the scratch slot
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
+        self.pad[META_FOLLOWS] = -1
         self.self_pages_per_slot = shape.self_pages_per_slot
         self.cross_pages_per_slot = shape.cross_pages_per_slot
         self.audio_ctx = shape.audio_ctx
@@ -154,6 +162,7 @@ class _Entry:
             st[META_TOKEN, :n] = inputs.tokens
             st[META_POSITION, :n] = inputs.positions
             st[META_CACHE_INDEX, :n] = inputs.slots * self.text_ctx + inputs.positions
+            st[META_FOLLOWS, :n] = inputs.follows
             st[META_RULES:, :n] = inputs.facts
             lengths[:n] = inputs.positions + 1
 
@@ -216,6 +225,7 @@ class DecodeGraphs:
         )
         self.buckets = bucket_sizes(max_batch, buckets)
         self.timestamp_begin = config.special.timestamp_begin
+        self.picks = torch.zeros(self.max_batch, dtype=torch.long, device=attention.workspace.device)
         self._entries: dict[GraphKey, _Entry] = {}
         self._mempool = None
         self.capture_seconds = 0.0
@@ -268,8 +278,8 @@ class DecodeGraphs:
     def _capture(self, batch: int) -> None:
         key = self.key(batch)
         entry = _Entry(key, self.attention)
-        empty = StepInputs(*(np.zeros(0, dtype=np.int64) for _ in range(3)), np.zeros((N_RULE_FACTS, 0), np.int64),
-                           np.zeros(0))  # fmt: skip
+        nothing = np.zeros(0, dtype=np.int64)
+        empty = StepInputs(nothing, nothing, nothing, np.zeros((N_RULE_FACTS, 0), np.int64), np.zeros(0), nothing)
         entry.meta.copy_(entry.prepare(empty).pinned)  # every row padding
         entry.captured_plan = entry.decode.plan_info
         side = torch.cuda.Stream()
@@ -286,7 +296,8 @@ class DecodeGraphs:
 
     def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         meta = entry.meta
-        hidden = self.model.decoder(meta[META_TOKEN], meta[META_POSITION], entry.decode)
+        tokens, facts = fed_inputs(meta, self.picks, self.timestamp_begin)
+        hidden = self.model.decoder(tokens, meta[META_POSITION], entry.decode)
         raw = self.model.logits(hidden)  # [batch, vocab] float32
         # Read where <|startoftranscript|> was fed; the same arithmetic as the eager path.
         no_speech = raw.softmax(dim=-1)[:, self.no_speech]
@@ -295,8 +306,9 @@ class DecodeGraphs:
             detected = (language.indices.float(), language.values)
         else:
             detected = (torch.zeros_like(no_speech), torch.zeros_like(no_speech))
-        logits = self.rules.apply(raw, RuleFacts.from_table(meta[META_RULES:]))
+        logits = self.rules.apply(raw, facts)
         greedy, logprobs = sample(logits)
+        self.picks[: entry.key.batch].copy_(greedy)  # for the next step's following rows
         # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
         return logits, torch.stack([greedy.float(), logprobs, no_speech, *detected])
 
@@ -337,6 +349,7 @@ class DecodeGraphs:
             drawn, drawn_logprobs = sample(logits[index], temperatures)
             picked[PICKED_TOKEN].index_copy_(0, index, drawn.float())
             picked[PICKED_LOGPROB].index_copy_(0, index, drawn_logprobs)
+            self.picks.index_copy_(0, index, drawn)
         n = len(inputs.slots)
         kept = logits[:n].clone() if keep_logits else None
         return PendingStep(n, picked, kept, self.language_tokens is not None)

@@ -21,9 +21,10 @@ from python_backend_lib.engine.transfers import ToHost
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import _Entry
 
-# Rows of the `meta` buffer.
-META_TOKEN, META_POSITION, META_CACHE_INDEX = 0, 1, 2
-META_RULES = 3  # N_RULE_FACTS rows from here, in RuleFacts field order
+# Rows of the `meta` buffer. META_FOLLOWS: the row's index in the step before, whose
+# pick it feeds (read on the device, `overlap.fed_inputs`); -1 where the host knows the token.
+META_TOKEN, META_POSITION, META_CACHE_INDEX, META_FOLLOWS = 0, 1, 2, 3
+META_RULES = 4  # N_RULE_FACTS rows from here, in RuleFacts field order
 N_META = META_RULES + N_RULE_FACTS
 
 # Rows of the `picked` output, read back after every step.
@@ -35,11 +36,14 @@ N_PICKED = 5
 class StepInputs:
     """One step's rows as the host describes them (n rows, in order).
 
-    tokens: what each row feeds; a row that feeds the token its previous step
-        chose gets it written in at launch (`Prepared.staging`).
+    tokens: what each row feeds (-1 for a row that follows).
     positions: tokens each row has in its cache before this step.
-    facts: [N_RULE_FACTS, n] the logit rules' facts (`RuleFacts` field order).
+    facts: [N_RULE_FACTS, n] the logit rules' facts (`RuleFacts` field order); for a
+        row that follows, as if its previous pick were no timestamp (the device
+        corrects them once it has the pick).
     temperatures: rows above 0 draw their token at that temperature, on the device.
+    follows: each row's index in the step before, whose pick it feeds on the device
+        (the step is launched before that pick is known); -1: it feeds `tokens`.
     """
 
     slots: np.ndarray
@@ -47,6 +51,7 @@ class StepInputs:
     positions: np.ndarray
     facts: np.ndarray
     temperatures: np.ndarray
+    follows: np.ndarray
 
     @classmethod
     def of_rows(cls, rows: Sequence[Row], timestamp_begin: int) -> StepInputs:
@@ -59,6 +64,7 @@ class StepInputs:
             positions=np.fromiter((r.cached for r in rows), dtype=np.int64, count=n),
             facts=facts.T,
             temperatures=np.fromiter((r.options.temperature for r in rows), dtype=np.float64, count=n),
+            follows=np.full(n, -1, dtype=np.int64),
         )
 
 
@@ -76,7 +82,7 @@ class GraphStep:
 @dataclass
 class Prepared:
     """A step whose buffers and plans are written, waiting for `DecodeGraphs.launch`.
-    `staging` [N_META, batch] (pinned) may still be changed until then."""
+    `staging` [N_META, batch] (pinned) is what the device reads at launch."""
 
     entry: _Entry  # the bucket it was planned in
     inputs: StepInputs

@@ -3,14 +3,17 @@
 A graph step is host work (which rows, their tokens and rule facts, FlashInfer's
 page tables) followed by GPU work. Done one after the other, the GPU waits for
 the host at every step: about a third of a step of 256 rows of tiny. Here
-`DecodeBatch` plans step t+1 while step t runs, waits for t's picks only to
-write in the tokens that t chose, launches t+1, and then handles t's results
-(new tokens, finished rows, callbacks) while t+1 runs.
+`DecodeBatch` plans step t+1 while step t runs and launches it at once, before
+t's picks are known: the device feeds each row the token it chose at t
+(`fed_inputs`). Then the host waits for t's picks and handles them (new tokens,
+finished rows, callbacks) while t+1 runs, so the GPU goes from one step to the
+next without waiting for the host.
 
 What that asks of each row, relative to the step t in flight:
 - A row that chooses a token at t feeds it at t+1: it *follows*. Its position,
-  cache slot and page tables are known in advance; its token, and the rule
-  facts that depend on it (`rows.follow_facts`), are written in at launch.
+  cache slot and page tables are known in advance; its token, and the two rule
+  facts that depend on it (whether it is a timestamp, and which), are read on
+  the device from t's picks. The host learns them with t's picks (`Launched.settle`).
 - A row that reaches its token limit at t is done then, and skips t+1. A row
   that ends with <|endoftext|> at t has already been launched into t+1: that
   step's work for it is discarded (its slot may be given to a new request at
@@ -28,10 +31,11 @@ from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+import torch
 
-from python_backend_lib.engine.graph_io import META_RULES, META_TOKEN, GraphStep, PendingStep, Prepared, StepInputs
+from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, GraphStep, PendingStep, StepInputs
 from python_backend_lib.engine.rows import END_ALLOWED, Row, RowState, follow_facts
-from python_backend_lib.engine.rules import N_RULE_FACTS
+from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
 
 
 @dataclass(eq=False)
@@ -56,7 +60,8 @@ class Part:
 
 @dataclass
 class Launched:
-    """A launched graph step: its rows' parts, the tokens and facts it ran with, and its picks to come."""
+    """A launched graph step: its rows' parts, the tokens and facts it ran with
+    (those of following rows once `settle`d), and its picks to come."""
 
     parts: list[Part]
     tokens: np.ndarray  # [n]
@@ -65,6 +70,19 @@ class Launched:
 
     def result(self) -> GraphStep:
         return self.pending.result()
+
+    def settle(self, previous: Launched, picked: GraphStep, timestamp_begin: int) -> None:
+        """Write in the tokens the following rows were fed on the device, `previous`'s
+        picks, with the facts those tokens changed: what the step ran with."""
+        columns = [j for j, part in enumerate(self.parts) if part.follows is not None]
+        if not columns:
+            return
+        sources = [self.parts[j].follows for j in columns]
+        chosen = np.array([picked.tokens[i] for i in sources], dtype=np.int64)
+        after = follow_facts(previous.facts[:, sources], chosen, timestamp_begin)
+        after[END_ALLOWED] = self.facts[END_ALLOWED, columns]  # counted when planned
+        self.tokens[columns] = chosen
+        self.facts[:, columns] = after
 
     def remember_before(self) -> None:
         """Record each row as if this step had not been launched (`mark_launched`
@@ -95,7 +113,7 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
     in_flight = {part.row: (i, part) for i, part in enumerate(previous.parts)} if previous else {}
     parts: list[Part] = []
     eager: list[Row] = []
-    tokens, positions, slots, temperatures, facts = [], [], [], [], []
+    tokens, positions, slots, temperatures, facts, follows_at = [], [], [], [], [], []
     for row in rows:
         index, part = in_flight.get(row, (None, None))
         if part is not None and part.chooses:
@@ -122,32 +140,38 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
         slots.append(row.slot)
         temperatures.append(row.options.temperature if chooses else 0.0)
         facts.append(row_facts)
+        follows_at.append(-1 if follows is None else follows)
+    follows_at = np.array(follows_at, dtype=np.int64)
+    table = np.array(facts, dtype=np.int64).reshape(len(parts), N_RULE_FACTS).T
+    following = np.flatnonzero(follows_at >= 0)
+    if len(following):  # as if each pick were no timestamp; the device corrects it (`fed_inputs`)
+        table[:, following] = follow_facts(table[:, following], np.full(len(following), -1), timestamp_begin)
     inputs = StepInputs(
         slots=np.array(slots, dtype=np.int64),
         tokens=np.array(tokens, dtype=np.int64),
         positions=np.array(positions, dtype=np.int64),
-        facts=np.array(facts, dtype=np.int64).reshape(len(parts), N_RULE_FACTS).T,
+        facts=table,
         temperatures=np.array(temperatures, dtype=np.float64),
+        follows=follows_at,
     )
     return Plan(parts, inputs, eager)
 
 
-def fill_follows(prepared: Prepared, parts: Sequence[Part], previous: Launched | None, picked: GraphStep | None,
-                 timestamp_begin: int) -> tuple[np.ndarray, np.ndarray]:  # fmt: skip
-    """Write into the prepared step the tokens its following rows chose at `previous`
-    (whose picks are `picked`), with the rule facts those tokens change; return the
-    step's tokens [n] and facts table [N_RULE_FACTS, n]."""
-    n = len(parts)
-    staging = prepared.staging
-    columns = [j for j, part in enumerate(parts) if part.follows is not None]
-    if columns:
-        sources = [parts[j].follows for j in columns]
-        chosen = np.array([picked.tokens[i] for i in sources], dtype=np.int64)
-        after = follow_facts(previous.facts[:, sources], chosen, timestamp_begin)
-        after[END_ALLOWED] = staging[META_RULES + END_ALLOWED, columns]  # counted when planned
-        staging[META_TOKEN, columns] = chosen
-        staging[META_RULES:, columns] = after
-    return staging[META_TOKEN, :n].copy(), staging[META_RULES:, :n].copy()
+def fed_inputs(meta: torch.Tensor, picks: torch.Tensor, timestamp_begin: int) -> tuple[torch.Tensor, RuleFacts]:
+    """On the device: a step's tokens [b] and rule facts from its metadata [N_META, b],
+    where each row that follows (META_FOLLOWS) feeds the token its row picked at the
+    step before (`picks`, by that step's row order) and, if that token is a timestamp,
+    has it as its last (the host wrote the other facts: `plan_step`)."""
+    follows = meta[META_FOLLOWS]
+    fed = follows >= 0
+    chosen = picks.index_select(0, follows.clamp(min=0))
+    tokens = torch.where(fed, chosen, meta[META_TOKEN])
+    stamp = fed & (chosen >= timestamp_begin)
+    facts = RuleFacts.from_table(meta[META_RULES:])
+    return tokens, facts._replace(
+        last_is_timestamp=facts.last_is_timestamp | stamp,
+        last_timestamp=torch.where(stamp, chosen, facts.last_timestamp),
+    )
 
 
 def mark_launched(parts: Sequence[Part]) -> None:
