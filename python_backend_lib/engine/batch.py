@@ -266,9 +266,8 @@ class DecodeBatch:
         return done
 
     def _step_overlapped(self) -> list[Finished]:
-        """Launch the next graph step (planned while the one in flight runs; the device
-        feeds it that step's picks), then handle the one in flight; rows with long
-        prompts pass eagerly in between."""
+        """Launch the next graph step (planned while the one in flight runs, fed its picks
+        on the device), then handle the one in flight; long prompts pass eagerly first."""
         done = self._answer_silent(wait=False)
         previous = self._in_flight
         plan = plan_step(self.rows, previous, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
@@ -277,19 +276,17 @@ class DecodeBatch:
             self._in_flight = None
             done += self._finish(previous, previous.result(), followed=set()) if previous else []
             return done + self._step_now([r for r in self.rows])
-        prepared = self.graphs.prepare(plan.inputs) if plan.parts else None
         try:
             if plan.eager:  # rows not in the step in flight; rare (a long prompt)
                 self.counts.eager_passes += 1
                 done += self._step_eager(plan.eager)
-            launched = self._launch(plan.parts, prepared) if plan.parts else None
+            launched = self._launch(plan.parts, self.graphs.prepare(plan.inputs)) if plan.parts else None
             self._in_flight = launched
             if previous is not None:
                 picked = previous.result()
                 if launched is not None:
                     launched.settle(previous, picked, self.timestamp_begin)
-                followed = {p.row for p in plan.parts if p.follows is not None}
-                done += self._finish(previous, picked, followed)
+                done += self._finish(previous, picked, {p.row for p in plan.parts if p.follows is not None})
             if launched is not None:
                 launched.remember_before()
         except Exception as error:
@@ -297,11 +294,10 @@ class DecodeBatch:
         return done
 
     def _launch(self, parts: list[Part], prepared) -> Launched:
-        inputs = prepared.inputs
         pending = self.graphs.launch(prepared, keep_logits=self.logit_observer is not None)
         mark_launched(parts)
         self.counts.graph_replays += 1
-        return Launched(parts, inputs.tokens.copy(), inputs.facts.copy(), pending)
+        return Launched(parts, prepared.inputs.tokens.copy(), prepared.inputs.facts.copy(), pending)
 
     def _finish(self, launched: Launched, step: GraphStep, followed: set[Row]) -> list[Finished]:
         """Apply a graph step's picks to its rows that are still in the batch.
