@@ -2,12 +2,13 @@
 
 `execute` (Triton's thread) only checks each request, computes its log-mel on
 the engine's device without waiting for the device, and hands it to the engine;
-it returns at once. The engine thread never blocks on Triton either: it hands
-each finished transcript to a small pool of responder threads, which write the
-verbose_json and send it (a blocking round trip to the Triton process, during
-which Python runs on). Cancellations are learned in bulk on a thread of their
-own (`cancellation.CancellationWatcher`), and the request limit is kept by a
-`RequestLedger`.
+it returns at once, unless the engine is full and shares Triton's queue with
+others (it then waits for room: `AdmissionPolicy`). The engine thread never
+blocks on Triton either: it hands each finished transcript to a small pool of
+responder threads, which write the verbose_json and send it (a blocking round
+trip to the Triton process, during which Python runs on). Cancellations are
+learned in bulk on a thread of their own (`cancellation.CancellationWatcher`),
+and the request limit is kept by a `RequestLedger`.
 """
 
 from __future__ import annotations
