@@ -142,9 +142,10 @@ class ModelSettings:
         shared = engines > 1
         if self.max_queued_requests is not None:
             queued = self.max_queued_requests
+        elif not on_gpu:
+            queued = slots * QUEUED_PER_SLOT_CPU
         else:
-            per_slot = QUEUED_PER_SLOT_CPU if not on_gpu else QUEUED_PER_SLOT_SHARED if shared else QUEUED_PER_SLOT_GPU
-            queued = slots * per_slot
+            queued = slots * (QUEUED_PER_SLOT_SHARED if shared else QUEUED_PER_SLOT_GPU)
         return AdmissionPolicy(limit=slots + queued, wait_s=SHARED_ADMISSION_WAIT_S if shared else 0.0)
 
 
@@ -171,30 +172,33 @@ def auto_engines_per_gpu(dims: Any) -> int:
     return next((n for width, n in ENGINES_BY_ENCODER_WIDTH if dims.n_audio_state <= width), 1)
 
 
+def _instance_groups(model_config: str) -> list[tuple[str, int, list[int]]]:
+    """(kind, count, gpus) of each instance group in `args["model_config"]` (normalized
+    by Triton: KIND_AUTO resolved, a KIND_GPU group listing its GPUs, its count per GPU)."""
+    groups = json.loads(model_config).get("instance_group", [])
+    return [(g.get("kind", ""), int(g.get("count", 1)), list(g.get("gpus", []))) for g in groups]
+
+
 def engines_on_device(model_config: str, device: str) -> int:
     """How many instances of the model Triton runs on `device` ("cuda:<id>" or "cpu"),
-    from `args["model_config"]` in `initialize` (normalized): they share its memory and cores.
-
-    Triton has resolved KIND_AUTO there (KIND_GPU listing every GPU, or KIND_CPU);
-    a GPU group's count is per listed GPU.
-    """
+    from `args["model_config"]` in `initialize`: they share its memory and cores."""
     kind, _, index = device.partition(":")
     count = 0
-    for group in json.loads(model_config).get("instance_group", []):
-        if kind == "cuda" and group.get("kind") == "KIND_GPU" and int(index) in group.get("gpus", []):
-            count += int(group.get("count", 1))
-        elif kind == "cpu" and group.get("kind") == "KIND_CPU":
-            count += int(group.get("count", 1))
+    for group_kind, per_device, gpus in _instance_groups(model_config):
+        if kind == "cuda" and group_kind == "KIND_GPU" and int(index) in gpus:
+            count += per_device
+        elif kind == "cpu" and group_kind == "KIND_CPU":
+            count += per_device
     return max(1, count)
 
 
 def engines_sharing_queue(model_config: str) -> int:
     """How many instances of the model Triton runs in all, on every device: one queue feeds them."""
-    count = 0
-    for group in json.loads(model_config).get("instance_group", []):
-        per_device = int(group.get("count", 1))
-        count += per_device * max(1, len(group.get("gpus", []))) if group.get("kind") == "KIND_GPU" else per_device
-    return max(1, count)
+    total = sum(
+        per_device * max(1, len(gpus)) if kind == "KIND_GPU" else per_device
+        for kind, per_device, gpus in _instance_groups(model_config)
+    )
+    return max(1, total)
 
 
 def load_pipeline(
