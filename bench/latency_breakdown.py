@@ -125,8 +125,10 @@ def engine_part(checkpoint: str, job, args, out: Path, say) -> dict:
 
     from python_backend_lib.transcription.pipeline import Pipeline
 
+    from python_backend_lib.engine.loading import EngineSetup
+
     timings = instrument()
-    pipeline = Pipeline.load(checkpoint, device=args.device)
+    pipeline = Pipeline.load(checkpoint, device=args.device, setup=EngineSetup(step_kernels=not args.pytorch_step_tail))
     try:
         for _ in range(args.warmup):
             one_request(pipeline, job)
@@ -181,8 +183,8 @@ def report(record: dict) -> str:
         "",
         f"Commit {record['commit']}, {record['machine']}. Command: `{record['command']}`.",
         "",
-        f"Engine alone: p50 {engine['latency_ms']['p50']} ms, p99 {engine['latency_ms']['p99']} ms over "
-        f"{engine['requests']} requests, "
+        f"Engine alone ({record.get('step_tail', 'pytorch')} step tail): p50 {engine['latency_ms']['p50']} ms, "
+        f"p99 {engine['latency_ms']['p99']} ms over {engine['requests']} requests, "
         f"one at a time; log-mel {engine['log_mel_ms']} ms; {engine['graph_steps_per_request']} graph steps each.",
     ]
     if "served" in record:
@@ -214,6 +216,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
     parser.add_argument("--served", action="store_true", help="also measure the request through the server")
     parser.add_argument("--served-seconds", type=float, default=10.0)
+    parser.add_argument("--pytorch-step-tail", action="store_true",
+                        help="the engine without its fused step kernels (EngineSetup.step_kernels=False), to compare")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
 
@@ -233,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
         "commit": (made["commit"] or "?")[:10] + (" (changed)" if made["dirty"] else ""),
         "machine": f"{machine.get('gpu')}, {machine['cpu_count']} CPUs",
         "command": made["command"],
+        "step_tail": "pytorch" if args.pytorch_step_tail else "fused",
         "provenance": made,
         "engine": engine_part(checkpoint, job, args, args.out, say),
     }

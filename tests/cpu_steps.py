@@ -31,7 +31,7 @@ from python_backend_lib.engine.graph_io import (
 )
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import fed_inputs
-from python_backend_lib.engine.rules import LogitRules, sample
+from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
 
 
 class _Done:
@@ -84,7 +84,7 @@ class CpuStepTable:
         if self.config.multilingual:
             best = raw[:, list(special.language_tokens)].float().softmax(dim=-1).max(dim=-1)
             languages = list(zip(best.indices.tolist(), best.values.tolist()))
-        logits = self.rules.apply(raw, facts)
+        logits = self.rules.apply(raw, RuleFacts.from_table(facts))
         tokens, logprobs = sample(logits)
         hot = np.flatnonzero(inputs.temperatures > 0)
         if len(hot):

@@ -62,6 +62,7 @@ import numpy as np
 import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
+from python_backend_lib.engine import step_kernels as fused_tail
 from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
 from python_backend_lib.engine.graph_io import (
     META_CACHE_INDEX,
@@ -70,7 +71,11 @@ from python_backend_lib.engine.graph_io import (
     META_RULES,
     META_TOKEN,
     N_META,
+    N_PICKED,
+    PICKED_LANGUAGE,
+    PICKED_LANGUAGE_PROBABILITY,
     PICKED_LOGPROB,
+    PICKED_NO_SPEECH,
     PICKED_TOKEN,
     GraphStep,
     PendingStep,
@@ -81,7 +86,7 @@ from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import fed_inputs
 from python_backend_lib.engine.rows import Row
-from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, sample
+from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
 from python_backend_lib.engine.transfers import pinned, to_device
 
 log = logging.getLogger(__name__)
@@ -213,11 +218,20 @@ class DecodeGraphs:
         *,
         max_batch: int,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
+        step_kernels: bool = True,
     ) -> None:
+        """step_kernels: the step's tail (feed, rules, choice) in `step_kernels`' four
+        kernels when Triton is installed; False, or without Triton: PyTorch's ~80."""
         self.model = model
         self.config = config
         self.attention = attention
-        self.rules = LogitRules(config, attention.workspace.device)
+        device = attention.workspace.device
+        self.rules = LogitRules(config, device)
+        self.kernels = None
+        if step_kernels and fused_tail.available():
+            self.kernels = fused_tail.StepKernels(config, device)
+        elif step_kernels:
+            log.warning("Triton is not installed: each decode step applies the logit rules with PyTorch, more slowly")
         special = config.special
         self.no_speech = special.nospeech
         self.language_tokens = (
@@ -295,22 +309,38 @@ class DecodeGraphs:
         self._entries[key] = entry
 
     def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
-        meta = entry.meta
-        tokens, facts = fed_inputs(meta, self.picks, self.timestamp_begin)
+        meta, b = entry.meta, entry.key.batch
+        if self.kernels is not None:
+            tokens, facts = self.kernels.feed(meta, self.picks)
+        else:
+            tokens, facts = fed_inputs(meta, self.picks, self.timestamp_begin)
         hidden = self.model.decoder(tokens, meta[META_POSITION], entry.decode)
-        raw = self.model.logits(hidden)  # [batch, vocab] float32
-        # Read where <|startoftranscript|> was fed; the same arithmetic as the eager path.
-        no_speech = raw.softmax(dim=-1)[:, self.no_speech]
+        raw = self.model.raw_logits(hidden)  # [batch, vocab] in the model's dtype
+        logits = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
+        # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
+        picked = torch.zeros(N_PICKED, b, dtype=torch.float32, device=raw.device)
+        if self.kernels is not None:
+            self.kernels.choose(
+                raw,
+                facts,
+                logits=logits,
+                picks=self.picks[:b],
+                token_values=picked[PICKED_TOKEN],
+                logprobs=picked[PICKED_LOGPROB],
+                no_speech=picked[PICKED_NO_SPEECH],
+            )
+        else:
+            # Read where <|startoftranscript|> was fed; the same arithmetic as the eager path.
+            picked[PICKED_NO_SPEECH] = raw.float().softmax(dim=-1)[:, self.no_speech]
+            logits.copy_(self.rules.apply(raw.float(), RuleFacts.from_table(facts)))
+            greedy, picked[PICKED_LOGPROB] = sample(logits)
+            picked[PICKED_TOKEN] = greedy.float()
+            self.picks[:b].copy_(greedy)  # for the next step's following rows
         if self.language_tokens is not None:
             language = raw[:, self.language_tokens].float().softmax(dim=-1).max(dim=-1)
-            detected = (language.indices.float(), language.values)
-        else:
-            detected = (torch.zeros_like(no_speech), torch.zeros_like(no_speech))
-        logits = self.rules.apply(raw, facts)
-        greedy, logprobs = sample(logits)
-        self.picks[: entry.key.batch].copy_(greedy)  # for the next step's following rows
-        # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
-        return logits, torch.stack([greedy.float(), logprobs, no_speech, *detected])
+            picked[PICKED_LANGUAGE] = language.indices.float()
+            picked[PICKED_LANGUAGE_PROBABILITY] = language.values
+        return logits, picked
 
     # steps -----------------------------------------------------------------
 

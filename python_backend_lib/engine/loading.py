@@ -65,6 +65,9 @@ class EngineSetup:
     engines_on_device: engines (Triton instances, each its own process) sharing
         this device: on a GPU they split its KV memory, on the CPU its cores.
     cuda_graphs: capture the decode step per batch bucket (FlashInfer only).
+    step_kernels: in those steps, feed the rows, apply the logit rules and choose the
+        tokens with Triton kernels (`engine.step_kernels`) when Triton is installed;
+        False: with PyTorch's operations (about 80 more kernels a step; for comparisons).
     require_gpu_engine: on a CUDA device, refuse to start without FlashInfer and
         CUDA graphs instead of falling back to SDPA.
     faults: test-only faults to inject (`engine.faults`); none by default.
@@ -73,6 +76,7 @@ class EngineSetup:
     slots: int | None = None
     attention: AttentionKind = AttentionKind.AUTO
     cuda_graphs: bool = True
+    step_kernels: bool = True
     kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION
     engines_on_device: int = 1
     require_gpu_engine: bool = False
@@ -140,7 +144,7 @@ def build_batch(
 
             start = time.perf_counter()
             stage = f"capturing CUDA graphs for up to {slots} requests"
-            graphs = DecodeGraphs(model, config, backend, max_batch=slots)
+            graphs = DecodeGraphs(model, config, backend, max_batch=slots, step_kernels=setup.step_kernels)
             graphs.capture()
             times.timed("cuda_graphs", start)
             start = time.perf_counter()

@@ -153,7 +153,12 @@ class Whisper(nn.Module):
         """hidden [N, width] -> logits [N, vocab] in float32 (tied output projection)."""
         if self.packed_output is not None:
             return cpu_linear.packed_linear(hidden, self.packed_output, None).float()
-        return (hidden @ self.decoder.embed_tokens.weight.T).float()
+        return self.raw_logits(hidden).float()
+
+    def raw_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden [N, width] -> logits [N, vocab] in the model's dtype, for kernels that
+        read them as float32 themselves (`step_kernels`); not on the packed CPU path."""
+        return hidden @ self.decoder.embed_tokens.weight.T
 
     def decode_step(
         self, tokens: torch.Tensor, layout: StepLayout, attention: AttentionBackend, logit_index: torch.Tensor

@@ -34,8 +34,8 @@ import numpy as np
 import torch
 
 from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, GraphStep, PendingStep, StepInputs
-from python_backend_lib.engine.rows import END_ALLOWED, Row, RowState, follow_facts
-from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
+from python_backend_lib.engine.rows import END_ALLOWED, LAST_IS_TIMESTAMP, LAST_TIMESTAMP, Row, RowState, follow_facts
+from python_backend_lib.engine.rules import N_RULE_FACTS
 
 
 @dataclass(eq=False)
@@ -157,21 +157,22 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
     return Plan(parts, inputs, eager)
 
 
-def fed_inputs(meta: torch.Tensor, picks: torch.Tensor, timestamp_begin: int) -> tuple[torch.Tensor, RuleFacts]:
-    """On the device: a step's tokens [b] and rule facts from its metadata [N_META, b],
-    where each row that follows (META_FOLLOWS) feeds the token its row picked at the
-    step before (`picks`, by that step's row order) and, if that token is a timestamp,
-    has it as its last (the host wrote the other facts: `plan_step`)."""
+def fed_inputs(meta: torch.Tensor, picks: torch.Tensor, timestamp_begin: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """On the device: a step's tokens [b] and rule facts [N_RULE_FACTS, b] (`RuleFacts`
+    field order) from its metadata [N_META, b], where each row that follows
+    (META_FOLLOWS) feeds the token its row picked at the step before (`picks`, by that
+    step's row order) and, if that token is a timestamp, has it as its last (the host
+    wrote the other facts: `plan_step`). `step_kernels.StepKernels.feed` is the same
+    in one kernel."""
     follows = meta[META_FOLLOWS]
     fed = follows >= 0
     chosen = picks.index_select(0, follows.clamp(min=0))
     tokens = torch.where(fed, chosen, meta[META_TOKEN])
     stamp = fed & (chosen >= timestamp_begin)
-    facts = RuleFacts.from_table(meta[META_RULES:])
-    return tokens, facts._replace(
-        last_is_timestamp=facts.last_is_timestamp | stamp,
-        last_timestamp=torch.where(stamp, chosen, facts.last_timestamp),
-    )
+    facts = meta[META_RULES:].clone()
+    facts[LAST_IS_TIMESTAMP] |= stamp
+    facts[LAST_TIMESTAMP] = torch.where(stamp, chosen, facts[LAST_TIMESTAMP])
+    return tokens, facts
 
 
 def mark_launched(parts: Sequence[Part]) -> None:

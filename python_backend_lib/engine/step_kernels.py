@@ -1,0 +1,297 @@
+"""The tail of a captured decode step in four Triton kernels: what each row feeds,
+Whisper's logit rules, the greedy choice and the no-speech probability.
+
+Done with PyTorch operations (`overlap.fed_inputs`, `rules.LogitRules`,
+`rules.sample`), that tail is about 80 kernels a step: the rules' masks over
+[rows, vocab], and five reductions over the vocabulary that each run one row on
+one block of threads (11 to 14 us apiece at one row on an H100). At small batches
+it was a third of a graph step's GPU time. Here:
+
+- `_feed`: each row's token and rule facts, the picks of the step before written
+  in for rows that follow (what `overlap.fed_inputs` computes);
+- `_chunk_stats`: one program per (row, chunk of the vocabulary) masks its chunk
+  by the rules (what `LogitRules.apply` masks before its timestamp test), writes
+  it out, and reduces it: the best token below the timestamps and the sums of
+  exponentials that a softmax needs, for the tokens below the timestamps, the
+  timestamps, and the raw logits;
+- `_row_choice`: one program per row merges its chunks, applies the rule that
+  forces a timestamp when the timestamps together outweigh every text token,
+  and writes the token, its log-probability and the no-speech probability;
+- `_forced_text_mask`: masks everything but the timestamps in the written
+  logits of the rows forced to a timestamp (what the rule's masked_fill does).
+
+Tokens equal the PyTorch path's: the masks are the same, a maximum is exact
+whatever the order it is taken in, and ties go to the lower token id as
+`argmax`'s do. Log-probabilities, the no-speech probability and the timestamp
+test sum their exponentials in another order: they agree to float32 rounding
+(tests/test_step_kernels.py compares both paths; on a machine without a GPU, in
+Triton's interpreter).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from python_backend_lib.core.model_facts import ModelConfig
+from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN
+from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
+
+log = logging.getLogger(__name__)
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU torch of a CI machine, or a GPU image without Triton
+    triton = None
+
+# The vocabulary is reduced in chunks of this many tokens, one program each, so a
+# single row spreads over 26 programs (multilingual vocabulary) instead of one.
+CHUNK = 2048
+# What `_chunk_stats` leaves of each chunk for `_row_choice`, at these offsets: 0-2 the
+# tokens below the timestamps (their maximum, sum of exp(x - maximum), first best token),
+# 3-5 the same for the timestamps, 6 the best text token's logit, 7-8 the raw logits'
+# maximum and sum of exponentials (for the no-speech probability).
+N_STATS = 9
+# Bits of the static token flags: suppressed by the checkpoint, or blank at the first step.
+SUPPRESSED, BLANK = 1, 2
+_FACT = {name: i for i, name in enumerate(RuleFacts._fields)}
+
+
+def available() -> bool:
+    """Whether Triton is installed, so that a CUDA engine can use these kernels."""
+    return triton is not None
+
+
+if triton is not None:
+
+    # Strides, row counts and the picked rows' offsets vary with the bucket: without
+    # do_not_specialize, Triton would compile a variant per divisibility class.
+    @triton.jit(do_not_specialize=["meta_stride", "facts_stride", "rows"])
+    def _feed(
+        meta_ptr, meta_stride, picks_ptr, tokens_ptr, facts_ptr, facts_stride, rows, timestamp_begin,
+        META_TOKEN: tl.constexpr, META_FOLLOWS: tl.constexpr, META_RULES: tl.constexpr,
+        N_FACTS: tl.constexpr, LAST_IS_TIMESTAMP: tl.constexpr, LAST_TIMESTAMP: tl.constexpr,
+        BLOCK: tl.constexpr,
+    ):
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        inside = i < rows
+        follows = tl.load(meta_ptr + META_FOLLOWS * meta_stride + i, mask=inside, other=-1)
+        fed = follows >= 0
+        chosen = tl.load(picks_ptr + tl.maximum(follows, 0), mask=inside, other=0)
+        own = tl.load(meta_ptr + META_TOKEN * meta_stride + i, mask=inside, other=0)
+        tl.store(tokens_ptr + i, tl.where(fed, chosen, own), mask=inside)
+        stamp = fed & (chosen >= timestamp_begin)
+        for k in tl.static_range(N_FACTS):
+            fact = tl.load(meta_ptr + (META_RULES + k) * meta_stride + i, mask=inside, other=0)
+            if k == LAST_IS_TIMESTAMP:
+                fact = tl.where(stamp, 1, fact)
+            if k == LAST_TIMESTAMP:
+                fact = tl.where(stamp, chosen, fact)
+            tl.store(facts_ptr + k * facts_stride + i, fact, mask=inside)
+
+    @triton.jit
+    def _fact(facts_ptr, facts_stride, row, k: tl.constexpr):
+        return tl.load(facts_ptr + k * facts_stride + row)
+
+    @triton.jit
+    def _sum_exp(x, top):
+        """sum(exp(x - top)) over x's finite entries; 0 when none is."""
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        return tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - safe)), axis=0)
+
+    @triton.jit
+    def _first_max(x, index, top):
+        """The lowest index where x equals its maximum `top` (as argmax breaks ties)."""
+        return tl.min(tl.where(x == top, index, 2**30), axis=0)
+
+    @triton.jit(do_not_specialize=["facts_stride"])
+    def _chunk_stats(
+        raw_ptr, raw_stride, facts_ptr, facts_stride, flags_ptr, logits_ptr, logits_stride, stats_ptr,
+        vocab, eot, no_timestamps, timestamp_begin, chunks,
+        AT_BEGIN: tl.constexpr, SUPPRESS_BLANK: tl.constexpr, TIMESTAMPS: tl.constexpr,
+        LAST_IS_TIMESTAMP: tl.constexpr, PENULTIMATE_IS_TIMESTAMP: tl.constexpr, LAST_TIMESTAMP: tl.constexpr,
+        MAX_INITIAL: tl.constexpr, END_ALLOWED: tl.constexpr, N_STATS: tl.constexpr, BLOCK: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        chunk = tl.program_id(1)
+        v = chunk * BLOCK + tl.arange(0, BLOCK)
+        inside = v < vocab
+        raw = tl.load(raw_ptr + row * raw_stride + v, mask=inside, other=float("-inf")).to(tl.float32)
+        flags = tl.load(flags_ptr + v, mask=inside, other=0)
+        at_begin = _fact(facts_ptr, facts_stride, row, AT_BEGIN) != 0
+        blank = at_begin & (_fact(facts_ptr, facts_stride, row, SUPPRESS_BLANK) != 0)
+        stamps = _fact(facts_ptr, facts_stride, row, TIMESTAMPS) != 0
+        last_is = _fact(facts_ptr, facts_stride, row, LAST_IS_TIMESTAMP) != 0
+        penultimate_is = _fact(facts_ptr, facts_stride, row, PENULTIMATE_IS_TIMESTAMP) != 0
+        penultimate_not = _fact(facts_ptr, facts_stride, row, PENULTIMATE_IS_TIMESTAMP) == 0
+        last = _fact(facts_ptr, facts_stride, row, LAST_TIMESTAMP)
+        max_initial = _fact(facts_ptr, facts_stride, row, MAX_INITIAL)
+        end_barred = _fact(facts_ptr, facts_stride, row, END_ALLOWED) == 0
+
+        is_stamp = v >= timestamp_begin
+        is_text = v < eot
+        # The rules of `LogitRules.apply`, in its order.
+        masked = (flags & SUPPRESSED) != 0
+        masked |= blank & ((flags & BLANK) != 0)
+        masked |= end_barred & (v == eot)
+        masked |= stamps & (v == no_timestamps)
+        after_single = stamps & last_is & penultimate_not
+        masked |= (stamps & last_is & penultimate_is) & is_stamp
+        masked |= after_single & is_text
+        floor = tl.where(after_single, last, last + 1)
+        masked |= (stamps & (last >= 0)) & is_stamp & (v < floor)
+        masked |= (stamps & at_begin) & ((v < timestamp_begin) | (v > max_initial))
+        x = tl.where(masked | (v >= vocab), float("-inf"), raw)
+        tl.store(logits_ptr + row * logits_stride + v, x, mask=inside)
+
+        below = tl.where(is_stamp, float("-inf"), x)
+        stamp = tl.where(is_stamp, x, float("-inf"))
+        below_max = tl.max(below, axis=0)
+        stamp_max = tl.max(stamp, axis=0)
+        raw_max = tl.max(raw, axis=0)
+        out = stats_ptr + (row * chunks + chunk) * N_STATS
+        tl.store(out + 0, below_max)
+        tl.store(out + 1, _sum_exp(below, below_max))
+        tl.store(out + 2, _first_max(below, v, below_max).to(tl.float32))
+        tl.store(out + 3, stamp_max)
+        tl.store(out + 4, _sum_exp(stamp, stamp_max))
+        tl.store(out + 5, _first_max(stamp, v, stamp_max).to(tl.float32))
+        tl.store(out + 6, tl.max(tl.where(is_text, x, float("-inf")), axis=0))
+        tl.store(out + 7, raw_max)
+        tl.store(out + 8, _sum_exp(raw, raw_max))
+
+    @triton.jit
+    def _merged(stats_ptr, c, inside, top_at: tl.constexpr, sum_at: tl.constexpr, N_STATS: tl.constexpr):
+        """(max, sum of exp(x - max)) over a row's chunks, from each chunk's pair."""
+        tops = tl.load(stats_ptr + c * N_STATS + top_at, mask=inside, other=float("-inf"))
+        sums = tl.load(stats_ptr + c * N_STATS + sum_at, mask=inside, other=0.0)
+        top = tl.max(tops, axis=0)
+        return top, _sum_exp_weighted(tops, sums, top)
+
+    @triton.jit
+    def _sum_exp_weighted(tops, sums, top):
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        return tl.sum(tl.where(tops == float("-inf"), 0.0, sums * tl.exp(tops - safe)), axis=0)
+
+    @triton.jit(do_not_specialize=["facts_stride", "token_value_ptr", "logprob_ptr", "no_speech_ptr"])
+    def _row_choice(
+        stats_ptr, raw_ptr, raw_stride, facts_ptr, facts_stride, chunks, no_speech_token,
+        picks_ptr, token_value_ptr, logprob_ptr, no_speech_ptr, forced_ptr,
+        TIMESTAMPS: tl.constexpr, N_STATS: tl.constexpr, BLOCK_CHUNKS: tl.constexpr,
+    ):
+        row = tl.program_id(0)
+        c = tl.arange(0, BLOCK_CHUNKS)
+        inside = c < chunks
+        stats = stats_ptr + row * chunks * N_STATS
+        below_max, below_sum = _merged(stats, c, inside, 0, 1, N_STATS)
+        stamp_max, stamp_sum = _merged(stats, c, inside, 3, 4, N_STATS)
+        raw_max, raw_sum = _merged(stats, c, inside, 7, 8, N_STATS)
+        below_args = tl.load(stats + c * N_STATS + 2, mask=inside, other=0.0)
+        stamp_args = tl.load(stats + c * N_STATS + 5, mask=inside, other=0.0)
+        below_tops = tl.load(stats + c * N_STATS + 0, mask=inside, other=float("-inf"))
+        stamp_tops = tl.load(stats + c * N_STATS + 3, mask=inside, other=float("-inf"))
+        below_arg = tl.min(tl.where(inside & (below_tops == below_max), below_args, 2.0**30), axis=0)
+        stamp_arg = tl.min(tl.where(inside & (stamp_tops == stamp_max), stamp_args, 2.0**30), axis=0)
+        text_max = tl.max(tl.load(stats + c * N_STATS + 6, mask=inside, other=float("-inf")), axis=0)
+
+        # log_softmax(x) = x - top - log(total), over the masked row.
+        top = tl.maximum(below_max, stamp_max)
+        safe = tl.where(top == float("-inf"), 0.0, top)
+        below_part = tl.where(below_max == float("-inf"), 0.0, below_sum * tl.exp(below_max - safe))
+        stamp_part = tl.where(stamp_max == float("-inf"), 0.0, stamp_sum * tl.exp(stamp_max - safe))
+        log_total = tl.log(below_part + stamp_part)
+        # The timestamps' summed probability against the likeliest text token, in log space.
+        timestamp_mass = (stamp_max - top) + tl.log(stamp_sum) - log_total
+        best_text = (text_max - top) - log_total
+        stamps = _fact(facts_ptr, facts_stride, row, TIMESTAMPS) != 0
+        forced = stamps & (timestamp_mass > best_text)
+        # Forced: the likeliest timestamp, its log-probability among the timestamps alone.
+        take_stamp = forced | (stamp_max > below_max)
+        token = tl.where(take_stamp, stamp_arg, below_arg)
+        logprob = tl.where(
+            forced,
+            (stamp_max - stamp_max) - tl.log(stamp_sum),
+            (tl.where(take_stamp, stamp_max, below_max) - top) - log_total,
+        )
+        raw_no_speech = tl.load(raw_ptr + row * raw_stride + no_speech_token).to(tl.float32)
+        tl.store(picks_ptr + row, token.to(tl.int64))
+        tl.store(token_value_ptr + row, token)
+        tl.store(logprob_ptr + row, logprob)
+        tl.store(no_speech_ptr + row, tl.exp(raw_no_speech - raw_max) / raw_sum)
+        tl.store(forced_ptr + row, forced.to(tl.int32))
+
+    @triton.jit
+    def _forced_text_mask(logits_ptr, logits_stride, forced_ptr, timestamp_begin, BLOCK: tl.constexpr):
+        row = tl.program_id(0)
+        v = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        if tl.load(forced_ptr + row) != 0:
+            tl.store(logits_ptr + row * logits_stride + v, float("-inf"), mask=v < timestamp_begin)
+
+
+class StepKernels:
+    """The fused tail of a decode step for one checkpoint's vocabulary, on one device."""
+
+    def __init__(self, config: ModelConfig, device: torch.device) -> None:
+        if triton is None:
+            raise RuntimeError("the fused step kernels need Triton (the triton package)")
+        special = config.special
+        self.vocab = config.dims.n_vocab
+        self.eot = special.eot
+        self.no_timestamps = special.no_timestamps
+        self.no_speech = special.nospeech
+        self.timestamp_begin = special.timestamp_begin
+        self.chunks = triton.cdiv(self.vocab, CHUNK)
+        flags = torch.zeros(self.vocab, dtype=torch.int8)
+        flags[list(config.suppress_tokens)] |= SUPPRESSED
+        flags[list(config.begin_suppress_tokens)] |= BLANK
+        self.flags = flags.to(device)
+
+    def feed(self, meta: torch.Tensor, picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """On the device: a step's tokens [b] and rule facts [N_RULE_FACTS, b] from its
+        metadata [N_META, b] and the step before's `picks`, as `overlap.fed_inputs` computes them."""
+        rows = meta.shape[1]
+        tokens = torch.empty(rows, dtype=torch.long, device=meta.device)
+        facts = torch.empty(N_RULE_FACTS, rows, dtype=torch.long, device=meta.device)
+        block = max(16, triton.next_power_of_2(rows))
+        _feed[(triton.cdiv(rows, block),)](
+            meta, meta.stride(0), picks, tokens, facts, facts.stride(0), rows, self.timestamp_begin,
+            META_TOKEN=META_TOKEN, META_FOLLOWS=META_FOLLOWS, META_RULES=META_RULES, N_FACTS=N_RULE_FACTS,
+            LAST_IS_TIMESTAMP=_FACT["last_is_timestamp"], LAST_TIMESTAMP=_FACT["last_timestamp"], BLOCK=block,
+        )
+        return tokens, facts
+
+    def choose(
+        self,
+        raw: torch.Tensor,
+        facts: torch.Tensor,
+        *,
+        logits: torch.Tensor,
+        picks: torch.Tensor,
+        token_values: torch.Tensor,
+        logprobs: torch.Tensor,
+        no_speech: torch.Tensor,
+    ) -> None:
+        """raw logits [b, vocab] (any float dtype), facts [N_RULE_FACTS, b] integers ->
+        written in place: the filtered logits [b, vocab] float32, each row's greedy token
+        (`picks` [b] long, and `token_values` [b] float32), its log-probability under the
+        filtered logits, and the no-speech probability of its raw logits ([b] float32 each)."""
+        rows = raw.shape[0]
+        assert raw.shape[1] == self.vocab and logits.stride(1) == 1 and raw.stride(1) == 1
+        stats = torch.empty(rows, self.chunks, N_STATS, dtype=torch.float32, device=raw.device)
+        forced = torch.empty(rows, dtype=torch.int32, device=raw.device)
+        _chunk_stats[(rows, self.chunks)](
+            raw, raw.stride(0), facts, facts.stride(0), self.flags, logits, logits.stride(0), stats,
+            self.vocab, self.eot, self.no_timestamps, self.timestamp_begin, self.chunks,
+            **{name.upper(): index for name, index in _FACT.items()}, N_STATS=N_STATS, BLOCK=CHUNK, num_warps=4,
+        )
+        _row_choice[(rows,)](
+            stats, raw, raw.stride(0), facts, facts.stride(0), self.chunks, self.no_speech,
+            picks, token_values, logprobs, no_speech, forced,
+            TIMESTAMPS=_FACT["timestamps"], N_STATS=N_STATS,
+            BLOCK_CHUNKS=triton.next_power_of_2(self.chunks), num_warps=1,
+        )
+        _forced_text_mask[(rows, triton.cdiv(self.timestamp_begin, CHUNK))](
+            logits, logits.stride(0), forced, self.timestamp_begin, BLOCK=CHUNK, num_warps=4,
+        )
