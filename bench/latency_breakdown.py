@@ -123,9 +123,8 @@ def kernel_summary(profiler, requests: int, steps: float) -> dict:
 def engine_part(checkpoint: str, job, args, out: Path, say) -> dict:
     import torch
 
-    from python_backend_lib.transcription.pipeline import Pipeline
-
     from python_backend_lib.engine.loading import EngineSetup
+    from python_backend_lib.transcription.pipeline import Pipeline
 
     timings = instrument()
     pipeline = Pipeline.load(checkpoint, device=args.device, setup=EngineSetup(step_kernels=not args.pytorch_step_tail))

