@@ -60,17 +60,28 @@ class Timings:
 
 
 def instrument() -> Timings:
+    from python_backend_lib.engine import batch, cuda_graphs
     from python_backend_lib.engine.batch import DecodeBatch
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs
     from python_backend_lib.engine.graph_io import PendingStep
+    from python_backend_lib.engine.overlap import Launched
     from python_backend_lib.engine.scheduler import Engine
 
     timings = Timings()
     timings.wrap(Engine, "_encode", "admit (encoder launched)")
+    timings.wrap(Engine, "_collect", "engine loop: collect new windows")
+    timings.wrap(Engine, "_deliver", "engine loop: deliver finished")
+    timings.wrap(DecodeBatch, "checkpoint", "engine loop: checkpoint the rows")
     timings.wrap(DecodeBatch, "step", "decoder step (on the engine thread)")
-    timings.wrap(DecodeGraphs, "prepare", "  step: prepare (plan, page tables)")
+    timings.wrap(batch, "plan_step", "  step: plan (rows, tokens, facts)")
+    timings.wrap(DecodeGraphs, "prepare", "  step: prepare (page tables, staging)")
+    timings.wrap(cuda_graphs, "page_table", "    prepare: page tables (numpy)")
+    timings.wrap(cuda_graphs, "pinned", "    prepare: pinned copies")
     timings.wrap(DecodeGraphs, "launch", "  step: launch (copy in, replay)")
     timings.wrap(PendingStep, "result", "  step: wait for picks")
+    timings.wrap(Launched, "settle", "  step: settle the fed tokens")
+    timings.wrap(DecodeBatch, "_finish", "  step: handle the picks")
+    timings.wrap(Launched, "remember_before", "  step: remember the rows")
     return timings
 
 
