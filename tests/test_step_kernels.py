@@ -21,7 +21,8 @@ from reference import hf_processors, random_history
 
 from python_backend_lib.checkpoints.weights import load_config
 from python_backend_lib.core.options import DecodingOptions
-from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, N_META
+from python_backend_lib.engine.flashinfer_attention import page_table
+from python_backend_lib.engine.graph_io import META_FOLLOWS, META_POSITION, META_RULES, META_TOKEN, N_META
 from python_backend_lib.engine.overlap import fed_inputs
 from python_backend_lib.engine.prompt import Prompt
 from python_backend_lib.engine.rows import Row
@@ -114,15 +115,20 @@ def test_the_feed_kernel_equals_fed_inputs():
     rows = 13
     meta = np.zeros((N_META, rows), dtype=np.int64)
     meta[META_TOKEN] = rng.integers(0, 50000, rows)
+    meta[META_POSITION] = rng.integers(0, 440, rows)
     meta[META_FOLLOWS] = np.where(rng.random(rows) < 0.6, rng.integers(0, 20, rows), -1)
     meta[META_RULES:] = rng.integers(0, 2, (N_RULE_FACTS, rows))
     picks = np.where(rng.random(20) < 0.5, rng.integers(0, 50000, 20), rng.integers(begin, begin + 1500, 20))
     meta, picks = torch.from_numpy(meta), torch.from_numpy(picks)
     tokens, facts = fed_inputs(meta, picks, begin)
     kernels = step_kernels.StepKernels(multilingual, DEVICE)
-    fused_tokens, fused_facts = kernels.feed(meta.to(DEVICE), picks.to(DEVICE))
+    last_page_len = torch.zeros(rows, dtype=torch.int32, device=DEVICE)
+    fused_tokens, fused_facts = kernels.feed(meta.to(DEVICE), picks.to(DEVICE), last_page_len=last_page_len)
     assert fused_tokens.cpu().tolist() == tokens.tolist()
     assert fused_facts.cpu().tolist() == facts.tolist()
+    # What FlashInfer's page table says of the last page of a row with position + 1 keys.
+    expected = page_table(np.zeros(rows, np.int64), meta[META_POSITION].numpy() + 1, 28).last_page_len
+    assert last_page_len.cpu().tolist() == expected.tolist()
     followed = meta[META_FOLLOWS] >= 0
     assert followed.any() and (~followed).any() and (picks[meta[META_FOLLOWS][followed]] >= begin).any()
 
@@ -133,9 +139,10 @@ _FACT_CONSTANTS = {name.upper(): i for i, name in enumerate(RuleFacts._fields)}
 _SIGNATURES = {
     "_feed": (
         {"meta_ptr": "*i64", "meta_stride": "i32", "picks_ptr": "*i64", "tokens_ptr": "*i64", "facts_ptr": "*i64",
-         "facts_stride": "i32", "rows": "i32", "timestamp_begin": "i32"},
-        {"META_TOKEN": META_TOKEN, "META_FOLLOWS": META_FOLLOWS, "META_RULES": META_RULES, "N_FACTS": N_RULE_FACTS,
-         "LAST_IS_TIMESTAMP": 3, "LAST_TIMESTAMP": 5, "BLOCK": 16},
+         "facts_stride": "i32", "last_page_len_ptr": "*i32", "rows": "i32", "timestamp_begin": "i32"},
+        {"META_TOKEN": META_TOKEN, "META_POSITION": META_POSITION, "META_FOLLOWS": META_FOLLOWS,
+         "META_RULES": META_RULES, "N_FACTS": N_RULE_FACTS, "LAST_IS_TIMESTAMP": 3, "LAST_TIMESTAMP": 5,
+         "PAGE_SIZE": 16, "BLOCK": 16},
     ),
     "_chunk_stats": (
         {"raw_ptr": "*fp16", "raw_stride": "i32", "facts_ptr": "*i64", "facts_stride": "i32", "flags_ptr": "*i8",

@@ -28,8 +28,9 @@ Static buffers, and the rules for them:
   follow from here (`overlap.fed_inputs`), so it is launched before the host has
   seen them.
 - FlashInfer's page-table buffers, one int32 block per bucket: the self table
-  is re-planned only when a row's page count or slot changes (every 16 tokens),
-  otherwise only the last-page lengths change; the cross table has 94 pages
+  is re-planned only when a row's page count or slot changes (every 16 tokens);
+  the last pages' fill, which changes at every step, the step's first kernel
+  writes from the rows' positions (`step_kernels`); the cross table has 94 pages
   per row whatever happens, so it is planned once at capture and afterwards
   only its page indices are rewritten, when slots change.
 - Padded rows point at the scratch slot 0 with one self position and the full
@@ -37,8 +38,9 @@ Static buffers, and the rules for them:
 - Plan, copy and replay on one stream (the current one). A step is planned
   while the one before it still runs (`engine.overlap`), so nothing the host
   writes may wait for the stream or be rewritten under a copy still queued:
-  every host-to-device copy comes from pinned memory allocated for that step
-  (PyTorch's pinned allocator keeps it until its copy ran), FlashInfer gets its
+  every host-to-device copy comes from pinned memory that no later step rewrites
+  before the copy ran (each bucket's `PinnedRing` of staging buffers, or memory
+  allocated for that copy, which PyTorch's pinned allocator keeps), FlashInfer gets its
   page indices on the device (it copies host indices synchronously), and a
   re-plan of a bucket first waits for its previous plan's copies (FlashInfer
   reuses one pinned buffer per wrapper).
@@ -46,8 +48,8 @@ Static buffers, and the rules for them:
   [batch, vocab] and `picked` [N_PICKED, batch] (token, log-probability,
   no-speech probability, detected language and its probability). After the
   replay, rows at a temperature draw their token on the device, and `picked`
-  is copied into pinned memory behind an event: the host reads a step's
-  tokens without waiting for the step queued after it.
+  is copied into pinned memory (the bucket's ring of landing buffers) behind an
+  event: the host reads a step's tokens without waiting for the step queued after it.
 """
 
 from __future__ import annotations
@@ -87,7 +89,7 @@ from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import fed_inputs
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
-from python_backend_lib.engine.transfers import pinned, to_device
+from python_backend_lib.engine.transfers import PinnedRing, pinned, to_device
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +140,8 @@ class _Entry:
         # FlashInfer's self page indices, copied here from pinned memory before each re-plan.
         self.self_indices = torch.zeros(b * shape.self_pages_per_slot, dtype=torch.int32, device=device)
         self.planned: torch.cuda.Event | None = None  # after the last plan's copies
+        self.staging = PinnedRing((N_META, b), torch.long)  # each step's metadata, on its way in
+        self.landing = PinnedRing((N_PICKED, b), torch.float32)  # each step's picks, on their way out
         self.pad = np.zeros(N_META, dtype=np.int64)  # token 0 at position 0 of the scratch slot
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
         self.pad[META_FOLLOWS] = -1
@@ -157,8 +161,8 @@ class _Entry:
         """Write the step's plans for `inputs` (the rest of the bucket padding) and
         its staged metadata; nothing here waits for the device."""
         n, b = len(inputs.slots), self.key.batch
-        staged = torch.empty((N_META, b), dtype=torch.long, pin_memory=True)
-        st = staged.numpy()
+        lease = self.staging.take()
+        st = lease.buffer.numpy()
         st[:, n:] = self.pad[:, None]
         slots = np.full(b, SCRATCH_SLOT, dtype=np.int64)
         lengths = np.ones(b, dtype=np.int64)  # self-attention keys, the new token included
@@ -172,10 +176,11 @@ class _Entry:
             lengths[:n] = inputs.positions + 1
 
         slot_key = tuple(slots.tolist())
-        pages = -(-lengths // PAGE_SIZE)
-        self_state = (slot_key, tuple(pages.tolist()))
-        self_table = page_table(slots, lengths, self.self_pages_per_slot)
+        self_state = (slot_key, tuple((-(-lengths // PAGE_SIZE)).tolist()))
+        # Same slots and pages: nothing to plan, the step's first kernel writes the
+        # last pages' fill from the positions (`_forward`).
         if self_state != self.self_state:
+            self_table = page_table(slots, lengths, self.self_pages_per_slot)
             if self.planned is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
                 self.planned.synchronize()
             indices = self.self_indices[: len(self_table.indices)]
@@ -185,9 +190,6 @@ class _Entry:
             self._check_plan()
             self.planned = torch.cuda.Event()
             self.planned.record()
-        else:  # same pages: only the last page's fill moved
-            last = self.decode.self_buffers[2]
-            last.copy_(pinned(self_table.last_page_len), non_blocking=True)
         if slot_key != self.cross_slots:
             cross_table = page_table(slots, np.full(b, self.audio_ctx), self.cross_pages_per_slot)
             if self.cross_slots is None:  # at capture, before any step is in flight
@@ -196,7 +198,7 @@ class _Entry:
             else:  # 94 pages a row whatever the slots: the schedule stands, the indices move
                 self.decode.cross_buffers[1].copy_(pinned(cross_table.indices), non_blocking=True)
             self.cross_slots = slot_key
-        return Prepared(self, inputs, staged)
+        return Prepared(self, inputs, lease.buffer, lease)
 
     def _check_plan(self) -> None:
         if self.captured_plan is not None and self.decode.plan_info != self.captured_plan:
@@ -241,6 +243,7 @@ class DecodeGraphs:
         self.timestamp_begin = config.special.timestamp_begin
         self.picks = torch.zeros(self.max_batch, dtype=torch.long, device=attention.workspace.device)
         self._entries: dict[GraphKey, _Entry] = {}
+        self._by_batch: dict[int, _Entry] = {}  # the same entries by their batch, for each step
         self._mempool = None
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the captured graphs hold
@@ -307,13 +310,16 @@ class DecodeGraphs:
             entry.logits, entry.picked = self._forward(entry)
         entry.graph = graph
         self._entries[key] = entry
+        self._by_batch[batch] = entry
 
     def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         meta, b = entry.meta, entry.key.batch
+        last_page_len = entry.decode.self_buffers[2]  # what FlashInfer reads of each row's last self page
         if self.kernels is not None:
-            tokens, facts = self.kernels.feed(meta, self.picks)
+            tokens, facts = self.kernels.feed(meta, self.picks, last_page_len=last_page_len)
         else:
             tokens, facts = fed_inputs(meta, self.picks, self.timestamp_begin)
+            last_page_len.copy_(meta[META_POSITION] % PAGE_SIZE + 1)
         hidden = self.model.decoder(tokens, meta[META_POSITION], entry.decode)
         raw = self.model.raw_logits(hidden)  # [batch, vocab] in the model's dtype
         logits = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
@@ -352,7 +358,7 @@ class DecodeGraphs:
         batch = choose_bucket(self.buckets, n)
         if batch is None:
             raise ValueError(f"{n} rows do not fit the largest captured batch {self.max_batch}")
-        return self._entries[self.key(batch)].prepare(inputs)
+        return self._by_batch[batch].prepare(inputs)
 
     @torch.inference_mode()
     def launch(self, prepared: Prepared, *, replay: bool = True, keep_logits: bool = False) -> PendingStep:
@@ -366,6 +372,7 @@ class DecodeGraphs:
         """
         entry, inputs = prepared.entry, prepared.inputs
         entry.meta.copy_(prepared.pinned, non_blocking=True)
+        entry.staging.queued(prepared.lease)
         if replay:
             entry.graph.replay()
             logits, picked = entry.logits, entry.picked
@@ -382,7 +389,7 @@ class DecodeGraphs:
             self.picks.index_copy_(0, index, drawn)
         n = len(inputs.slots)
         kept = logits[:n].clone() if keep_logits else None
-        return PendingStep(n, picked, kept, self.language_tokens is not None)
+        return PendingStep(n, picked, kept, self.language_tokens is not None, landing=entry.landing.take())
 
     def run(self, rows: Sequence[Row], *, replay: bool = True) -> GraphStep:
         """One step feeding each row's first pending token, waited for (its logits kept)."""

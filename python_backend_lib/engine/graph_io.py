@@ -16,7 +16,7 @@ import torch
 
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS
-from python_backend_lib.engine.transfers import ToHost
+from python_backend_lib.engine.transfers import Lease, ToHost
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import _Entry
@@ -87,6 +87,7 @@ class Prepared:
     entry: _Entry  # the bucket it was planned in
     inputs: StepInputs
     pinned: torch.Tensor
+    lease: Lease | None = None  # `pinned`'s turn in its bucket's staging ring
 
     @property
     def staging(self) -> np.ndarray:
@@ -98,9 +99,17 @@ class PendingStep:
 
     picked: [N_PICKED, batch] on the device, copied now (the n real rows are read)."""
 
-    def __init__(self, n: int, picked: torch.Tensor, logits: torch.Tensor | None, multilingual: bool) -> None:
+    def __init__(
+        self,
+        n: int,
+        picked: torch.Tensor,
+        logits: torch.Tensor | None,
+        multilingual: bool,
+        landing: Lease | None = None,
+    ) -> None:
+        """landing: where the picks land on the host (a turn of a ring of pinned buffers)."""
         self.n = n
-        self._picked = ToHost(picked)
+        self._picked = ToHost(picked, into=landing)
         self._logits = logits
         self._multilingual = multilingual
 

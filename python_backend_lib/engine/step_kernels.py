@@ -8,7 +8,8 @@ one block of threads (11 to 14 us apiece at one row on an H100). At small batche
 it was a third of a graph step's GPU time. Here:
 
 - `_feed`: each row's token and rule facts, the picks of the step before written
-  in for rows that follow (what `overlap.fed_inputs` computes);
+  in for rows that follow (what `overlap.fed_inputs` computes), and the fill of
+  its last self-attention page, which FlashInfer reads (so the host copies none);
 - `_chunk_stats`: one program per (row, chunk of the vocabulary) masks its chunk
   by the rules (what `LogitRules.apply` masks before its timestamp test), writes
   it out, and reduces it: the best token below the timestamps and the sums of
@@ -35,7 +36,8 @@ import logging
 import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
-from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN
+from python_backend_lib.engine.graph_io import META_FOLLOWS, META_POSITION, META_RULES, META_TOKEN
+from python_backend_lib.engine.kv_cache import PAGE_SIZE
 from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
 
 log = logging.getLogger(__name__)
@@ -70,13 +72,16 @@ if triton is not None:
     # do_not_specialize, Triton would compile a variant per divisibility class.
     @triton.jit(do_not_specialize=["meta_stride", "facts_stride", "rows"])
     def _feed(
-        meta_ptr, meta_stride, picks_ptr, tokens_ptr, facts_ptr, facts_stride, rows, timestamp_begin,
-        META_TOKEN: tl.constexpr, META_FOLLOWS: tl.constexpr, META_RULES: tl.constexpr,
-        N_FACTS: tl.constexpr, LAST_IS_TIMESTAMP: tl.constexpr, LAST_TIMESTAMP: tl.constexpr,
-        BLOCK: tl.constexpr,
+        meta_ptr, meta_stride, picks_ptr, tokens_ptr, facts_ptr, facts_stride, last_page_len_ptr, rows,
+        timestamp_begin, META_TOKEN: tl.constexpr, META_POSITION: tl.constexpr, META_FOLLOWS: tl.constexpr,
+        META_RULES: tl.constexpr, N_FACTS: tl.constexpr, LAST_IS_TIMESTAMP: tl.constexpr,
+        LAST_TIMESTAMP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = i < rows
+        # The new token sits at its position: the last page holds position % PAGE_SIZE + 1 keys.
+        position = tl.load(meta_ptr + META_POSITION * meta_stride + i, mask=inside, other=0)
+        tl.store(last_page_len_ptr + i, (position % PAGE_SIZE + 1).to(tl.int32), mask=inside)
         follows = tl.load(meta_ptr + META_FOLLOWS * meta_stride + i, mask=inside, other=-1)
         fed = follows >= 0
         chosen = tl.load(picks_ptr + tl.maximum(follows, 0), mask=inside, other=0)
@@ -249,17 +254,22 @@ class StepKernels:
         flags[list(config.begin_suppress_tokens)] |= BLANK
         self.flags = flags.to(device)
 
-    def feed(self, meta: torch.Tensor, picks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def feed(
+        self, meta: torch.Tensor, picks: torch.Tensor, *, last_page_len: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """On the device: a step's tokens [b] and rule facts [N_RULE_FACTS, b] from its
-        metadata [N_META, b] and the step before's `picks`, as `overlap.fed_inputs` computes them."""
+        metadata [N_META, b] and the step before's `picks`, as `overlap.fed_inputs`
+        computes them; and into `last_page_len` [b] int32, the keys in each row's last
+        self-attention page (FlashInfer's buffer), from the row's position."""
         rows = meta.shape[1]
         tokens = torch.empty(rows, dtype=torch.long, device=meta.device)
         facts = torch.empty(N_RULE_FACTS, rows, dtype=torch.long, device=meta.device)
         block = max(16, triton.next_power_of_2(rows))
         _feed[(triton.cdiv(rows, block),)](
-            meta, meta.stride(0), picks, tokens, facts, facts.stride(0), rows, self.timestamp_begin,
-            META_TOKEN=META_TOKEN, META_FOLLOWS=META_FOLLOWS, META_RULES=META_RULES, N_FACTS=N_RULE_FACTS,
-            LAST_IS_TIMESTAMP=_FACT["last_is_timestamp"], LAST_TIMESTAMP=_FACT["last_timestamp"], BLOCK=block,
+            meta, meta.stride(0), picks, tokens, facts, facts.stride(0), last_page_len, rows, self.timestamp_begin,
+            META_TOKEN=META_TOKEN, META_POSITION=META_POSITION, META_FOLLOWS=META_FOLLOWS, META_RULES=META_RULES,
+            N_FACTS=N_RULE_FACTS, LAST_IS_TIMESTAMP=_FACT["last_is_timestamp"], LAST_TIMESTAMP=_FACT["last_timestamp"],
+            PAGE_SIZE=PAGE_SIZE, BLOCK=block,
         )
         return tokens, facts
 

@@ -6,6 +6,11 @@ memory the copy is queued like a kernel, and PyTorch keeps the pinned block
 until the copy has run, so a fresh one per copy is never rewritten under it.
 Back to the host, a copy into pinned memory is queued the same way, and an event
 says when it has arrived (`ToHost`).
+
+A graph step of a few rows spends more of its host time allocating pinned memory
+(PyTorch's caching host allocator records and queries an event per block) than
+running: steps take their staging and their picks' landing place from a
+`PinnedRing` of buffers allocated once instead.
 """
 
 from __future__ import annotations
@@ -26,13 +31,55 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return torch.from_numpy(np.ascontiguousarray(array))
 
 
-class ToHost:
-    """A device tensor copied to the host as the stream gets to it; on the CPU, the tensor itself."""
+class PinnedRing:
+    """`depth` pinned host buffers of one shape and dtype, handed out in turn.
 
-    def __init__(self, tensor: torch.Tensor) -> None:
+    A buffer comes back round after `depth` others were taken. Host-to-device
+    staging: `take` waits, if it must, for the copy that last read the buffer
+    (`queued`). Device-to-host landing: the reader must have read a buffer before
+    it comes round again; `ToHost` checks that it has not (`Lease.current`).
+    """
+
+    def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, depth: int = 4) -> None:
+        self._buffers = [torch.empty(shape, dtype=dtype, pin_memory=True) for _ in range(depth)]
+        self._read_by = [torch.cuda.Event() for _ in range(depth)]  # recorded after a copy from the buffer
+        self._taken = 0
+
+    def take(self) -> Lease:
+        i = self._taken % len(self._buffers)
+        self._taken += 1
+        self._read_by[i].synchronize()  # a copy queued from it earlier: done long ago, as a rule
+        return Lease(self, i, self._taken)
+
+    def queued(self, lease: Lease) -> None:
+        """A copy from the lease's buffer was just queued on the current stream."""
+        self._read_by[lease.index].record()
+
+
+class Lease:
+    """One turn of a `PinnedRing` buffer."""
+
+    def __init__(self, ring: PinnedRing, index: int, turn: int) -> None:
+        self.ring, self.index, self.turn = ring, index, turn
+        self.buffer = ring._buffers[index]
+
+    def current(self) -> bool:
+        """Whether the buffer has not been handed out again since."""
+        return self.ring._taken - self.turn < len(self.ring._buffers)
+
+
+class ToHost:
+    """A device tensor copied to the host as the stream gets to it; on the CPU, the tensor itself.
+
+    into: where it lands (a lease of a `PinnedRing` of its shape); default: fresh pinned memory.
+    """
+
+    def __init__(self, tensor: torch.Tensor, into: Lease | None = None) -> None:
         self._event = None
+        self._lease = into
         if tensor.device.type == "cuda":
-            self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            fresh = into is None
+            self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True) if fresh else into.buffer
             self._host.copy_(tensor, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
@@ -45,6 +92,8 @@ class ToHost:
 
     def get(self) -> torch.Tensor:
         """The copy, once it has arrived."""
+        if self._lease is not None and not self._lease.current():
+            raise RuntimeError("a copy to the host was read after its pinned buffer had been handed out again")
         if self._event is not None:
             self._event.synchronize()
         return self._host
