@@ -50,7 +50,7 @@ def load_variant(path: Path) -> Variant:
 def markdown(variants: list[Variant]) -> str:
     lines = ["# The ceiling with other instance counts", "",
              "`bench.served --phases ceiling`: the ensemble with a stand-in `whisper` that answers at once, "
-             "so requests/s is what Triton and the pre- and postprocessing models carry. "
+             "so requests/s is what Triton and the preprocessing model carry. "
              "Made by `python -m bench.ceiling_compare`; the numbers are in the JSON files beside this one.", ""]
     lines.append(_table(
         ["variant", "instances", "best req/s", "at concurrency", "p50 ms there", "host cores busy there",

@@ -53,7 +53,7 @@ FW_THREADS = ((1, 1), (2, 1), (1, 4), (2, 4))
 FW_BATCH_SIZES = (1, 2, 4, 8, 16)
 FW_DEFAULT_BATCH = 8
 # Triton's Python-backend stubs, told apart by the model file they run.
-SERVED_MODELS = ("preprocessing", "whisper", "postprocessing")
+SERVED_MODELS = ("preprocessing", "whisper")
 
 
 _STARTED = time.perf_counter()

@@ -10,7 +10,7 @@ Random weights mostly copy their input token, so left alone they repeat the
 prompt's <|notimestamps|> and every transcript is empty. `text_only` adds
 every control, language and timestamp token but <|endoftext|> to the
 checkpoint's suppress_tokens: each decoded token is then a text token, the
-tokenizer spells it, and postprocessing writes real text of the forced length.
+tokenizer spells it, and the whisper model writes real text of the forced length.
 transformers reads the same list from generation_config.json.
 """
 

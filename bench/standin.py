@@ -3,9 +3,10 @@
     python -m bench.standin DIR                  # write the repository to DIR
     python -m bench.standin --write-canned       # remake bench/data/canned_verbose.json (tiny.en, CPU)
 
-`preprocessing`, `postprocessing`, the `transcribe` ensemble and every
-config.pbtxt are copied as they are; whisper/1/model.py becomes
-`bench/standin_whisper.py`, with the canned verbose_json transcript beside it.
+`preprocessing`, the `transcribe` ensemble and every config.pbtxt are copied
+as they are; whisper/1/model.py becomes `bench/standin_whisper.py`, with the
+canned verbose_json transcript beside it, from which it writes each answer's
+outputs as the real model does.
 Served through `whisper-triton serve --model-repository DIR`, this measures
 what the plumbing carries when the engine costs nothing.
 

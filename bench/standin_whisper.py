@@ -4,10 +4,10 @@
 of the model repository, to measure what Triton and the Python backend carry
 when the engine costs nothing (the served path's ceiling). It works as the real
 model does: `execute` reads each request's inputs (every input its
-config.pbtxt names, so it follows the real interface) and returns None, and
-another thread answers each request through its response sender, here with a
-canned verbose_json transcript (CANNED_NAME beside this file) so that
-`postprocessing` does its real work.
+config.pbtxt names, so it follows the real interface) and its parameters, and
+returns None; another thread answers each request through its response
+sender, writing a canned transcript (CANNED_NAME beside this file, real
+verbose_json) in the request's response format, as the real model's responders do.
 """
 
 import json
@@ -15,13 +15,16 @@ import queue
 import threading
 from pathlib import Path
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
 from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.parameters import parse_request_parameters
+from python_backend_lib.serving.responses import error_response, transcript_response
+from python_backend_lib.text.formats import Document
 
 CANNED_NAME = "canned_verbose.json"
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+OUTPUTS = [tensor_names.TEXT, tensor_names.SEGMENTS, tensor_names.FORMATTED]
 
 
 class TritonPythonModel:
@@ -29,10 +32,9 @@ class TritonPythonModel:
         config = json.loads(args["model_config"])
         self.inputs = [tensor["name"] for tensor in config["input"]]
         outputs = [tensor["name"] for tensor in config["output"]]
-        if outputs != [tensor_names.TRANSCRIPT]:
-            raise ValueError(f"the stand-in answers {tensor_names.TRANSCRIPT} only; the config names {outputs}")
-        document = (Path(__file__).resolve().parent / CANNED_NAME).read_bytes()
-        self.transcript = np.array([[document]], dtype=np.object_)  # [1, 1] BYTES, as the real model sends it
+        if outputs != OUTPUTS:
+            raise ValueError(f"the stand-in answers {OUTPUTS}; the config names {outputs}")
+        self.document = Document.from_verbose_json((Path(__file__).resolve().parent / CANNED_NAME).read_bytes())
         self.senders = queue.SimpleQueue()
         self.responder = threading.Thread(target=self._answer, name="stand-in-responder", daemon=True)
         self.responder.start()
@@ -43,13 +45,18 @@ class TritonPythonModel:
                 tensor = pb_utils.get_input_tensor_by_name(request, name)
                 if tensor is not None:
                     tensor.as_numpy() if tensor.is_cpu() else tensor.to_dlpack()
-            self.senders.put(request.get_response_sender())
+            self.senders.put((request.get_response_sender(), request.parameters()))
         return None
 
     def _answer(self):
-        while (sender := self.senders.get()) is not None:
-            output = pb_utils.Tensor(tensor_names.TRANSCRIPT, self.transcript)
-            sender.send(pb_utils.InferenceResponse(output_tensors=[output]), flags=FINAL)
+        while (item := self.senders.get()) is not None:
+            sender, parameters = item
+            try:
+                response_format = parse_request_parameters(parameters).response_format
+                response = transcript_response(pb_utils, self.document, response_format)
+            except Exception as error:
+                response = error_response(pb_utils, error)
+            sender.send(response, flags=FINAL)
 
     def finalize(self):
         self.senders.put(None)

@@ -267,8 +267,8 @@ def text_of(reply: Any) -> str:
 
 
 def transcript_text(reply: Any) -> str:
-    """The text of the whisper model's own answer (TRANSCRIPT, verbose_json)."""
-    return json.loads(reply.as_numpy(tensor_names.TRANSCRIPT).reshape(-1)[0])["text"]
+    """The text of the whisper model's own answer (its TEXT output)."""
+    return reply.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
 
 
 def send_and_hang_up(http_url: str, audio: bytes, after_s: float) -> None:

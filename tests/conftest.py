@@ -18,9 +18,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import torch
 
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
+
+# Without a GPU, Triton kernels (engine.step_kernels) run in Triton's interpreter,
+# which is chosen when they are decorated: before any test module imports them.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 AUDIO_DIR = Path(__file__).parent / "data" / "audio"
 # The session server fails every decoder step holding a request with this prompt

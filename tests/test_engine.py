@@ -237,3 +237,23 @@ def test_a_pipeline_left_open_exits_cleanly(tmp_path):
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_a_fused_qkv_projection_gives_the_three_projections_and_follows_their_weights():
+    """`Projections.fuse_qkv` (the GPU decoder's): one product equal to the three, whose
+    weights stay views of it, so an in-place change of one reaches the fused product."""
+    from python_backend_lib.checkpoints.weights import load_checkpoint
+    from python_backend_lib.engine.model import Whisper
+
+    model = Whisper.from_checkpoint(load_checkpoint("random:tiny:3"), device=torch.device("cpu"), dtype=torch.float32)
+    projections = model.decoder.layers[0].self_attn
+    x = torch.randn(5, model.dims.n_text_state, generator=torch.Generator().manual_seed(0))
+    separate = projections.qkv(x, model.dims.n_text_head)
+    projections.fuse_qkv()
+    for a, b in zip(projections.qkv(x, model.dims.n_text_head), separate):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    with torch.no_grad():
+        projections.k_proj.weight.mul_(2.0)
+    k = projections.qkv(x, model.dims.n_text_head)[1]
+    torch.testing.assert_close(k, 2.0 * separate[1], rtol=1e-5, atol=1e-5)
+    assert projections.fused_qkv_weight.data_ptr() == projections.q_proj.weight.data_ptr()

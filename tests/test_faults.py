@@ -12,7 +12,6 @@ The session server runs with the engine's fault hooks armed for two prompts
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
@@ -371,7 +370,7 @@ def wait_for_answer(answers: list, timeout: float = REQUEST_TIMEOUT_S) -> tuple:
 
 
 def transcript_text(result) -> str:
-    return json.loads(result.as_numpy(tensor_names.TRANSCRIPT).reshape(-1)[0])["text"]
+    return result.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
 
 
 FEW_SLOTS = 2

@@ -43,3 +43,25 @@ def test_the_log_mel_of_a_batch_does_not_wait_for_queued_device_work():
     # The batched pass equals each recording's own, here on the GPU as on the CPU.
     for waveform, item in zip(waveforms, got):
         assert torch.equal(item, features_for(waveform, 80, CUDA))
+
+
+def test_the_captured_log_mel_equals_each_recordings_own_and_does_not_wait():
+    """`FeatureGraphs`: calls of 1, 3 and 19 clips (a partly padded bucket, and more
+    clips than the largest bucket), short and long, give `features_for`'s bits."""
+    from python_backend_lib.engine.feature_graphs import FeatureGraphs
+
+    graphs = FeatureGraphs(80, CUDA)
+    graphs.capture()
+    rng = np.random.default_rng(1)
+    many = [rng.standard_normal(int(rng.uniform(0.3, 30) * SAMPLE_RATE)).astype(np.float32) * 0.1 for _ in range(19)]
+    for waveforms in (_waveforms()[:1], _waveforms(), many):
+        expected = [features_for(w, 80, CUDA) for w in waveforms]
+        torch.cuda.synchronize()
+        torch.cuda._sleep(QUEUED_CYCLES)
+        queued_work = torch.cuda.Event()
+        queued_work.record()
+        got = graphs.features(waveforms)
+        assert not queued_work.query(), "the captured log-mel waited for the device work queued before it"
+        assert len(got) == len(waveforms)
+        for a, b in zip(got, expected):
+            assert a.shape == b.shape and torch.equal(a, b)

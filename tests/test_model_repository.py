@@ -19,9 +19,8 @@ MAX_ADAPTER_LINES = 100
 # model -> ({input: data type}, {output: data type})
 PYTHON_MODELS = {
     names.PREPROCESSING_NAME: ({names.AUDIO: "TYPE_STRING"}, {names.WAVEFORM: "TYPE_FP32"}),
-    names.WHISPER_NAME: ({names.WAVEFORM: "TYPE_FP32"}, {names.TRANSCRIPT: "TYPE_STRING"}),
-    names.POSTPROCESSING_NAME: (
-        {names.TRANSCRIPT: "TYPE_STRING"},
+    names.WHISPER_NAME: (
+        {names.WAVEFORM: "TYPE_FP32"},
         {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"},
     ),
 }
@@ -29,15 +28,13 @@ ENSEMBLE = (
     {names.AUDIO: "TYPE_STRING"},
     {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"},
 )
-# Models that read a checkpoint: preprocessing only decodes audio, postprocessing
-# only formats what whisper wrote.
+# Models that read a checkpoint: preprocessing only decodes audio.
 CHECKPOINT_MODELS = [names.WHISPER_NAME]
 # Where each model runs: whisper once per visible GPU (or once on the CPU without
 # one); the others on the CPU, which is all they use.
 INSTANCE_KINDS = {
     names.PREPROCESSING_NAME: "KIND_CPU",
     names.WHISPER_NAME: "KIND_AUTO",
-    names.POSTPROCESSING_NAME: "KIND_CPU",
 }
 TENSORS = [value for key, value in vars(names).items() if key.isupper() and not key.endswith("_NAME")]
 
@@ -199,7 +196,6 @@ def test_ensemble_steps_connect_every_tensor_once():
     assert [one(step, "model_name") for step in steps] == [
         names.PREPROCESSING_NAME,
         names.WHISPER_NAME,
-        names.POSTPROCESSING_NAME,
     ]
     # value in the ensemble -> its data type; the ensemble's inputs exist from the start
     available = dict(tensor_types(config, "input"))

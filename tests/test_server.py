@@ -35,7 +35,6 @@ TRITON = {"http": tritonclient.http, "grpc": tritonclient.grpc}
 MODELS = (
     tensor_names.PREPROCESSING_NAME,
     tensor_names.WHISPER_NAME,
-    tensor_names.POSTPROCESSING_NAME,
     tensor_names.ENSEMBLE_NAME,
 )
 

@@ -86,7 +86,7 @@ def test_the_first_windows_language_is_kept_and_reported(pipe, mode):
     """Long audio on a multilingual checkpoint: the language detected on the first
     window is given to every later window (in batched mode the other chunks wait
     for it) and reported, with its probability, by the document the whisper
-    model sends to postprocessing."""
+    model writes its outputs from."""
     config = pipe.config
     tokenizer = Tokenizer(load_config("default").tokenizer_path, config.special)  # no windows hold text here
     asked: list[DecodingOptions] = []

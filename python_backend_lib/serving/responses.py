@@ -1,4 +1,5 @@
-"""How a failed request becomes its Triton error: whose fault it was decides the code.
+"""How a request's outcome becomes its Triton response: a finished transcript its
+three outputs, a failure its error, whose fault it was deciding the code.
 
 Nothing here imports Triton (the `pb_utils` module is passed in), so it is tested without a server.
 """
@@ -10,8 +11,12 @@ import traceback
 from concurrent.futures import CancelledError
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from python_backend_lib.core.errors import RequestError, ServerUnavailable
+from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Overloaded
+from python_backend_lib.text.formats import Document, ResponseFormat, segments_to_json
 
 
 class Fault(enum.Enum):
@@ -64,3 +69,15 @@ def error_response(pb_utils: Any, error: BaseException) -> Any:
     if fault is Fault.SERVER:
         pb_utils.Logger.log_error(f"{message}\n{''.join(traceback.format_exception(error))}")
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, codes[fault]))
+
+
+def transcript_response(pb_utils: Any, document: Document, response_format: ResponseFormat) -> Any:
+    """An `InferenceResponse` with a finished transcript's TEXT, SEGMENTS and FORMATTED
+    (the document in `response_format`), each a [1, 1] BYTES tensor of UTF-8."""
+    outputs = {
+        tensor_names.TEXT: document.text,
+        tensor_names.SEGMENTS: segments_to_json(document.segments),
+        tensor_names.FORMATTED: document.render(response_format),
+    }
+    rows = {name: np.array([[text.encode("utf-8")]], dtype=np.object_) for name, text in outputs.items()}
+    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, row) for name, row in rows.items()])

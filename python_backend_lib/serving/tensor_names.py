@@ -4,7 +4,8 @@ The `config.pbtxt` files in `model_repository/` must agree with these names;
 `tests/test_model_repository.py` checks that they do.
 """
 
-# The public `transcribe` ensemble: clients rely on these; keep them stable.
+# The public `transcribe` ensemble: clients rely on these; keep them stable. The
+# `whisper` model answers with the same three outputs.
 ENSEMBLE_NAME = "transcribe"
 AUDIO = "AUDIO"  # BYTES [1]: one audio file (or raw PCM, see request parameters)
 TEXT = "TEXT"  # BYTES [1]: UTF-8 transcript
@@ -16,8 +17,5 @@ FORMATTED = "FORMATTED"  # BYTES [1]: the transcript in the request's response_f
 PREPROCESSING_NAME = "preprocessing"
 WAVEFORM = "WAVEFORM"  # FP32 [samples]: the decoded audio, 16 kHz mono
 
-# whisper -> postprocessing
+# whisper: WAVEFORM -> TEXT, SEGMENTS, FORMATTED
 WHISPER_NAME = "whisper"
-TRANSCRIPT = "TRANSCRIPT"  # BYTES [1]: the finished transcript as verbose_json (formats.Document)
-
-POSTPROCESSING_NAME = "postprocessing"

@@ -5,7 +5,8 @@ the engine's device without waiting for the device, and hands it to the engine;
 it returns at once, unless the engine is full and shares Triton's queue with
 others (it then waits for room: `AdmissionPolicy`). The engine thread never
 blocks on Triton either: it hands each finished transcript to a small pool of
-responder threads, which write the verbose_json and send it (a blocking round
+responder threads, which write its TEXT, SEGMENTS and FORMATTED (the request's
+response_format) and send them (a blocking round
 trip to the Triton process, during which Python runs on). Cancellations are
 learned in bulk on a thread of their own (`cancellation.CancellationWatcher`),
 and the request limit is kept by a `RequestLedger`.
@@ -24,15 +25,14 @@ from typing import Any
 import numpy as np
 
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import TranscribeOptions
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Entry, RequestLedger
 from python_backend_lib.serving.cancellation import CancellationWatcher, Watch
 from python_backend_lib.serving.inputs import NONFINITE, check_waveform, nonfinite, single_row
-from python_backend_lib.serving.parameters import parse_request_parameters
-from python_backend_lib.serving.responses import error_response
+from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
+from python_backend_lib.serving.responses import error_response, transcript_response
 from python_backend_lib.serving.settings import ModelSettings
-from python_backend_lib.text.formats import Document, ResponseFormat
+from python_backend_lib.text.formats import Document
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class _Request:
     """One admitted request, until it is answered."""
 
     sender: Any
-    options: TranscribeOptions | None = None
+    parameters: RequestParameters | None = None  # its options and response format, once parsed
     entry: Entry | None = None  # None: refused before admission
     watch: Watch | None = None
 
@@ -83,7 +83,7 @@ class WhisperService:
         for request in requests:
             pending = _Request(request.get_response_sender())
             try:
-                pending.options = parse_request_parameters(request.parameters()).transcription
+                pending.parameters = parse_request_parameters(request.parameters())
                 tensor = self.pb_utils.get_input_tensor_by_name(request, tensor_names.WAVEFORM)
                 waveform = single_row(tensor.as_numpy(), tensor_names.WAVEFORM)  # [samples]
                 check_waveform(waveform, self.settings.max_audio_seconds)
@@ -112,7 +112,7 @@ class WhisperService:
                 pending.watch = self.watcher.watch(request.is_cancelled)
                 self.pipeline.start(
                     waveform,
-                    pending.options,
+                    pending.parameters.transcription,
                     on_done=lambda outcome, pending=pending: self._finished(pending, outcome),
                     is_cancelled=pending.watch.cancelled,
                     features=request_features,
@@ -129,7 +129,7 @@ class WhisperService:
         if pending.watch is not None:
             self.watcher.forget(pending.watch)
         try:
-            response = self._response(pending.options, outcome)
+            response = self._response(pending.parameters, outcome)
         except Exception as error:  # a result that cannot be written still gets an answer
             outcome, response = error, error_response(self.pb_utils, error)
         self.ledger.leave(pending.entry, outcome)
@@ -138,14 +138,11 @@ class WhisperService:
         except Exception:  # the client is gone, or Triton is stopping: nobody left to tell
             log.warning("could not send a response", exc_info=True)
 
-    def _response(self, options: TranscribeOptions | None, outcome: Any) -> Any:
+    def _response(self, parameters: RequestParameters | None, outcome: Any) -> Any:
         if isinstance(outcome, BaseException):
             return error_response(self.pb_utils, outcome)
-        document = Document.from_transcript(outcome, options).render(ResponseFormat.VERBOSE_JSON)
-        transcript = np.array([[document.encode("utf-8")]], dtype=np.object_)  # [1, 1] BYTES
-        return self.pb_utils.InferenceResponse(
-            output_tensors=[self.pb_utils.Tensor(tensor_names.TRANSCRIPT, transcript)]
-        )
+        document = Document.from_transcript(outcome, parameters.transcription)
+        return transcript_response(self.pb_utils, document, parameters.response_format)
 
     def close(self) -> None:
         """Answer what is in flight, then stop the threads (Triton's `finalize`)."""

@@ -2,8 +2,8 @@
 
 A finished transcript is a `Document`: its text, its segments (with their
 window statistics and, on request, words), the audio's duration, the task and
-the language. The `whisper` model sends it to `postprocessing` as verbose_json,
-and every other format is written from it:
+the language. The `whisper` model writes its outputs from it, and every
+response format is written from it:
 
 - text: the transcript on one line;
 - json: {"text", "segments": [{"start", "end", "text"}]};
@@ -214,8 +214,8 @@ class Document:
 
     @classmethod
     def from_verbose_json(cls, data: str | bytes | Mapping[str, Any]) -> Document:
-        """Inverse of `render(VERBOSE_JSON)`. RequestError if `data` is not
-        verbose_json: it arrives as the postprocessing model's input tensor."""
+        """Inverse of `render(VERBOSE_JSON)`, for the clients. RequestError if `data`
+        is not verbose_json."""
         try:
             record = json.loads(data) if isinstance(data, (str, bytes)) else data
             code = record.get("language_code")

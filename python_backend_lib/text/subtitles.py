@@ -13,7 +13,7 @@ the words, as openai-whisper's subtitle writers build them (its `--word_timestam
   cue's text with that word underlined (`<u>word</u>`), and a gap between two
   words a cue with the plain text.
 
-Pure functions and frozen dataclasses, torch-free: the server's postprocessing,
+Pure functions and frozen dataclasses, torch-free: the whisper model's responders,
 the clients and the gateway write subtitles with the same code.
 """
 

@@ -24,6 +24,7 @@ from python_backend_lib.core import geometry
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, TranscribeOptions
+from python_backend_lib.engine.feature_graphs import FeatureGraphs
 from python_backend_lib.engine.loading import (
     AttentionBackendName,
     EngineSetup,
@@ -51,6 +52,7 @@ class Pipeline:
         self.aligner = Aligner(model, config, tokenizer) if has_heads else None
         self.attention_backend = AttentionBackendName.SDPA  # set by `load`
         self.load_times = LoadTimes()
+        self.feature_graphs: FeatureGraphs | None = None  # captured log-mel passes (`load`, on a GPU)
 
     @classmethod
     def load(
@@ -76,6 +78,11 @@ class Pipeline:
         engine = Engine(loaded.batch, config, tokenizer, engine_options)
         pipeline = cls(model=loaded.batch.model, config=config, tokenizer=tokenizer, engine=engine)
         pipeline.attention_backend = loaded.backend
+        if loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS:  # the GPU engine: its log-mel captured too
+            start = time.perf_counter()
+            pipeline.feature_graphs = FeatureGraphs(config.dims.n_mels, device)
+            pipeline.feature_graphs.capture()
+            times.timed("feature_graphs", start)
         pipeline.load_times = times
         log.info("loaded %s on %s with %s: %s", source, device, loaded.backend.value, times.describe())
         return pipeline
@@ -120,8 +127,10 @@ class Pipeline:
 
     def features(self, waveforms: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
         """The log-mel of 16 kHz waveforms, on the engine's device, computed together
-        (`features_for_many`) and without waiting for the device: the engine's
-        thread uses them later, in stream order."""
+        (`features_for_many`, or its captured replay on the GPU engine) and without
+        waiting for the device: the engine's thread uses them later, in stream order."""
+        if self.feature_graphs is not None:
+            return self.feature_graphs.features(waveforms)
         return features_for_many(waveforms, self.n_mels, self.device)
 
     def start(

@@ -1,4 +1,4 @@
-"""Triton model `whisper`: WAVEFORM -> TRANSCRIPT, on the library's engine.
+"""Triton model `whisper`: WAVEFORM -> TEXT, SEGMENTS and FORMATTED, on the library's engine.
 
 `execute` only starts each request's transcription (the log-mel on the engine's
 device, then window by window, as `Pipeline.transcribe` does) and returns None;
@@ -6,8 +6,8 @@ each request is answered later through its response sender, once its last
 window is decoded, so requests join and leave the running batch independently.
 Each instance is one engine on the device Triton names (KIND_AUTO: a GPU, or the
 CPU on a host without one); instances on one device split its KV memory or its
-cores. TRANSCRIPT is the whole result as verbose_json, for `postprocessing` to
-write in every format.
+cores. FORMATTED is the transcript in the request's response_format (text, json,
+verbose_json, srt, vtt, tsv), as `Pipeline.transcribe`'s result renders it.
 """
 
 import sys
