@@ -39,25 +39,41 @@ pytestmark = pytest.mark.gpu
 
 
 def _rows_and_logits(config, seed: int):
-    """ROWS rows with random options and histories, their facts, their logits
-    (timestamps made likely in a third of them, so the forcing rule fires), and
-    transformers' processed scores for each."""
+    """ROWS rows, their facts, their logits and transformers' processed scores for each.
+
+    The first three are built to discriminate, the rest random (options, histories):
+    0. timestamps on, after two text tokens, timestamps made likely: their summed
+       probability outweighs every other token, so a timestamp is forced;
+    1. the same, with <|endoftext|> likelier still than all timestamps together: the
+       timestamps outweigh every text token but not it, so nothing is forced;
+    2. timestamps off, one timestamp token the likeliest: chosen freely.
+    Timestamps are also made likely in a third of the random rows.
+    """
     rng = random.Random(seed)
     special = config.special
+    begin = special.timestamp_begin
     logits = torch.randn(ROWS, config.dims.n_vocab, generator=torch.Generator().manual_seed(seed)) * 3
-    logits[::3, special.timestamp_begin :] += 4.0
+    logits[::3, begin:] += 4.0
+    logits[1, begin:] += 4.0
+    logits[1, special.eot] = logits[1, begin:].logsumexp(dim=-1) + 1.0
+    logits[2, begin + 7] = logits[2].amax() + 2.0
     logits = logits.half()  # as the GPU's output projection writes them
     facts, expected = [], []
     for b in range(ROWS):
-        options = DecodingOptions(
-            timestamps=rng.random() < 0.7,
-            min_new_tokens=rng.choice([0, 0, 3]),
-            max_initial_timestamp=rng.choice([1.0, 0.0, 2.5]),
-        )
+        if b < 3:
+            options = DecodingOptions(timestamps=b < 2)
+            history = [rng.randrange(0, special.eot) for _ in range(2)]
+        else:
+            options = DecodingOptions(
+                timestamps=rng.random() < 0.7,
+                min_new_tokens=rng.choice([0, 0, 3]),
+                max_initial_timestamp=rng.choice([1.0, 0.0, 2.5]),
+            )
+            history = random_history(rng, config, options.timestamps)
         prompt = (special.sot,) if options.timestamps else (special.sot, special.no_timestamps)
         row = Row(tag=b, options=options, prompt=Prompt(prompt, 0, False, "en"), slot=1, max_new_tokens=100, pending=[])
-        row.generated = random_history(rng, config, options.timestamps)
-        facts.append(row.rule_facts(special.timestamp_begin))
+        row.generated = history
+        facts.append(row.rule_facts(begin))
         scores = logits[b : b + 1].float().clone()
         for processor in hf_processors(config, len(prompt), options):
             scores = processor(torch.tensor([list(prompt) + row.generated]), scores)
@@ -99,10 +115,14 @@ def test_the_fused_choice_equals_transformers_and_the_pytorch_rules(source, seed
     torch.testing.assert_close(picked[1], logprobs, rtol=1e-5, atol=1e-5)
     no_speech = raw.float().softmax(dim=-1)[:, config.special.nospeech]
     torch.testing.assert_close(picked[2], no_speech, rtol=1e-4, atol=1e-9)
-    # What was checked: rows forced to a timestamp, rows choosing text, rows choosing one freely.
-    begin = config.special.timestamp_begin
+    # The three built rows were what they were built to be (see `_rows_and_logits`).
+    special = config.special
+    begin = special.timestamp_begin
     forced = torch.isinf(reference[:, :begin]).all(dim=1)
-    assert forced.any() and (picks < begin).any() and ((picks >= begin) & ~forced).any()
+    assert forced[0] and begin <= picks[0]
+    text_max = reference[1, : special.eot].amax()
+    assert not forced[1] and picks[1] == special.eot and reference[1, begin:].logsumexp(dim=-1) > text_max
+    assert not forced[2] and picks[2] == begin + 7
 
 
 def test_the_feed_kernel_equals_fed_inputs():
@@ -147,13 +167,13 @@ _SIGNATURES = {
         {"raw_ptr": "*fp16", "raw_stride": "i32", "facts_ptr": "*i64", "facts_stride": "i32", "flags_ptr": "*i8",
          "logits_ptr": "*fp32", "logits_stride": "i32", "stats_ptr": "*fp32", "vocab": "i32", "eot": "i32",
          "no_timestamps": "i32", "timestamp_begin": "i32", "chunks": "i32"},
-        {**_FACT_CONSTANTS, "SUPPRESSED_BIT": 1, "BLANK_BIT": 2, "N_STATS": 9, "BLOCK": 2048},
+        {**_FACT_CONSTANTS, "SUPPRESSED_BIT": 1, "BLANK_BIT": 2, "N_STATS": 8, "BLOCK": 2048},
     ),
     "_row_choice": (
         {"stats_ptr": "*fp32", "raw_ptr": "*fp16", "raw_stride": "i32", "facts_ptr": "*i64", "facts_stride": "i32",
          "chunks": "i32", "no_speech_token": "i32", "picks_ptr": "*i64", "token_value_ptr": "*fp32",
          "logprob_ptr": "*fp32", "no_speech_ptr": "*fp32", "forced_ptr": "*i32"},
-        {"TIMESTAMPS": 2, "N_STATS": 9, "BLOCK_CHUNKS": 32},
+        {"TIMESTAMPS": 2, "N_STATS": 8, "BLOCK_CHUNKS": 32},
     ),
     "_forced_text_mask": (
         {"logits_ptr": "*fp32", "logits_stride": "i32", "forced_ptr": "*i32", "timestamp_begin": "i32"},

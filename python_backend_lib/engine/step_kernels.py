@@ -16,7 +16,7 @@ it was a third of a graph step's GPU time. Here:
   exponentials that a softmax needs, for the tokens below the timestamps, the
   timestamps, and the raw logits;
 - `_row_choice`: one program per row merges its chunks, applies the rule that
-  forces a timestamp when the timestamps together outweigh every text token,
+  forces a timestamp when the timestamps together outweigh every token below them,
   and writes the token, its log-probability and the no-speech probability;
 - `_forced_text_mask`: masks everything but the timestamps in the written
   logits of the rows forced to a timestamp (what the rule's masked_fill does).
@@ -53,9 +53,9 @@ except ImportError:  # the CPU torch of a CI machine, or a GPU image without Tri
 CHUNK = 2048
 # What `_chunk_stats` leaves of each chunk for `_row_choice`, at these offsets: 0-2 the
 # tokens below the timestamps (their maximum, sum of exp(x - maximum), first best token),
-# 3-5 the same for the timestamps, 6 the best text token's logit, 7-8 the raw logits'
-# maximum and sum of exponentials (for the no-speech probability).
-N_STATS = 9
+# 3-5 the same for the timestamps, 6-7 the raw logits' maximum and sum of exponentials
+# (for the no-speech probability).
+N_STATS = 8
 # Bits of the static token flags: suppressed by the checkpoint, or blank at the first step.
 SUPPRESSED, BLANK = 1, 2
 _FACT = {name: i for i, name in enumerate(RuleFacts._fields)}
@@ -164,9 +164,8 @@ if triton is not None:
         tl.store(out + 3, stamp_max)
         tl.store(out + 4, _sum_exp(stamp, stamp_max))
         tl.store(out + 5, _first_max(stamp, v, stamp_max).to(tl.float32))
-        tl.store(out + 6, tl.max(tl.where(is_text, x, float("-inf")), axis=0))
-        tl.store(out + 7, raw_max)
-        tl.store(out + 8, _sum_exp(raw, raw_max))
+        tl.store(out + 6, raw_max)
+        tl.store(out + 7, _sum_exp(raw, raw_max))
 
     @triton.jit
     def _merged(stats_ptr, c, inside, top_at: tl.constexpr, sum_at: tl.constexpr, N_STATS: tl.constexpr):
@@ -193,14 +192,13 @@ if triton is not None:
         stats = stats_ptr + row * chunks * N_STATS
         below_max, below_sum = _merged(stats, c, inside, 0, 1, N_STATS)
         stamp_max, stamp_sum = _merged(stats, c, inside, 3, 4, N_STATS)
-        raw_max, raw_sum = _merged(stats, c, inside, 7, 8, N_STATS)
+        raw_max, raw_sum = _merged(stats, c, inside, 6, 7, N_STATS)
         below_args = tl.load(stats + c * N_STATS + 2, mask=inside, other=0.0)
         stamp_args = tl.load(stats + c * N_STATS + 5, mask=inside, other=0.0)
         below_tops = tl.load(stats + c * N_STATS + 0, mask=inside, other=float("-inf"))
         stamp_tops = tl.load(stats + c * N_STATS + 3, mask=inside, other=float("-inf"))
         below_arg = tl.min(tl.where(inside & (below_tops == below_max), below_args, 2.0**30), axis=0)
         stamp_arg = tl.min(tl.where(inside & (stamp_tops == stamp_max), stamp_args, 2.0**30), axis=0)
-        text_max = tl.max(tl.load(stats + c * N_STATS + 6, mask=inside, other=float("-inf")), axis=0)
 
         # log_softmax(x) = x - top - log(total), over the masked row.
         top = tl.maximum(below_max, stamp_max)
@@ -208,11 +206,12 @@ if triton is not None:
         below_part = tl.where(below_max == float("-inf"), 0.0, below_sum * tl.exp(below_max - safe))
         stamp_part = tl.where(stamp_max == float("-inf"), 0.0, stamp_sum * tl.exp(stamp_max - safe))
         log_total = tl.log(below_part + stamp_part)
-        # The timestamps' summed probability against the likeliest text token, in log space.
+        # The timestamps' summed probability against the likeliest token below them (text,
+        # <|endoftext|> or another special token: `LogitRules.apply` compares with all), in log space.
         timestamp_mass = (stamp_max - top) + tl.log(stamp_sum) - log_total
-        best_text = (text_max - top) - log_total
+        best_below = (below_max - top) - log_total
         stamps = _fact(facts_ptr, facts_stride, row, TIMESTAMPS) != 0
-        forced = stamps & (timestamp_mass > best_text)
+        forced = stamps & (timestamp_mass > best_below)
         # Forced: the likeliest timestamp, its log-probability among the timestamps alone.
         take_stamp = forced | (stamp_max > below_max)
         token = tl.where(take_stamp, stamp_arg, below_arg)
