@@ -14,6 +14,7 @@ for bit (tests/test_gpu_features.py).
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Sequence
 
@@ -22,11 +23,14 @@ import torch
 
 from python_backend_lib.audio.features import features_for, log_mel_spectrogram
 from python_backend_lib.core.geometry import N_SAMPLES
+from python_backend_lib.engine.cuda_graphs import bucket_sizes, choose_bucket
 from python_backend_lib.engine.transfers import PinnedRing
 
+log = logging.getLogger(__name__)
+
 # Clips per captured replay; a call with more clips replays the largest in turns.
-# 16 windows of intermediates (the STFT's complex spectrum above all) take about
-# 250 MiB of graph memory.
+# The graphs' memory grows with the largest (the STFT's complex spectrum above all);
+# `capture` logs it.
 BUCKETS = (1, 2, 4, 8, 16)
 OFFSET, LENGTH = 0, 1  # rows of a bucket's [2, clips] metadata: where each clip starts, its samples
 
@@ -50,7 +54,7 @@ class FeatureGraphs:
     def __init__(self, n_mels: int, device: torch.device, buckets: Sequence[int] = BUCKETS) -> None:
         self.n_mels = n_mels
         self.device = device
-        self.buckets = tuple(sorted(buckets))
+        self.buckets = bucket_sizes(max(buckets), buckets)
         self._columns = torch.arange(N_SAMPLES, device=device)
         self._by_clips: dict[int, _Bucket] = {}
         self._lock = threading.Lock()  # one replay at a time: the buckets' buffers are shared
@@ -75,6 +79,7 @@ class FeatureGraphs:
             self._by_clips[clips] = bucket
         torch.cuda.synchronize(self.device)
         self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
+        log.info("captured the log-mel for %s clips, holding %.1f MiB", self.buckets, self.capture_bytes / 2**20)
 
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
         """The captured work: [clips, N_SAMPLES] zero-padded clips -> their log-mel."""
@@ -103,7 +108,7 @@ class FeatureGraphs:
     def _replay(self, waveforms: Sequence[np.ndarray]) -> torch.Tensor:
         """[len(waveforms), n_mels, N_FRAMES]: one replay of the smallest bucket that holds them."""
         n = len(waveforms)
-        bucket = self._by_clips[next(b for b in self.buckets if b >= n)]
+        bucket = self._by_clips[choose_bucket(self.buckets, n)]
         arrays = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waveforms]
         lengths = np.array([len(a) for a in arrays], dtype=np.int64)
         total = int(lengths.sum())

@@ -31,16 +31,12 @@ Triton's interpreter).
 
 from __future__ import annotations
 
-import logging
-
 import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.engine.graph_io import META_FOLLOWS, META_POSITION, META_RULES, META_TOKEN
 from python_backend_lib.engine.kv_cache import PAGE_SIZE
 from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
-
-log = logging.getLogger(__name__)
 
 try:
     import triton
@@ -130,8 +126,7 @@ if triton is not None:
         blank = at_begin & (_fact(facts_ptr, facts_stride, row, SUPPRESS_BLANK) != 0)
         stamps = _fact(facts_ptr, facts_stride, row, TIMESTAMPS) != 0
         last_is = _fact(facts_ptr, facts_stride, row, LAST_IS_TIMESTAMP) != 0
-        penultimate_is = _fact(facts_ptr, facts_stride, row, PENULTIMATE_IS_TIMESTAMP) != 0
-        penultimate_not = _fact(facts_ptr, facts_stride, row, PENULTIMATE_IS_TIMESTAMP) == 0
+        penultimate = _fact(facts_ptr, facts_stride, row, PENULTIMATE_IS_TIMESTAMP)
         last = _fact(facts_ptr, facts_stride, row, LAST_TIMESTAMP)
         max_initial = _fact(facts_ptr, facts_stride, row, MAX_INITIAL)
         end_barred = _fact(facts_ptr, facts_stride, row, END_ALLOWED) == 0
@@ -143,8 +138,8 @@ if triton is not None:
         masked |= blank & ((flags & BLANK_BIT) != 0)
         masked |= end_barred & (v == eot)
         masked |= stamps & (v == no_timestamps)
-        after_single = stamps & last_is & penultimate_not
-        masked |= (stamps & last_is & penultimate_is) & is_stamp
+        after_single = stamps & last_is & (penultimate == 0)
+        masked |= (stamps & last_is & (penultimate != 0)) & is_stamp
         masked |= after_single & is_text
         floor = tl.where(after_single, last, last + 1)
         masked |= (stamps & (last >= 0)) & is_stamp & (v < floor)
@@ -176,6 +171,19 @@ if triton is not None:
         return top, _sum_exp_weighted(tops, sums, top)
 
     @triton.jit
+    def _merged_best(
+        stats_ptr, c, inside, top_at: tl.constexpr, sum_at: tl.constexpr, arg_at: tl.constexpr, N_STATS: tl.constexpr
+    ):
+        """`_merged`, and the first token at the maximum: of the chunks that reach it, the
+        first chunk's own first (chunks are in token order)."""
+        tops = tl.load(stats_ptr + c * N_STATS + top_at, mask=inside, other=float("-inf"))
+        sums = tl.load(stats_ptr + c * N_STATS + sum_at, mask=inside, other=0.0)
+        args = tl.load(stats_ptr + c * N_STATS + arg_at, mask=inside, other=0.0)
+        top = tl.max(tops, axis=0)
+        first = tl.min(tl.where(inside & (tops == top), args, 2.0**30), axis=0)
+        return top, _sum_exp_weighted(tops, sums, top), first
+
+    @triton.jit
     def _sum_exp_weighted(tops, sums, top):
         safe = tl.where(top == float("-inf"), 0.0, top)
         return tl.sum(tl.where(tops == float("-inf"), 0.0, sums * tl.exp(tops - safe)), axis=0)
@@ -190,15 +198,9 @@ if triton is not None:
         c = tl.arange(0, BLOCK_CHUNKS)
         inside = c < chunks
         stats = stats_ptr + row * chunks * N_STATS
-        below_max, below_sum = _merged(stats, c, inside, 0, 1, N_STATS)
-        stamp_max, stamp_sum = _merged(stats, c, inside, 3, 4, N_STATS)
+        below_max, below_sum, below_arg = _merged_best(stats, c, inside, 0, 1, 2, N_STATS)
+        stamp_max, stamp_sum, stamp_arg = _merged_best(stats, c, inside, 3, 4, 5, N_STATS)
         raw_max, raw_sum = _merged(stats, c, inside, 6, 7, N_STATS)
-        below_args = tl.load(stats + c * N_STATS + 2, mask=inside, other=0.0)
-        stamp_args = tl.load(stats + c * N_STATS + 5, mask=inside, other=0.0)
-        below_tops = tl.load(stats + c * N_STATS + 0, mask=inside, other=float("-inf"))
-        stamp_tops = tl.load(stats + c * N_STATS + 3, mask=inside, other=float("-inf"))
-        below_arg = tl.min(tl.where(inside & (below_tops == below_max), below_args, 2.0**30), axis=0)
-        stamp_arg = tl.min(tl.where(inside & (stamp_tops == stamp_max), stamp_args, 2.0**30), axis=0)
 
         # log_softmax(x) = x - top - log(total), over the masked row.
         top = tl.maximum(below_max, stamp_max)
