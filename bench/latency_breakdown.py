@@ -23,11 +23,12 @@ import json
 import shutil
 import statistics
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.stats import percentile_summary
+from bench.triton_trace import Timeline, TimelineEvent, markdown, read_trace, timeline
 
 
 @dataclass
@@ -181,9 +182,13 @@ def served_part(checkpoint: str, job, args, say) -> dict:
     from bench.latency_rounds import one_clip_rounds
 
     log = STATE_DIR / "latency-breakdown-server.log"
-    (stats,) = one_clip_rounds(checkpoint, job, log, args.served_seconds, rounds=1)
+    trace_file = STATE_DIR / "latency-breakdown-trace.json"
+    trace_file.unlink(missing_ok=True)
+    (stats,) = one_clip_rounds(checkpoint, job, log, args.served_seconds, rounds=1, trace_file=trace_file)
     say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
-    return {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms}
+    line = timeline(read_trace(trace_file), "transcribe", last_s=args.served_seconds)
+    return {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms,
+            "trace": asdict(line)}  # fmt: skip
 
 
 def report(record: dict) -> str:
@@ -201,6 +206,10 @@ def report(record: dict) -> str:
         served = record["served"]
         lines.append(f"Served (gRPC, `transcribe`): p50 {served['latency_ms']['p50']} ms, "
                      f"p99 {served['latency_ms']['p99']} ms.")  # fmt: skip
+        if "trace" in served:
+            trace = served["trace"]
+            line = Timeline(trace["requests"], [TimelineEvent(**event) for event in trace["events"]])
+            lines += ["", "## The served request, by Triton's trace", "", *markdown(line, served["latency_ms"]["p50"])]
     lines += ["", "## The engine thread, per request", "", "| part | calls | ms | ms per call |", "|---|---|---|---|"]
     lines += [
         f"| {label} | {v['calls']} | {v['ms']} | {v['ms_per_call']} |" for label, v in engine["engine_thread"].items()

@@ -20,10 +20,13 @@ from bench.server_process import ServeCommand, ServerProcess
 from bench.stats import PointStats
 
 
-def one_clip_rounds(checkpoint: str, job: Job, log: Path, seconds: float, rounds: int) -> Iterator[PointStats]:
+def one_clip_rounds(
+    checkpoint: str, job: Job, log: Path, seconds: float, rounds: int, trace_file: Path | None = None
+) -> Iterator[PointStats]:
     """Start `whisper-triton serve` as shipped, warm it up with `job`, then measure `rounds`
-    windows of `seconds`, one request at a time: each window's statistics as it ends."""
-    command = ServeCommand(checkpoint)
+    windows of `seconds`, one request at a time: each window's statistics as it ends.
+    With trace_file, Triton traces every request into it (written once the server stops)."""
+    command = ServeCommand(checkpoint, trace_file=trace_file)
     with ServerProcess(command, log, 300.0):
         with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
             load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up

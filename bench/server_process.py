@@ -43,6 +43,7 @@ class ServeCommand:
     model_repository: Path | None = None
     gpus: str | None = None  # `serve --gpus`: "0", "0,1", "all" (None: every visible GPU)
     engines: int | None = None  # `serve --engines` (None: auto)
+    trace_file: Path | None = None  # `serve --trace-file`, every request traced
     ports: dict[str, int] = field(default_factory=lambda: {p: free_port() for p in ("http", "grpc", "metrics")})
 
     def argv(self) -> list[str]:
@@ -57,6 +58,8 @@ class ServeCommand:
             argv.append(f"--gpus={self.gpus}")
         if self.engines is not None:
             argv.append(f"--engines={self.engines}")
+        if self.trace_file is not None:
+            argv += [f"--trace-file={self.trace_file}", "--trace-rate=1"]
         return argv
 
     @property

@@ -55,6 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--metrics-port", type=int, default=server.DEFAULT_METRICS_PORT)
     serve.add_argument("--log-verbose", type=int, default=0, metavar="N", help="Triton's log verbosity")
     serve.add_argument(
+        "--trace-file",
+        type=Path,
+        metavar="PATH",
+        help="write Triton's timestamps of traced requests (each model's queue and compute, the ensemble's, "
+        "gRPC's) to this JSON file when the server stops",
+    )
+    serve.add_argument(
+        "--trace-rate",
+        type=_positive_int,
+        default=1000,
+        metavar="N",
+        help="with --trace-file: trace one request in N (default 1000; 1 traces every request)",
+    )
+    serve.add_argument(
         "--gpus",
         type=_gpu_list,
         metavar="LIST",
@@ -104,6 +118,8 @@ def serve_command(args: argparse.Namespace) -> int:
         grpc_port=args.grpc_port,
         metrics_port=args.metrics_port,
         log_verbose=args.log_verbose,
+        trace_file=args.trace_file.resolve() if args.trace_file else None,
+        trace_rate=args.trace_rate,
         gpus=args.gpus,
         require_gpu_engine=args.require_gpu_engine,
         engines=args.engines,
@@ -152,6 +168,12 @@ def _engine_count(text: str) -> int | None:
         return None
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected auto or a number of engines of at least 1; got {text!r}")
+    return int(text)
+
+
+def _positive_int(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1; got {text!r}")
     return int(text)
 
 

@@ -84,6 +84,10 @@ class ServerSettings:
     grpc_port: int = DEFAULT_GRPC_PORT
     metrics_port: int = DEFAULT_METRICS_PORT
     log_verbose: int = 0
+    # Triton's own per-request timestamps (its "triton" trace mode), written to this file
+    # when the server stops; one request in trace_rate is traced. None: no trace.
+    trace_file: Path | None = None
+    trace_rate: int = 1000
     # The GPUs the whisper model runs on, one engine each: CUDA_VISIBLE_DEVICES for
     # Triton ("0,1"; "" for none, the CPU); None: every GPU this process sees.
     gpus: str | None = None
@@ -237,7 +241,15 @@ class TritonServer:
             "--strict-readiness=true",
             "--exit-on-error=true",
             *(() if gpu else triton_output.NO_GPU_FLAGS),
+            *self._trace_flags(),
         ]
+
+    def _trace_flags(self) -> list[str]:
+        s = self.settings
+        if s.trace_file is None:
+            return []
+        return [f"--trace-config=triton,file={s.trace_file}", "--trace-config=level=TIMESTAMPS",
+                f"--trace-config=rate={s.trace_rate}"]  # fmt: skip
 
     def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
         """Start tritonserver and wait until every model is ready; ServerError otherwise."""
