@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
+from bench import latency_breakdown
 from bench.latency_breakdown import covered, main
 
 
@@ -25,3 +28,23 @@ def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
     assert engine["graph_steps_per_request"] == 0  # no CUDA graphs on the CPU
     assert (tmp_path / "latency-breakdown.md").read_text().startswith("# Latency of one 4.96 s clip")
     assert (tmp_path / "latency-breakdown-trace.json.gz").stat().st_size > 0
+
+
+@pytest.mark.server
+def test_a_served_run_reads_tritons_trace_of_the_ensemble_and_both_models(tmp_path, monkeypatch):
+    """`--served` starts the real server with `--trace-file`: every measured request's timeline
+    has the ensemble's and both models' events, in the order a request goes through them."""
+    monkeypatch.setattr(latency_breakdown, "STATE_DIR", tmp_path / "state")
+    main(["--model", "tiny-random", "--tokens-per-second", "2.732", "--device", "cpu", "--warmup", "1",
+          "--requests", "1", "--profiled", "1", "--served", "--served-seconds", "2", "--out", str(tmp_path)])  # fmt: skip
+    served = json.loads((tmp_path / "latency-breakdown.json").read_text())["served"]
+    trace = served["trace"]
+    assert trace["requests"] >= 2
+    at = {event["label"]: event["median_ms"] for event in trace["events"]}
+    assert 0 <= at["ensemble starts"] <= at["preprocessing: queued"] <= at["preprocessing: execute starts"]
+    # whisper gets the waveform only once preprocessing answered, and the ensemble its answer from whisper.
+    assert at["preprocessing: execute starts"] < at["whisper: queued"] <= at["whisper: execute starts"]
+    assert at["whisper: execute starts"] < at["ensemble has the answer"] <= at["gRPC sent the answer"]
+    # The client waited for all of it: its median latency covers the server's timeline.
+    assert at["gRPC sent the answer"] <= served["latency_ms"]["p50"]
+    assert "## The served request, by Triton's trace" in (tmp_path / "latency-breakdown.md").read_text()

@@ -90,6 +90,13 @@ def test_serve_flags_have_the_documented_defaults():
     args = build_parser().parse_args(["serve"])
     assert (args.http_port, args.grpc_port, args.metrics_port, args.log_verbose) == (8000, 8001, 8002, 0)
     assert args.model_repository is None and args.checkpoint is None
+    assert (args.trace_file, args.trace_rate) == (None, 1000)  # no trace unless asked; then Triton's own rate
+
+
+def test_a_trace_rate_below_one_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "--trace-file", "t.json", "--trace-rate", "0"])
+    assert "expected a whole number of at least 1; got '0'" in capsys.readouterr().err
 
 
 def test_an_unreachable_server_stops_the_command_with_one_line(tmp_path, capsys):
