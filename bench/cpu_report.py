@@ -1,4 +1,4 @@
-"""`bench.cpu`'s JSON as Markdown: the side-by-side table, the ratio, and where the CPU time went.
+"""`bench.cpu`'s JSON as Markdown and a plot: the side-by-side table, the ratio, where the CPU time went.
 
     python -m bench.cpu_report docs/benchmarks/cpu.json [--out docs/benchmarks]
 """
@@ -126,7 +126,7 @@ def render(data: dict) -> str:
         out += [f"**Served / faster-whisper best ({best.system}, {best.setting}): {value:.2f}** "
                 f"(RTFx {served.median_rtfx:.2f} / {best.median_rtfx:.2f}).", ""]  # fmt: skip
     headers = ["system", "setting", "RTFx", "RTFx range", "wall s", "CPU s", "CPU s per audio s", "WER", "load avg"]
-    out += [table(headers, [s.row(audio) for s in found]), ""]
+    out += [table(headers, [s.row(audio) for s in found]), "", "![RTFx of each system](cpu.png)", ""]
     out += ["Decoding: " + "; ".join(f"{k}: {v}" for k, v in data["decoding"].items()) + ".", ""]
     out += ["## Do the transcripts agree?", "", *agreement(found), ""]
     served = next((s for s in found if s.system == "served"), None)
@@ -139,8 +139,31 @@ def render(data: dict) -> str:
     return "\n".join(out)
 
 
+def plot(data: dict, path: Path) -> None:
+    """Each system's median RTFx as a bar, its repetitions' range as the error bar."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    found = summaries(data["measurements"])
+    medians = [s.median_rtfx for s in found]
+    spread = [[m - min(s.rtfx) for s, m in zip(found, medians)], [max(s.rtfx) - m for s, m in zip(found, medians)]]
+    fig, axes = plt.subplots(figsize=(8, 4.2))
+    bars = axes.bar([s.system for s in found], medians, yerr=spread, capsize=6,
+                    color=["tab:blue" if s.system == "served" else "tab:gray" for s in found])  # fmt: skip
+    axes.bar_label(bars, labels=[f"{m:.1f}" for m in medians], label_type="center", color="white")
+    axes.set_ylabel("RTFx (audio s / wall s), median and range")
+    machine = data["machine"]
+    axes.set_title(f"tiny.en on {machine['cpu']}, {machine['cores']} cores, commit {data['commit'][:7]}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
 def write_report(data: dict, out: Path) -> None:
     (out / "cpu.md").write_text(render(data))
+    plot(data, out / "cpu.png")
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from reference import Clip
 
 from bench.cpu import Measurement, corpus_errors
-from bench.cpu_report import ratio, render, summaries
+from bench.cpu_report import ratio, render, summaries, write_report
 
 REFERENCES = {
     "a.wav": Clip("a.wav", 2.0, "ten of clubs"),
@@ -36,11 +36,24 @@ def test_the_ratio_is_served_median_over_the_best_faster_whisper_median():
     value, served, best = ratio(summaries(records))
     assert (served.median_rtfx, best.system, best.median_rtfx) == (8.0, "faster-whisper", 16.0)
     assert value == 0.5
-    report = render({
+    data = {
         "date": "2026-01-01 00:00", "commit": "0123456789abcdef", "dirty": False, "command": "python -m bench.cpu",
         "machine": {"cpu": "test CPU", "cores": 2}, "clips": [{"file": "a.wav"}, {"file": "b.wav"}],
         "audio_s_per_round": 50.0, "rounds": 2, "repeats": 3, "decoding": {"served": "greedy"},
         "measurements": records, "tuning": [],
-    })  # fmt: skip
+    }  # fmt: skip
+    report = render(data)
     assert "Served / faster-whisper best (faster-whisper, faster-whisper setting): 0.50" in report
     assert "the same words on 2 of 2 clips" in report
+
+
+def test_the_report_is_written_with_its_plot(tmp_path):
+    records = [_record(system, 0, 10.0) for system in ("served", "faster-whisper")]
+    data = {
+        "date": "2026-01-01 00:00", "commit": "0123456789abcdef", "dirty": False, "command": "python -m bench.cpu",
+        "machine": {"cpu": "test CPU", "cores": 2}, "clips": [{"file": "a.wav"}], "audio_s_per_round": 50.0,
+        "rounds": 2, "repeats": 1, "decoding": {}, "measurements": records, "tuning": [],
+    }  # fmt: skip
+    write_report(data, tmp_path)
+    assert "![RTFx of each system](cpu.png)" in (tmp_path / "cpu.md").read_text()
+    assert (tmp_path / "cpu.png").read_bytes().startswith(b"\x89PNG")
