@@ -241,15 +241,8 @@ class TritonServer:
             "--strict-readiness=true",
             "--exit-on-error=true",
             *(() if gpu else triton_output.NO_GPU_FLAGS),
-            *self._trace_flags(),
+            *(() if s.trace_file is None else triton_output.trace_flags(s.trace_file, s.trace_rate)),
         ]
-
-    def _trace_flags(self) -> list[str]:
-        s = self.settings
-        if s.trace_file is None:
-            return []
-        return [f"--trace-config=triton,file={s.trace_file}", "--trace-config=level=TIMESTAMPS",
-                f"--trace-config=rate={s.trace_rate}"]  # fmt: skip
 
     def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
         """Start tritonserver and wait until every model is ready; ServerError otherwise."""

@@ -7,6 +7,9 @@ GPU is there (`NO_GPU_FLAGS`). Two more lines have none and are dropped from
 the log the launcher passes on (`is_no_gpu_noise`), and only when there is no
 GPU, where they can mean nothing else.
 
+Asked for (`serve --trace-file`), Triton also writes its own timestamps of
+traced requests to a file (`trace_flags`).
+
 When a model fails to load, Triton logs the Python exception inside a long
 quoted line with its traceback; `load_failure` takes out the one line that
 says what went wrong, so the launcher can stop at once and show it.
@@ -18,11 +21,13 @@ import ctypes
 import re
 from dataclasses import dataclass
 from functools import lru_cache
+from pathlib import Path
 
 # Without a GPU: Triton's pinned host memory pool needs the CUDA driver (it logs
 # "Unable to allocate pinned system memory ... CUDA driver version is insufficient")
 # and its GPU metrics need NVML ("Failed to initialize NVML", "DCGM unable to start").
 NO_GPU_FLAGS = ("--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false")
+
 # Without a GPU, and with no switch to avoid them: the CUDA block manager's start
 # (server.cc) and each ensemble's CUDA stream (ensemble_scheduler.cc). Both are
 # logged as errors, yet Triton serves normally without them.
@@ -92,3 +97,8 @@ class Activity:
             elif metric == "whisper_engine_healthy" and float(value) == 0:
                 unhealthy += 1
         return cls(busy=busy, answered=answered, unhealthy_engines=unhealthy)
+
+
+def trace_flags(path: Path, rate: int) -> tuple[str, ...]:
+    """Triton's "triton" trace mode, timestamps only, one request in `rate`; the file is written when it stops."""
+    return (f"--trace-config=triton,file={path}", "--trace-config=level=TIMESTAMPS", f"--trace-config=rate={rate}")
