@@ -28,7 +28,7 @@ from pathlib import Path
 
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.stats import percentile_summary
-from bench.triton_trace import Timeline, TimelineEvent, markdown, read_trace, timeline
+from bench.triton_trace import Timeline, markdown, read_trace, timeline
 
 
 @dataclass
@@ -207,8 +207,7 @@ def report(record: dict) -> str:
         lines.append(f"Served (gRPC, `transcribe`): p50 {served['latency_ms']['p50']} ms, "
                      f"p99 {served['latency_ms']['p99']} ms.")  # fmt: skip
         if "trace" in served:
-            trace = served["trace"]
-            line = Timeline(trace["requests"], [TimelineEvent(**event) for event in trace["events"]])
+            line = Timeline.from_record(served["trace"])
             lines += ["", "## The served request, by Triton's trace", "", *markdown(line, served["latency_ms"]["p50"])]
     lines += ["", "## The engine thread, per request", "", "| part | calls | ms | ms per call |", "|---|---|---|---|"]
     lines += [

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import collections
 import json
-import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from bench.stats import percentile_summary
 
 # The front end's first timestamp once the request is read: GRPC_WAITREAD_START is
 # when the server began waiting for it, which includes the client's idle time.
@@ -47,56 +48,64 @@ class Timeline:
     requests: int  # ensemble requests in it
     events: list[TimelineEvent]  # in order of their medians
 
+    @classmethod
+    def from_record(cls, record: dict) -> Timeline:
+        """Inverse of `dataclasses.asdict`, for a timeline read back from a results file."""
+        return cls(record["requests"], [TimelineEvent(**event) for event in record["events"]])
 
-def read_trace(path: Path) -> dict[int, dict]:
-    """Triton's trace file -> {trace id: {"model": name, "parent": id or None, "ns": {event: ns}}}."""
-    traces: dict[int, dict] = collections.defaultdict(lambda: {"model": None, "parent": None, "ns": {}})
+
+@dataclass
+class Trace:
+    """One traced request: of the ensemble (parent None) or of a model inside it."""
+
+    model: str | None = None
+    parent: int | None = None
+    ns: dict[str, int] = field(default_factory=dict)  # event name -> its first timestamp
+
+    def received_ns(self) -> int | None:
+        return next((self.ns[name] for name in RECEIVED if name in self.ns), None)
+
+
+def read_trace(path: Path) -> dict[int, Trace]:
+    """Triton's trace file -> its traces by id (a trace's records come one event at a time)."""
+    traces: dict[int, Trace] = collections.defaultdict(Trace)
     for record in json.loads(path.read_text()):
         trace = traces[record["id"]]
         if "model_name" in record:
-            trace["model"], trace["parent"] = record["model_name"], record.get("parent_id")
+            trace.model, trace.parent = record["model_name"], record.get("parent_id")
         for stamp in record.get("timestamps", ()):
-            trace["ns"].setdefault(stamp["name"], stamp["ns"])
+            trace.ns.setdefault(stamp["name"], stamp["ns"])
     return dict(traces)
 
 
-def timeline(traces: dict[int, dict], ensemble: str, last_s: float | None = None) -> Timeline:
+def timeline(traces: dict[int, Trace], ensemble: str, last_s: float | None = None) -> Timeline:
     """The median timeline of `ensemble` requests; with last_s, of those the front end read
     in the last_s seconds before the last one (a measured window after a warm-up)."""
-    children: dict[int, list[dict]] = collections.defaultdict(list)
+    children: dict[int, list[Trace]] = collections.defaultdict(list)
     for trace in traces.values():
-        if trace["parent"] is not None:
-            children[trace["parent"]].append(trace)
+        if trace.parent is not None:
+            children[trace.parent].append(trace)
     received_ns = {
-        trace_id: next(trace["ns"][name] for name in RECEIVED if name in trace["ns"])
+        trace_id: trace.received_ns()
         for trace_id, trace in traces.items()
-        if trace["model"] == ensemble and any(name in trace["ns"] for name in RECEIVED)
+        if trace.model == ensemble and trace.received_ns() is not None
     }
     since_ns = max(received_ns.values()) - last_s * 1e9 if received_ns and last_s is not None else 0
-    offsets: dict[str, list[float]] = collections.defaultdict(list)
+    offsets_s: dict[str, list[float]] = collections.defaultdict(list)
     requests = 0
     for trace_id, received in received_ns.items():
-        trace = traces[trace_id]
         if received < since_ns:
             continue
         requests += 1
-        for name, label in ENSEMBLE_EVENTS.items():
-            if name in trace["ns"]:
-                offsets[label].append((trace["ns"][name] - received) / 1e6)
-        for child in children[trace_id]:
-            for name, label in MODEL_EVENTS.items():
-                if name in child["ns"]:
-                    offsets[f"{child['model']}: {label}"].append((child["ns"][name] - received) / 1e6)
-    events = [
-        TimelineEvent(label, round(statistics.median(values), 3), round(_p90(values), 3))
-        for label, values in offsets.items()
-    ]
+        events = [(label, traces[trace_id].ns.get(name)) for name, label in ENSEMBLE_EVENTS.items()]
+        events += [(f"{child.model}: {label}", child.ns.get(name))
+                   for child in children[trace_id] for name, label in MODEL_EVENTS.items()]  # fmt: skip
+        for label, at_ns in events:
+            if at_ns is not None:
+                offsets_s[label].append((at_ns - received) / 1e9)
+    summaries = {label: percentile_summary(values) for label, values in offsets_s.items()}
+    events = [TimelineEvent(label, summary["p50"], summary["p90"]) for label, summary in summaries.items()]
     return Timeline(requests, sorted(events, key=lambda event: event.median_ms))
-
-
-def _p90(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
 
 
 def markdown(line: Timeline, client_p50_ms: float | None = None) -> list[str]:
@@ -106,7 +115,7 @@ def markdown(line: Timeline, client_p50_ms: float | None = None) -> list[str]:
              "| event | median ms | p90 ms | since the event before (medians) |", "|---|---|---|---|"]  # fmt: skip
     before = 0.0
     for event in line.events:
-        lines.append(f"| {event.label} | {event.median_ms} | {event.p90_ms} | {event.median_ms - before:.3f} |")
+        lines.append(f"| {event.label} | {event.median_ms} | {event.p90_ms} | {event.median_ms - before:.2f} |")
         before = event.median_ms
     if client_p50_ms is not None:
         lines += ["", f"The client's median latency is {client_p50_ms} ms: about {client_p50_ms - before:.2f} ms "
