@@ -1,17 +1,23 @@
-"""What the host does during a load point: CPU cores busy (all processes), GPU memory and utilisation.
+"""What the host does during a load point: CPU cores busy (all processes, and the
+server's own by role), GPU memory and utilisation.
 
 The GPU figures come from `nvidia-smi`, so they cover every process on the
 GPU (the server's stubs included); on a machine without it they are None.
+The server's processes are tritonserver and one Python-backend stub per model
+instance (`loadtest.processes`): a stub near one core is bound by its own
+interpreter lock, however many cores the host has left.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-PROC_STAT = Path("/proc/stat")
+PROC = Path("/proc")
+PROC_STAT = PROC / "stat"
 GPU_SAMPLE_S = 0.5
 MIB_PER_GIB = 1024
 
@@ -46,30 +52,78 @@ def busy_cores(before: CpuTimes | None, after: CpuTimes | None, cores: int) -> f
     return round(cores * (after.busy - before.busy) / (after.total - before.total), 2)
 
 
-def query_gpu() -> tuple[float, float] | None:
-    """(utilisation %, memory used GiB) of GPU 0, or None without nvidia-smi."""
+def process_cpu_seconds(pid: int) -> float | None:
+    """User plus system CPU seconds of one process so far (/proc/<pid>/stat), None once it is gone."""
+    try:
+        fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
+
+
+@dataclass(frozen=True)
+class ServerProcesses:
+    """A whisper-triton server's processes by role: "tritonserver", and each model's stubs by its name."""
+
+    roles: dict[str, tuple[int, ...]]
+
+    @classmethod
+    def find(cls, grpc_port: int) -> ServerProcesses:
+        from loadtest.processes import stub_processes, tritonserver_pid
+
+        roles: dict[str, tuple[int, ...]] = {"tritonserver": (tritonserver_pid(grpc_port),)}
+        for stub in stub_processes(grpc_port):
+            roles[stub.model] = (*roles.get(stub.model, ()), stub.pid)
+        return cls(roles)
+
+    def cpu_seconds(self) -> dict[int, float | None]:
+        return {pid: process_cpu_seconds(pid) for pids in self.roles.values() for pid in pids}
+
+    def busy(self, before: dict[int, float | None], after: dict[int, float | None], seconds: float) -> dict:
+        """Per role, between two `cpu_seconds` readings `seconds` apart: the cores its processes
+        kept busy in all, and the busiest one's (1.0: a stub bound by its interpreter lock)."""
+        record = {}
+        for role, pids in self.roles.items():
+            cores = [(after[p] - before[p]) / seconds for p in pids if before.get(p) is not None and after.get(p) is not None]
+            if cores:
+                record[role] = {"processes": len(pids), "cores": round(sum(cores), 2), "busiest": round(max(cores), 2)}
+        return record
+
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    utilisation_pct: float
+    memory_used_gib: float
+
+
+def query_gpus() -> list[GpuReading] | None:
+    """Every GPU's utilisation and memory in use, in nvidia-smi's order; None without nvidia-smi."""
     try:
         out = subprocess.run(
-            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits", "-i", "0"],
+            ["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
             capture_output=True, text=True, timeout=10, check=True,
         ).stdout
-        utilisation, memory_mib = (float(v) for v in out.split(","))
-        return utilisation, memory_mib / MIB_PER_GIB
+        readings = []
+        for line in out.strip().splitlines():
+            utilisation, memory_mib = (float(v) for v in line.split(","))
+            readings.append(GpuReading(utilisation, memory_mib / MIB_PER_GIB))
+        return readings or None
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
 
 
 class GpuSampler:
-    """Samples GPU 0 every GPU_SAMPLE_S while in its `with` block."""
+    """Samples every GPU every GPU_SAMPLE_S while in its `with` block."""
 
     def __init__(self) -> None:
-        self._samples: list[tuple[float, float]] = []
+        self._samples: list[list[GpuReading]] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            sample = query_gpu()
+            sample = query_gpus()
             if sample is None:
                 return
             self._samples.append(sample)
@@ -83,10 +137,15 @@ class GpuSampler:
         self._stop.set()
         self._thread.join(timeout=15)
 
-    def summary(self) -> dict[str, float | None]:
+    def summary(self) -> dict[str, object]:
+        """GPU 0's mean utilisation and peak memory (as before several GPUs were sampled),
+        and each GPU's mean utilisation."""
         if not self._samples:
-            return {"gpu_utilisation_pct": None, "gpu_memory_used_gib": None}
+            return {"gpu_utilisation_pct": None, "gpu_memory_used_gib": None, "gpus_utilisation_pct": None}
+        gpus = range(min(len(sample) for sample in self._samples))
+        each = [round(sum(s[g].utilisation_pct for s in self._samples) / len(self._samples), 1) for g in gpus]
         return {
-            "gpu_utilisation_pct": round(sum(u for u, _ in self._samples) / len(self._samples), 1),
-            "gpu_memory_used_gib": round(max(m for _, m in self._samples), 2),
+            "gpu_utilisation_pct": each[0],
+            "gpu_memory_used_gib": round(max(s[0].memory_used_gib for s in self._samples), 2),
+            "gpus_utilisation_pct": each,
         }

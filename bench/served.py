@@ -43,7 +43,7 @@ from pathlib import Path
 from bench import report
 from bench.clips import load_clips, nearest
 from bench.engine_alone import EnginePlan, run_engine
-from bench.host import GpuSampler, busy_cores, cpu_times
+from bench.host import GpuSampler, ServerProcesses, busy_cores, cpu_times
 from bench.jobs import Job, forced_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan, PointResult
 from bench.provenance import provenance
@@ -175,24 +175,28 @@ def make_jobs(spec: ModelSpec, checkpoint: str, tokens_per_second: float | None,
 
 
 class PointProbe:
-    """Reads the server and the host at a point's window edges."""
+    """Reads the server and the host at a point's window edges: Triton's statistics, the
+    host's CPU, the server's processes' CPU by role, the GPUs."""
 
     def __init__(self, url: str) -> None:
         self.url = url
         self.readings: dict[str, object] = {}
         self.sampler: GpuSampler | None = None
+        self.processes = ServerProcesses.find(int(url.rpartition(":")[2]))
 
     def __call__(self, edge: str) -> None:
         if edge == "start":
             self.sampler = GpuSampler().__enter__()
         else:
             self.sampler.__exit__(None, None, None)
-        self.readings[edge] = (model_stats(self.url), cpu_times())
+        self.readings[edge] = (model_stats(self.url), cpu_times(), self.processes.cpu_seconds(), time.monotonic())
 
     def record(self) -> dict:
-        (stats_before, cpu_before), (stats_after, cpu_after) = self.readings["start"], self.readings["end"]
+        (stats_before, cpu_before, own_before, started), (stats_after, cpu_after, own_after, ended) = (
+            self.readings["start"], self.readings["end"])
         return {"models": stats_delta(stats_before, stats_after),
                 "host_busy_cores": busy_cores(cpu_before, cpu_after, os.cpu_count() or 1),
+                "server_cores": self.processes.busy(own_before, own_after, ended - started),
                 **self.sampler.summary()}
 
 

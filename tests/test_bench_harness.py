@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import pytest
 
 from bench import served_report
 from bench.carry import gather, split
-from bench.host import CpuTimes, busy_cores, parse_proc_stat
+from bench.host import CpuTimes, ServerProcesses, busy_cores, parse_proc_stat, process_cpu_seconds
 from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
 from bench.load import split_slots
 from bench.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
@@ -174,6 +175,19 @@ def test_cpu_busy_cores_from_proc_stat():
     assert busy_cores(None, after, 16) is None
     with pytest.raises(ValueError):
         parse_proc_stat("intr 1 2 3\n")
+
+
+def test_a_server_process_cpu_time_becomes_cores_by_role():
+    spent = sum(i * i for i in range(200_000))  # some CPU time of this process's own
+    assert spent and process_cpu_seconds(os.getpid()) > 0
+    assert process_cpu_seconds(2**31 - 1) is None  # no such process
+    processes = ServerProcesses({"whisper": (11, 12), "tritonserver": (13,), "gone": (14,)})
+    before = {11: 10.0, 12: 5.0, 13: 1.0, 14: None}
+    after = {11: 12.0, 12: 5.5, 13: 1.5, 14: None}
+    assert processes.busy(before, after, 2.0) == {
+        "whisper": {"processes": 2, "cores": 1.25, "busiest": 1.0},
+        "tritonserver": {"processes": 1, "cores": 0.25, "busiest": 0.25},
+    }
 
 
 # ------------------------------------------------------------------ provenance

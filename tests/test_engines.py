@@ -21,12 +21,18 @@ from python_backend_lib.apps.repository import (
 )
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.engine.faults import FaultPlan
 from python_backend_lib.engine.loading import kv_budget
 from python_backend_lib.serving.settings import (
     CHECKPOINT_ENV,
+    ENGINE_FAULT_PROMPT_ENV,
+    FAULT_GPU_ENV,
+    FAULT_PROMPT_ENV,
     auto_engines_per_gpu,
+    device_label,
     engines_on_device,
     engines_sharing_queue,
+    fault_plan,
 )
 
 GIB = 2**30
@@ -132,3 +138,23 @@ def test_serve_refuses_a_bad_number_of_engines(bad, capsys):
     with pytest.raises(SystemExit):
         build_parser().parse_args(["serve", "--engines", bad])
     assert "expected auto or a number of engines of at least 1" in capsys.readouterr().err
+
+
+def test_an_engines_gpu_label_is_the_hosts_number_of_its_gpu():
+    assert device_label("cpu", {}) == "cpu"
+    assert device_label("cuda:1", {}) == "1"
+    assert device_label("cuda:0", {"CUDA_VISIBLE_DEVICES": "1"}) == "1"  # serve --gpus 1
+    assert device_label("cuda:1", {"CUDA_VISIBLE_DEVICES": "2,3"}) == "3"
+    assert device_label("cuda:0", {"CUDA_VISIBLE_DEVICES": "GPU-5e1c"}) == "GPU-5e1c"
+    assert device_label("cuda:0", {"CUDA_VISIBLE_DEVICES": ""}) == "0"
+
+
+def test_the_fault_prompts_arm_only_the_gpu_named():
+    prompts = {FAULT_PROMPT_ENV: "step", ENGINE_FAULT_PROMPT_ENV: "loop"}
+    assert fault_plan("cuda:0", prompts) == FaultPlan("step", "loop")  # every engine
+    assert fault_plan("cpu", prompts) == FaultPlan("step", "loop")
+    on_second = {**prompts, FAULT_GPU_ENV: "1"}
+    assert fault_plan("cuda:1", on_second) == FaultPlan("step", "loop")
+    assert fault_plan("cuda:0", on_second).empty
+    assert fault_plan("cuda:0", {**on_second, "CUDA_VISIBLE_DEVICES": "1"}) == FaultPlan("step", "loop")
+    assert fault_plan("cuda:0", {}).empty

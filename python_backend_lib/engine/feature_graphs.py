@@ -24,6 +24,7 @@ import torch
 from python_backend_lib.audio.features import features_for, log_mel_spectrogram
 from python_backend_lib.core.geometry import N_SAMPLES
 from python_backend_lib.engine.cuda_graphs import bucket_sizes, choose_bucket
+from python_backend_lib.engine.device import on_device
 from python_backend_lib.engine.transfers import PinnedRing
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,10 @@ class FeatureGraphs:
 
     def capture(self) -> None:
         """Capture every bucket, largest first, into one private memory pool."""
+        with on_device(self.device):
+            self._capture()
+
+    def _capture(self) -> None:
         torch.cuda.synchronize(self.device)
         reserved = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
@@ -90,7 +95,11 @@ class FeatureGraphs:
 
     def features(self, waveforms: Sequence[np.ndarray]) -> list[torch.Tensor]:
         """Each recording's log-mel, as `audio.features.features_for` gives it, on the
-        device, without waiting for it (the copies come from pinned memory)."""
+        device, without waiting for it (the copies come from pinned memory); from any thread."""
+        with on_device(self.device):  # the replays go to the current device's stream
+            return self._features(waveforms)
+
+    def _features(self, waveforms: Sequence[np.ndarray]) -> list[torch.Tensor]:
         results: list[torch.Tensor | None] = [None] * len(waveforms)
         short = []
         for i, waveform in enumerate(waveforms):

@@ -37,6 +37,7 @@ from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
+from python_backend_lib.engine.device import on_device
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import Admission, RowState
 from python_backend_lib.text.tokenizer import Tokenizer
@@ -190,6 +191,10 @@ class Engine:
     # ------------------------------------------------------------ engine thread
 
     def _run(self) -> None:
+        with on_device(self.batch.device):  # a new thread starts on the first GPU
+            self._loop()
+
+    def _loop(self) -> None:
         restarts_in_a_row = 0
         while True:
             self._stepped = False

@@ -71,11 +71,6 @@ def read_counters(engine: Any) -> Counters:
     )
 
 
-def device_label(device: Any) -> str:
-    """The `gpu` label of a model instance's metrics: the CUDA device index, or "cpu"."""
-    return str(device.index or 0) if device.type == "cuda" else "cpu"
-
-
 class WhisperMetrics:
     """Publishes the engine's and the ledger's numbers as Prometheus metrics.
 

@@ -54,6 +54,11 @@ FAULT_PROMPT_ENV = "WHISPER_TRITON_FAULT_PROMPT"
 # ... and with this prompt the engine's failure handling fails too, so the engine
 # loop itself fails, answers everything it holds and restarts.
 ENGINE_FAULT_PROMPT_ENV = "WHISPER_TRITON_ENGINE_FAULT_PROMPT"
+# With this set to a GPU's label (`device_label`), only the engines on that GPU
+# arm the fault prompts, to show that the other GPUs' requests are untouched.
+FAULT_GPU_ENV = "WHISPER_TRITON_FAULT_GPU"
+# Which GPUs a process sees, and in what order (`whisper-triton serve --gpus` sets it).
+CUDA_VISIBLE_DEVICES_ENV = "CUDA_VISIBLE_DEVICES"
 
 
 @dataclass(frozen=True)
@@ -157,6 +162,21 @@ def instance_device(args: Mapping[str, str]) -> str:
     return "cpu"
 
 
+def device_label(device: Any, environ: Mapping[str, str] = os.environ) -> str:
+    """The `gpu` label of an engine on `device` ("cuda:<i>" or "cpu", a str or torch.device):
+    the host's number of that GPU, as nvidia-smi counts them, or "cpu".
+
+    CUDA numbers the GPUs a process sees from 0: under `--gpus 1` the host's second
+    GPU is the process's cuda:0, and its label says 1. A GPU named in
+    CUDA_VISIBLE_DEVICES by its UUID keeps that name."""
+    kind, _, index = str(device).partition(":")
+    if kind != "cuda":
+        return "cpu"
+    visible = [name.strip() for name in environ.get(CUDA_VISIBLE_DEVICES_ENV, "").split(",") if name.strip()]
+    position = int(index or 0)
+    return visible[position] if position < len(visible) else str(position)
+
+
 # Engines (instances of the whisper model, each a process of its own) per GPU that
 # `whisper-triton serve --engines auto` starts, by the checkpoint's encoder width. One
 # engine's host work, under one GIL, bounds tiny long before its GPU is busy; larger
@@ -201,6 +221,20 @@ def engines_sharing_queue(model_config: str) -> int:
     return max(1, total)
 
 
+def fault_plan(device: str | None, environ: Mapping[str, str] = os.environ) -> Any:
+    """The test-only `engine.faults.FaultPlan` the environment asks of an engine on `device`:
+    the fault prompts, armed on every engine, or only on the GPU that FAULT_GPU_ENV names."""
+    from python_backend_lib.engine.faults import FaultPlan  # torch: only in the whisper model
+
+    faulty_gpu = environ.get(FAULT_GPU_ENV) or None
+    if faulty_gpu is not None and (device is None or device_label(device, environ) != faulty_gpu):
+        return FaultPlan()
+    return FaultPlan(
+        step_prompt=environ.get(FAULT_PROMPT_ENV) or None,
+        engine_prompt=environ.get(ENGINE_FAULT_PROMPT_ENV) or None,
+    )
+
+
 def load_pipeline(
     settings: ModelSettings, device: str | None = None, environ: Mapping[str, str] = os.environ, *, engines: int = 1
 ) -> Any:
@@ -211,7 +245,6 @@ def load_pipeline(
     Raises loading.GpuMemoryError, saying what to change, when it does not fit on the GPU.
     """
     # torch: only in the whisper model
-    from python_backend_lib.engine.faults import FaultPlan
     from python_backend_lib.engine.loading import DEFAULT_KV_MEMORY_FRACTION, EngineSetup
     from python_backend_lib.transcription.pipeline import Pipeline
 
@@ -220,9 +253,6 @@ def load_pipeline(
         kv_memory_fraction=settings.kv_memory_fraction or DEFAULT_KV_MEMORY_FRACTION,
         engines_on_device=engines,
         require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
-        faults=FaultPlan(
-            step_prompt=environ.get(FAULT_PROMPT_ENV) or None,
-            engine_prompt=environ.get(ENGINE_FAULT_PROMPT_ENV) or None,
-        ),
+        faults=fault_plan(device, environ),
     )
     return Pipeline.load(settings.checkpoint, device=device, setup=setup)

@@ -24,6 +24,7 @@ from python_backend_lib.core import geometry
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, TranscribeOptions
+from python_backend_lib.engine.device import on_device
 from python_backend_lib.engine.feature_graphs import FeatureGraphs
 from python_backend_lib.engine.loading import (
     AttentionBackendName,
@@ -72,17 +73,18 @@ class Pipeline:
         start = time.perf_counter()
         checkpoint = load_checkpoint(source)
         times.timed("checkpoint", start)
-        loaded = build_batch(checkpoint, device, dtype, setup, times)
-        config = checkpoint.config
-        tokenizer = load_tokenizer(config) if config.tokenizer_path else None
-        engine = Engine(loaded.batch, config, tokenizer, engine_options)
-        pipeline = cls(model=loaded.batch.model, config=config, tokenizer=tokenizer, engine=engine)
-        pipeline.attention_backend = loaded.backend
-        if loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS:  # the GPU engine: its log-mel captured too
-            start = time.perf_counter()
-            pipeline.feature_graphs = FeatureGraphs(config.dims.n_mels, device)
-            pipeline.feature_graphs.capture()
-            times.timed("feature_graphs", start)
+        with on_device(device):
+            loaded = build_batch(checkpoint, device, dtype, setup, times)
+            config = checkpoint.config
+            tokenizer = load_tokenizer(config) if config.tokenizer_path else None
+            engine = Engine(loaded.batch, config, tokenizer, engine_options)
+            pipeline = cls(model=loaded.batch.model, config=config, tokenizer=tokenizer, engine=engine)
+            pipeline.attention_backend = loaded.backend
+            if loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS:  # the GPU engine: its log-mel captured too
+                start = time.perf_counter()
+                pipeline.feature_graphs = FeatureGraphs(config.dims.n_mels, device)
+                pipeline.feature_graphs.capture()
+                times.timed("feature_graphs", start)
         pipeline.load_times = times
         log.info("loaded %s on %s with %s: %s", source, device, loaded.backend.value, times.describe())
         return pipeline
@@ -131,7 +133,8 @@ class Pipeline:
         waiting for the device: the engine's thread uses them later, in stream order."""
         if self.feature_graphs is not None:
             return self.feature_graphs.features(waveforms)
-        return features_for_many(waveforms, self.n_mels, self.device)
+        with on_device(self.device):
+            return features_for_many(waveforms, self.n_mels, self.device)
 
     def start(
         self,
@@ -152,17 +155,18 @@ class Pipeline:
             raise RequestError(f"checkpoint {self.config.source!r} has no tokenizer: it can decode but not transcribe")
         if features is None:
             (features,) = self.features([waveform])
-        LongFormJob(
-            self.engine.submit,
-            self.config,
-            self.tokenizer,
-            features,
-            len(waveform) / geometry.SAMPLE_RATE,
-            options,
-            on_done,
-            is_cancelled,
-            self.aligner.add_words if self.aligner else None,
-        ).start()
+        with on_device(self.device):  # the job reads the features and cuts its first windows here
+            LongFormJob(
+                self.engine.submit,
+                self.config,
+                self.tokenizer,
+                features,
+                len(waveform) / geometry.SAMPLE_RATE,
+                options,
+                on_done,
+                is_cancelled,
+                self.aligner.add_words if self.aligner else None,
+            ).start()
 
     def transcribe(
         self, data: bytes | np.ndarray, options: TranscribeOptions | DecodingOptions = TranscribeOptions()

@@ -18,10 +18,11 @@ import triton_python_backend_utils as pb_utils
 # Serving from a checkout without `pip install -e .`: the library sits beside the repository.
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
-from python_backend_lib.serving.metrics import WhisperMetrics, device_label
+from python_backend_lib.serving.metrics import WhisperMetrics
 from python_backend_lib.serving.parent_watch import ParentWatch
 from python_backend_lib.serving.settings import (
     ModelSettings,
+    device_label,
     engines_on_device,
     engines_sharing_queue,
     instance_device,

@@ -1,0 +1,176 @@
+"""One server on one GPU against the same server on several, in one run: what a second GPU adds.
+
+    python -m bench.gpu_scaling --model tiny --gpus 0 0,1 --out OUT     # scripts/gpu_run.sh scaling
+
+For each `--gpus` value in turn, `whisper-triton serve --gpus <value>` serves the
+same clips to the same load generator (the same client processes), swept by
+doubling concurrency from `--start` until twice the saturating concurrency.
+Each point records, besides the load generator's figures, what could be the
+limit: the host's busy cores, each role's processes (tritonserver, every
+model's stubs: the busiest one near 1.0 core is bound by its interpreter lock),
+the load generator's own CPU, and each GPU's utilisation. The scaling is the
+best goodput of the last value over the first's.
+
+Writes `gpu-scaling.json` and `gpu-scaling.md` (the table, the ratio and the
+readings at each best point) and `gpu-scaling.png` into `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.load import LoadGenerator, PointPlan
+from bench.provenance import provenance
+from bench.served import (
+    MODELS,
+    POINT_MARGIN_S,
+    STATE_DIR,
+    Settings,
+    describe_point,
+    make_jobs,
+    measure_point,
+    served_checkpoint,
+)
+from bench.server_process import ServeCommand, ServerProcess
+from bench.stats import PointStats, saturation, sweep_done
+
+RESULTS = "gpu-scaling.json"
+
+
+def say(message: str) -> None:
+    print(f"[bench.gpu_scaling {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def sweep_one(gpus: str, checkpoint: str, requests: list, args, settings: Settings, deadline: float) -> dict:
+    """One server on `gpus`, swept from args.start; its record."""
+    command = ServeCommand(checkpoint, args.model_repository, gpus)
+    log_path = args.out / f"scaling-gpus-{gpus.replace(',', '-')}.log"
+    record: dict = {"gpus": gpus, "command": command.display, "points": [], "log": log_path.name}
+    say(f"--gpus {gpus}: starting {command.display}")
+    with ServerProcess(command, log_path, settings.startup_s) as server:
+        record["ready_s"] = server.ready_s
+        measured: list[PointStats] = []
+        with LoadGenerator(command.grpc_url, requests, processes=args.clients) as load:
+            concurrency = args.start
+            while concurrency <= settings.max_concurrency:
+                if deadline - time.monotonic() < settings.warmup_s + settings.point_s + POINT_MARGIN_S:
+                    record["stopped"] = f"out of time before concurrency {concurrency}"
+                    break
+                plan = PointPlan(concurrency, settings.warmup_s, settings.point_s, settings.timeout_s)
+                result, point = measure_point(load, plan, command.grpc_url)
+                record["points"].append(point)
+                measured.append(result.stats)
+                say(describe_point(f"--gpus {gpus}", point) + f", server {point['server_cores']}, "
+                    f"GPUs {point['gpus_utilisation_pct']} %")
+                if sweep_done(measured, args.start * 4):
+                    break
+                concurrency *= 2
+        found = saturation(measured)
+        record["saturation"] = asdict(found) if found else None
+    return record
+
+
+def best_point(record: dict) -> dict | None:
+    points = [p for p in record["points"] if not p["failed"]]
+    return max(points, key=lambda p: p["goodput_per_s"]) if points else None
+
+
+def markdown(data: dict) -> str:
+    run = data["run"]
+    lines = [f"# One server on {' against '.join(r['gpus'] for r in data['servers'])} GPUs ({data['model']})", "",
+             f"Commit {run['commit']} (dirty: {run['dirty']}), {run['machine']['gpu']}, "
+             f"{run['machine']['cpu_count']} CPUs; {data['clients']} client processes, {len(data['clips'])} clips "
+             f"(mean {data['mean_clip_s']} s); command: `{data['command']}`.", "",
+             "| --gpus | concurrency | good req/s | RTFx | p50 ms | p99 ms | host cores busy | load generator cores "
+             "| server cores by role (busiest process) | GPU busy % |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for record in data["servers"]:
+        for p in record["points"]:
+            roles = ", ".join(f"{role} {r['cores']} ({r['busiest']})" for role, r in p["server_cores"].items())
+            lines.append(f"| {record['gpus']} | {p['concurrency']} | {p['goodput_per_s']} | {p['rtfx']} | "
+                         f"{p['latency_ms']['p50']} | {p['latency_ms']['p99']} | {p['host_busy_cores']} | "
+                         f"{p['client_cpu_cores']} | {roles} | {p['gpus_utilisation_pct']} |")
+    lines += ["", f"**Scaling: {data.get('scaling')}** (best goodput of `--gpus {data['servers'][-1]['gpus']}` over "
+              f"`--gpus {data['servers'][0]['gpus']}`)."]
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for record in data["servers"]:
+        points = [p for p in record["points"] if not p["failed"]]
+        axis.plot([p["concurrency"] for p in points], [p["rtfx"] for p in points], marker="o",
+                  label=f"--gpus {record['gpus']}")
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("requests in flight")
+    axis.set_ylabel("RTFx (audio seconds per second)")
+    axis.set_title(f"{data['model']}: one server on one GPU and on several, {data['run']['machine']['gpu']}")
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.gpu_scaling", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--gpus", nargs="+", default=["0", "0,1"], help="`serve --gpus` values, compared in this order")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--start", type=int, default=64, help="the first concurrency of each sweep")
+    parser.add_argument("--clients", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
+                        help="client processes of the load generator (the same for every server)")
+    parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
+    parser.add_argument("--model-repository", type=Path)
+    parser.add_argument("--quick", action="store_true", help="short points: the CPU smoke run")
+    parser.add_argument("--budget-s", type=float, default=560.0)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    deadline = time.monotonic() + args.budget_s
+    settings = Settings.quick() if args.quick else Settings()
+    spec = MODELS[args.model]
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    checkpoint = served_checkpoint(spec)
+    if spec.random and not args.tokens_per_second:
+        raise SystemExit("random weights decode forced lengths: pass --tokens-per-second")
+    jobs = make_jobs(spec, checkpoint, args.tokens_per_second, settings)
+    requests = [job.load_request() for job in jobs]
+    data = {"model": args.model, "run": provenance(), "clients": args.clients,
+            "command": "python -m bench.gpu_scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "clips": [job.describe() for job in jobs],
+            "mean_clip_s": round(sum(r.duration_s for r in requests) / len(requests), 2), "servers": []}
+    say(f"{len(requests)} clips, mean {data['mean_clip_s']} s; {args.clients} client processes")
+    for index, gpus in enumerate(args.gpus):
+        left = len(args.gpus) - index
+        share_deadline = time.monotonic() + (deadline - time.monotonic()) / left
+        try:
+            data["servers"].append(sweep_one(gpus, checkpoint, requests, args, settings, share_deadline))
+        except Exception as error:  # keep the other servers' records
+            data["servers"].append({"gpus": gpus, "points": [], "error": f"{type(error).__name__}: {error}"})
+            say(f"--gpus {gpus} failed: {error}")
+        bests = [best_point(r) for r in data["servers"]]
+        if bests[0] and bests[-1]:
+            data["scaling"] = round(bests[-1]["goodput_per_s"] / bests[0]["goodput_per_s"], 3)
+        (args.out / RESULTS).write_text(json.dumps(data, indent=1))
+    (args.out / "gpu-scaling.md").write_text(markdown(data))
+    plot(data, args.out / "gpu-scaling.png")
+    say(f"scaling {data.get('scaling')}; wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""Which GPU a thread's CUDA work goes to.
+
+CUDA keeps a current device per thread, and every new thread starts on the first
+GPU. PyTorch's operations follow their tensors' device, but several things launch
+on the current device's stream instead: Triton kernels (`engine.step_kernels`
+refuses a pointer of another device), CUDA graph capture and replay, new streams
+and FlashInfer's plans. So an engine on any GPU but the first makes its GPU the
+current one on every thread that launches its work: the thread that loads it,
+its engine thread, and whoever calls its entry points (Triton's `execute`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import ContextManager
+
+import torch
+
+
+def on_device(device: torch.device | str) -> ContextManager[None]:
+    """A context in which `device` is the calling thread's current CUDA device
+    (the one before is restored on leaving); nothing for the CPU."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return contextlib.nullcontext()
+    return torch.cuda.device(device)
