@@ -4,7 +4,9 @@
 
 For each `--gpus` value in turn, `whisper-triton serve --gpus <value>` serves the
 same clips to the same load generator (the same client processes), swept by
-doubling concurrency from `--start` until twice the saturating concurrency.
+doubling concurrency from `--start` until two points in a row fall short of the
+best goodput (or `--max-concurrency`): several GPUs saturate at a higher
+concurrency than one, so each sweep runs past its own peak.
 Each point records, besides the load generator's figures, what could be the
 limit: the host's busy cores, each role's processes (tritonserver, every
 model's stubs: the busiest one near 1.0 core is bound by its interpreter lock),
@@ -38,7 +40,7 @@ from bench.served import (
     served_checkpoint,
 )
 from bench.server_process import ServeCommand, ServerProcess
-from bench.stats import PointStats, saturation, sweep_done
+from bench.stats import PointStats, saturation
 
 RESULTS = "gpu-scaling.json"
 
@@ -58,7 +60,7 @@ def sweep_one(gpus: str, checkpoint: str, requests: list, args, settings: Settin
         measured: list[PointStats] = []
         with LoadGenerator(command.grpc_url, requests, processes=args.clients) as load:
             concurrency = args.start
-            while concurrency <= settings.max_concurrency:
+            while concurrency <= args.max_concurrency:
                 if deadline - time.monotonic() < settings.warmup_s + settings.point_s + POINT_MARGIN_S:
                     record["stopped"] = f"out of time before concurrency {concurrency}"
                     break
@@ -68,12 +70,18 @@ def sweep_one(gpus: str, checkpoint: str, requests: list, args, settings: Settin
                 measured.append(result.stats)
                 say(describe_point(f"--gpus {gpus}", point) + f", server {point['server_cores']}, "
                     f"GPUs {point['gpus_utilisation_pct']} %")
-                if sweep_done(measured, args.start * 4):
+                if past_peak(measured):
                     break
                 concurrency *= 2
         found = saturation(measured)
         record["saturation"] = asdict(found) if found else None
     return record
+
+
+def past_peak(points: list[PointStats], after: int = 2) -> bool:
+    """The sweep's best goodput came `after` points ago or earlier (failed points do not count)."""
+    counted = [p.goodput_per_s for p in points if not p.failed]
+    return bool(counted) and counted.index(max(counted)) <= len(counted) - 1 - after
 
 
 def best_point(record: dict) -> dict | None:
@@ -128,6 +136,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpus", nargs="+", default=["0", "0,1"], help="`serve --gpus` values, compared in this order")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--start", type=int, default=64, help="the first concurrency of each sweep")
+    parser.add_argument("--max-concurrency", type=int, default=4096, help="the last concurrency of a sweep at most")
     parser.add_argument("--clients", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
                         help="client processes of the load generator (the same for every server)")
     parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")

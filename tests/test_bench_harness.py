@@ -449,3 +449,19 @@ def test_the_ceiling_comparison_reports_each_stored_runs_best_point_and_instance
         broken = tmp_path / "broken.json"
         broken.write_text(json.dumps({"runs": [{}], "models": {"tiny": {"ceiling": {"error": "boom"}}}}))
         load_variant(broken)
+
+
+def test_a_scaling_sweep_runs_two_points_past_its_peak():
+    from bench.gpu_scaling import past_peak
+
+    def points(*goodputs, failed=()):
+        return [PointStats(concurrency=2**i, window_s=1.0, sent=1, answered_per_s=g, goodput_per_s=g, rtfx=g,
+                           latency_ms={}, statuses={BAD_TRANSCRIPT: 1} if i in failed else {OK: 1},
+                           mean_tokens=None, tokens_per_audio_s=None, fallbacks=0, long_samples=0)
+                for i, g in enumerate(goodputs)]
+
+    assert not past_peak(points(1, 2, 3))
+    assert not past_peak(points(1, 3, 2))  # one point past the peak: it may still rise
+    assert past_peak(points(1, 3, 2, 2.5))
+    assert not past_peak(points(1, 3, 2, 9, failed=(3,)))  # a failed point does not count
+    assert not past_peak([])

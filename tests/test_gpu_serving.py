@@ -24,8 +24,6 @@ import tritonclient.grpc
 from conftest import AUDIO_DIR, ENGINE_FAULT_PROMPT, FAULT_PROMPT, SESSION_FAULTS, launch_server
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib.audio.decode import decode_audio
-from python_backend_lib.core.options import TranscribeOptions
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
@@ -48,21 +46,22 @@ SAMPLE = re.compile(r'^(whisper_\w+)\{([^}]*)\} (\S+)$')
 
 
 def transcripts_on(device: str, from_a_new_thread: bool = False) -> dict[str, str]:
-    """Each clip's transcript from the library on `device`: all clips at once, or one at a
-    time from a thread of their own; the engine is closed afterwards."""
+    """Each clip's transcript from the library on `device`, one clip at a time (a GPU's
+    float16 results depend on the batch a request shares, within float16 noise; alone,
+    they are what the server gives a request alone), from this thread or a new one."""
     pipeline = Pipeline.load(CHECKPOINT, device=device, setup=EngineSetup(slots=LIBRARY_SLOTS))
-    waveforms = {clip.name: decode_audio(clip.read_bytes()) for clip in CLIPS}
     texts: dict[str, str] = {}
+
+    def transcribe_each() -> None:
+        texts.update({clip.name: pipeline.transcribe(clip.read_bytes()).text for clip in CLIPS})
+
     try:
         if from_a_new_thread:
-            worker = threading.Thread(
-                target=lambda: texts.update({name: pipeline.transcribe(w).text for name, w in waveforms.items()})
-            )
+            worker = threading.Thread(target=transcribe_each)
             worker.start()
             worker.join(REQUEST_TIMEOUT_S)
         else:
-            done = pipeline.transcribe_many(list(waveforms.values()), TranscribeOptions())
-            texts = {name: transcript.text for name, transcript in zip(waveforms, done)}
+            transcribe_each()
     finally:
         pipeline.close()
     return texts
@@ -77,7 +76,8 @@ def library_texts() -> dict[str, str]:
 
 
 def test_an_engine_on_the_second_gpu_runs_from_threads_that_start_on_the_first(library_texts):
-    """The loading thread, the engine thread and the callers all start on cuda:0."""
+    """The loading thread, the engine thread and the callers all start on cuda:0, whose
+    engine captured its graphs first in this process."""
     assert torch.cuda.current_device() == 0
     assert transcripts_on("cuda:1") == library_texts
     assert torch.cuda.current_device() == 0, "loading or decoding left the caller on another GPU"
@@ -140,15 +140,23 @@ def test_two_gpus_share_the_requests_exactly_and_a_fault_on_one_stays_there(tmp_
     faults = {**SESSION_FAULTS, FAULT_GPU_ENV: FAULTY_GPU}  # armed on the second GPU's engines only
     with launch_server(tmp_path, faults, ("--gpus", "0,1", f"--checkpoint={CHECKPOINT}")) as launched:
         server = launched.server
-        work = [clip for clip in CLIPS for _ in range(ROUNDS)]
+        # One request at a time, each alone in its engine's batch, as the library ran them:
+        # every answer equals the library's, whichever GPU took it.
+        alone = [(clip, transcribe(server.grpc_url, clip.read_bytes())) for clip in CLIPS for _ in range(ROUNDS)]
+        wrong = [(clip.name, answer) for clip, answer in alone if answer != library_texts[clip.name]]
+        assert not wrong, f"{len(wrong)} of {len(alone)} answers differ from the library's: {wrong[:3]}"
+        counts = published(server.metrics_url, len(alone))
+        assert counts.get(("0", "success"), 0) > 0 and counts.get(("1", "success"), 0) > 0, counts
+        # Many at a time: both GPUs' engines take their share, and every answer is a transcript.
+        work = CLIPS * ROUNDS
         with ThreadPoolExecutor(CONCURRENCY) as pool:
             answers = list(pool.map(lambda clip: transcribe(server.grpc_url, clip.read_bytes()), work))
-        wrong = [(clip.name, answer) for clip, answer in zip(work, answers) if answer != library_texts[clip.name]]
-        assert not wrong, f"{len(wrong)} of {len(work)} answers differ from the library's: {wrong[:3]}"
-        counts = published(server.metrics_url, len(work))
-        served = {gpu: counts.get((gpu, "success"), 0) for gpu in ("0", "1")}
-        assert served["0"] > 0 and served["1"] > 0, f"a GPU took no requests: {counts}"
-        assert served["0"] + served["1"] == len(work)
+        assert [a for a in answers if not isinstance(a, str) or not a.strip()] == []
+        before = counts
+        counts = published(server.metrics_url, len(alone) + len(work))
+        grown = {gpu: counts.get((gpu, "success"), 0) - before.get((gpu, "success"), 0) for gpu in ("0", "1")}
+        assert grown["0"] > 0 and grown["1"] > 0, f"a GPU took none of the concurrent requests: {grown}"
+        assert sum(grown.values()) == len(work)
 
         # A request that breaks a decoder step fails where the second GPU's engines take it, and
         # there only: the first GPU's copies of it succeed, and the good requests beside them too.

@@ -306,7 +306,7 @@ class DecodeGraphs:
                 self._forward(entry)
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool):
+        with torch.cuda.graph(graph, pool=self._mempool, stream=side):  # on this GPU (engine.device)
             entry.logits, entry.picked = self._forward(entry)
         entry.graph = graph
         self._entries[key] = entry

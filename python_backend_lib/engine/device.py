@@ -7,6 +7,12 @@ refuses a pointer of another device), CUDA graph capture and replay, new streams
 and FlashInfer's plans. So an engine on any GPU but the first makes its GPU the
 current one on every thread that launches its work: the thread that loads it,
 its engine thread, and whoever calls its entry points (Triton's `execute`).
+
+One more process-wide default: `torch.cuda.graph` captures on a side stream it
+creates once per process, on whichever GPU was current at the first capture.
+A process with engines on two GPUs would capture the second one's graphs on the
+first GPU's stream (an empty graph, and Triton kernels refusing its pointers),
+so every capture here names a stream of its own GPU.
 """
 
 from __future__ import annotations

@@ -80,7 +80,7 @@ class EncoderGraphs:
                     self._encode(mel, slots)
             torch.cuda.current_stream().wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
+            with torch.cuda.graph(graph, pool=pool, stream=side):  # on this GPU (engine.device)
                 self._encode(mel, slots)
             self._entries[batch] = _Entry(graph, mel, slots)
         torch.cuda.synchronize()

@@ -79,7 +79,7 @@ class FeatureGraphs:
                     self._forward(bucket)
             torch.cuda.current_stream(self.device).wait_stream(side)
             bucket.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(bucket.graph, pool=pool):
+            with torch.cuda.graph(bucket.graph, pool=pool, stream=side):  # on this GPU (engine.device)
                 bucket.out = self._forward(bucket)
             self._by_clips[clips] = bucket
         torch.cuda.synchronize(self.device)
