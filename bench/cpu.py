@@ -228,7 +228,7 @@ def served(log_path: Path, environment: dict[str, str], instances: dict[str, Ins
 
 def ctranslate2_folder() -> Path:
     """The CTranslate2 tiny.en folder that the packaged `default` checkpoint is read from."""
-    from python_backend_lib.checkpoints.weights import packaged_model_directory
+    from python_backend_lib.checkpoints.packaged import packaged_model_directory
 
     return packaged_model_directory()
 

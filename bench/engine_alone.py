@@ -1,11 +1,11 @@
-"""The library's engine alone on the benchmark's jobs: `Pipeline.submit`, every request at once.
+"""The library's engine alone on the benchmark's jobs: `Pipeline.start`, every request at once.
 
 What it includes: the log-mel (computed on the model's device in the
 submitting thread, FEATURE_BATCH recordings per pass, as the served path's
-execute calls compute it),
-long-form bookkeeping, decoding, detokenising and segments. What it leaves
-out: WAV decoding (the waveforms are decoded beforehand), Triton, and the
-formatting of the response. Each answer is judged as a served one is
+preprocessing computes it), long-form bookkeeping and decoding (the whisper
+model's part). What it leaves out: WAV decoding (the waveforms are decoded
+beforehand), Triton, and the transcript's text and formats (postprocessing's
+part, done here after the timing). Each answer is judged as a served one is
 (`bench.transcripts`), from the same verbose_json record.
 """
 
@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 from bench.jobs import Job
@@ -21,8 +22,8 @@ from bench.stats import percentile_summary
 from bench.transcripts import judge
 from python_backend_lib.text.formats import Document
 
-# Recordings per log-mel pass, as the whisper model gets them in one execute call
-# (its max_batch_size): one request at a time would launch the STFT's kernels
+# Recordings per log-mel pass, as the preprocessing model gets them in one execute call
+# at most (its max_batch_size): one request at a time would launch the STFT's kernels
 # 2,000 times from the one submitting thread, and measure that thread.
 FEATURE_BATCH = 64
 
@@ -82,6 +83,20 @@ def run_engine(jobs: list[Job], plan: EnginePlan, say) -> dict:
     return record
 
 
+def decoded(pipeline, job: Job, features) -> Future:
+    """Start decoding one job; the future gets its `DecodedRecording` (the served engine's answer)."""
+    future: Future = Future()
+
+    def on_done(outcome) -> None:
+        if isinstance(outcome, BaseException):
+            future.set_exception(outcome)
+        else:
+            future.set_result(outcome)
+
+    pipeline.start(features, len(job.audio.waveform), job.options, on_done)
+    return future
+
+
 def _run_all(pipeline, jobs: list[Job]) -> dict:
     """Submit every job at once; wait for all. Latency: from the first submission to each result."""
     done = threading.Event()
@@ -100,15 +115,15 @@ def _run_all(pipeline, jobs: list[Job]) -> dict:
         batch = jobs[first : first + FEATURE_BATCH]
         all_features = pipeline.features([job.audio.waveform for job in batch])
         for i, (job, features) in enumerate(zip(batch, all_features), start=first):
-            future = pipeline.submit(job.audio.waveform, job.options, features=features)
+            future = decoded(pipeline, job, features)
             future.add_done_callback(lambda f, i=i: on_done(i, f))
             futures.append(future)
     done.wait()
     wall = max(finished_at.values()) - start
     tokens = fallbacks = long_samples = bad = 0
     problems: list[str] = []
-    for job, future in zip(jobs, futures):
-        record = Document.from_transcript(future.result(), job.options).verbose_record()
+    for job, future in zip(jobs, futures):  # the transcripts are written after the timing, as postprocessing would
+        record = Document.from_transcript(pipeline.assemble(future.result()), job.options).verbose_record()
         verdict = judge(record, job.check)
         tokens += verdict.tokens
         fallbacks += verdict.fallback

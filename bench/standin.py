@@ -1,17 +1,17 @@
 """The ceiling's model repository: the packaged one with only `whisper` replaced by a stand-in.
 
     python -m bench.standin DIR                  # write the repository to DIR
-    python -m bench.standin --write-canned       # remake bench/data/canned_verbose.json (tiny.en, CPU)
+    python -m bench.standin --write-canned       # remake bench/data/canned_decoded.json (tiny.en, CPU)
 
-`preprocessing`, the `transcribe` ensemble and every config.pbtxt are copied
-as they are; whisper/1/model.py becomes `bench/standin_whisper.py`, with the
-canned verbose_json transcript beside it, from which it writes each answer's
-outputs as the real model does.
+`preprocessing`, `postprocessing`, the `transcribe` ensemble and every
+config.pbtxt are copied as they are; whisper/1/model.py becomes
+`bench/standin_whisper.py`, with the canned decoded recording beside it, which
+it sends as each answer's outputs as the real model does.
 Served through `whisper-triton serve --model-repository DIR`, this measures
 what the plumbing carries when the engine costs nothing.
 
-The canned transcript is real: tiny.en's verbose_json for the clip nearest the
-clip set's mean length, made with the benchmark's request parameters.
+The canned recording is real: what tiny.en decoded for the clip nearest the
+clip set's mean length, with the benchmark's request parameters.
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from bench.repository_copy import copy_repository
 
 BENCH_DIR = Path(__file__).resolve().parent
 STANDIN_SOURCE = BENCH_DIR / "standin_whisper.py"
-CANNED_PATH = BENCH_DIR / "data" / "canned_verbose.json"
-CANNED_NAME = "canned_verbose.json"  # the stand-in reads it beside its model.py
+CANNED_PATH = BENCH_DIR / "data" / "canned_decoded.json"
+CANNED_NAME = "canned_decoded.json"  # the stand-in reads it beside its model.py
 WHISPER_MODEL_FILE = Path("whisper") / "1" / "model.py"
 
 
@@ -42,24 +42,42 @@ def write_standin_repository(directory: Path, source: Path | None = None) -> Pat
     return directory
 
 
-def canned_check(eot: int):
-    """What every answer through the stand-in must be: the canned transcript, to the token."""
+def canned_verbose_json() -> dict:
+    """The transcript every answer through the stand-in must be: the canned recording,
+    assembled and written as verbose_json as postprocessing writes it."""
     import json
 
+    from bench.transcripts import REQUEST_PARAMETERS
+    from python_backend_lib.checkpoints.configs import load_config
+    from python_backend_lib.core.decoded import DecodedRecording
+    from python_backend_lib.serving.parameters import parse_request_parameters
+    from python_backend_lib.text.formats import Document, ResponseFormat
+    from python_backend_lib.text.tokenizer import load_tokenizer
+    from python_backend_lib.text.transcript import assemble
+
+    recording = DecodedRecording.from_json(CANNED_PATH.read_text())
+    options = parse_request_parameters(REQUEST_PARAMETERS).transcription
+    transcript = assemble(recording, load_tokenizer(load_config("default")))
+    return json.loads(Document.from_transcript(transcript, options).render(ResponseFormat.VERBOSE_JSON))
+
+
+def canned_check(eot: int):
+    """What every answer through the stand-in must be: the canned transcript, to the token."""
     from bench.transcripts import TranscriptCheck, text_tokens
 
-    record = json.loads(CANNED_PATH.read_text())
+    record = canned_verbose_json()
     return TranscriptCheck(eot, float(record["duration"]), expected_tokens=text_tokens(record, eot))
 
 
-def canned_document() -> str:
-    """tiny.en's verbose_json for the clip nearest the mean clip length, on the CPU."""
+def canned_recording() -> str:
+    """What tiny.en decodes for the clip nearest the mean clip length, on the CPU, as JSON."""
+    from concurrent.futures import Future
+
     import numpy as np
 
     from bench.clips import load_clips, nearest
     from bench.transcripts import REQUEST_PARAMETERS
     from python_backend_lib.serving.parameters import parse_request_parameters
-    from python_backend_lib.text.formats import Document, ResponseFormat
     from python_backend_lib.transcription.pipeline import Pipeline
 
     clips = load_clips()
@@ -67,11 +85,14 @@ def canned_document() -> str:
     options = parse_request_parameters(REQUEST_PARAMETERS).transcription
     pipeline = Pipeline.load("default", device="cpu")
     try:
-        transcript = pipeline.transcribe(clip.waveform, options)
+        (features,) = pipeline.features([clip.waveform])
+        done: Future = Future()
+        pipeline.start(features, len(clip.waveform), options, done.set_result)
+        recording = done.result()
+        print(f"canned recording: {clip.clip.name} ({clip.clip.duration_s} s): {pipeline.assemble(recording).text!r}")
     finally:
         pipeline.close()
-    print(f"canned transcript: {clip.clip.name} ({clip.clip.duration_s} s): {transcript.text!r}")
-    return Document.from_transcript(transcript, options).render(ResponseFormat.VERBOSE_JSON)
+    return recording.to_json()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -81,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.write_canned:
         CANNED_PATH.parent.mkdir(parents=True, exist_ok=True)
-        CANNED_PATH.write_text(canned_document())
+        CANNED_PATH.write_text(canned_recording())
     if args.directory:
         print(write_standin_repository(args.directory))
     return 0

@@ -6,8 +6,9 @@ when the engine costs nothing (the served path's ceiling). It works as the real
 model does: `execute` reads each request's inputs (every input its
 config.pbtxt names, so it follows the real interface) and its parameters, and
 returns None; another thread answers each request through its response
-sender, writing a canned transcript (CANNED_NAME beside this file, real
-verbose_json) in the request's response format, as the real model's responders do.
+sender, with a canned decoded recording (CANNED_NAME beside this file, a real
+one) as numeric tensors, as the real model's responders do; postprocessing then
+writes its transcript.
 """
 
 import json
@@ -17,14 +18,16 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from python_backend_lib.core.decoded import DecodedRecording
 from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.decoded_tensors import to_tensors
 from python_backend_lib.serving.parameters import parse_request_parameters
-from python_backend_lib.serving.responses import error_response, transcript_response
-from python_backend_lib.text.formats import Document
+from python_backend_lib.serving.responses import error_response, tensors_response
 
-CANNED_NAME = "canned_verbose.json"
+CANNED_NAME = "canned_decoded.json"
 FINAL = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
-OUTPUTS = [tensor_names.TEXT, tensor_names.SEGMENTS, tensor_names.FORMATTED]
+OUTPUTS = [tensor_names.TOKENS, tensor_names.WINDOWS, tensor_names.ALIGNMENT, tensor_names.LANGUAGE,
+           tensor_names.LANGUAGE_PROBABILITY]
 
 
 class TritonPythonModel:
@@ -34,7 +37,8 @@ class TritonPythonModel:
         outputs = [tensor["name"] for tensor in config["output"]]
         if outputs != OUTPUTS:
             raise ValueError(f"the stand-in answers {OUTPUTS}; the config names {outputs}")
-        self.document = Document.from_verbose_json((Path(__file__).resolve().parent / CANNED_NAME).read_bytes())
+        recording = DecodedRecording.from_json((Path(__file__).resolve().parent / CANNED_NAME).read_text())
+        self.answer = to_tensors(recording).by_name()
         self.senders = queue.SimpleQueue()
         self.responder = threading.Thread(target=self._answer, name="stand-in-responder", daemon=True)
         self.responder.start()
@@ -52,8 +56,8 @@ class TritonPythonModel:
         while (item := self.senders.get()) is not None:
             sender, parameters = item
             try:
-                response_format = parse_request_parameters(parameters).response_format
-                response = transcript_response(pb_utils, self.document, response_format)
+                parse_request_parameters(parameters)  # as the real model checks them
+                response = tensors_response(pb_utils, self.answer)
             except Exception as error:
                 response = error_response(pb_utils, error)
             sender.send(response, flags=FINAL)

@@ -6,6 +6,12 @@
     document = client.transcribe_document("talk.mp3", word_timestamps=True)  # everything: verbose_json
     srt = client.formatted("talk.mp3", "srt")                                 # as the server writes it
 
+The ensemble's three models may be called in turn, each on its own:
+
+    log_mel = client.preprocess("jfk.wav")          # LOG_MEL [n_mels, frames] and SAMPLES
+    decoded = client.decode(log_mel)                # whisper: tokens and their facts, as numbers
+    outputs = client.postprocess(decoded)           # TEXT, SEGMENTS, FORMATTED, as transcribe gives them
+
 Options are sent as request parameters (see the README for the list) and
 checked by the server, which answers a bad one with an error naming it.
 A client holds one connection: use one client per thread.
@@ -38,6 +44,39 @@ class ServerUnreachable(TranscriptionError):
 class TranscriptionResult:
     text: str
     segments: tuple[TimedText, ...]
+
+
+@dataclass(frozen=True)
+class TranscriptOutputs:
+    """The three outputs of `transcribe` (and of `postprocessing`), as the server writes them."""
+
+    text: str
+    segments: str  # JSON (`text.formats.segments_from_json` reads it)
+    formatted: str  # in the request's response_format
+
+
+@dataclass(frozen=True)
+class LogMel:
+    """`preprocessing`'s answer: a recording's log-mel without its padding, and its length."""
+
+    log_mel: np.ndarray  # float32 [n_mels, frames]
+    samples: int
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """`whisper`'s answer: what decoding decided, as numeric arrays by output name
+    (TOKENS, WINDOWS, ALIGNMENT, LANGUAGE, LANGUAGE_PROBABILITY), for the recording of `samples`."""
+
+    arrays: dict[str, np.ndarray]
+    samples: int
+
+
+DECODED_OUTPUTS = (
+    tensor_names.TOKENS, tensor_names.WINDOWS, tensor_names.ALIGNMENT, tensor_names.LANGUAGE,
+    tensor_names.LANGUAGE_PROBABILITY,
+)
+TRANSCRIPT_OUTPUTS = (tensor_names.TEXT, tensor_names.SEGMENTS, tensor_names.FORMATTED)
 
 
 class WhisperClient:
@@ -102,17 +141,56 @@ class WhisperClient:
         statistics, words (with word_timestamps=True), duration, language."""
         return Document.from_verbose_json(self.formatted(audio, ResponseFormat.VERBOSE_JSON, **options))
 
+    def outputs(self, audio: bytes | str | os.PathLike[str], **options: object) -> TranscriptOutputs:
+        """All three outputs of the `transcribe` model for one audio file."""
+        return TranscriptOutputs(*self._infer(audio, TRANSCRIPT_OUTPUTS, options))
+
+    def preprocess(self, audio: bytes | str | os.PathLike[str], **options: object) -> LogMel:
+        """The `preprocessing` model alone: the file's log-mel and length."""
+        response = self._call(tensor_names.PREPROCESSING_NAME, [self._audio(audio)],
+                              (tensor_names.LOG_MEL, tensor_names.SAMPLES), options)
+        return LogMel(response.as_numpy(tensor_names.LOG_MEL)[0], int(response.as_numpy(tensor_names.SAMPLES)[0, 0]))
+
+    def decode(self, log_mel: LogMel, **options: object) -> Decoded:
+        """The `whisper` model alone, on a log-mel from `preprocess` or computed by the caller
+        (`audio.features.features_for` of the library; frames past those given repeat the last)."""
+        inputs = [
+            self._array(tensor_names.LOG_MEL, np.asarray(log_mel.log_mel, dtype=np.float32)[None], "FP32"),
+            self._array(tensor_names.SAMPLES, np.array([[log_mel.samples]], dtype=np.int64), "INT64"),
+        ]
+        response = self._call(tensor_names.WHISPER_NAME, inputs, DECODED_OUTPUTS, options)
+        return Decoded({name: response.as_numpy(name)[0] for name in DECODED_OUTPUTS}, log_mel.samples)
+
+    def postprocess(self, decoded: Decoded, **options: object) -> TranscriptOutputs:
+        """The `postprocessing` model alone: the transcript of `decode`'s answer."""
+        types = {np.dtype(np.int32): "INT32", np.dtype(np.float64): "FP64"}
+        inputs = [self._array(name, array[None], types[array.dtype]) for name, array in decoded.arrays.items()]
+        inputs.append(self._array(tensor_names.SAMPLES, np.array([[decoded.samples]], dtype=np.int64), "INT64"))
+        response = self._call(tensor_names.POSTPROCESSING_NAME, inputs, TRANSCRIPT_OUTPUTS, options)
+        return TranscriptOutputs(*(_text(response, name) for name in TRANSCRIPT_OUTPUTS))
+
     def _infer(
         self, audio: bytes | str | os.PathLike[str], outputs: tuple[str, ...], options: dict[str, object]
     ) -> list[str]:
-        """The requested BYTES outputs of one request, as text."""
+        """The requested BYTES outputs of one request to this client's model, as text."""
+        response = self._call(self.model, [self._audio(audio)], outputs, options)
+        return [_text(response, name) for name in outputs]
+
+    def _audio(self, audio: bytes | str | os.PathLike[str]):
         data = audio if isinstance(audio, bytes) else Path(audio).read_bytes()
-        audio_input = self._triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
-        audio_input.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+        return self._array(tensor_names.AUDIO, np.array([[data]], dtype=np.object_), "BYTES")
+
+    def _array(self, name: str, array: np.ndarray, datatype: str):
+        tensor = self._triton.InferInput(name, list(array.shape), datatype)
+        tensor.set_data_from_numpy(array)
+        return tensor
+
+    def _call(self, model: str, inputs: list, outputs: tuple[str, ...], options: dict[str, object]):
+        """One request to `model`; TranscriptionError (ServerUnreachable without an answer) when it fails."""
         try:
-            response = self._client.infer(
-                self.model,
-                [audio_input],
+            return self._client.infer(
+                model,
+                inputs,
                 outputs=[self._triton.InferRequestedOutput(name) for name in outputs],
                 parameters=dict(options) or None,
                 **self._infer_arguments,
@@ -125,7 +203,6 @@ class WhisperClient:
             if not isinstance(error, InferenceServerException):
                 raise TranscriptionError(f"the connection to {self.address} failed: {error}") from None
             raise TranscriptionError(triton_message(error.message() or str(error))) from None
-        return [response.as_numpy(name).reshape(-1)[0].decode("utf-8") for name in outputs]
 
     def close(self) -> None:
         self._client.close()
@@ -135,3 +212,7 @@ class WhisperClient:
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
+
+
+def _text(response, name: str) -> str:
+    return response.as_numpy(name).reshape(-1)[0].decode("utf-8")

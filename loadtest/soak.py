@@ -42,7 +42,7 @@ from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR, WINDOW_S, load_clips
 from loadtest.metrics import whisper_samples
 from loadtest.processes import rss_mib, stub_processes
-from loadtest.soak_requests import Expected, Inputs, Outcome, Result, SoakClient, text_of, transcript_text
+from loadtest.soak_requests import Expected, Inputs, Outcome, Result, SoakClient, text_of, tokens_of
 
 # How often each kind is picked (relative). Short clips dominate, as in real traffic.
 WEIGHTS = {
@@ -105,18 +105,8 @@ def references(client: SoakClient) -> Expected:
     inputs = client.inputs
     texts = {clip.name: text_of(client.transcribe("grpc", clip.audio)) for clip in (*inputs.short, inputs.long)}
     texts[Expected.WORDS_KEY] = text_of(client.transcribe("grpc", inputs.words.audio, word_timestamps=True))
-    texts[Expected.WAVEFORM_KEY] = transcript_text(whisper_direct(client, inputs.waveform))
-    return Expected(texts)
-
-
-def whisper_direct(client: SoakClient, waveform: np.ndarray):
-    import tritonclient.grpc
-
-    from python_backend_lib.serving import tensor_names
-
-    tensor = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, len(waveform)], "FP32")
-    tensor.set_data_from_numpy(waveform[None])
-    return client.grpc.infer(tensor_names.WHISPER_NAME, [tensor])
+    log_mel = client.log_mel(inputs.waveform)
+    return Expected(texts, log_mel, tokens_of(client.decode(log_mel)))
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,7 @@ import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
 from loadtest.clips import Clip
+from python_backend_lib.core import geometry
 from python_backend_lib.serving import tensor_names
 
 REQUEST_TIMEOUT_S = 180.0  # no answer by then: lost, UNEXPECTED
@@ -77,12 +78,15 @@ class Inputs:
 
 @dataclass(frozen=True)
 class Expected:
-    """The transcripts the server gave each input alone, before the load (references)."""
+    """What the server gave each input alone, before the load (references): the
+    transcripts, and for the waveform, the log-mel preprocessing wrote and the tokens
+    whisper decoded from it."""
 
-    texts: dict[str, str]  # clip name -> text; WORDS_KEY and WAVEFORM_KEY for the other two
+    texts: dict[str, str]  # clip name -> text; WORDS_KEY for the clip asked with word timestamps
+    waveform_log_mel: tuple[np.ndarray, int]  # (LOG_MEL [n_mels, frames], SAMPLES)
+    waveform_tokens: tuple[int, ...]
 
     WORDS_KEY = "words"
-    WAVEFORM_KEY = "waveform"
 
 
 class SoakClient:
@@ -188,10 +192,23 @@ class SoakClient:
 
     # ------------------------------------------------------------ clients that give up
 
-    def _cancelled(self, kind: str, model: str, tensor: Any, expected_text: str, rng: random.Random,
-                   how: str) -> Outcome:  # fmt: skip
+    def log_mel(self, waveform: np.ndarray) -> tuple[np.ndarray, int]:
+        """The preprocessing model's LOG_MEL and SAMPLES for a 16 kHz waveform (sent as raw PCM)."""
+        tensor = tritonclient.grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[waveform.astype("<f4").tobytes()]], dtype=np.object_))
+        reply = self.grpc.infer(tensor_names.PREPROCESSING_NAME, [tensor], client_timeout=REQUEST_TIMEOUT_S,
+                                parameters={"input_format": "pcm_f32le", "sample_rate": geometry.SAMPLE_RATE})
+        return reply.as_numpy(tensor_names.LOG_MEL)[0], int(reply.as_numpy(tensor_names.SAMPLES)[0, 0])
+
+    def decode(self, log_mel: tuple[np.ndarray, int]) -> Any:
+        """The whisper model's reply for a log-mel; raises InferenceServerException."""
+        return self.grpc.infer(tensor_names.WHISPER_NAME, whisper_inputs(log_mel), client_timeout=REQUEST_TIMEOUT_S)
+
+    def _cancelled(self, kind: str, model: str, inputs: list, expected_text: str | tuple[int, ...],
+                   rng: random.Random, how: str) -> Outcome:  # fmt: skip
         """Send over gRPC, give up after a random delay (`how`: "cancel" the call or
-        "close" the channel), then judge whatever the callback got."""
+        "close" the channel), then judge whatever the callback got: the ensemble's text,
+        or the whisper model's tokens."""
         client = self.grpc if how == "cancel" else tritonclient.grpc.InferenceServerClient(self.grpc_url)
         answered = threading.Event()
         got: list = []
@@ -201,7 +218,7 @@ class SoakClient:
             answered.set()
 
         started = time.monotonic()
-        call = client.async_infer(model, [tensor], callback=callback, client_timeout=REQUEST_TIMEOUT_S)
+        call = client.async_infer(model, inputs, callback=callback, client_timeout=REQUEST_TIMEOUT_S)
         time.sleep(rng.uniform(*CANCEL_AFTER_S))
         if how == "cancel":
             call.cancel()
@@ -215,9 +232,9 @@ class SoakClient:
             return Outcome(kind, Result.CANCELLED, f"grpc {how}", seconds)
         if error is not None:
             return judge_error(kind, error, None, seconds)
-        text = text_of(result) if model == tensor_names.ENSEMBLE_NAME else transcript_text(result)
-        if text != expected_text:  # answered before the client gave up
-            return Outcome(kind, Result.UNEXPECTED, f"wrong transcript {text[:80]!r}", seconds)
+        got = text_of(result) if model == tensor_names.ENSEMBLE_NAME else tokens_of(result)
+        if got != expected_text:  # answered before the client gave up
+            return Outcome(kind, Result.UNEXPECTED, f"wrong answer {str(got)[:80]!r}", seconds)
         return Outcome(kind, Result.TRANSCRIBED, f"answered before the {how}", seconds)
 
     def cancel(self, expected: Expected, rng: random.Random) -> Outcome:
@@ -226,15 +243,13 @@ class SoakClient:
         clip = rng.choice((self.inputs.long, *self.inputs.short))
         tensor = tritonclient.grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[clip.audio]], dtype=np.object_))
-        return self._cancelled("cancel", tensor_names.ENSEMBLE_NAME, tensor, expected.texts[clip.name], rng, "cancel")
+        return self._cancelled("cancel", tensor_names.ENSEMBLE_NAME, [tensor], expected.texts[clip.name], rng, "cancel")
 
     def cancel_decoding(self, expected: Expected, rng: random.Random) -> Outcome:
         """To the whisper model directly, which drops a cancelled request between decoder steps."""
-        waveform = self.inputs.waveform
-        tensor = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, len(waveform)], "FP32")
-        tensor.set_data_from_numpy(waveform[None])
-        reference = expected.texts[Expected.WAVEFORM_KEY]
-        return self._cancelled("cancel_decoding", tensor_names.WHISPER_NAME, tensor, reference, rng, "cancel")
+        inputs = whisper_inputs(expected.waveform_log_mel)
+        return self._cancelled("cancel_decoding", tensor_names.WHISPER_NAME, inputs, expected.waveform_tokens, rng,
+                               "cancel")
 
     def disconnect(self, expected: Expected, rng: random.Random) -> Outcome:
         """A client that goes away mid-request: an HTTP connection closed after the
@@ -243,7 +258,7 @@ class SoakClient:
         if rng.random() < 0.5:
             tensor = tritonclient.grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[clip.audio]], dtype=np.object_))
-            return self._cancelled("disconnect", tensor_names.ENSEMBLE_NAME, tensor, expected.texts[clip.name], rng, "close")
+            return self._cancelled("disconnect", tensor_names.ENSEMBLE_NAME, [tensor], expected.texts[clip.name], rng, "close")
         started = time.monotonic()
         try:
             send_and_hang_up(self.http_url, clip.audio, rng.uniform(*CANCEL_AFTER_S))
@@ -266,9 +281,19 @@ def text_of(reply: Any) -> str:
     return reply.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
 
 
-def transcript_text(reply: Any) -> str:
-    """The text of the whisper model's own answer (its TEXT output)."""
-    return reply.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
+def tokens_of(reply: Any) -> tuple[int, ...]:
+    """The tokens of the whisper model's own answer (its TOKENS output)."""
+    return tuple(int(t) for t in reply.as_numpy(tensor_names.TOKENS)[0])
+
+
+def whisper_inputs(log_mel: tuple[np.ndarray, int]) -> list:
+    """LOG_MEL and SAMPLES for the whisper model, as preprocessing wrote them."""
+    features, samples = log_mel
+    mel = tritonclient.grpc.InferInput(tensor_names.LOG_MEL, [1, *features.shape], "FP32")
+    mel.set_data_from_numpy(features[None])
+    count = tritonclient.grpc.InferInput(tensor_names.SAMPLES, [1, 1], "INT64")
+    count.set_data_from_numpy(np.array([[samples]], dtype=np.int64))
+    return [mel, count]
 
 
 def send_and_hang_up(http_url: str, audio: bytes, after_s: float) -> None:

@@ -132,7 +132,7 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     from python_backend_lib.audio.decode import decode_audio
     from python_backend_lib.audio.features import window_features
     from python_backend_lib.core.options import DecodingOptions
-    from python_backend_lib.transcription.longform import Transcript
+    from python_backend_lib.text.transcript import Transcript
     from python_backend_lib.transcription.pipeline import Pipeline
 
     pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))

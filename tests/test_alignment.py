@@ -12,13 +12,8 @@ from python_backend_lib.checkpoints import weights
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
 from python_backend_lib.core.segments import Word
-from python_backend_lib.transcription.alignment import (
-    Aligner,
-    dynamic_time_warping,
-    merge_punctuation,
-    shorten_words_after_pauses,
-    split_words,
-)
+from python_backend_lib.text.words import merge_punctuation, shorten_words_after_pauses, split_words
+from python_backend_lib.transcription.alignment import Aligner, dynamic_time_warping
 from python_backend_lib.transcription.pipeline import Pipeline
 
 whisper_timing = pytest.importorskip("whisper.timing")

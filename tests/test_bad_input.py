@@ -23,7 +23,10 @@ import tritonclient.grpc
 import tritonclient.http
 from conftest import AUDIO_DIR, RunningServer
 from tritonclient.utils import InferenceServerException
+from whisper_calls import library_log_mel, whisper_inputs
 
+from clients.api import Decoded, LogMel, TranscriptionError, WhisperClient
+from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS
 from python_backend_lib.serving import tensor_names
 
@@ -199,24 +202,35 @@ def test_bad_requests_fail_alone_among_good_ones_sent_at_once(server, protocol):
     assert TRITON[protocol].InferenceServerClient(server.url(protocol)).is_server_ready()
 
 
-def whisper_request(waveform: np.ndarray):
-    """WAVEFORM for the whisper model, sent as a client may send it directly."""
-    tensor = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, *waveform.shape], "FP32")
-    tensor.set_data_from_numpy(waveform[None].astype(np.float32))
-    return [tensor]
+JFK_LOG_MEL = library_log_mel(decode_audio(JFK_WAV))
 
 
 @pytest.mark.parametrize(
-    ("waveform", "message"),
+    ("log_mel", "message"),
     [
-        (np.full(16000, np.nan), "WAVEFORM contains NaN or infinite values"),
-        (np.zeros(0), "WAVEFORM is empty"),
+        (LogMel(np.full((80, 100), np.nan, np.float32), 16000), "LOG_MEL contains NaN or infinite values"),
+        (LogMel(np.zeros((80, 100), np.float32), 0), "SAMPLES must be at least 1, got 0"),
+        (LogMel(np.zeros((128, 100), np.float32), 16000), r"LOG_MEL must be float32 [80, frames] with 1 to 3000 frames"),
+        (LogMel(np.zeros((80, 4000), np.float32), 16000), "got float32 [80, 4000]"),
     ],
-    ids=["nan", "empty"],
+    ids=["nan", "no-samples", "bins", "frames"],
 )
-def test_the_whisper_model_checks_what_it_is_sent_directly(server, waveform, message):
+def test_the_whisper_model_checks_what_it_is_sent_directly(server, log_mel, message):
     client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
     with pytest.raises(InferenceServerException) as caught:
-        client.infer(tensor_names.WHISPER_NAME, whisper_request(waveform), client_timeout=REQUEST_TIMEOUT_S)
+        client.infer(tensor_names.WHISPER_NAME, whisper_inputs(tritonclient.grpc, log_mel), client_timeout=REQUEST_TIMEOUT_S)
     assert message in caught.value.message()
     assert caught.value.status() == INVALID_ARG["grpc"]
+
+
+def test_the_postprocessing_model_checks_what_it_is_sent_directly(server):
+    """Its inputs must hold together: a client's own tensors that do not are refused, naming them."""
+    client = WhisperClient(server.grpc_url, "grpc")
+    decoded = client.decode(JFK_LOG_MEL)
+    assert client.postprocess(decoded).text == send(server, "grpc", Request(JFK_WAV))
+    short = dict(decoded.arrays)
+    short[tensor_names.TOKENS] = short[tensor_names.TOKENS][:-1]
+    with pytest.raises(TranscriptionError, match=r"WINDOWS counts \d+ tokens and 0 alignment rows, but TOKENS has"):
+        client.postprocess(Decoded(short, decoded.samples))
+    with pytest.raises(TranscriptionError, match="SAMPLES must be at least 1"):
+        client.postprocess(Decoded(decoded.arrays, 0))

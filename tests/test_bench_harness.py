@@ -18,7 +18,7 @@ from bench.host import CpuTimes, ServerProcesses, busy_cores, parse_proc_stat, p
 from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
 from bench.load import split_slots
 from bench.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
-from bench.standin import CANNED_NAME, CANNED_PATH, STANDIN_SOURCE, canned_check, write_standin_repository
+from bench.standin import CANNED_NAME, STANDIN_SOURCE, canned_check, canned_verbose_json, write_standin_repository
 from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, saturation, summarize, sweep_done
 from bench.transcripts import REQUEST_PARAMETERS, TranscriptCheck, judge, judge_json, text_tokens
 from python_backend_lib.apps.server import packaged_model_repository
@@ -290,7 +290,7 @@ def test_the_stand_in_repository_differs_from_the_packaged_one_only_in_whisper(t
 
 
 def test_the_canned_transcript_is_a_real_verbose_json_of_realistic_length():
-    record = json.loads(CANNED_PATH.read_text())
+    record = canned_verbose_json()
     check = canned_check(EOT)
     assert judge(record, check).ok
     assert 3 <= check.duration_s <= 8 and check.expected_tokens >= 10  # a sentence, near the mean clip

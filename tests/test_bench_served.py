@@ -5,7 +5,6 @@ transformers, on the CPU. The whole run is `python -m bench.served --quick --dev
 from __future__ import annotations
 
 import dataclasses
-import json
 
 import pytest
 
@@ -14,11 +13,12 @@ from bench.engine_alone import EnginePlan, run_engine
 from bench.jobs import forced_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan
 from bench.server_process import ServeCommand, ServerProcess
-from bench.standin import CANNED_PATH, canned_check, write_standin_repository
+from bench.standin import canned_check, canned_verbose_json, write_standin_repository
 from bench.stats import OK
 from bench.transcripts import text_tokens
 from bench.transformers_sweep import TransformersPlan, run_transformers
-from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.checkpoints.configs import load_config
+from python_backend_lib.checkpoints.weights import hf_directory
 
 pytestmark = [pytest.mark.slow, pytest.mark.server]
 STARTUP_S = 600.0
@@ -45,7 +45,7 @@ def test_the_stand_in_answers_every_request_at_once_with_the_canned_transcript(t
         result = load.run(PointPlan(concurrency=4, warmup_s=1.0, duration_s=4.0, timeout_s=60.0))
     stats = result.stats
     assert stats.sent > 4 and set(stats.statuses) == {OK}, stats.problems
-    assert stats.mean_tokens == canned.expected_tokens == text_tokens(json.loads(CANNED_PATH.read_text()), eot)
+    assert stats.mean_tokens == canned.expected_tokens == text_tokens(canned_verbose_json(), eot)
     assert result.processes == 2 and result.client_cpu_cores > 0
 
 
@@ -68,7 +68,7 @@ def test_the_engine_alone_and_transformers_transcribe_the_same_clips(short_clips
     jobs = real_jobs(short_clips[:3], load_config("default").special.eot)
     engine = run_engine(jobs, EnginePlan("default", "cpu", min_requests=3), quiet)
     assert engine["requests"] == 3 and not engine["failed"] and engine["rtfx"] > 0
-    hf = run_transformers(jobs, TransformersPlan(load_config("default").directory, "cpu", (1, 2)), quiet,
+    hf = run_transformers(jobs, TransformersPlan(hf_directory("default"), "cpu", (1, 2)), quiet,
                           deadline=float("inf"))
     assert [r["batch"] for r in hf["rows"]] == [1, 2] and hf["best"]["rtfx"] > 0
     # greedy tiny.en, the same clips: transformers writes as many text tokens as the library does

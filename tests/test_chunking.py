@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from long_recording import SPEECH_FRAME_SAMPLES, build
 
-from python_backend_lib.audio.features import content_frames, features_for
+from python_backend_lib.audio.features import features_for
 from python_backend_lib.core import geometry
+from python_backend_lib.core.geometry import content_frames
 from python_backend_lib.transcription.chunking import (
     CUT_SEARCH_FRAMES,
     Chunk,
@@ -81,7 +82,7 @@ def test_every_cut_of_the_three_minute_recording_falls_where_no_one_speaks():
     """Between two clips, or in a pause between two lines of the 53 s sonnet."""
     recording = build()
     mel = features_for(recording.waveform, 80)
-    chunks = plan_chunks(frame_loudness(mel), content_frames(mel.shape[-1], recording.duration))
+    chunks = plan_chunks(frame_loudness(mel), content_frames(len(recording.waveform)))
     assert len(chunks) == 7  # 182 s in chunks of 23 to 30 s: as many as 30 s windows
     frames = recording.waveform[: len(recording.waveform) // SPEECH_FRAME_SAMPLES * SPEECH_FRAME_SAMPLES]
     level_db = 10 * np.log10(np.mean(frames.reshape(-1, SPEECH_FRAME_SAMPLES).astype(np.float64) ** 2, axis=1) + 1e-20)

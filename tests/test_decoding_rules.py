@@ -9,7 +9,7 @@ import pytest
 import torch
 from reference import hf_processors, random_history
 
-from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
 from python_backend_lib.core.segments import Segment

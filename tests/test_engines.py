@@ -20,7 +20,7 @@ from python_backend_lib.apps.repository import (
     with_instance_group,
 )
 from python_backend_lib.apps.server import packaged_model_repository
-from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.engine.faults import FaultPlan
 from python_backend_lib.engine.loading import kv_budget
 from python_backend_lib.serving.settings import (
@@ -32,8 +32,8 @@ from python_backend_lib.serving.settings import (
     device_label,
     engines_on_device,
     engines_sharing_queue,
-    fault_plan,
 )
+from python_backend_lib.serving.whisper_service import fault_plan
 
 GIB = 2**30
 

@@ -39,6 +39,7 @@ from conftest import (
 from test_model_repository import load, one
 from tritonclient.utils import InferenceServerException
 
+from clients.api import LogMel
 from python_backend_lib.apps.server import (
     DRAIN_QUIET_S,
     HEALTH_POLL_S,
@@ -56,6 +57,8 @@ from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV
 
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from whisper_calls import decoded_text, library_log_mel, whisper_inputs
+
 from loadtest.metrics import ENGINE_LABELS
 from loadtest.processes import stub_processes, tritonserver_pid
 
@@ -274,10 +277,11 @@ def test_metrics_follow_the_requests(server):
     for protocol in PROTOCOLS:
         assert isinstance(transcribe(server.url(protocol), protocol), str)
     assert isinstance(transcribe(server.http_url, "http", b"not audio at all"), InferenceServerException)
-    bad_waveform = tritonclient.http.InferInput(tensor_names.WAVEFORM, [1, 16000], "FP32")
-    bad_waveform.set_data_from_numpy(np.full((1, 16000), np.nan, np.float32))
+    bad = LogMel(np.full((80, 100), np.nan, np.float32), 16000)
     with pytest.raises(InferenceServerException):  # refused by the whisper model itself
-        tritonclient.http.InferenceServerClient(server.http_url).infer(tensor_names.WHISPER_NAME, [bad_waveform])
+        tritonclient.http.InferenceServerClient(server.http_url).infer(
+            tensor_names.WHISPER_NAME, whisper_inputs(tritonclient.http, bad)
+        )
 
     after = wait_for(server, lambda s: s[success] >= before[success] + 2 and s[client_errors] > before[client_errors])
     jfk_seconds = soundfile.info(AUDIO_DIR / "jfk.wav").duration
@@ -315,10 +319,10 @@ def test_activity_reads_what_is_in_flight_and_what_was_answered():
 # ----------------------------------------------------------------------- cancelling
 
 
-def long_waveform(minutes: float) -> np.ndarray:
-    """WAVEFORM as preprocessing writes it, for JFK repeated for `minutes`."""
+def long_log_mel(minutes: float) -> LogMel:
+    """LOG_MEL and SAMPLES as preprocessing writes them, for JFK repeated for `minutes`."""
     samples = decode_audio(JFK)
-    return np.tile(samples, int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples))))
+    return library_log_mel(np.tile(samples, int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples)))))
 
 
 @pytest.mark.server
@@ -330,14 +334,12 @@ def test_a_cancelled_request_frees_its_slot(server):
     The request goes to the whisper model directly: Triton 2.51's ensemble passes a
     cancellation only to steps not yet started (triton-inference-server/server#6739).
     """
-    waveform = long_waveform(minutes=5)
     client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
-    audio = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, len(waveform)], "FP32")
-    audio.set_data_from_numpy(waveform[None])
+    inputs = whisper_inputs(tritonclient.grpc, long_log_mel(minutes=5))
     cancelled = 'whisper_requests_total{outcome="cancelled"}'
     before = settled(server)
     answers = []
-    call = client.async_infer(tensor_names.WHISPER_NAME, [audio], callback=lambda *outcome: answers.append(outcome))
+    call = client.async_infer(tensor_names.WHISPER_NAME, inputs, callback=lambda *outcome: answers.append(outcome))
     running = wait_for(server, lambda s: s["whisper_requests_in_flight"] >= 1)
     assert running["whisper_requests_in_flight"] >= 1
     call.cancel()
@@ -349,13 +351,11 @@ def test_a_cancelled_request_frees_its_slot(server):
     assert isinstance(transcribe(server.grpc_url, "grpc"), str)  # and the server serves on
 
 
-def whisper_call(client, waveform: np.ndarray, answers: list, **parameters):
-    """Send `waveform` to the whisper model directly; `answers` gets (seconds, result, error)."""
-    tensor = tritonclient.grpc.InferInput(tensor_names.WAVEFORM, [1, len(waveform)], "FP32")
-    tensor.set_data_from_numpy(waveform[None].astype(np.float32))
+def whisper_call(client, log_mel: LogMel, answers: list, **parameters):
+    """Send a log-mel to the whisper model directly; `answers` gets (seconds, result, error)."""
     started = time.monotonic()
     return client.async_infer(
-        tensor_names.WHISPER_NAME, [tensor], parameters=parameters,
+        tensor_names.WHISPER_NAME, whisper_inputs(tritonclient.grpc, log_mel), parameters=parameters,
         callback=lambda result, error: answers.append((time.monotonic() - started, result, error)),
         client_timeout=REQUEST_TIMEOUT_S,
     )  # fmt: skip
@@ -367,10 +367,6 @@ def wait_for_answer(answers: list, timeout: float = REQUEST_TIMEOUT_S) -> tuple:
         time.sleep(0.01)
     assert answers, f"no answer in {timeout:.0f} s"
     return answers[0]
-
-
-def transcript_text(result) -> str:
-    return result.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
 
 
 FEW_SLOTS = 2
@@ -395,7 +391,7 @@ def test_cancelling_frees_a_full_servers_slot_within_a_second(tmp_path):
         server = launched.server
         client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
         assert settled(server)["whisper_decoding_slots"] == FEW_SLOTS
-        short = decode_audio(CARDS)
+        short = library_log_mel(decode_audio(CARDS))
         alone = []  # twice: the first request of a fresh server warms it up
         for _ in range(2):
             answers = []
@@ -403,11 +399,11 @@ def test_cancelling_frees_a_full_servers_slot_within_a_second(tmp_path):
             alone.append(wait_for_answer(answers))
         assert all(error is None for _, _, error in alone), alone
         free_seconds = alone[-1][0]
-        reference = transcript_text(alone[-1][1])
-        assert reference and transcript_text(alone[0][1]) == reference
+        reference = decoded_text(alone[-1][1], short.samples)
+        assert reference and decoded_text(alone[0][1], short.samples) == reference
 
         recording = []
-        call = whisper_call(client, long_waveform(minutes=10), recording, long_form="batched")
+        call = whisper_call(client, long_log_mel(minutes=10), recording, long_form="batched")
         full = wait_for(server, lambda s: s["whisper_running_batch_size"] == FEW_SLOTS and s["whisper_waiting_windows"] > 0)
         assert full["whisper_running_batch_size"] == FEW_SLOTS and full["whisper_waiting_windows"] > 0, full
         waiting = []
@@ -420,7 +416,7 @@ def test_cancelling_frees_a_full_servers_slot_within_a_second(tmp_path):
         answered_after = time.monotonic() - cancelled_at
         seconds, result, error = waiting[0]
         assert error is None, error
-        assert transcript_text(result) == reference
+        assert decoded_text(result, short.samples) == reference
         timing = f"answered {answered_after:.2f} s after the cancel; {free_seconds:.2f} s on a free slot"
         print(timing)
         assert answered_after - free_seconds < SLOT_FREED_WITHIN_S, timing

@@ -168,7 +168,7 @@ def test_every_format_renders_from_the_document():
 
 
 def test_document_from_a_transcript_keeps_the_request_facts():
-    from python_backend_lib.transcription.longform import Transcript
+    from python_backend_lib.text.transcript import Transcript
 
     transcript = Transcript(DOCUMENT.text, DOCUMENT.segments, "en", 0.96, 32.25, windows=())
     options = TranscribeOptions(decoding=DecodingOptions(task="translate"), word_timestamps=True)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from python_backend_lib.checkpoints.weights import load_config
-from python_backend_lib.engine.cuda_graphs import bucket_sizes, choose_bucket
+from python_backend_lib.checkpoints.configs import load_config
+from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
 from python_backend_lib.engine.flashinfer_attention import page_table, token_rows
 from python_backend_lib.engine.kv_cache import PAGE_SIZE, PoolShape, pages_for
 

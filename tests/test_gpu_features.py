@@ -48,7 +48,7 @@ def test_the_log_mel_of_a_batch_does_not_wait_for_queued_device_work():
 def test_the_captured_log_mel_equals_each_recordings_own_and_does_not_wait():
     """`FeatureGraphs`: calls of 1, 3 and 19 clips (a partly padded bucket, and more
     clips than the largest bucket), short and long, give `features_for`'s bits."""
-    from python_backend_lib.engine.feature_graphs import FeatureGraphs
+    from python_backend_lib.audio.feature_graphs import FeatureGraphs
 
     graphs = FeatureGraphs(80, CUDA)
     graphs.capture()
@@ -65,3 +65,56 @@ def test_the_captured_log_mel_equals_each_recordings_own_and_does_not_wait():
         assert len(got) == len(waveforms)
         for a, b in zip(got, expected):
             assert a.shape == b.shape and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("output", ["host", "device"])
+def test_preprocessing_hands_on_each_recordings_log_mel_without_its_padding(output):
+    """`LogMels` on a GPU, as a GPU instance of preprocessing runs it: each recording's
+    `features_for` cut to the frames that travel, bit for bit, on the host or on the GPU."""
+    from python_backend_lib.audio.features import without_padding
+    from python_backend_lib.serving.preprocessing_service import LogMels
+    from python_backend_lib.serving.settings import LogMelOutput
+
+    log_mels = LogMels(80, "cuda:0", LogMelOutput(output))
+    waveforms = _waveforms()
+    got = log_mels(waveforms)
+    for waveform, item in zip(waveforms, got):
+        expected = without_padding(features_for(waveform, 80, CUDA), len(waveform))
+        if output == "host":
+            assert isinstance(item, np.ndarray) and np.array_equal(item, expected.cpu().numpy())
+        else:
+            assert item.is_cuda and item.is_contiguous() and torch.equal(item, expected)
+
+
+class _GpuInput:
+    """A `pb_utils.Tensor` in GPU memory, as Triton hands one to whisper."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def to_dlpack(self):
+        return torch.utils.dlpack.to_dlpack(self.tensor)
+
+
+def test_whisper_copies_its_inputs_before_execute_returns_and_does_not_wait_for_the_engine():
+    """Host inputs end to end through one copy, GPU inputs on a stream of their own:
+    the copies equal what was sent, and nothing waits for the engine's queued steps."""
+    import types
+
+    from python_backend_lib.serving.inputs import LogMelInput
+    from python_backend_lib.serving.whisper_service import WhisperService
+
+    rng = np.random.default_rng(2)
+    sent = [rng.standard_normal((80, n)).astype(np.float32) for n in (103, 2, 3000)]
+    on_gpu = torch.from_numpy(sent[1]).to(CUDA)[None]  # [1, 80, 2], as Triton's buffer holds it
+    inputs = [LogMelInput(16000, host=sent[0]), LogMelInput(320, gpu=_GpuInput(on_gpu)),
+              LogMelInput(480000, host=sent[2])]
+    service = types.SimpleNamespace(pipeline=types.SimpleNamespace(device=CUDA), _copies=torch.cuda.Stream(CUDA))
+    torch.cuda.synchronize()
+    torch.cuda._sleep(QUEUED_CYCLES)  # the engine's steps, queued on the default stream
+    queued_work = torch.cuda.Event()
+    queued_work.record()
+    got = WhisperService._on_device(service, inputs)
+    assert not queued_work.query(), "copying the inputs waited for the engine's queued work"
+    for array, tensor in zip(sent, got):
+        assert tensor.device == CUDA and torch.equal(tensor.cpu(), torch.from_numpy(array))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -12,15 +14,12 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core import geometry
+from python_backend_lib.core.decoded import DecodedWindow
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, TranscribeOptions
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.tokenizer import load_tokenizer
-from python_backend_lib.transcription.longform import (
-    compression_ratio,
-    is_silent,
-    needs_fallback,
-    split_window,
-)
+from python_backend_lib.text.windows import window_segments
+from python_backend_lib.transcription.longform import compression_ratio, is_silent, needs_fallback
 from python_backend_lib.transcription.pipeline import Pipeline
 
 SONNET = DATA / "sonnet1_longform.wav"
@@ -107,14 +106,18 @@ def test_quality_rules():
         TranscribeOptions(mode="parallel")
 
 
-def test_split_window_seeks_to_the_last_complete_segment():
+def window(tokens, seek: int, frames: int, closes_chunk: bool = False) -> DecodedWindow:
+    return DecodedWindow(tuple(tokens), seek, frames, temperature=0.0, avg_logprob=-0.1, compression_ratio=1.0,
+                         no_speech_prob=0.0, closes_chunk=closes_chunk)
+
+
+def test_a_window_seeks_to_its_last_complete_segment():
     tokenizer = load_tokenizer("default")
     begin = tokenizer.special.timestamp_begin
     words = tokenizer.encode(" one")
-    stats = DecodingResult((), "en", -0.1, 0.0, 0.0)
     # Ends with a pair: the last segment is complete, the next one cut off.
     pair = (begin, *words, begin + 100, begin + 100, *words, begin + 400, begin + 400)
-    outcome = split_window(pair, tokenizer, seek=1000, window_frames=3000, result=stats, ratio=1.0)
+    outcome = window_segments(window(pair, seek=1000, frames=3000), tokenizer)
     assert [(s.start, s.end) for s in outcome.segments] == [(10.0, 12.0), (12.0, 18.0)]
     assert outcome.advance == 800  # 8.00 s in frames of 10 ms
     # Segments keep their timestamp tokens, which later windows are conditioned on
@@ -123,10 +126,14 @@ def test_split_window_seeks_to_the_last_complete_segment():
     assert [s.tokens for s in outcome.segments] == [
         (begin, *words, begin + 100), (begin + 100, *words, begin + 400)
     ]
+    assert {(s.seek, s.avg_logprob, s.compression_ratio) for s in outcome.segments} == {(1000, -0.1, 1.0)}
     # Ends with a single timestamp: the window is done.
     single = (begin, *words, begin + 100)
-    outcome = split_window(single, tokenizer, seek=0, window_frames=1100, result=stats, ratio=1.0)
+    outcome = window_segments(window(single, seek=0, frames=1100), tokenizer)
     assert outcome.advance == 1100 and outcome.segments[0].end == 2.0
+    # A silent window gives nothing and moves past itself.
+    silent = window_segments(dataclasses.replace(window(single, seek=0, frames=1100), silent=True), tokenizer)
+    assert silent.segments == () and silent.advance == 1100
 
 
 def test_a_segment_left_open_at_a_chunks_cut_ends_there():
@@ -136,15 +143,14 @@ def test_a_segment_left_open_at_a_chunks_cut_ends_there():
     tokenizer = load_tokenizer("default")
     begin = tokenizer.special.timestamp_begin
     words = tokenizer.encode(" one")
-    stats = DecodingResult((), "en", -0.1, 0.0, 0.0)
     left_open = (begin, *words, begin + 100, begin + 100, *words)
-    outcome = split_window(left_open, tokenizer, seek=1000, window_frames=2500, result=stats, ratio=1.0)
+    outcome = window_segments(window(left_open, seek=1000, frames=2500), tokenizer)
     assert [(s.start, s.end) for s in outcome.segments] == [(10.0, 12.0)] and outcome.advance == 200
-    outcome = split_window(left_open, tokenizer, seek=1000, window_frames=2500, result=stats, ratio=1.0, closes_chunk=True)
+    outcome = window_segments(window(left_open, seek=1000, frames=2500, closes_chunk=True), tokenizer)
     assert [(s.start, s.end) for s in outcome.segments] == [(10.0, 12.0), (12.0, 35.0)] and outcome.advance == 2500
     # A last timestamp opening nothing is the model stopping early: the rest is decoded again all the same.
     stopped = (begin, *words, begin + 100, begin + 100)
-    outcome = split_window(stopped, tokenizer, seek=1000, window_frames=2500, result=stats, ratio=1.0, closes_chunk=True)
+    outcome = window_segments(window(stopped, seek=1000, frames=2500, closes_chunk=True), tokenizer)
     assert [(s.start, s.end) for s in outcome.segments] == [(10.0, 12.0)] and outcome.advance == 200
 
 

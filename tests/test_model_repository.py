@@ -9,32 +9,44 @@ from pathlib import Path
 
 import pytest
 
+from python_backend_lib.serving import postprocessing_service, preprocessing_service, whisper_service
 from python_backend_lib.serving import tensor_names as names
-from python_backend_lib.serving import whisper_service
 from python_backend_lib.serving.settings import CONFIG_PARAMETERS, ModelSettings
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"
 MAX_ADAPTER_LINES = 100
 
 # model -> ({input: data type}, {output: data type})
-PYTHON_MODELS = {
-    names.PREPROCESSING_NAME: ({names.AUDIO: "TYPE_STRING"}, {names.WAVEFORM: "TYPE_FP32"}),
-    names.WHISPER_NAME: (
-        {names.WAVEFORM: "TYPE_FP32"},
-        {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"},
-    ),
+DECODED = {
+    names.TOKENS: "TYPE_INT32",
+    names.WINDOWS: "TYPE_FP64",
+    names.ALIGNMENT: "TYPE_FP64",
+    names.LANGUAGE: "TYPE_INT32",
+    names.LANGUAGE_PROBABILITY: "TYPE_FP64",
 }
-ENSEMBLE = (
-    {names.AUDIO: "TYPE_STRING"},
-    {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"},
-)
-# Models that read a checkpoint: preprocessing only decodes audio.
-CHECKPOINT_MODELS = [names.WHISPER_NAME]
-# Where each model runs: whisper once per visible GPU (or once on the CPU without
-# one); the others on the CPU, which is all they use.
+TRANSCRIPT = {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"}
+PYTHON_MODELS = {
+    names.PREPROCESSING_NAME: (
+        {names.AUDIO: "TYPE_STRING"},
+        {names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64"},
+    ),
+    names.WHISPER_NAME: ({names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64"}, DECODED),
+    names.POSTPROCESSING_NAME: ({**DECODED, names.SAMPLES: "TYPE_INT64"}, TRANSCRIPT),
+}
+ENSEMBLE = ({names.AUDIO: "TYPE_STRING"}, TRANSCRIPT)
+# Every model reads the checkpoint: its log-mel's bins, its engine, its tokenizer.
+CHECKPOINT_MODELS = [names.PREPROCESSING_NAME, names.WHISPER_NAME, names.POSTPROCESSING_NAME]
+# Where each model runs: preprocessing and whisper on every visible GPU (or on the CPU
+# without one); postprocessing on the CPU, which is all it uses.
 INSTANCE_KINDS = {
-    names.PREPROCESSING_NAME: "KIND_CPU",
+    names.PREPROCESSING_NAME: "KIND_AUTO",
     names.WHISPER_NAME: "KIND_AUTO",
+    names.POSTPROCESSING_NAME: "KIND_CPU",
+}
+SERVICES = {
+    names.PREPROCESSING_NAME: preprocessing_service,
+    names.WHISPER_NAME: whisper_service,
+    names.POSTPROCESSING_NAME: postprocessing_service,
 }
 TENSORS = [value for key, value in vars(names).items() if key.isupper() and not key.endswith("_NAME")]
 
@@ -158,7 +170,7 @@ def test_python_model_parameters_parse(model):
     assert settings.checkpoint == "default"
 
 
-@pytest.mark.parametrize("model", [names.PREPROCESSING_NAME, names.WHISPER_NAME])
+@pytest.mark.parametrize("model", list(PYTHON_MODELS))
 def test_a_burst_is_refused_rather_than_queued_without_bound(model):
     (policy,) = one(load(model), "dynamic_batching")["default_queue_policy"]
     assert one(policy, "timeout_action") == "REJECT"
@@ -177,9 +189,8 @@ def test_preprocessing_and_whisper_refuse_the_same_audio_length():
 def test_adapter_is_thin_and_takes_names_from_tensor_names(model):
     source = (REPOSITORY / model / "1" / "model.py").read_text()
     assert len(source.splitlines()) <= MAX_ADAPTER_LINES
-    # The whisper adapter hands its requests to the serving layer, which reads the names.
-    reads_names = source if model != names.WHISPER_NAME else inspect.getsource(whisper_service)
-    assert "tensor_names" in reads_names
+    # Each adapter hands its requests to the serving layer, which reads the names.
+    assert "tensor_names" in inspect.getsource(SERVICES[model])
     for tensor in TENSORS:
         assert f'"{tensor}"' not in source, f"{model}/1/model.py spells out {tensor!r}"
 
@@ -196,6 +207,7 @@ def test_ensemble_steps_connect_every_tensor_once():
     assert [one(step, "model_name") for step in steps] == [
         names.PREPROCESSING_NAME,
         names.WHISPER_NAME,
+        names.POSTPROCESSING_NAME,
     ]
     # value in the ensemble -> its data type; the ensemble's inputs exist from the start
     available = dict(tensor_types(config, "input"))

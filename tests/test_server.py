@@ -17,12 +17,15 @@ from conftest import AUDIO_DIR, RunningServer, _stop, launch_server, whisper_tri
 from tritonclient.utils import InferenceServerException
 
 from clients.api import TranscriptionError, TranscriptionResult, WhisperClient
+from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import TimedText
 
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from whisper_calls import library_log_mel
+
 from loadtest.processes import stub_processes
 
 pytestmark = pytest.mark.server
@@ -35,6 +38,7 @@ TRITON = {"http": tritonclient.http, "grpc": tritonclient.grpc}
 MODELS = (
     tensor_names.PREPROCESSING_NAME,
     tensor_names.WHISPER_NAME,
+    tensor_names.POSTPROCESSING_NAME,
     tensor_names.ENSEMBLE_NAME,
 )
 
@@ -97,6 +101,29 @@ def test_served_transcript_equals_the_library(server, expected, clip, protocol, 
     with WhisperClient(server.url(protocol), protocol) as client:
         result = client.transcribe(clip, timestamps=timestamps)
     assert result == expected(clip, timestamps)
+
+
+@pytest.mark.parametrize("protocol", PROTOCOLS)
+@pytest.mark.parametrize(
+    "parameters",
+    [{"response_format": "verbose_json"}, {"response_format": "srt", "word_timestamps": True},
+     {"response_format": "vtt", "long_form": "batched", "timestamps": False}],
+    ids=["verbose_json", "srt-words", "vtt-batched"],
+)
+def test_the_three_models_called_in_turn_answer_as_the_ensemble(server, protocol, parameters):
+    """preprocessing, whisper and postprocessing, each called on its own with the
+    answer of the one before, give exactly what `transcribe` gives; and whisper takes
+    a log-mel the client computed itself with the library."""
+    clip = AUDIO_DIR / "sonnet1_longform.wav" if "long_form" in parameters else JFK
+    with WhisperClient(server.url(protocol), protocol) as client:
+        ensemble = client.outputs(clip, **parameters)
+        log_mel = client.preprocess(clip)
+        assert log_mel.log_mel.dtype == np.float32 and log_mel.log_mel.shape[0] == 80
+        assert log_mel.samples == len(decode_audio(clip.read_bytes()))
+        assert client.postprocess(client.decode(log_mel, **parameters), **parameters) == ensemble
+        own = library_log_mel(decode_audio(clip.read_bytes()))
+        np.testing.assert_array_equal(own.log_mel, log_mel.log_mel)
+        assert client.postprocess(client.decode(own, **parameters), **parameters) == ensemble
 
 
 @pytest.mark.slow

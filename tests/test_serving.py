@@ -17,7 +17,8 @@ from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.scheduler import EngineUnavailable
 from python_backend_lib.serving.admission import AdmissionPolicy
 from python_backend_lib.serving.cancellation import CancellationWatcher
-from python_backend_lib.serving.inputs import check_waveform, nonfinite, single_row
+from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
+from python_backend_lib.serving.inputs import check_log_mel, nonfinite, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import Fault, describe_failure
 from python_backend_lib.serving.settings import (
@@ -26,10 +27,11 @@ from python_backend_lib.serving.settings import (
     ENGINE_FAULT_PROMPT_ENV,
     FAULT_PROMPT_ENV,
     SHARED_ADMISSION_WAIT_S,
+    LogMelOutput,
     ModelSettings,
     instance_device,
-    load_pipeline,
 )
+from python_backend_lib.serving.whisper_service import load_pipeline
 from python_backend_lib.text.formats import Document
 
 
@@ -62,9 +64,20 @@ def test_model_settings_reject_a_config_they_cannot_serve(config, message):
 
 
 def test_single_row_takes_one_clip_and_names_the_tensor():
-    assert single_row(np.zeros((1, 16000)), "WAVEFORM").shape == (16000,)
-    with pytest.raises(RequestError, match=r"WAVEFORM must hold exactly one clip .* \[2, 16000\]"):
-        single_row(np.zeros((2, 16000)), "WAVEFORM")
+    assert single_row(np.zeros((1, 80, 100)), "LOG_MEL").shape == (80, 100)
+    with pytest.raises(RequestError, match=r"LOG_MEL must hold exactly one clip .* \[2, 80, 100\]"):
+        single_row(np.zeros((2, 80, 100)), "LOG_MEL")
+
+
+def test_the_preprocessing_and_whisper_choices_parse():
+    config = triton_config(parameters={"log_mel_output": {"string_value": "device"},
+                                       "FORCE_CPU_ONLY_INPUT_TENSORS": {"string_value": "no"}})
+    settings = ModelSettings.from_triton(config, environ={})
+    assert settings.log_mel_output is LogMelOutput.DEVICE and not settings.cpu_only_inputs
+    assert ModelSettings.from_triton(triton_config(), environ={}).cpu_only_inputs
+    bad = triton_config(parameters={"log_mel_output": {"string_value": "pcie"}})
+    with pytest.raises(ValueError, match=r"'log_mel_output' must be 'auto' or one of \['device', 'host'\], got 'pcie'"):
+        ModelSettings.from_triton(bad, environ={})
 
 
 def test_failures_are_the_clients_only_when_they_are_request_errors():
@@ -94,13 +107,14 @@ def test_failures_are_the_clients_only_when_they_are_request_errors():
         (lambda: TranscribeOptions(mode="parallel"), True),
         (lambda: decode_audio(b"not audio"), True),
         (lambda: pcm_to_waveform(b"\0" * 8, 16_000, channels=MAX_CHANNELS + 1), True),
-        (lambda: check_waveform(np.zeros(0, np.float32), 60.0), True),
+        (lambda: check_log_mel(_PbUtils, whisper_request(np.zeros((80, 9), np.float32), 0), 80, 60.0), True),
+        (lambda: from_tensors(DecodedTensors(*(np.zeros(0),) * 5), 16000), True),
         (lambda: Document.from_verbose_json("{}"), True),
         # The server's own setup: a bad limit, a bad config.pbtxt.
         (lambda: decode_audio(b"RIFF", max_seconds=0), False),
         (lambda: ModelSettings.from_triton(triton_config(max_batch_size=0), environ={}), False),
     ],
-    ids=["parameter", "json", "options", "long-form mode", "audio", "channels", "waveform", "transcript",
+    ids=["parameter", "json", "options", "long-form mode", "audio", "channels", "log-mel", "decoded", "transcript",
          "max-seconds", "config"],
 )
 def test_whose_fault_each_refusal_is(make, client_fault):
@@ -223,33 +237,62 @@ def test_model_settings_refuse_a_bad_limit_naming_it(key, value):
         ModelSettings.from_triton(config, environ={})
 
 
+class _Tensor:
+    """What `pb_utils.get_input_tensor_by_name` gives for a tensor in host memory."""
+
+    def __init__(self, array: np.ndarray) -> None:
+        self.array = array
+
+    def is_cpu(self) -> bool:
+        return True
+
+    def as_numpy(self) -> np.ndarray:
+        return self.array
+
+
+class _PbUtils:
+    @staticmethod
+    def get_input_tensor_by_name(request: dict, name: str) -> _Tensor:
+        return _Tensor(request[name])
+
+
+def whisper_request(log_mel: np.ndarray, samples) -> dict:
+    return {"LOG_MEL": log_mel[None], "SAMPLES": np.array([samples], dtype=np.int64).reshape(1, -1)}
+
+
 @pytest.mark.parametrize(
-    ("waveform", "message"),
+    ("log_mel", "samples", "message"),
     [
-        (np.zeros((2, 16000), np.float32), r"WAVEFORM must be 16 kHz mono float32 samples \[samples\], got float32 \[2, 16000\]"),
-        (np.zeros(16000, np.float64), r"WAVEFORM must be 16 kHz mono float32 samples \[samples\], got float64"),
-        (np.zeros(0, np.float32), "WAVEFORM is empty"),
-        (np.zeros(16000 * 601, np.float32), "audio is 601.0 s long; the limit is 600 s"),
+        (np.zeros((128, 100), np.float32), 16000, r"LOG_MEL must be float32 \[80, frames\] with 1 to 3000 frames for SAMPLES 16000 .* got float32 \[128, 100\]"),
+        (np.zeros((80, 100), np.float64), 16000, r"got float64 \[80, 100\]"),
+        (np.zeros((80, 3001), np.float32), 16000, r"with 1 to 3000 frames .* got float32 \[80, 3001\]"),
+        (np.zeros((80, 0), np.float32), 16000, r"with 1 to 3000 frames .* got float32 \[80, 0\]"),
+        (np.zeros((80, 100), np.float32), 0, "SAMPLES must be at least 1, got 0"),
+        (np.zeros((80, 100), np.float32), [1, 2], r"SAMPLES must have the shape \[1, 1\], got \[1, 2\]"),
+        (np.zeros((80, 100), np.float32), 16000 * 601, "audio is 601.0 s long; the limit is 600 s"),
     ],
-    ids=["rank", "dtype", "empty", "too-long"],
+    ids=["bins", "dtype", "frames", "no-frames", "no-samples", "samples-shape", "too-long"],
 )
-def test_a_waveform_sent_to_the_whisper_model_is_checked(waveform, message):
+def test_what_the_whisper_model_is_sent_is_checked(log_mel, samples, message):
     with pytest.raises(RequestError, match=message):
-        check_waveform(waveform, max_audio_seconds=600)
+        check_log_mel(_PbUtils, whisper_request(log_mel, samples), n_mels=80, max_audio_seconds=600)
 
 
-def test_a_waveform_as_preprocessing_writes_it_passes():
-    check_waveform(np.zeros(16000 * 600, np.float32), max_audio_seconds=600)
+def test_a_log_mel_as_preprocessing_writes_it_passes():
+    checked = check_log_mel(_PbUtils, whisper_request(np.zeros((80, 1103), np.float32), 176000), 80, 600)
+    assert checked.samples == 176000 and checked.host.shape == (80, 1103) and checked.gpu is None
+    long = check_log_mel(_PbUtils, whisper_request(np.zeros((80, 6000), np.float32), 480001), 80, 600)
+    assert long.host.shape == (80, 6000)  # a long recording's frames and its window of padding, at most
 
 
-def test_the_waveforms_holding_nan_or_infinity_are_found_among_many():
+def test_the_log_mels_holding_nan_or_infinity_are_found_among_many():
     rng = np.random.default_rng(0)
-    waveforms = [rng.uniform(-1, 1, n).astype(np.float32) for n in (16000, 400, 80000, 1, 16000)]
-    assert nonfinite(waveforms) == set() and nonfinite([]) == set()
-    waveforms[1][399] = np.nan
-    waveforms[3][0] = -np.inf
-    waveforms[4][:2] = np.finfo(np.float32).max  # finite samples whose sum of squares is not
-    assert nonfinite(waveforms) == {1, 3}
+    log_mels = [rng.uniform(-1, 1, (80, n)).astype(np.float32) for n in (100, 4, 800, 1, 100)]
+    assert nonfinite(log_mels) == set() and nonfinite([]) == set()
+    log_mels[1][3, 3] = np.nan
+    log_mels[3][0, 0] = -np.inf
+    log_mels[4][0, :2] = np.finfo(np.float32).max  # finite values whose sum of squares is not
+    assert nonfinite([*log_mels, None]) == {1, 3}  # None: one in GPU memory, not checked here
 
 
 def test_the_instance_device_is_the_one_triton_names():

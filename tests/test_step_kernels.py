@@ -19,7 +19,7 @@ import pytest
 import torch
 from reference import hf_processors, random_history
 
-from python_backend_lib.checkpoints.weights import load_config
+from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.engine.flashinfer_attention import page_table
 from python_backend_lib.engine.graph_io import META_FOLLOWS, META_POSITION, META_RULES, META_TOKEN, N_META

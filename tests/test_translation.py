@@ -12,13 +12,15 @@ from reference import DATA, hf_model
 
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import features_for, window_features
+from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.checkpoints.hf_folder import write_hf_folder
-from python_backend_lib.checkpoints.weights import load_checkpoint, load_config
+from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, Task, TranscribeOptions
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.formats import Document, ResponseFormat
 from python_backend_lib.text.tokenizer import Tokenizer
+from python_backend_lib.text.transcript import assemble
 from python_backend_lib.transcription.longform import LongFormJob
 from python_backend_lib.transcription.pipeline import Pipeline
 
@@ -99,8 +101,8 @@ def test_the_first_windows_language_is_kept_and_reported(pipe, mode):
     waveform = np.random.default_rng(1).standard_normal(45 * geometry.SAMPLE_RATE).astype(np.float32) * 0.1
     options = TranscribeOptions(decoding=DecodingOptions(task=Task.TRANSLATE), mode=mode)
     outcome: list = []
-    LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), 45.0, options, outcome.append).start()
-    (transcript,) = outcome
+    LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), len(waveform), options, outcome.append).start()
+    transcript = assemble(*outcome, tokenizer)
     assert [o.language for o in asked] == [None, "de"]  # two windows (or chunks); the second told the language
     assert all(o.task is Task.TRANSLATE for o in asked)
     record = json.loads(Document.from_transcript(transcript, options).render(ResponseFormat.VERBOSE_JSON))
@@ -122,9 +124,9 @@ def test_batched_chunks_start_together_when_the_language_is_given(pipe):
     waveform = np.random.default_rng(1).standard_normal(75 * geometry.SAMPLE_RATE).astype(np.float32) * 0.1
     options = TranscribeOptions(decoding=DecodingOptions(language="de"), mode=LongFormMode.BATCHED)
     outcome: list = []
-    LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), 75.0, options, outcome.append).start()
+    LongFormJob(submit, config, tokenizer, features_for(waveform, pipe.n_mels), len(waveform), options, outcome.append).start()
     assert len(asked) == 3 and outcome == []  # 75 s: three chunks, all submitted at once
     for answer in waiting:
         answer()
-    (transcript,) = outcome
+    transcript = assemble(*outcome, tokenizer)
     assert transcript.language == "de" and len(transcript.windows) == 3

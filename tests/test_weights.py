@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -12,7 +13,14 @@ from reference import DATA, hf_model
 
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
-from python_backend_lib.checkpoints import ctranslate2_folder, hf_folder, random_weights, weights
+from python_backend_lib.checkpoints import (
+    configs,
+    ctranslate2_conversion,
+    ctranslate2_folder,
+    hf_folder,
+    random_shapes,
+    weights,
+)
 from python_backend_lib.checkpoints.packaged import packaged_model_directory
 from python_backend_lib.core import geometry
 from python_backend_lib.core.cache import CACHE_ENV, cache_root
@@ -27,7 +35,7 @@ PACKAGED = packaged_model_directory()
 
 @pytest.fixture(scope="module")
 def variables():
-    return ctranslate2_folder.read_ctranslate2(PACKAGED / "model.bin")
+    return ctranslate2_conversion.read_ctranslate2(PACKAGED / "model.bin")
 
 
 def test_packaged_file_facts(variables):
@@ -42,7 +50,7 @@ def test_packaged_file_facts(variables):
 
 
 def test_special_tokens_agree_with_tokenizer_json():
-    config = weights.load_config("default")
+    config = configs.load_config("default")
     special = config.special
     vocab = {t["content"]: t["id"] for t in json.loads((PACKAGED / "tokenizer.json").read_text())["added_tokens"]}
     assert vocab["<|endoftext|>"] == special.eot == 50256
@@ -73,10 +81,22 @@ def test_multilingual_token_layouts(n_vocab, eot, timestamp_begin, translate, la
         special.language_token("xx")
 
 
+def test_the_folders_configuration_without_torch_equals_the_converted_ones():
+    """The index of model.bin and config.json give what the converted folder says."""
+    read = configs.load_config("default")
+    converted = weights.load_checkpoint("default").config
+    assert read.directory == PACKAGED and converted.directory == weights.hf_directory("default")
+    assert dataclasses.replace(read, directory=converted.directory) == converted
+    index = ctranslate2_folder.read_index(PACKAGED / "model.bin")
+    assert index.integer("encoder/num_heads") == 6 and index.variables["decoder/projection/weight"] is (
+        index.variables["decoder/embeddings/weight"]
+    )
+
+
 def test_conversion_is_cached_and_loads_in_transformers():
-    first = ctranslate2_folder.convert_ctranslate2(PACKAGED)
+    first = ctranslate2_conversion.convert_ctranslate2(PACKAGED)
     stamp = (first / "model.safetensors").stat().st_mtime_ns
-    assert ctranslate2_folder.convert_ctranslate2(PACKAGED) == first
+    assert ctranslate2_conversion.convert_ctranslate2(PACKAGED) == first
     assert (first / "model.safetensors").stat().st_mtime_ns == stamp
     ours = weights.load_checkpoint("default").state_dict
     theirs = hf_model(first).state_dict()
@@ -94,7 +114,7 @@ def test_the_cache_root_is_the_variable_unless_it_is_empty(tmp_path):
 
 def test_conversions_are_cached_under_the_cache_root(tmp_path, monkeypatch):
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    converted = ctranslate2_folder.convert_ctranslate2(PACKAGED)
+    converted = ctranslate2_conversion.convert_ctranslate2(PACKAGED)
     assert converted.parent == tmp_path / "checkpoints" and (converted / "model.safetensors").is_file()
 
 
@@ -113,10 +133,10 @@ def test_encoder_matches_ctranslate2():
     np.testing.assert_allclose(ours, expected, atol=2e-3, rtol=1e-3)
 
 
-@pytest.mark.parametrize("size", sorted(random_weights.RANDOM_SIZES))
+@pytest.mark.parametrize("size", sorted(random_shapes.RANDOM_SIZES))
 def test_random_configs_have_real_shapes(size):
-    shapes = random_weights.RANDOM_SIZES[size]
-    dims = weights.load_config(f"random:{size}").dims
+    shapes = random_shapes.RANDOM_SIZES[size]
+    dims = configs.load_config(f"random:{size}").dims
     assert (dims.n_audio_state, dims.n_text_head, dims.n_audio_layer, dims.n_text_layer) == (
         shapes.width, shapes.heads, shapes.encoder_layers, shapes.decoder_layers,
     )
@@ -148,4 +168,4 @@ def test_hf_checkpoint_round_trip(tmp_path):
 )
 def test_bad_sources_name_the_problem(source, message):
     with pytest.raises(ValueError, match=message):
-        weights.load_config(source)
+        configs.load_config(source)

@@ -83,7 +83,7 @@ def engines_to_serve(config: str, requested: int | None, gpus: int, checkpoint: 
         return None if requested == group.count else requested
     if gpus == 0 or group != SHIPPED_WHISPER_GROUP:
         return None
-    from python_backend_lib.checkpoints.weights import load_config
+    from python_backend_lib.checkpoints.configs import load_config
 
     engines = auto_engines_per_gpu(load_config(checkpoint).dims)
     return None if engines == group.count else engines

@@ -16,7 +16,14 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 
-from python_backend_lib.core.geometry import HOP_LENGTH, N_FFT, N_FRAMES, N_FREQ_BINS, N_SAMPLES, SAMPLE_RATE
+from python_backend_lib.core.geometry import (
+    HOP_LENGTH,
+    N_FFT,
+    N_FREQ_BINS,
+    N_SAMPLES,
+    SAMPLE_RATE,
+    reached_frames,
+)
 
 # --- Log-mel parameters (Whisper's training recipe) --------------------------
 SUPPORTED_N_MELS = (80, 128)  # 80 up to large-v2, 128 from large-v3 on
@@ -206,12 +213,10 @@ def _through_pinned(shape, fill: Callable[[np.ndarray], object], device: torch.d
     return pinned.to(device, non_blocking=True)
 
 
-def content_frames(mel_frames: int, duration: float) -> int:
-    """Mel frames that hold audio. Up to 30 s the features are exactly one
-    window; longer audio comes with 30 s of padding frames appended."""
-    if mel_frames > N_FRAMES:
-        return mel_frames - N_FRAMES
-    return min(N_FRAMES, int(round(duration * SAMPLE_RATE)) // HOP_LENGTH)
+def without_padding(features: torch.Tensor, samples: int) -> torch.Tensor:
+    """`features_for`'s features of a recording of `samples` samples, cut to
+    `geometry.reached_frames`: the frames that travel between processes."""
+    return features[..., : reached_frames(samples)]
 
 
 def features_for(waveform, n_mels: int, device=None) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """The Hugging Face checkpoint format: a folder with config.json, an optional
 generation_config.json, *.safetensors and usually tokenizer.json.
 
-Every other format is converted to this one (`ctranslate2_folder`), and
+Every other format is converted to this one (`ctranslate2_conversion`), and
 `transformers.WhisperForConditionalGeneration.from_pretrained` reads what
 `write_hf_folder` writes, which the tests use as their reference.
 """
@@ -10,8 +10,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-
-import torch
+from typing import TYPE_CHECKING
 
 from python_backend_lib.core.geometry import SECONDS_PER_POSITION
 from python_backend_lib.core.model_facts import ModelConfig, ModelDims, SpecialTokens, is_multilingual_vocab
@@ -21,6 +20,9 @@ CONFIG_FILE = "config.json"
 GENERATION_FILE = "generation_config.json"
 WEIGHTS_FILE = "model.safetensors"  # what we write; any *.safetensors is read
 PARAMETER_PREFIX = "model."  # Hugging Face's names start with it; our state dicts do not
+
+if TYPE_CHECKING:  # the tensors' functions import torch's side of safetensors when called; the rest needs no torch
+    import torch
 
 
 def holds_checkpoint(folder: Path) -> bool:

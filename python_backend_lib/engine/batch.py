@@ -23,6 +23,7 @@ import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.devices.transfers import to_device
 from python_backend_lib.engine.attention import AttentionBackend
 from python_backend_lib.engine.eager import eager_pass
 from python_backend_lib.engine.graph_io import GraphStep
@@ -32,7 +33,6 @@ from python_backend_lib.engine.overlap import Launched, Part, mark_launched, pla
 from python_backend_lib.engine.prompt import Prompt, task_tokens
 from python_backend_lib.engine.rows import Admission, Row, RowState, SilenceCheck, silence_flags, silent_result
 from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
-from python_backend_lib.engine.transfers import to_device
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs

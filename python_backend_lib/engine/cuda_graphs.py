@@ -54,7 +54,6 @@ Static buffers, and the rules for them:
 
 from __future__ import annotations
 
-import bisect
 import logging
 import time
 from dataclasses import dataclass
@@ -64,6 +63,8 @@ import numpy as np
 import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
+from python_backend_lib.devices.buckets import DEFAULT_BUCKETS, bucket_sizes, choose_bucket
+from python_backend_lib.devices.transfers import PinnedRing, pinned, to_device
 from python_backend_lib.engine import step_kernels as fused_tail
 from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
 from python_backend_lib.engine.graph_io import (
@@ -89,27 +90,8 @@ from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import fed_inputs
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
-from python_backend_lib.engine.transfers import PinnedRing, pinned, to_device
 
 log = logging.getLogger(__name__)
-
-# Padded batch sizes with a captured step; a table takes those up to its
-# largest batch and the largest batch itself.
-DEFAULT_BUCKETS = (1, 2, 4, 8, 12, 16, 24, 32, 48, 64, 96, 128, 160, 192, 256, 320, 384, 512)
-
-
-def bucket_sizes(max_batch: int, candidates: Sequence[int] = DEFAULT_BUCKETS) -> tuple[int, ...]:
-    """The padded batch sizes of a table whose largest batch is `max_batch`."""
-    if max_batch < 1:
-        raise ValueError(f"max_batch must be at least 1, got {max_batch}")
-    return tuple(sorted({b for b in candidates if b < max_batch} | {max_batch}))
-
-
-def choose_bucket(buckets: Sequence[int], n: int) -> int | None:
-    """The smallest bucket holding n rows (buckets sorted); None when none does."""
-    i = bisect.bisect_left(buckets, n)
-    return buckets[i] if n >= 1 and i < len(buckets) else None
-
 
 @dataclass(frozen=True)
 class GraphKey:

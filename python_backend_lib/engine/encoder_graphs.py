@@ -28,11 +28,11 @@ import numpy as np
 import torch
 
 from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
+from python_backend_lib.devices.transfers import pinned
 from python_backend_lib.engine.attention import SdpaAttention
-from python_backend_lib.engine.cuda_graphs import bucket_sizes, choose_bucket
 from python_backend_lib.engine.kv_cache import SCRATCH_SLOT, KVSlotPool
 from python_backend_lib.engine.model import Whisper
-from python_backend_lib.engine.transfers import pinned
 
 log = logging.getLogger(__name__)
 

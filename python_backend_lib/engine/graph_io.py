@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Sequence
 import numpy as np
 import torch
 
+from python_backend_lib.devices.transfers import Lease, ToHost
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS
-from python_backend_lib.engine.transfers import Lease, ToHost
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import _Entry

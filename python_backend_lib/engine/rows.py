@@ -16,9 +16,9 @@ import torch
 from python_backend_lib.audio.features import SILENCE_LOG_MEL
 from python_backend_lib.core.geometry import N_FRAMES, SECONDS_PER_POSITION
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.devices.transfers import ToHost, to_device
 from python_backend_lib.engine.prompt import Prompt
 from python_backend_lib.engine.rules import RuleFacts
-from python_backend_lib.engine.transfers import ToHost, to_device
 
 # Rows of a [N_RULE_FACTS, rows] facts table (`RuleFacts` field order).
 AT_BEGIN, LAST_IS_TIMESTAMP, PENULTIMATE_IS_TIMESTAMP, LAST_TIMESTAMP, END_ALLOWED = (

@@ -36,8 +36,8 @@ from python_backend_lib.core.errors import ServerUnavailable
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
-from python_backend_lib.engine.device import on_device
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import Admission, RowState
 from python_backend_lib.text.tokenizer import Tokenizer

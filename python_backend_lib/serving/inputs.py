@@ -1,19 +1,24 @@
-"""The adapters' input checks: one clip per request, audio bytes to a waveform, a waveform's sanity.
+"""The adapters' input checks: one clip per request, audio bytes to a waveform, and
+what `whisper` takes (a log-mel and its recording's length), checked as a client's.
 
-Nothing here imports Triton or torch. Every refusal is a `RequestError`: the
-tensors are what a client sent (the whisper model may be called directly).
+Nothing here imports torch (`pb_utils` is passed in). Every refusal is a
+`RequestError`: each model may be called directly, so its tensors are what a
+client sent.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from python_backend_lib.audio.decode import decode_audio, pcm_to_waveform
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.geometry import SAMPLE_RATE
+from python_backend_lib.core.geometry import SAMPLE_RATE, padded_frames
+from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.parameters import InputFormat, RequestParameters
 
 
@@ -23,12 +28,16 @@ def single_row(array: np.ndarray, tensor: str) -> np.ndarray:
     Every model takes one clip per request: the server batches requests, so
     clients send clips as separate requests rather than as rows.
     """
-    if array.ndim < 1 or array.shape[0] != 1:
+    _one_row(list(array.shape), tensor)
+    return array[0]
+
+
+def _one_row(shape: list[int], tensor: str) -> None:
+    if len(shape) < 1 or shape[0] != 1:
         raise RequestError(
-            f"{tensor} must hold exactly one clip (batch dimension 1), got shape {list(array.shape)}; "
+            f"{tensor} must hold exactly one clip (batch dimension 1), got shape {shape}; "
             "send clips as separate requests, which the server batches"
         )
-    return array[0]
 
 
 def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds: float | None = None) -> np.ndarray:
@@ -43,32 +52,71 @@ def decode_request_audio(data: bytes, parameters: RequestParameters, max_seconds
     return decode_audio(data, max_seconds=max_seconds)
 
 
-def check_waveform(waveform: np.ndarray, max_audio_seconds: float) -> None:
-    """RequestError unless WAVEFORM is what preprocessing writes (the whisper model
-    may also be called directly): 16 kHz mono float32 samples, not too long.
-    Whether the samples are finite is `nonfinite`'s to check, for many at once.
-    """
-    if waveform.ndim != 1 or waveform.dtype != np.float32:
-        raise RequestError(
-            f"WAVEFORM must be 16 kHz mono float32 samples [samples], got {waveform.dtype} {list(waveform.shape)}"
-        )
-    if waveform.size == 0:
-        raise RequestError("WAVEFORM is empty")
-    seconds = waveform.size / SAMPLE_RATE
+@dataclass(frozen=True)
+class LogMelInput:
+    """One request's LOG_MEL ([n_mels, frames]) and SAMPLES, checked. The log-mel came
+    in host memory (`host`) or, from a GPU instance of `preprocessing`, in GPU memory
+    (`gpu`, the `pb_utils.Tensor`, read through DLPack)."""
+
+    samples: int
+    host: np.ndarray | None = None
+    gpu: Any = None
+
+
+def read_samples(pb_utils: Any, request: Any, max_audio_seconds: float) -> int:
+    """The request's SAMPLES: a recording of at least one sample and at most `max_audio_seconds`."""
+    row = single_row(pb_utils.get_input_tensor_by_name(request, tensor_names.SAMPLES).as_numpy(), tensor_names.SAMPLES)
+    if row.shape != (1,):
+        raise RequestError(f"{tensor_names.SAMPLES} must have the shape [1, 1], got {[1, *row.shape]}")
+    samples = int(row[0])
+    if samples < 1:
+        raise RequestError(f"{tensor_names.SAMPLES} must be at least 1, got {samples}")
+    seconds = samples / SAMPLE_RATE
     if seconds > max_audio_seconds:
         raise RequestError(f"audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
+    return samples
 
 
-NONFINITE = "WAVEFORM contains NaN or infinite values"
+def check_log_mel(pb_utils: Any, request: Any, n_mels: int, max_audio_seconds: float) -> LogMelInput:
+    """The request's LOG_MEL and SAMPLES, as `preprocessing` writes them: SAMPLES as
+    `read_samples` checks it; LOG_MEL float32 [n_mels, frames] with 1 to
+    `padded_frames(samples)` frames. Whether it is finite is `nonfinite`'s to check."""
+    samples = read_samples(pb_utils, request, max_audio_seconds)
+    tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.LOG_MEL)
+    if tensor.is_cpu():
+        host = single_row(tensor.as_numpy(), tensor_names.LOG_MEL)
+        _check_shape(list(host.shape), str(host.dtype), n_mels, samples)
+        return LogMelInput(samples, host=host)
+    shape = list(tensor.shape())
+    _one_row(shape, tensor_names.LOG_MEL)
+    _check_shape(shape[1:], "float32", n_mels, samples)  # Triton checked the type against the config
+    return LogMelInput(samples, gpu=tensor)
 
 
-def nonfinite(waveforms: Sequence[np.ndarray]) -> set[int]:
-    """Indexes of the waveforms that hold NaN or infinite samples.
+def _check_shape(shape: list[int], dtype: str, n_mels: int, samples: int) -> None:
+    most = padded_frames(samples)
+    if dtype != "float32" or len(shape) != 2 or shape[0] != n_mels or not 1 <= shape[1] <= most:
+        raise RequestError(
+            f"{tensor_names.LOG_MEL} must be float32 [{n_mels}, frames] with 1 to {most} frames for "
+            f"{tensor_names.SAMPLES} {samples} (the log-mel preprocessing writes), got {dtype} {shape}"
+        )
 
-    A waveform's sum of squares is finite when every sample is: one BLAS pass
-    that allocates nothing, a third of the time of `sum` (`execute` checks
-    hundreds of waveforms a second). Only a waveform whose sum is not finite,
-    which huge finite samples can also cause, is scanned sample by sample.
+
+def nonfinite(log_mels: Sequence[np.ndarray | None]) -> set[int]:
+    """Indexes of the host log-mels that hold NaN or infinite values (None: one on a GPU,
+    which only `preprocessing` sends).
+
+    A sum of squares is finite when every value is: one BLAS pass that allocates
+    nothing, a third of the time of `sum` (`execute` checks hundreds of inputs a
+    second). Only an input whose sum is not finite, which huge finite values can also
+    cause, is scanned value by value.
     """
+    found = set()
     with np.errstate(over="ignore", invalid="ignore"):  # an overflowing sum is expected, and checked
-        return {i for i, w in enumerate(waveforms) if not math.isfinite(np.dot(w, w)) and not np.isfinite(w).all()}
+        for i, array in enumerate(log_mels):
+            if array is None:
+                continue
+            flat = array.reshape(-1)
+            if not math.isfinite(np.dot(flat, flat)) and not np.isfinite(flat).all():
+                found.add(i)
+    return found

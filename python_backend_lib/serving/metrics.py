@@ -49,7 +49,7 @@ def outcome_label(outcome: object) -> str:
 
 
 def audio_seconds(outcome: object) -> float | None:
-    """Seconds of audio a successful outcome transcribed (a `Transcript`'s duration)."""
+    """Seconds of audio a successful outcome decoded (a `DecodedRecording`'s duration)."""
     return getattr(outcome, "duration", None) if not isinstance(outcome, BaseException) else None
 
 

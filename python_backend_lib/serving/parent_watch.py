@@ -5,7 +5,8 @@ exit when it finds its parent dead. Triton 2.51's whisper stub does not, once it
 has served a request: killed with `kill -9`, or stopped by its exit timeout
 before it unloaded the whisper model (clients holding connections open delay
 that), tritonserver leaves the whisper stub running, with the weights, the KV
-slots and on a GPU its memory, for good. This watch asks every `interval_s`
+slots and on a GPU its memory, for good; a GPU instance of preprocessing would keep
+its GPU memory too. This watch asks every `interval_s`
 whether the process that started this one is still its parent and, once it is
 not, ends the process: there is nobody left to answer.
 """

@@ -1,5 +1,6 @@
-"""How a request's outcome becomes its Triton response: a finished transcript its
-three outputs, a failure its error, whose fault it was deciding the code.
+"""How a request's outcome becomes its Triton response: outputs with the batch
+dimension of one request (a transcript's three, or any arrays), a failure its
+error, whose fault it was deciding the code.
 
 Nothing here imports Triton (the `pb_utils` module is passed in), so it is tested without a server.
 """
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import enum
 import traceback
+from collections.abc import Mapping
 from concurrent.futures import CancelledError
 from typing import Any, NamedTuple
 
@@ -71,6 +73,13 @@ def error_response(pb_utils: Any, error: BaseException) -> Any:
     return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, codes[fault]))
 
 
+def tensors_response(pb_utils: Any, arrays: Mapping[str, np.ndarray]) -> Any:
+    """An `InferenceResponse` with these outputs, each given the batch dimension of one request."""
+    return pb_utils.InferenceResponse(
+        output_tensors=[pb_utils.Tensor(name, np.ascontiguousarray(array[None])) for name, array in arrays.items()]
+    )
+
+
 def transcript_response(pb_utils: Any, document: Document, response_format: ResponseFormat) -> Any:
     """An `InferenceResponse` with a finished transcript's TEXT, SEGMENTS and FORMATTED
     (the document in `response_format`), each a [1, 1] BYTES tensor of UTF-8."""
@@ -79,5 +88,5 @@ def transcript_response(pb_utils: Any, document: Document, response_format: Resp
         tensor_names.SEGMENTS: segments_to_json(document.segments),
         tensor_names.FORMATTED: document.render(response_format),
     }
-    rows = {name: np.array([[text.encode("utf-8")]], dtype=np.object_) for name, text in outputs.items()}
-    return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(name, row) for name, row in rows.items()])
+    rows = {name: np.array([text.encode("utf-8")], dtype=np.object_) for name, text in outputs.items()}  # [1] each
+    return tensors_response(pb_utils, rows)

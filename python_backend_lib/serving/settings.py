@@ -6,6 +6,7 @@ when loaded), so it is tested without a server.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 import os
@@ -26,7 +27,22 @@ CONFIG_PARAMETERS = (
     "kv_slots",
     "kv_memory_fraction",
     "decode_threads",
+    "log_mel_output",
+    "FORCE_CPU_ONLY_INPUT_TENSORS",  # Triton's Python backend reads it too: "no" lets GPU inputs arrive on the GPU
 )
+CPU_ONLY_INPUTS = "FORCE_CPU_ONLY_INPUT_TENSORS"
+YES_NO = {"yes": True, "no": False}
+
+
+class LogMelOutput(str, enum.Enum):
+    """Where `preprocessing` hands its LOG_MEL on from a GPU instance (a CPU instance's is on the host)."""
+
+    DEVICE = "device"  # the GPU tensor itself, through DLPack: Triton copies it into its CUDA memory pool
+    HOST = "host"  # copied to host memory first; `whisper` copies it to its GPU
+
+
+# What `log_mel_output` "auto" means.
+DEFAULT_LOG_MEL_OUTPUT = LogMelOutput.HOST
 # Longer audio is refused, naming the limit: an hour of 16 kHz float32 is 230 MB.
 DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 # Numeric parameters set to this (or left out) take the library's default.
@@ -77,6 +93,9 @@ class ModelSettings:
         `kv_slots` is None; None: the library's default.
     decode_threads: threads decoding audio at once (preprocessing); None: one
         per CPU this process may run on.
+    log_mel_output: how preprocessing's GPU instances hand LOG_MEL on.
+    cpu_only_inputs: Triton moves every input to the host first (its
+        FORCE_CPU_ONLY_INPUT_TENSORS, "yes" unless the config says "no").
     """
 
     name: str
@@ -87,6 +106,8 @@ class ModelSettings:
     kv_slots: int | None = None
     kv_memory_fraction: float | None = None
     decode_threads: int | None = None
+    log_mel_output: LogMelOutput = DEFAULT_LOG_MEL_OUTPUT
+    cpu_only_inputs: bool = True
 
     @classmethod
     def from_triton(cls, model_config: str, environ: Mapping[str, str] = os.environ) -> ModelSettings:
@@ -122,6 +143,15 @@ class ModelSettings:
                 )
             return value
 
+        def one_of(key: str, choices: Mapping[str, object], default: object) -> object:
+            text = values.get(key, "")
+            if text in ("", AUTO):
+                return default
+            if text not in choices:
+                allowed = f"{AUTO!r} or one of {sorted(choices)}"
+                raise ValueError(f"model {name!r}: config parameter {key!r} must be {allowed}, got {text!r}")
+            return choices[text]
+
         max_audio_seconds = number("max_audio_seconds", float, 1.0)
         return cls(
             name=name,
@@ -132,6 +162,8 @@ class ModelSettings:
             kv_slots=number("kv_slots", int, 1),
             kv_memory_fraction=number("kv_memory_fraction", float, 0.01, 0.95),
             decode_threads=number("decode_threads", int, 1),
+            log_mel_output=one_of("log_mel_output", {o.value: o for o in LogMelOutput}, DEFAULT_LOG_MEL_OUTPUT),
+            cpu_only_inputs=one_of(CPU_ONLY_INPUTS, YES_NO, True),
         )
 
     def thread_count(self) -> int:
@@ -219,40 +251,3 @@ def engines_sharing_queue(model_config: str) -> int:
         for kind, per_device, gpus in _instance_groups(model_config)
     )
     return max(1, total)
-
-
-def fault_plan(device: str | None, environ: Mapping[str, str] = os.environ) -> Any:
-    """The test-only `engine.faults.FaultPlan` the environment asks of an engine on `device`:
-    the fault prompts, armed on every engine, or only on the GPU that FAULT_GPU_ENV names."""
-    from python_backend_lib.engine.faults import FaultPlan  # torch: only in the whisper model
-
-    faulty_gpu = environ.get(FAULT_GPU_ENV) or None
-    if faulty_gpu is not None and (device is None or device_label(device, environ) != faulty_gpu):
-        return FaultPlan()
-    return FaultPlan(
-        step_prompt=environ.get(FAULT_PROMPT_ENV) or None,
-        engine_prompt=environ.get(ENGINE_FAULT_PROMPT_ENV) or None,
-    )
-
-
-def load_pipeline(
-    settings: ModelSettings, device: str | None = None, environ: Mapping[str, str] = os.environ, *, engines: int = 1
-) -> Any:
-    """The whisper model's `Pipeline` on `device` (default: the first GPU, else the CPU),
-    as its settings and the environment (`REQUIRE_GPU_ENGINE_ENV`, the fault prompts) ask;
-    `engines` instances share the device (`engines_on_device`).
-
-    Raises loading.GpuMemoryError, saying what to change, when it does not fit on the GPU.
-    """
-    # torch: only in the whisper model
-    from python_backend_lib.engine.loading import DEFAULT_KV_MEMORY_FRACTION, EngineSetup
-    from python_backend_lib.transcription.pipeline import Pipeline
-
-    setup = EngineSetup(
-        slots=settings.kv_slots,
-        kv_memory_fraction=settings.kv_memory_fraction or DEFAULT_KV_MEMORY_FRACTION,
-        engines_on_device=engines,
-        require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
-        faults=fault_plan(device, environ),
-    )
-    return Pipeline.load(settings.checkpoint, device=device, setup=setup)

@@ -1,21 +1,29 @@
 """Names of every tensor that crosses a Triton model boundary, defined once.
 
 The `config.pbtxt` files in `model_repository/` must agree with these names;
-`tests/test_model_repository.py` checks that they do.
+`tests/test_model_repository.py` checks that they do. Each model may be called on
+its own, so every name here is part of the interface clients see.
 """
 
-# The public `transcribe` ensemble: clients rely on these; keep them stable. The
-# `whisper` model answers with the same three outputs.
+# The public `transcribe` ensemble: clients rely on these; keep them stable.
 ENSEMBLE_NAME = "transcribe"
 AUDIO = "AUDIO"  # BYTES [1]: one audio file (or raw PCM, see request parameters)
 TEXT = "TEXT"  # BYTES [1]: UTF-8 transcript
 SEGMENTS = "SEGMENTS"  # BYTES [1]: JSON list of {"start", "end", "text"} in seconds
 FORMATTED = "FORMATTED"  # BYTES [1]: the transcript in the request's response_format
 
-# preprocessing -> whisper: only the samples that hold audio (no padding), and the
-# log-mel is computed by the whisper model on its own device.
+# preprocessing: AUDIO -> the recording's log-mel, without its padding, and its length.
 PREPROCESSING_NAME = "preprocessing"
-WAVEFORM = "WAVEFORM"  # FP32 [samples]: the decoded audio, 16 kHz mono
+LOG_MEL = "LOG_MEL"  # FP32 [n_mels, frames]: `audio.features.without_padding` of `features_for`
+SAMPLES = "SAMPLES"  # INT64 [1]: the recording's length in 16 kHz samples
 
-# whisper: WAVEFORM -> TEXT, SEGMENTS, FORMATTED
+# whisper: LOG_MEL, SAMPLES -> what decoding decided, as numbers (`decoded_tensors`).
 WHISPER_NAME = "whisper"
+TOKENS = "TOKENS"  # INT32 [tokens]: every accepted window's tokens, in order
+WINDOWS = "WINDOWS"  # FP64 [windows, 10]: each window's counts and statistics (`decoded_tensors.WINDOW_COLUMNS`)
+ALIGNMENT = "ALIGNMENT"  # FP64 [rows, 2]: word timestamps' token times and probabilities
+LANGUAGE = "LANGUAGE"  # INT32 [1]: index in `core.languages.LANGUAGE_CODES`, -1: none
+LANGUAGE_PROBABILITY = "LANGUAGE_PROBABILITY"  # FP64 [1]: of the detection, NaN: none
+
+# postprocessing: whisper's outputs and SAMPLES -> TEXT, SEGMENTS, FORMATTED.
+POSTPROCESSING_NAME = "postprocessing"

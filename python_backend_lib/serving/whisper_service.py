@@ -1,38 +1,51 @@
 """What the Triton `whisper` model does with its requests, kept off the engine thread's path.
 
-`execute` (Triton's thread) only checks each request, computes its log-mel on
-the engine's device without waiting for the device, and hands it to the engine;
-it returns at once, unless the engine is full and shares Triton's queue with
-others (it then waits for room: `AdmissionPolicy`). The engine thread never
-blocks on Triton either: it hands each finished transcript to a small pool of
-responder threads, which write its TEXT, SEGMENTS and FORMATTED (the request's
-response_format) and send them (a blocking round
-trip to the Triton process, during which Python runs on). Cancellations are
-learned in bulk on a thread of their own (`cancellation.CancellationWatcher`),
-and the request limit is kept by a `RequestLedger`.
+`execute` (Triton's thread) only checks each request, copies its log-mel to the
+engine's device without waiting for the device (the host inputs of a call in
+one copy; a GPU input on a stream of its own, waited for, since Triton frees it
+when `execute` returns) and hands it to the engine; it returns at once, unless
+the engine is full and shares Triton's queue with others (it then waits for
+room: `AdmissionPolicy`). The engine thread never blocks on Triton either: it
+hands each finished `DecodedRecording` to a small pool of responder threads,
+which write it as numeric tensors (`decoded_tensors`) and send them (a blocking
+round trip to the Triton process, during which Python runs on); the text is
+the `postprocessing` model's. Cancellations are learned in bulk on a thread of
+their own (`cancellation.CancellationWatcher`), and the request limit is kept
+by a `RequestLedger`.
 """
 
 from __future__ import annotations
 
 import gc
 import logging
+import os
 import sys
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import torch
 
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.devices.transfers import to_device
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Entry, RequestLedger
 from python_backend_lib.serving.cancellation import CancellationWatcher, Watch
-from python_backend_lib.serving.inputs import NONFINITE, check_waveform, nonfinite, single_row
+from python_backend_lib.serving.decoded_tensors import to_tensors
+from python_backend_lib.serving.inputs import LogMelInput, check_log_mel, nonfinite
 from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
-from python_backend_lib.serving.responses import error_response, transcript_response
-from python_backend_lib.serving.settings import ModelSettings
-from python_backend_lib.text.formats import Document
+from python_backend_lib.serving.responses import error_response, tensors_response
+from python_backend_lib.serving.settings import (
+    ENGINE_FAULT_PROMPT_ENV,
+    FAULT_GPU_ENV,
+    FAULT_PROMPT_ENV,
+    REQUIRE_GPU_ENGINE_ENV,
+    ModelSettings,
+    device_label,
+)
 
 log = logging.getLogger(__name__)
 
@@ -51,9 +64,18 @@ class _Request:
     """One admitted request, until it is answered."""
 
     sender: Any
-    parameters: RequestParameters | None = None  # its options and response format, once parsed
     entry: Entry | None = None  # None: refused before admission
     watch: Watch | None = None
+
+
+@dataclass(eq=False)
+class _Checked:
+    """A request whose inputs passed the checks, before admission."""
+
+    request: Any
+    pending: _Request
+    parameters: RequestParameters
+    log_mel: LogMelInput
 
 
 class WhisperService:
@@ -69,56 +91,75 @@ class WhisperService:
         self.ledger = RequestLedger(self.admission.limit)
         self.watcher = CancellationWatcher()
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
+        # GPU inputs are copied on a stream of their own and waited for there, not behind the engine's steps.
+        self._copies = torch.cuda.Stream(pipeline.device) if on_gpu else None
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         # What loading made (the model, the tokenizer's tables) lives as long as the
         # process: frozen, the collector's full passes skip it and stay short.
         gc.freeze()
 
     def start(self, requests: list[Any]) -> None:
-        """Start every request of one `execute` call; the answers come later.
-
-        The requests' log-mels are computed together, in one pass on the engine's device.
-        """
-        checked: list[tuple[Any, _Request, np.ndarray]] = []
+        """Start every request of one `execute` call; the answers come later."""
+        checked: list[_Checked] = []
         for request in requests:
             pending = _Request(request.get_response_sender())
             try:
-                pending.parameters = parse_request_parameters(request.parameters())
-                tensor = self.pb_utils.get_input_tensor_by_name(request, tensor_names.WAVEFORM)
-                waveform = single_row(tensor.as_numpy(), tensor_names.WAVEFORM)  # [samples]
-                check_waveform(waveform, self.settings.max_audio_seconds)
-                checked.append((request, pending, waveform))
+                parameters = parse_request_parameters(request.parameters())
+                log_mel = check_log_mel(self.pb_utils, request, self.pipeline.n_mels, self.settings.max_audio_seconds)
+                checked.append(_Checked(request, pending, parameters, log_mel))
             except Exception as error:
                 self._finished(pending, error)
-        broken = nonfinite([waveform for _, _, waveform in checked])
+        broken = nonfinite([c.log_mel.host for c in checked])
         deadline = time.monotonic() + self.admission.wait_s if self.admission.wait_s else None
-        admitted: list[tuple[Any, _Request, np.ndarray]] = []
-        for i, (request, pending, waveform) in enumerate(checked):
+        admitted: list[_Checked] = []
+        for i, item in enumerate(checked):
             try:
                 if i in broken:
-                    raise RequestError(NONFINITE)
-                pending.entry = self.ledger.enter(deadline)  # Overloaded (UNAVAILABLE): no room by the deadline
-                admitted.append((request, pending, waveform))
+                    raise RequestError(f"{tensor_names.LOG_MEL} contains NaN or infinite values")
+                item.pending.entry = self.ledger.enter(deadline)  # Overloaded (UNAVAILABLE): no room by the deadline
+                admitted.append(item)
             except Exception as error:
-                self._finished(pending, error)
+                self._finished(item.pending, error)
         try:
-            features = self.pipeline.features([waveform for _, _, waveform in admitted])
+            features = self._on_device([item.log_mel for item in admitted])
         except Exception as error:  # ours: every request of the call gets the error
-            for _, pending, _ in admitted:
-                self._finished(pending, error)
+            for item in admitted:
+                self._finished(item.pending, error)
             return
-        for (request, pending, waveform), request_features in zip(admitted, features):
+        for item, log_mel in zip(admitted, features):
             try:
-                pending.watch = self.watcher.watch(request.is_cancelled)
+                item.pending.watch = self.watcher.watch(item.request.is_cancelled)
                 self.pipeline.start(
-                    waveform,
-                    pending.parameters.transcription,
-                    on_done=lambda outcome, pending=pending: self._finished(pending, outcome),
-                    is_cancelled=pending.watch.cancelled,
-                    features=request_features,
+                    log_mel,
+                    item.log_mel.samples,
+                    item.parameters.transcription,
+                    on_done=lambda outcome, pending=item.pending: self._finished(pending, outcome),
+                    is_cancelled=item.pending.watch.cancelled,
                 )  # RequestError at once for options that do not fit the checkpoint
             except Exception as error:
-                self._finished(pending, error)
+                self._finished(item.pending, error)
+
+    def _on_device(self, inputs: list[LogMelInput]) -> list[torch.Tensor]:
+        """Each request's LOG_MEL on the engine's device before `execute` returns (Triton
+        frees its inputs then): the host ones end to end through one pinned copy, the
+        GPU ones copied on a stream of their own and waited for there."""
+        device = self.pipeline.device
+        results: list[torch.Tensor | None] = [None] * len(inputs)
+        on_host = [i for i, item in enumerate(inputs) if item.host is not None]
+        if on_host:
+            arrays = [inputs[i].host for i in on_host]
+            flat = to_device(np.concatenate([a.reshape(-1) for a in arrays]), device)
+            for i, part in zip(on_host, flat.split([a.size for a in arrays])):
+                results[i] = part.view(inputs[i].host.shape)
+        on_gpu = [i for i in range(len(inputs)) if results[i] is None]
+        if on_gpu:
+            engine_stream = torch.cuda.default_stream(device)
+            with torch.cuda.stream(self._copies):
+                for i in on_gpu:
+                    results[i] = torch.from_dlpack(inputs[i].gpu.to_dlpack())[0].to(device, copy=True)
+                    results[i].record_stream(engine_stream)  # the engine reads it there: not reused before
+            self._copies.synchronize()
+        return results
 
     def _finished(self, pending: _Request, outcome: Any) -> None:
         """The engine's callback (or execute's, for a refusal): answer on a responder thread."""
@@ -129,7 +170,10 @@ class WhisperService:
         if pending.watch is not None:
             self.watcher.forget(pending.watch)
         try:
-            response = self._response(pending.parameters, outcome)
+            if isinstance(outcome, BaseException):
+                response = error_response(self.pb_utils, outcome)
+            else:
+                response = tensors_response(self.pb_utils, to_tensors(outcome).by_name())
         except Exception as error:  # a result that cannot be written still gets an answer
             outcome, response = error, error_response(self.pb_utils, error)
         self.ledger.leave(pending.entry, outcome)
@@ -138,14 +182,44 @@ class WhisperService:
         except Exception:  # the client is gone, or Triton is stopping: nobody left to tell
             log.warning("could not send a response", exc_info=True)
 
-    def _response(self, parameters: RequestParameters | None, outcome: Any) -> Any:
-        if isinstance(outcome, BaseException):
-            return error_response(self.pb_utils, outcome)
-        document = Document.from_transcript(outcome, parameters.transcription)
-        return transcript_response(self.pb_utils, document, parameters.response_format)
-
     def close(self) -> None:
         """Answer what is in flight, then stop the threads (Triton's `finalize`)."""
         self.pipeline.close()
         self._responders.shutdown(wait=True)
         self.watcher.close()
+
+
+def fault_plan(device: str | None, environ: Mapping[str, str] = os.environ) -> Any:
+    """The test-only `engine.faults.FaultPlan` the environment asks of an engine on `device`:
+    the fault prompts, armed on every engine, or only on the GPU that FAULT_GPU_ENV names."""
+    from python_backend_lib.engine.faults import FaultPlan
+
+    faulty_gpu = environ.get(FAULT_GPU_ENV) or None
+    if faulty_gpu is not None and (device is None or device_label(device, environ) != faulty_gpu):
+        return FaultPlan()
+    return FaultPlan(
+        step_prompt=environ.get(FAULT_PROMPT_ENV) or None,
+        engine_prompt=environ.get(ENGINE_FAULT_PROMPT_ENV) or None,
+    )
+
+
+def load_pipeline(
+    settings: ModelSettings, device: str | None = None, environ: Mapping[str, str] = os.environ, *, engines: int = 1
+) -> Any:
+    """The whisper model's `Pipeline` on `device` (default: the first GPU, else the CPU),
+    as its settings and the environment (`REQUIRE_GPU_ENGINE_ENV`, the fault prompts) ask;
+    `engines` instances share the device (`engines_on_device`).
+
+    Raises loading.GpuMemoryError, saying what to change, when it does not fit on the GPU.
+    """
+    from python_backend_lib.engine.loading import DEFAULT_KV_MEMORY_FRACTION, EngineSetup
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    setup = EngineSetup(
+        slots=settings.kv_slots,
+        kv_memory_fraction=settings.kv_memory_fraction or DEFAULT_KV_MEMORY_FRACTION,
+        engines_on_device=engines,
+        require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
+        faults=fault_plan(device, environ),
+    )
+    return Pipeline.load(settings.checkpoint, device=device, setup=setup)

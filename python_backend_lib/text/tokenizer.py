@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Sequence
 
-from python_backend_lib.checkpoints.weights import DEFAULT_SOURCE, load_config
+from python_backend_lib.checkpoints.configs import DEFAULT_SOURCE, load_config
 from python_backend_lib.core.geometry import SECONDS_PER_POSITION
 from python_backend_lib.core.model_facts import ModelConfig, SpecialTokens
 from python_backend_lib.core.segments import Segment

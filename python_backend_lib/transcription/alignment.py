@@ -4,8 +4,9 @@ Some of Whisper's cross-attention heads (the checkpoint's "alignment heads")
 look at the audio frame being spoken. For a decoded window we re-run the
 decoder once, teacher-forced over `<|startoftranscript|> ... <|notimestamps|>
 text <|endoftext|>`, record those heads' attention, smooth it, and find the
-monotonic token-to-frame path of least cost (DTW). A word starts where the
-path reaches its first token. This costs one extra encoder and decoder pass,
+monotonic token-to-frame path of least cost (DTW): each text token starts
+where the path reaches it. Words are made from those times by `text.words`,
+wherever the transcript is written. This costs one extra encoder and decoder pass,
 paid only by requests that ask for word timestamps; everything else keeps the
 fast attention path. It runs in the engine's callback, on the engine thread, so
 the running batch's next step waits for it.
@@ -13,8 +14,6 @@ the running batch's next step waits for it.
 
 from __future__ import annotations
 
-import dataclasses
-import string
 from dataclasses import dataclass
 
 import numpy as np
@@ -24,27 +23,14 @@ import torch.nn.functional as F
 from python_backend_lib.core import geometry
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import Task
-from python_backend_lib.core.segments import Segment, Word
+from python_backend_lib.core.segments import Segment
 from python_backend_lib.engine.attention import StepLayout, sdpa_encoder_attention
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.prompt import transcript_prefix
 from python_backend_lib.text.tokenizer import Tokenizer
+from python_backend_lib.text.windows import text_tokens
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
-# DTW lets the first word after a pause begin anywhere in the silence before it.
-# Such a word is cut to WORD_AFTER_PAUSE_MEDIANS times the window's median word
-# duration (that median taken as at most MAX_MEDIAN_WORD_S), the length
-# openai-whisper cuts it to; a segment's first word follows a pause when it ends
-# more than PAUSE_MEDIANS median words after the previous segment's last word
-# (or the window's start).
-MAX_MEDIAN_WORD_S = 0.7
-WORD_AFTER_PAUSE_MEDIANS = 2
-PAUSE_MEDIANS = 4
-# Punctuation joins the neighbouring word instead of getting a time of its own.
-LEADING_PUNCTUATION = "\"'“¿([{-"
-TRAILING_PUNCTUATION = "\"'.。,，!！?？:：”)]}、"
-
-
 class _RecordingAttention:
     """Plain attention over one teacher-forced sequence that keeps the
     alignment heads' scaled cross-attention scores: {layer: [heads, tokens, frames]}."""
@@ -80,35 +66,22 @@ class Aligner:
     tokenizer: Tokenizer
 
     @torch.inference_mode()
-    def add_words(
+    def align(
         self,
         segments: tuple[Segment, ...],
         features: torch.Tensor,
         content_frames: int,
-        offset: float,
         language: str | None,
         task: Task,
-    ) -> tuple[Segment, ...]:
-        """Give one window's segments their words. features: [n_mels, 3000];
-        offset: the window's start in seconds."""
-        eot = self.config.special.eot
-        per_segment = [[t for t in s.tokens if t < eot] for s in segments]
-        text_tokens = [t for tokens in per_segment for t in tokens]
-        if not text_tokens or not self.config.alignment_heads:
-            return segments
-        starts, probabilities = self.token_starts(features, text_tokens, content_frames, language, task)
-        words = iter(timed_words(self.tokenizer, text_tokens, starts, probabilities, offset))
-        grouped, pending = [], next(words, None)
-        for tokens in per_segment:
-            mine, remaining = [], len(tokens)
-            while pending is not None and remaining > 0:
-                word, n_tokens = pending
-                mine.append(word)
-                remaining -= n_tokens
-                pending = next(words, None)
-            grouped.append(mine)
-        grouped = shorten_words_after_pauses(grouped, offset)
-        return tuple(dataclasses.replace(segment, words=tuple(mine)) for segment, mine in zip(segments, grouped))
+    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+        """When each text token of one window's segments starts (seconds into the window),
+        then when the last one ends, and each token's probability: what `text.words`
+        makes the words from (`DecodedWindow.token_times`). features: [n_mels, 3000]."""
+        tokens = [t for mine in text_tokens(segments, self.config.special.eot) for t in mine]
+        if not tokens or not self.config.alignment_heads:
+            return (), ()
+        starts, probabilities = self.token_starts(features, tokens, content_frames, language, task)
+        return tuple(float(t) for t in starts), tuple(probabilities)
 
     @torch.inference_mode()
     def token_starts(
@@ -148,27 +121,6 @@ class Aligner:
         text_index, time_index = dynamic_time_warping(-matrix.double().cpu().numpy())
         jumps = np.pad(np.diff(text_index), (1, 0), constant_values=1).astype(bool)
         return time_index[jumps] * geometry.SECONDS_PER_POSITION, probabilities
-
-
-def shorten_words_after_pauses(segments: list[list[Word]], window_start: float) -> list[list[Word]]:
-    """The words of one window's segments, the first word of a segment that
-    follows a pause cut to WORD_AFTER_PAUSE_MEDIANS median words (its end
-    stays). Only segment openings: inside a segment a long word is as likely
-    to hold the silence after it as the one before."""
-    durations = [w.end - w.start for words in segments for w in words if w.end > w.start]
-    if not durations:
-        return segments
-    median = min(MAX_MEDIAN_WORD_S, float(np.median(durations)))
-    longest = WORD_AFTER_PAUSE_MEDIANS * median
-    result, last_speech = [], window_start
-    for words in segments:
-        if words:
-            first = words[0]
-            if first.end - last_speech > PAUSE_MEDIANS * median and first.end - first.start > longest:
-                words = [dataclasses.replace(first, start=round(first.end - longest, 3)), *words[1:]]
-            last_speech = words[-1].end
-        result.append(words)
-    return result
 
 
 def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
@@ -218,68 +170,3 @@ def dynamic_time_warping(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.array(path_rows[::-1]), np.array(path_cols[::-1])
 
 
-def split_words(tokenizer: Tokenizer, tokens: list[int]) -> list[tuple[str, list[int]]]:
-    """Group text tokens into words: a word starts at a token that begins with a
-    space or is punctuation; tokens that only complete a multi-byte character
-    stay with the one they complete."""
-    pieces: list[tuple[str, list[int]]] = []
-    current: list[int] = []
-    for token in tokens:
-        current.append(token)
-        text = tokenizer.decode(current)
-        if "\ufffd" not in text:
-            pieces.append((text, current))
-            current = []
-    words: list[tuple[str, list[int]]] = []
-    for text, piece in pieces:
-        if text.startswith(" ") or text.strip() in string.punctuation or not words:
-            words.append((text, list(piece)))
-        else:
-            words[-1] = (words[-1][0] + text, words[-1][1] + piece)
-    return words
-
-
-def timed_words(
-    tokenizer: Tokenizer, text_tokens: list[int], starts: np.ndarray, probabilities: list[float], offset: float
-) -> list[tuple[Word, int]]:
-    """Words with times and mean token probability, and how many tokens each
-    covers (punctuation merged into a neighbour brings its tokens along)."""
-    grouped = split_words(tokenizer, text_tokens)
-    bounds = np.cumsum([0] + [len(tokens) for _, tokens in grouped])
-    rows = [
-        [
-            text,
-            float(starts[bounds[k]]),
-            float(starts[bounds[k + 1]]),
-            float(np.mean(probabilities[bounds[k] : bounds[k + 1]])),
-            len(tokens),
-        ]
-        for k, (text, tokens) in enumerate(grouped)
-    ]
-    return [
-        (Word(text, round(offset + start, 3), round(offset + end, 3), round(p, 4)), n)
-        for text, start, end, p, n in merge_punctuation(rows)
-    ]
-
-
-def merge_punctuation(rows: list[list]) -> list[list]:
-    """Attach opening punctuation to the next word and closing punctuation to
-    the previous one; the word keeps its own times. Rows: [text, start, end,
-    probability, n_tokens]."""
-    merged: list[list] = []
-    opening: list | None = None
-    for row in rows:
-        stripped = row[0].strip()
-        if stripped and merged and all(c in TRAILING_PUNCTUATION for c in stripped):
-            merged[-1][0] += stripped
-            merged[-1][4] += row[4]
-        elif stripped and all(c in LEADING_PUNCTUATION for c in stripped):
-            opening = row if opening is None else [opening[0] + row[0], *opening[1:4], opening[4] + row[4]]
-        else:
-            if opening is not None:
-                row = [opening[0] + row[0].lstrip(), row[1], row[2], row[3], opening[4] + row[4]]
-                opening = None
-            merged.append(row)
-    if opening is not None:
-        merged.append(opening)
-    return merged

@@ -29,27 +29,18 @@ from typing import Callable
 
 import torch
 
-from python_backend_lib.audio.features import content_frames, pad_or_trim
 from python_backend_lib.core import geometry
+from python_backend_lib.core.decoded import DecodedRecording, DecodedWindow
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, TranscribeOptions
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.text.tokenizer import Tokenizer
+from python_backend_lib.text.windows import window_segments
 from python_backend_lib.transcription.chunking import Chunk, frame_loudness, plan_chunks
 
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5
-
-
-@dataclass(frozen=True)
-class Transcript:
-    text: str
-    segments: tuple[Segment, ...]
-    language: str | None
-    language_probability: float | None
-    duration: float  # seconds of audio
-    windows: tuple[DecodingResult, ...]  # every accepted window, in order
 
 
 # --------------------------------------------------------------- pure pieces
@@ -74,68 +65,9 @@ def is_silent(result: DecodingResult, options: TranscribeOptions) -> bool:
     return options.logprob_threshold is None or result.avg_logprob < options.logprob_threshold
 
 
-@dataclass(frozen=True)
-class WindowOutcome:
-    segments: tuple[Segment, ...]
-    advance: int  # frames to move seek by
-
-
-def split_window(
-    tokens: tuple[int, ...],
-    tokenizer: Tokenizer,
-    seek: int,
-    window_frames: int,
-    result: DecodingResult,
-    ratio: float,
-    closes_chunk: bool = False,
-) -> WindowOutcome:
-    """Segments of one decoded window in absolute time, and how far to seek.
-
-    When the window ends inside a segment (text after the last timestamp, with
-    no timestamp closing it), the next window starts at that last timestamp, so
-    the unfinished speech is decoded again whole: the window's end may have cut
-    it. Unless `closes_chunk`: the window holds the rest of a chunk that ends in
-    a pause, so nothing was cut, and the open segment ends with the chunk.
-    """
-    begin = tokenizer.special.timestamp_begin
-    offset = seek / geometry.FRAMES_PER_SECOND
-    window_seconds = window_frames / geometry.FRAMES_PER_SECOND
-    is_ts = [t >= begin for t in tokens]
-    single_ending = is_ts[-2:] == [False, True]
-    boundaries = [i + 1 for i in range(len(tokens) - 1) if is_ts[i] and is_ts[i + 1]]
-    stats = dict(
-        seek=seek,
-        temperature=result.temperature,
-        avg_logprob=result.avg_logprob,
-        compression_ratio=ratio,
-        no_speech_prob=result.no_speech_prob,
-    )
-    # Text after the last pair of timestamps: a segment the model left open.
-    left_open = bool(boundaries) and any(t < tokenizer.special.eot for t in tokens[boundaries[-1] :])
-    ends_here = single_ending or (closes_chunk and left_open)
-    if boundaries:
-        if ends_here:
-            boundaries.append(len(tokens))
-        segments, start = [], 0
-        for end in boundaries:
-            piece = tokens[start:end]
-            segments.extend(tokenizer.segments(piece, duration=window_seconds, offset=offset))
-            start = end
-        if ends_here:
-            advance = window_frames
-        else:
-            last_timestamp = tokens[start - 1] - begin
-            advance = last_timestamp * geometry.ENCODER_STRIDE
-    else:
-        stamps = [t for t in tokens if t >= begin]
-        duration = window_seconds
-        if stamps and stamps[-1] != begin:
-            duration = tokenizer.timestamp_seconds(stamps[-1])
-        text_tokens = tuple(t for t in tokens if t < tokenizer.special.eot)
-        text = tokenizer.decode(text_tokens).strip()
-        segments = [Segment(offset, round(offset + duration, 3), text, tuple(tokens))] if text else []
-        advance = window_frames
-    return WindowOutcome(tuple(dataclasses.replace(s, **stats) for s in segments), max(advance, 1))
+def _frames(chunk: Chunk, seek: int) -> int:
+    """Frames of the window at `seek` that hold its chunk's audio."""
+    return min(geometry.N_FRAMES, chunk.end - seek)
 
 
 # ------------------------------------------------------------ the state machine
@@ -151,13 +83,13 @@ class WindowAt:
 
 
 Submit = Callable[..., None]  # Engine.submit(features, options, on_done, is_cancelled, content_frames=...)
-# Aligner.add_words(segments, features, content_frames, offset, language, task)
-AddWords = Callable[..., tuple[Segment, ...]]
+# Aligner.align(segments, features, content_frames, language, task) -> (token times, probabilities)
+Align = Callable[..., tuple[tuple[float, ...], tuple[float, ...]]]
 
 
 class LongFormJob:
-    """Transcribe one recording through the engine; `on_done` receives the
-    `Transcript` or the exception (on the engine thread).
+    """Decode one recording through the engine; `on_done` receives its
+    `DecodedRecording` or the exception (on the engine thread).
 
     The recording is one chunk in SEQUENTIAL mode and several in BATCHED mode.
     Inside a chunk, windows follow one another by Whisper's seek; the chunks of
@@ -172,24 +104,27 @@ class LongFormJob:
         config: ModelConfig,
         tokenizer: Tokenizer,
         mel: torch.Tensor,
-        duration: float,
+        samples: int,
         options: TranscribeOptions,
-        on_done: Callable[[Transcript | BaseException], None],
+        on_done: Callable[[DecodedRecording | BaseException], None],
         is_cancelled: Callable[[], bool] | None = None,
-        add_words: AddWords | None = None,
+        align: Align | None = None,
     ) -> None:
-        if options.word_timestamps and add_words is None:
+        """mel: the recording's log-mel (`audio.features.features_for`), whole or without
+        its padding (`without_padding`: the windows are padded with its last frame);
+        samples: the recording's length."""
+        if options.word_timestamps and align is None:
             raise RequestError("word timestamps need a checkpoint with alignment heads")
         self.submit = submit
-        self.add_words = add_words
+        self.align = align
         self.config = config
         self.tokenizer = tokenizer
         self.mel = mel
-        self.duration = duration
+        self.samples = samples
         self.options = options
         self.on_done = on_done
         self.is_cancelled = is_cancelled
-        self.content = content_frames(mel.shape[-1], duration)
+        self.content = geometry.content_frames(samples)
         if options.mode is LongFormMode.BATCHED:
             self.chunks = plan_chunks(frame_loudness(mel), self.content)
         else:
@@ -200,7 +135,7 @@ class LongFormJob:
         # The chunks that start once the first window has detected the language.
         self._after_first_window = () if language_known else self.chunks[1:]
         self._lock = threading.Lock()
-        self._accepted: dict[int, tuple[WindowOutcome, DecodingResult]] = {}
+        self._accepted: dict[int, DecodedWindow] = {}  # by seek
         self._previous: list[int] = self._initial_prompt()
         self._pending = 0  # windows submitted or about to be, not yet handled
         self._failed = False
@@ -223,11 +158,15 @@ class LongFormJob:
     def _window(self, chunk: Chunk, seek: int) -> tuple[torch.Tensor, int]:
         """The 3,000 frames decoded from `seek`, and how many of them hold the
         chunk's audio. Past the end of the audio the window holds its padding
-        (silence), as openai-whisper and transformers pad it; past a chunk's
-        cut inside the audio it holds silence too, so the model does not see,
-        and half-transcribe, the next chunk's first words."""
-        frames = min(geometry.N_FRAMES, chunk.end - seek)
-        window = pad_or_trim(self.mel[:, seek : seek + geometry.N_FRAMES], geometry.N_FRAMES)
+        (silence), as openai-whisper and transformers pad it: the features' own,
+        or, where they travelled without it, their last frame repeated (the same
+        values); past a chunk's cut inside the audio it holds silence too, so the
+        model does not see, and half-transcribe, the next chunk's first words."""
+        frames = _frames(chunk, seek)
+        window = self.mel[:, seek : seek + geometry.N_FRAMES]
+        if window.shape[-1] < geometry.N_FRAMES:
+            padding = self.mel[:, -1:].expand(-1, geometry.N_FRAMES - window.shape[-1])
+            window = torch.cat([window, padding], dim=1)
         if chunk.end < self.content:
             window = window.clone()
             window[:, frames:] = self.mel[:, self.content : self.content + 1]  # a padding frame: silence
@@ -273,33 +212,40 @@ class LongFormJob:
             return
         if self.language is None and result.language is not None:
             self.language, self.language_probability = result.language, result.language_probability
-        features, frames = self._window(chunk, seek)
-        if is_silent(result, self.options):
-            outcome = WindowOutcome((), frames)
-        else:
+        frames = _frames(chunk, seek)
+        decoded = DecodedWindow(
+            tokens=result.tokens,
+            seek=seek,
+            frames=frames,
+            temperature=result.temperature,
+            avg_logprob=result.avg_logprob,
+            compression_ratio=ratio,
+            no_speech_prob=result.no_speech_prob,
+            silent=is_silent(result, self.options),
             # A BATCHED window that reaches its chunk's end saw everything up to a pause.
-            closes_chunk = self.options.mode is LongFormMode.BATCHED and seek + frames == chunk.end
-            outcome = split_window(result.tokens, self.tokenizer, seek, frames, result, ratio, closes_chunk)
-            if self.options.word_timestamps:
-                # Runs on the engine thread, between decoder steps.
-                segments = self.add_words(
-                    outcome.segments, features, frames, seek / geometry.FRAMES_PER_SECOND,
-                    self.language, self.options.decoding.task,
-                )
-                outcome = WindowOutcome(segments, outcome.advance)
+            closes_chunk=self.options.mode is LongFormMode.BATCHED and seek + frames == chunk.end,
+        )
+        split = window_segments(decoded, self.tokenizer)
+        if self.options.word_timestamps and split.segments:
+            # Runs on the engine thread, between decoder steps.
+            features, _ = self._window(chunk, seek)
+            times, probabilities = self.align(
+                split.segments, features, frames, self.language, self.options.decoding.task
+            )
+            decoded = dataclasses.replace(decoded, token_times=times, token_probabilities=probabilities)
         with self._lock:
-            self._accepted[seek] = (outcome, result)
+            self._accepted[seek] = decoded
         if self.options.mode is LongFormMode.SEQUENTIAL:
-            self._condition_on(outcome, result)
-        later = [WindowAt(chunk, seek + outcome.advance)] if seek + outcome.advance < chunk.end else []
+            self._condition_on(split.segments, result)
+        later = [WindowAt(chunk, seek + split.advance)] if seek + split.advance < chunk.end else []
         if seek == 0:  # the language is known now
             later += [WindowAt(other, other.start) for other in self._after_first_window]
         self._next(later)
 
-    def _condition_on(self, outcome: WindowOutcome, result: DecodingResult) -> None:
+    def _condition_on(self, segments: tuple[Segment, ...], result: DecodingResult) -> None:
         """SEQUENTIAL: the next window sees the text so far, unless it was decoded
         too hot to trust."""
-        for segment in outcome.segments:
+        for segment in segments:
             self._previous.extend(segment.tokens)
         if not self.options.condition_on_previous_text or result.temperature > MAX_CONDITIONING_TEMPERATURE:
             self._previous = []
@@ -339,18 +285,12 @@ class LongFormJob:
             if self._failed or self._finished:
                 return
             self._finished = True
-        ordered = [self._accepted[seek] for seek in sorted(self._accepted)]
-        segments = [s for outcome, _ in ordered for s in outcome.segments]
-        segments = [dataclasses.replace(s, id=i) for i, s in enumerate(segments)]
-        text_tokens = [t for s in segments for t in s.tokens]
         self.on_done(
-            Transcript(
-                text=self.tokenizer.decode(text_tokens).strip(),
-                segments=tuple(segments),
+            DecodedRecording(
+                windows=tuple(self._accepted[seek] for seek in sorted(self._accepted)),
+                samples=self.samples,
                 # English-only checkpoints know their language even when no window was decoded.
                 language=self.language if self.config.multilingual else "en",
                 language_probability=self.language_probability,
-                duration=self.duration,
-                windows=tuple(result for _, result in ordered),
             )
         )

@@ -3,8 +3,10 @@
 `Pipeline.load` puts a checkpoint on a device with its attention backend, KV
 slot pool and engine; `transcribe` takes audio bytes or a 16 kHz waveform of
 any length and returns a typed `Transcript`; `decode` returns the model's raw
-result for one 30 s window. The Triton `whisper` model uses the same engine,
-so served results equal these.
+result for one 30 s window. `start` is the served path's half: log-mel in, a
+`DecodedRecording` out, which `assemble` (here, or in the `postprocessing`
+model) makes a transcript. The Triton `whisper` model uses the same engine and
+the same assembly, so served results equal these.
 """
 
 from __future__ import annotations
@@ -18,14 +20,15 @@ import numpy as np
 import torch
 
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.feature_graphs import FeatureGraphs
 from python_backend_lib.audio.features import features_for_many, window_features
-from python_backend_lib.checkpoints.weights import DEFAULT_SOURCE, load_checkpoint
-from python_backend_lib.core import geometry
+from python_backend_lib.checkpoints.configs import DEFAULT_SOURCE
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core.decoded import DecodedRecording
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult, TranscribeOptions
-from python_backend_lib.engine.device import on_device
-from python_backend_lib.engine.feature_graphs import FeatureGraphs
+from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.loading import (
     AttentionBackendName,
     EngineSetup,
@@ -37,8 +40,9 @@ from python_backend_lib.engine.loading import (
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.scheduler import Engine, EngineOptions
 from python_backend_lib.text.tokenizer import Tokenizer, load_tokenizer
+from python_backend_lib.text.transcript import Transcript, assemble
 from python_backend_lib.transcription.alignment import Aligner
-from python_backend_lib.transcription.longform import LongFormJob, Transcript
+from python_backend_lib.transcription.longform import LongFormJob
 
 log = logging.getLogger(__name__)
 
@@ -121,10 +125,12 @@ class Pipeline:
         *,
         features: torch.Tensor | None = None,
     ) -> Future[Transcript]:
-        """Queue a recording of any length (16 kHz mono) for transcription;
-        `features` as for `start`."""
+        """Queue a recording of any length (16 kHz mono) for transcription; its
+        log-mel is computed here unless `features` (from `features`) are given."""
+        if features is None:
+            (features,) = self.features([waveform])
         future: Future[Transcript] = Future()
-        self.start(waveform, options, _settle(future), is_cancelled, features=features)
+        self.start(features, len(waveform), options, _settle(future, self.assemble), is_cancelled)
         return future
 
     def features(self, waveforms: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
@@ -138,35 +144,35 @@ class Pipeline:
 
     def start(
         self,
-        waveform: np.ndarray | torch.Tensor,
+        features: torch.Tensor,
+        samples: int,
         options: TranscribeOptions,
-        on_done: Callable[[Transcript | BaseException], None],
+        on_done: Callable[[DecodedRecording | BaseException], None],
         is_cancelled: Callable[[], bool] | None = None,
-        *,
-        features: torch.Tensor | None = None,
     ) -> None:
-        """Start transcribing a 16 kHz mono waveform; `on_done` gets the Transcript
-        or the error, on the engine thread. Raises RequestError at once for options
-        that do not fit the checkpoint.
-
-        features: the waveform's log-mel when the caller computed it already (`features`).
+        """Start decoding a recording of `samples` samples from its log-mel on the
+        engine's device (`features`, whole or `without_padding`); `on_done` gets its
+        `DecodedRecording` or the error, on the engine thread (`assemble` makes the
+        transcript). Raises RequestError at once for options that do not fit the checkpoint.
         """
         if self.tokenizer is None:
             raise RequestError(f"checkpoint {self.config.source!r} has no tokenizer: it can decode but not transcribe")
-        if features is None:
-            (features,) = self.features([waveform])
         with on_device(self.device):  # the job reads the features and cuts its first windows here
             LongFormJob(
                 self.engine.submit,
                 self.config,
                 self.tokenizer,
                 features,
-                len(waveform) / geometry.SAMPLE_RATE,
+                samples,
                 options,
                 on_done,
                 is_cancelled,
-                self.aligner.add_words if self.aligner else None,
+                self.aligner.align if self.aligner else None,
             ).start()
+
+    def assemble(self, recording: DecodedRecording) -> Transcript:
+        """The transcript of a decoded recording (`text.transcript.assemble`)."""
+        return assemble(recording, self.tokenizer)
 
     def transcribe(
         self, data: bytes | np.ndarray, options: TranscribeOptions | DecodingOptions = TranscribeOptions()
@@ -188,7 +194,7 @@ class Pipeline:
         futures = []
         for waveform, features, recording_options in zip(waveforms, self.features(waveforms), options):
             future: Future[Transcript] = Future()
-            self.start(waveform, recording_options, _settle(future), features=features)
+            self.start(features, len(waveform), recording_options, _settle(future, self.assemble))
             futures.append(future)
         return [f.result() for f in futures]
 
@@ -196,13 +202,16 @@ class Pipeline:
         self.engine.close()
 
 
-def _settle(future: Future) -> Callable[[object], None]:
-    """An engine callback that completes `future` with a result or an exception."""
+def _settle(future: Future, finish: Callable[[object], object] = lambda outcome: outcome) -> Callable[[object], None]:
+    """An engine callback that completes `future` with `finish` of a result, or an exception."""
 
     def on_done(outcome: object) -> None:
         if isinstance(outcome, BaseException):
             future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
+            return
+        try:
+            future.set_result(finish(outcome))
+        except Exception as error:
+            future.set_exception(error)
 
     return on_done

@@ -1,13 +1,12 @@
-"""Triton model `whisper`: WAVEFORM -> TEXT, SEGMENTS and FORMATTED, on the library's engine.
+"""Triton model `whisper`: LOG_MEL and SAMPLES -> what decoding decided, on the library's engine.
 
-`execute` only starts each request's transcription (the log-mel on the engine's
-device, then window by window, as `Pipeline.transcribe` does) and returns None;
-each request is answered later through its response sender, once its last
-window is decoded, so requests join and leave the running batch independently.
-Each instance is one engine on the device Triton names (KIND_AUTO: a GPU, or the
-CPU on a host without one); instances on one device split its KV memory or its
-cores. FORMATTED is the transcript in the request's response_format (text, json,
-verbose_json, srt, vtt, tsv), as `Pipeline.transcribe`'s result renders it.
+`execute` only starts each request's decoding (window by window, as
+`Pipeline.transcribe` does) and returns None; each request is answered later
+through its response sender, once its last window is decoded, so requests join
+and leave the running batch independently. The answer is numeric
+(`serving.decoded_tensors`): the `postprocessing` model writes the text. Each
+instance is one engine on the device Triton names (KIND_AUTO: a GPU, or the CPU
+on a host without one); instances on one device split its KV memory or its cores.
 """
 
 import sys
@@ -26,9 +25,8 @@ from python_backend_lib.serving.settings import (
     engines_on_device,
     engines_sharing_queue,
     instance_device,
-    load_pipeline,
 )
-from python_backend_lib.serving.whisper_service import WhisperService
+from python_backend_lib.serving.whisper_service import WhisperService, load_pipeline
 
 
 class TritonPythonModel:

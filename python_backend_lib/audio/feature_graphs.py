@@ -23,9 +23,9 @@ import torch
 
 from python_backend_lib.audio.features import features_for, log_mel_spectrogram
 from python_backend_lib.core.geometry import N_SAMPLES
-from python_backend_lib.engine.cuda_graphs import bucket_sizes, choose_bucket
-from python_backend_lib.engine.device import on_device
-from python_backend_lib.engine.transfers import PinnedRing
+from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
+from python_backend_lib.devices.placement import on_device
+from python_backend_lib.devices.transfers import PinnedRing
 
 log = logging.getLogger(__name__)
 

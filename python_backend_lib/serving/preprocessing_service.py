@@ -1,0 +1,151 @@
+"""What the Triton `preprocessing` model does with its requests: audio files to their log-mel.
+
+`execute` (Triton's thread) checks every request's parameters and takes its
+bytes; a pool of `decode_threads` threads decodes the files (libsndfile, soxr
+and PyAV release the GIL). Once every file of one `execute` call is decoded, the
+thread that finished last computes their log-mels together on the instance's
+device (`LogMels`) and answers each request with LOG_MEL, without its padding
+(`audio.features.without_padding`), and SAMPLES. A request that fails is
+answered at once, alone; the others of its call are not held back by it.
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from python_backend_lib.audio.feature_graphs import FeatureGraphs
+from python_backend_lib.audio.features import features_for_many, without_padding
+from python_backend_lib.devices.placement import on_device
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.inputs import decode_request_audio, single_row
+from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
+from python_backend_lib.serving.responses import error_response
+from python_backend_lib.serving.settings import LogMelOutput, ModelSettings
+
+
+@dataclass(frozen=True)
+class _Decoded:
+    sender: Any
+    waveform: np.ndarray
+
+
+class _Call:
+    """The requests of one `execute` call while their files are decoded."""
+
+    def __init__(self, requests: int) -> None:
+        self._left = requests
+        self._decoded: list[_Decoded] = []
+        self._lock = threading.Lock()
+
+    def settle(self, decoded: _Decoded | None) -> list[_Decoded] | None:
+        """One request is decoded (or failed: None); every decoded one once the last is."""
+        with self._lock:
+            if decoded is not None:
+                self._decoded.append(decoded)
+            self._left -= 1
+            return self._decoded if self._left == 0 else None
+
+
+class LogMels:
+    """Log-mels on one device, several recordings at a time: on a GPU, captured replays
+    of up to 16 clips of up to 30 s (`audio.feature_graphs`), handed on as GPU tensors or
+    copied to the host (`LogMelOutput`); on the CPU, one batched pass."""
+
+    def __init__(self, n_mels: int, device: str | torch.device, output: LogMelOutput) -> None:
+        self.n_mels, self.device = n_mels, torch.device(device)
+        self.output = output if self.device.type == "cuda" else LogMelOutput.HOST
+        self.graphs: FeatureGraphs | None = None
+        if self.device.type == "cuda":
+            self.graphs = FeatureGraphs(n_mels, self.device)
+            self.graphs.capture()
+
+    def __call__(self, waveforms: list[np.ndarray]) -> list[np.ndarray | torch.Tensor]:
+        """Each waveform's LOG_MEL [n_mels, frames]: a host array, or a tensor on the GPU,
+        ready to send (the device has finished writing it)."""
+        with on_device(self.device):
+            if self.graphs is not None:
+                features = self.graphs.features(waveforms)
+            else:
+                features = features_for_many(waveforms, self.n_mels, self.device)
+            trimmed = [without_padding(f, len(w)) for f, w in zip(features, waveforms)]
+            if self.output is LogMelOutput.DEVICE:
+                ready = [t.contiguous() for t in trimmed]
+                torch.cuda.current_stream(self.device).synchronize()
+                return ready
+            # One copy to the host for the whole call, then a view per recording.
+            host = torch.cat([t.reshape(-1) for t in trimmed]).cpu().numpy()
+            parts = np.split(host, np.cumsum([t.numel() for t in trimmed])[:-1])
+            return [part.reshape(t.shape) for part, t in zip(parts, trimmed)]
+
+
+class PreprocessingService:
+    """The preprocessing model's requests: decode them, compute their log-mels, answer each once."""
+
+    def __init__(self, pb_utils: Any, settings: ModelSettings, log_mels: LogMels) -> None:
+        self.pb_utils = pb_utils
+        self.settings = settings
+        self.log_mels = log_mels
+        self.decoders = ThreadPoolExecutor(settings.thread_count(), thread_name_prefix="decode-audio")
+
+    def start(self, requests: list[Any]) -> None:
+        """Take every request of one `execute` call; the answers come from the decoding threads."""
+        call = _Call(len(requests))
+        for request in requests:
+            sender = request.get_response_sender()
+            try:
+                parameters = parse_request_parameters(request.parameters())
+                audio = self.pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO)
+                (data,) = single_row(audio.as_numpy(), tensor_names.AUDIO)  # [1] bytes, read before execute returns
+            except Exception as error:
+                self._fail(sender, error)
+                self._answer(call.settle(None))
+                continue
+            self.decoders.submit(self._decode, call, sender, data, parameters)
+
+    def _decode(self, call: _Call, sender: Any, data: bytes, parameters: RequestParameters) -> None:
+        decoded = None
+        try:
+            waveform = decode_request_audio(data, parameters, max_seconds=self.settings.max_audio_seconds)
+            decoded = _Decoded(sender, waveform)
+        except Exception as error:
+            self._fail(sender, error)
+        self._answer(call.settle(decoded))
+
+    def _answer(self, decoded: list[_Decoded] | None) -> None:
+        """Every decoded request of a call, once the last is: their log-mels together."""
+        if not decoded:
+            return
+        try:
+            log_mels = self.log_mels([d.waveform for d in decoded])
+        except Exception as error:  # ours: every request of the call gets the error
+            for d in decoded:
+                self._fail(d.sender, error)
+            return
+        for d, log_mel in zip(decoded, log_mels):
+            try:
+                response = self.pb_utils.InferenceResponse(output_tensors=[
+                    _output(self.pb_utils, tensor_names.LOG_MEL, log_mel),
+                    self.pb_utils.Tensor(tensor_names.SAMPLES, np.array([[len(d.waveform)]], dtype=np.int64)),
+                ])  # fmt: skip
+            except Exception as error:
+                response = error_response(self.pb_utils, error)
+            d.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def _fail(self, sender: Any, error: BaseException) -> None:
+        sender.send(error_response(self.pb_utils, error), flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+
+    def close(self) -> None:
+        self.decoders.shutdown(wait=True)
+
+
+def _output(pb_utils: Any, name: str, log_mel: np.ndarray | torch.Tensor) -> Any:
+    """LOG_MEL with the batch dimension of one request: a host array, or a GPU tensor through DLPack."""
+    if isinstance(log_mel, torch.Tensor):
+        return pb_utils.Tensor.from_dlpack(name, log_mel[None])
+    return pb_utils.Tensor(name, np.ascontiguousarray(log_mel[None]))
