@@ -38,11 +38,11 @@ from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.engine.loading import DEFAULT_KV_MEMORY_FRACTION, gpu_slots
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import Admission
 from python_backend_lib.engine.scheduler import Engine, EngineOptions
-from python_backend_lib.transcription.pipeline import DEFAULT_KV_MEMORY_FRACTION, gpu_slots
 
 CUDA = torch.device("cuda")
 DTYPE = torch.float16

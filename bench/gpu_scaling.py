@@ -29,6 +29,7 @@ from pathlib import Path
 
 from bench.load import LoadGenerator, PointPlan
 from bench.provenance import provenance
+from bench.references import with_references
 from bench.served import (
     MODELS,
     POINT_MARGIN_S,
@@ -39,6 +40,7 @@ from bench.served import (
     measure_point,
     served_checkpoint,
 )
+from bench.served_variants import parse_variant, repository_for
 from bench.server_process import ServeCommand, ServerProcess
 from bench.stats import PointStats, saturation
 
@@ -51,7 +53,8 @@ def say(message: str) -> None:
 
 def sweep_one(gpus: str, checkpoint: str, requests: list, args, settings: Settings, deadline: float) -> dict:
     """One server on `gpus`, swept from args.start; its record."""
-    command = ServeCommand(checkpoint, args.model_repository, gpus)
+    repository = repository_for(args.variant) if args.variant else args.model_repository
+    command = ServeCommand(checkpoint, repository, gpus, checkout=args.variant.checkout if args.variant else None)
     log_path = args.out / f"scaling-gpus-{gpus.replace(',', '-')}.log"
     record: dict = {"gpus": gpus, "command": command.display, "points": [], "log": log_path.name}
     say(f"--gpus {gpus}: starting {command.display}")
@@ -141,6 +144,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="client processes of the load generator (the same for every server)")
     parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
     parser.add_argument("--model-repository", type=Path)
+    parser.add_argument("--variant", type=parse_variant, metavar="LABEL=SPEC",
+                        help="serve this variant of the repository (as bench.served_variants takes it)")
+    parser.add_argument("--device", default="cuda", help="where the library decodes the reference transcripts")
     parser.add_argument("--quick", action="store_true", help="short points: the CPU smoke run")
     parser.add_argument("--budget-s", type=float, default=560.0)
     return parser.parse_args(argv)
@@ -156,9 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = served_checkpoint(spec)
     if spec.random and not args.tokens_per_second:
         raise SystemExit("random weights decode forced lengths: pass --tokens-per-second")
-    jobs = make_jobs(spec, checkpoint, args.tokens_per_second, settings)
+    jobs = with_references(make_jobs(spec, checkpoint, args.tokens_per_second, settings), checkpoint, args.device, say)
     requests = [job.load_request() for job in jobs]
     data = {"model": args.model, "run": provenance(), "clients": args.clients,
+            "variant": args.variant.spec if args.variant else None,
             "command": "python -m bench.gpu_scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
             "clips": [job.describe() for job in jobs],
             "mean_clip_s": round(sum(r.duration_s for r in requests) / len(requests), 2), "servers": []}

@@ -9,10 +9,14 @@ bottleneck; each process measures its own CPU time over the window so the
 report can show it.
 
 A point runs warm-up plus a measured window, all processes on one shared clock
-(time.monotonic). Slot s sends clips s, s + concurrency, s + 2 concurrency, ...
-of the list, so every clip is sent about equally often. Every answer is read
+(time.monotonic). Slot s sends clips s, s + 1, s + 2, ... of the list, round
+and round, so every slot sends every clip in turn and every clip is sent about
+equally often, however the concurrency divides the list (a slot that kept to a
+few clips would send short ones more often: they come back sooner). Each point
+records the mean length of the clips it served. Every answer is read
 as verbose_json and judged (`bench.transcripts`): an empty or implausible
-transcript counts as BAD_TRANSCRIPT, never as throughput.
+transcript, or one far from the library's transcript of its clip, counts as
+BAD_TRANSCRIPT, never as throughput.
 """
 
 from __future__ import annotations
@@ -207,11 +211,11 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
         await asyncio.sleep(max(0.0, order.start - time.monotonic()))
         while time.monotonic() < end:
             clip = k % len(requests)
-            k += plan.concurrency
+            k += 1
             sent = time.monotonic()
             status, verdict = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s)
             outcomes.append(Outcome(clip, sent, time.monotonic(), status, verdict.tokens, verdict.fallback,
-                                    verdict.long_sample))  # fmt: skip
+                                    verdict.long_sample, verdict.exact))  # fmt: skip
             problem = verdict.problem
             if problem and len(problems) < 5:
                 problems.append(f"{requests[clip].name}: {problem}")

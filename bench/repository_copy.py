@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,3 +65,22 @@ def repository_with_instances(groups: dict[str, Instances], directory: Path, sou
         kind = KINDS[group.kind] if group.kind else read_instance_group(text).kind
         config.write_text(with_instance_group(text, InstanceGroup(group.count, kind)))
     return directory
+
+
+def with_parameter(config: str, key: str, value: str) -> str:
+    """config.pbtxt text with the string parameter `key` set to `value`; ValueError if it has none."""
+    pattern = rf'(key:\s*"{re.escape(key)}"\s*value:\s*\{{\s*string_value:\s*)"[^"]*"'
+    text, count = re.subn(pattern, rf'\g<1>"{value}"', config)
+    if count != 1:
+        raise ValueError(f"expected one parameter {key!r}, found {count}")
+    return text
+
+
+def set_parameters(directory: Path, parameters: dict[str, dict[str, str]]) -> None:
+    """In a repository copy, set each model's string parameters ({model: {key: value}})."""
+    for model, values in parameters.items():
+        config = directory / model / "config.pbtxt"
+        text = config.read_text()
+        for key, value in values.items():
+            text = with_parameter(text, key, value)
+        config.write_text(text)

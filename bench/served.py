@@ -47,6 +47,7 @@ from bench.host import GpuSampler, ServerProcesses, busy_cores, cpu_times
 from bench.jobs import Job, forced_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan, PointResult
 from bench.provenance import provenance
+from bench.references import with_references
 from bench.repository_copy import add_instances_option, repository_with_instances
 from bench.server_process import ServeCommand, ServerProcess
 from bench.standin import canned_check, write_standin_repository
@@ -163,7 +164,7 @@ def latency_job(jobs: list[Job]) -> Job:
 
 
 def make_jobs(spec: ModelSpec, checkpoint: str, tokens_per_second: float | None, settings: Settings) -> list[Job]:
-    from python_backend_lib.checkpoints.weights import load_config
+    from python_backend_lib.checkpoints.configs import load_config
 
     eot = load_config(checkpoint).special.eot
     clips = [c for c in load_clips() if settings.max_clip_s is None or c.clip.duration_s <= settings.max_clip_s]
@@ -324,12 +325,12 @@ def served_tokens_per_second(section: dict) -> float | None:
 
 def hf_folder(checkpoint: str) -> Path:
     """The Hugging Face-format folder transformers loads (the packaged tiny.en is converted on first use)."""
-    from python_backend_lib.checkpoints.weights import load_config
+    from python_backend_lib.checkpoints.random_shapes import is_random_source
+    from python_backend_lib.checkpoints.weights import hf_directory
 
-    directory = load_config(checkpoint).directory
-    if directory is None:
+    if is_random_source(checkpoint):
         raise ValueError(f"checkpoint {checkpoint!r} has no Hugging Face-format folder for transformers")
-    return directory
+    return hf_directory(checkpoint)
 
 
 def free_gpu_memory() -> None:
@@ -389,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec.random:
         rate = args.tokens_per_second or tokens_per_second_from(results)
         model["forced_tokens_per_audio_s"] = rate
-    jobs = make_jobs(spec, checkpoint, rate, settings)
+    jobs = with_references(make_jobs(spec, checkpoint, rate, settings), checkpoint, args.device, say)
     model.update({"source": spec.source, "checkpoint": checkpoint, "random_weights": spec.random,
                   "request_parameters": "per clip" if spec.random else jobs[0].parameters,
                   "clips": [j.describe() for j in jobs]})

@@ -44,10 +44,14 @@ class ServeCommand:
     gpus: str | None = None  # `serve --gpus`: "0", "0,1", "all" (None: every visible GPU)
     engines: int | None = None  # `serve --engines` (None: auto)
     trace_file: Path | None = None  # `serve --trace-file`, every request traced
+    # Serve the code of another checkout (its library and its packaged repository), as of another
+    # commit: `python -m python_backend_lib.apps.cli` with that folder first on PYTHONPATH.
+    checkout: Path | None = None
     ports: dict[str, int] = field(default_factory=lambda: {p: free_port() for p in ("http", "grpc", "metrics")})
 
     def argv(self) -> list[str]:
-        argv = [*whisper_triton(), "serve",
+        program = whisper_triton() if self.checkout is None else [sys.executable, "-m", "python_backend_lib.apps.cli"]
+        argv = [*program, "serve",
                 f"--http-port={self.ports['http']}", f"--grpc-port={self.ports['grpc']}",
                 f"--metrics-port={self.ports['metrics']}"]
         if self.checkpoint is not None:
@@ -62,10 +66,18 @@ class ServeCommand:
             argv += [f"--trace-file={self.trace_file}", "--trace-rate=1"]
         return argv
 
+    def environ(self) -> dict[str, str]:
+        """The environment to run it in: this one, and the other checkout first on PYTHONPATH."""
+        if self.checkout is None:
+            return dict(os.environ)
+        path = os.pathsep.join(filter(None, (str(self.checkout.resolve()), os.environ.get("PYTHONPATH"))))
+        return {**os.environ, "PYTHONPATH": path}
+
     @property
     def display(self) -> str:
         """The command as a user types it."""
-        return " ".join(["whisper-triton", *self.argv()[len(whisper_triton()):]])
+        where = "" if self.checkout is None else f"PYTHONPATH={self.checkout} "
+        return where + " ".join(["whisper-triton", *self.argv()[self.argv().index("serve"):]])
 
     @property
     def grpc_url(self) -> str:
@@ -85,7 +97,8 @@ class ServerProcess:
         started = time.monotonic()
         with open(self.log_path, "w") as log:
             self.process = subprocess.Popen(self.command.argv(), stdout=log, stderr=subprocess.STDOUT,
-                                            stdin=subprocess.DEVNULL, start_new_session=True)
+                                            stdin=subprocess.DEVNULL, start_new_session=True,
+                                            env=self.command.environ(), cwd=self.command.checkout)
         try:
             self._wait_ready(started)
         except BaseException:

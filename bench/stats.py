@@ -36,6 +36,7 @@ class Outcome:
     tokens: int = 0  # text tokens of the transcript
     fallback: bool = False  # some window was decoded again, hotter
     long_sample: bool = False  # a sampled window repeated itself past the plausible length (`transcripts`)
+    exact: bool | None = None  # equal to the library's transcript of the clip (None: not compared)
 
 
 @dataclass(frozen=True)
@@ -52,6 +53,10 @@ class PointStats:
     tokens_per_audio_s: float | None
     fallbacks: int  # good requests whose decoding fell back to a higher temperature
     long_samples: int  # of those, the ones whose sampled window repeated itself past a plausible length
+    # Good requests compared with the library's transcript of their clip, and those equal to it.
+    compared: int = 0
+    exact: int = 0
+    mean_clip_s: float | None = None  # mean length of the clips of the good requests completed in the window
     problems: list[str] = field(default_factory=list)  # a few examples of bad transcripts
 
     @property
@@ -102,6 +107,9 @@ def summarize(
         tokens_per_audio_s=round(tokens / sent_audio_s, 3) if sent_audio_s else None,
         fallbacks=sum(o.fallback for o in good_sent),
         long_samples=sum(o.long_sample for o in good_sent),
+        compared=sum(o.exact is not None for o in good_sent),
+        exact=sum(o.exact is True for o in good_sent),
+        mean_clip_s=round(audio_s / len(good_completed), 3) if good_completed else None,
         problems=list(problems)[:5],
     )
 

@@ -6,6 +6,13 @@ below <|endoftext|>, so timestamps and control tokens do not count). With
 real weights the count must be plausible for the clip's length; with forced
 lengths (random weights, min_new_tokens = max_new_tokens) it must be exact.
 
+With real weights each answer is also compared with the library's transcript of
+the same clip, decoded alone on the same device before the run (`reference`):
+equal, or, as float16 results depend on the batch a request shares, within
+MAX_REFERENCE_WORD_ERROR of it (a near tie decided the other way changes a word
+or two); further off is a wrong answer, not throughput. A window sampled at a
+temperature (fallback) is random, and is not compared.
+
 One exception, with real weights: a window that fell back to sampling may
 repeat itself past the plausible length. That is the model's own answer
 (openai-whisper keeps the last temperature's, whatever it is), not a broken
@@ -30,6 +37,9 @@ REQUEST_PARAMETERS: dict[str, object] = {"response_format": "verbose_json"}
 # repetition loop, not speech. The slack lets a short clip hold a few words.
 MAX_TOKENS_PER_SECOND = 10.0
 TOKEN_SLACK = 10
+# An answer whose words differ from the library's transcript of the clip by more than
+# this share (word error rate) is wrong: another clip's, cut short, or garbled.
+MAX_REFERENCE_WORD_ERROR = 0.3
 
 
 @dataclass(frozen=True)
@@ -44,6 +54,7 @@ class TranscriptCheck:
     eot: int
     duration_s: float
     expected_tokens: int | None = None
+    reference: str | None = None  # the library's transcript of the clip, alone on the same device
 
     @property
     def max_tokens(self) -> int:
@@ -56,6 +67,7 @@ class Verdict:
     fallback: bool  # some window was decoded again at a higher temperature
     problem: str | None  # None when the transcript passes
     long_sample: bool = False  # longer than plausible, from a window sampled at a temperature
+    exact: bool | None = None  # equal to the reference; None: no reference, or sampled
 
     @property
     def ok(self) -> bool:
@@ -80,7 +92,32 @@ def judge(record: Mapping[str, Any], check: TranscriptCheck) -> Verdict:
         long_sample = True
     elif check.expected_tokens is None and not 1 <= tokens <= check.max_tokens:
         problem = f"{tokens} text tokens for {check.duration_s:g} s (plausible: 1 to {check.max_tokens})"
-    return Verdict(tokens=tokens, fallback=fallback, problem=problem, long_sample=long_sample)
+    exact = None
+    if check.reference is not None and not fallback and problem is None:
+        text = str(record.get("text", ""))
+        exact = text == check.reference
+        error = word_error_rate(check.reference, text)
+        if error > MAX_REFERENCE_WORD_ERROR:
+            problem = f"word error rate {error:.2f} against the library's transcript {check.reference[:60]!r}"
+    return Verdict(tokens=tokens, fallback=fallback, problem=problem, long_sample=long_sample, exact=exact)
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words without punctuation: what a word error rate compares."""
+    return "".join(c if c.isalnum() or c.isspace() or c == "'" else " " for c in text.lower()).split()
+
+
+def word_error_rate(reference: str, hypothesis: str) -> float:
+    """Word-level edit distance over the reference's length (1.0 for a wrong answer to an empty one)."""
+    ref, hyp = words(reference), words(hypothesis)
+    if not ref:
+        return 0.0 if not hyp else 1.0
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, start=1):
+        diagonal, row[0] = row[0], i
+        for j, h in enumerate(hyp, start=1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (r != h))
+    return row[-1] / len(ref)
 
 
 def judge_json(data: bytes | str, check: TranscriptCheck) -> Verdict:

@@ -24,6 +24,8 @@
 #   served-large  bench.served --model large-v3 (after served-tiny: its forced lengths come from tiny's
 #                 results, kept in /tmp/whisper-bench/served.json; SERVED_ARGS="--tokens-per-second X"
 #                 on a machine that lost them)
+#   variants      bench.served_variants: tiny served several ways on GPU 0, one after another (needs install, the
+#                 weights); VARIANTS="..." (default: the carried .before checkout, log_mel_output host and device)
 #   scaling       bench.gpu_scaling: one server on GPU 0 against the same server on every GPU (needs install, the weights;
 #                 SCALING_ARGS="..." adds arguments)
 #   slow          FlashInfer's fa3 prefill kernels: their tests and the encoder benchmark
@@ -37,6 +39,7 @@
 #                            record it, and whether the tree here differed from it
 #   .whl/*.whl               or just the wheels a phase needs
 #   .flashinfer/aot.tgz      FlashInfer modules compiled by an earlier call (skips the JIT)
+#   .before/                 an earlier commit's python_backend_lib/ and model_repository/ (git archive), for variants
 # docs/gpu-bundle.md gives the call sequence for the served benchmark.
 #
 # Writes to $OUT (at most 8 files come back): log, the results (served.json, served.md, served.png or
@@ -223,6 +226,17 @@ for model in tiny large; do
         --budget-s $(($(left) - 15)) --phases transformers ${SERVED_ARGS:-}
     say "served-$model transformers exit $?"
 done
+
+# 6a. tiny served several ways on GPU 0, one after another: the same clips and clients.
+if has variants; then
+    if [[ ! -f $INSTALLED ]]; then say "variants: not installed (the install phase)"; exit 1; fi
+    default="--variant host=log_mel_output:host --variant device=log_mel_output:device"
+    [[ -d .before ]] && default="--variant before=checkout:.before $default"
+    budget=$(($(left) - 15))
+    say "variants (budget $budget s)"
+    timeout $((budget + 10)) $PY -m bench.served_variants --out "$OUT" --budget-s $budget ${VARIANTS:-$default}
+    say "variants exit $?"
+fi
 
 # 6b. One server on GPU 0 against the same server on every GPU of the host.
 if has scaling; then

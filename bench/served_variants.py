@@ -1,0 +1,230 @@
+"""One model served several ways, one after another in one run: the same clips, the same clients.
+
+    python -m bench.served_variants --model tiny --out OUT \
+        --variant before=checkout:.before --variant host=log_mel_output:host --variant device=log_mel_output:device
+
+Each `--variant LABEL=KEY:VALUE[,KEY:VALUE...]` is a server:
+- checkout:DIR    the code of another checkout (an earlier commit: `git archive` of its
+                  python_backend_lib/, model_repository/ and clients/, with the commit in
+                  DIR/COMMIT), served as that commit served;
+- log_mel_output:host|device, preprocessing:COUNT[:KIND], postprocessing:COUNT[:KIND],
+  whisper:COUNT[:KIND]   a copy of this checkout's repository so changed (`repository_copy`).
+
+For each, in turn: `whisper-triton serve --gpus GPU`, one ~5 s clip at concurrency 1
+(`--latency-s`), then each of `--concurrency`. Every answer is judged against the
+library's transcript of its clip (`bench.references`). Writes served-variants.json,
+.md (a table per variant and the best of each) and .png into `--out`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from bench.load import LoadGenerator, PointPlan
+from bench.provenance import provenance
+from bench.references import with_references
+from bench.repository_copy import Instances, copy_repository, instance_group, repository_with_instances, set_parameters
+from bench.served import (
+    MODELS,
+    POINT_MARGIN_S,
+    STATE_DIR,
+    Settings,
+    describe_point,
+    free_gpu_memory,
+    latency_job,
+    make_jobs,
+    measure_point,
+    served_checkpoint,
+)
+from bench.server_process import ServeCommand, ServerProcess
+from python_backend_lib.serving import tensor_names
+
+RESULTS = "served-variants.json"
+INSTANCE_MODELS = (tensor_names.PREPROCESSING_NAME, tensor_names.WHISPER_NAME, tensor_names.POSTPROCESSING_NAME)
+
+
+def say(message: str) -> None:
+    print(f"[bench.served_variants {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    spec: str  # as given
+    checkout: Path | None = None
+    log_mel_output: str | None = None
+    instances: dict[str, Instances] = field(default_factory=dict)
+
+
+def parse_variant(text: str) -> Variant:
+    """LABEL=KEY:VALUE[,KEY:VALUE...] (module docstring), as argparse's `type`."""
+    label, _, spec = text.partition("=")
+    checkout, output, instances = None, None, {}
+    try:
+        for item in filter(None, spec.split(",")):
+            key, _, value = item.partition(":")
+            if key == "checkout":
+                checkout = Path(value)
+            elif key == "log_mel_output" and value in ("host", "device"):
+                output = value
+            elif key in INSTANCE_MODELS:
+                instances.update([instance_group(f"{key}={value}")])
+            else:
+                raise ValueError(item)
+    except (ValueError, argparse.ArgumentTypeError) as error:
+        raise argparse.ArgumentTypeError(f"bad --variant {text!r}: {error}; see python -m bench.served_variants -h")
+    if not label or (checkout and (output or instances)):
+        raise argparse.ArgumentTypeError(f"bad --variant {text!r}: a label, and a checkout alone or changes alone")
+    return Variant(label, spec, checkout, output, instances)
+
+
+def repository_for(variant: Variant) -> Path | None:
+    """The model repository a variant serves (None: the checkout's own, or this one's as shipped)."""
+    if variant.checkout is not None or (variant.log_mel_output is None and not variant.instances):
+        return None
+    directory = STATE_DIR / f"variant-{variant.label}"
+    if variant.instances:
+        repository_with_instances(variant.instances, directory)
+    else:
+        copy_repository(directory)
+    if variant.log_mel_output:
+        set_parameters(directory, {tensor_names.PREPROCESSING_NAME: {"log_mel_output": variant.log_mel_output}})
+    return directory
+
+
+def run_variant(variant: Variant, checkpoint: str, jobs: list, args, settings: Settings, deadline: float) -> dict:
+    command = ServeCommand(checkpoint, repository_for(variant), args.gpus, checkout=variant.checkout)
+    log_path = args.out / f"variant-{variant.label}.log"
+    record: dict = {"label": variant.label, "spec": variant.spec, "command": command.display, "points": [],
+                    "log": log_path.name}
+    if variant.checkout is not None and (variant.checkout / "COMMIT").exists():  # written beside a `git archive`
+        record["checkout_commit"] = (variant.checkout / "COMMIT").read_text().strip()
+    say(f"{variant.label}: starting {command.display}")
+    with ServerProcess(command, log_path, settings.startup_s) as server:
+        record["ready_s"] = server.ready_s
+        job = latency_job(jobs)
+        with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
+            load.run(PointPlan(1, 0.0, settings.warmup_s, settings.timeout_s))  # warm-up
+            _, point = measure_point(load, PointPlan(1, 0.0, args.latency_s, settings.timeout_s), command.grpc_url)
+            record["latency_5s"] = {"clip": job.describe(), **point}
+            say(describe_point(f"{variant.label} [{job.audio.clip.name}]", point))
+        with LoadGenerator(command.grpc_url, [j.load_request() for j in jobs], processes=args.clients) as load:
+            for concurrency in args.concurrency:
+                if deadline - time.monotonic() < settings.warmup_s + settings.point_s + POINT_MARGIN_S:
+                    record["stopped"] = f"out of time before concurrency {concurrency}"
+                    break
+                plan = PointPlan(concurrency, settings.warmup_s, settings.point_s, settings.timeout_s)
+                _, point = measure_point(load, plan, command.grpc_url)
+                record["points"].append(point)
+                say(describe_point(variant.label, point) + f", server {point['server_cores']}")
+    return record
+
+
+def best(record: dict) -> dict | None:
+    points = [p for p in record["points"] if not p["failed"]]
+    return max(points, key=lambda p: p["goodput_per_s"]) if points else None
+
+
+def markdown(data: dict) -> str:
+    run = data["run"]
+    lines = [f"# {data['model']} served several ways, one run", "",
+             f"Commit {run['commit']} (dirty: {run['dirty']}), {run['machine']['gpu']}, {run['machine']['cpu_count']} "
+             f"CPUs, `--gpus {data['gpus']}`; {len(data['clips'])} clips (mean {data['mean_clip_s']} s), "
+             f"{data['clients']} client processes; command: `{data['command']}`.", "",
+             "| variant | best good req/s | RTFx there | concurrency | mean clip served (s) | answers equal to the "
+             "library's | 5 s clip alone: p50 / p99 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for record in data["variants"]:
+        top, alone = best(record), record.get("latency_5s")
+        if top is None:
+            lines.append(f"| {record['label']} | {record.get('error', 'no point')} | | | | | |")
+            continue
+        lines.append(f"| {record['label']} (`{record['spec']}`) | {top['goodput_per_s']} | {top['rtfx']} | "
+                     f"{top['concurrency']} | {top['mean_clip_s']} | {top['exact']} of {top['compared']} | "
+                     + (f"{alone['latency_ms']['p50']} / {alone['latency_ms']['p99']} |" if alone else " |"))
+    lines += ["", "Every point:", "", "| variant | concurrency | good req/s | RTFx | p50 ms | p99 ms | not OK | "
+              "server cores by role (busiest process) |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for record in data["variants"]:
+        for p in record["points"]:
+            refused = {k: v for k, v in p["statuses"].items() if k != "OK"}
+            roles = ", ".join(f"{role} {r['cores']} ({r['busiest']})" for role, r in p["server_cores"].items())
+            lines.append(f"| {record['label']} | {p['concurrency']} | {p['goodput_per_s']} | {p['rtfx']} | "
+                         f"{p['latency_ms']['p50']} | {p['latency_ms']['p99']} | {refused or ''} | {roles} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4))
+    for record in data["variants"]:
+        points = [p for p in record["points"] if not p["failed"]]
+        axis.plot([p["concurrency"] for p in points], [p["rtfx"] for p in points], marker="o", label=record["label"])
+    axis.set_xscale("log", base=2)
+    axis.set_xlabel("requests in flight")
+    axis.set_ylabel("RTFx (audio seconds per second)")
+    axis.set_title(f"{data['model']} served several ways, {data['run']['machine']['gpu']}")
+    axis.grid(True, alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.served_variants", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    parser.add_argument("--variant", type=parse_variant, action="append", required=True, metavar="LABEL=SPEC")
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--gpus", default="0", help="`serve --gpus` for every variant")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[512, 1024, 2048])
+    parser.add_argument("--latency-s", type=float, default=10.0, help="the 5 s clip at concurrency 1, this long")
+    parser.add_argument("--clients", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)))
+    parser.add_argument("--device", default="cuda", help="where the library decodes the reference transcripts")
+    parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
+    parser.add_argument("--quick", action="store_true", help="short points: the CPU smoke run")
+    parser.add_argument("--budget-s", type=float, default=560.0)
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    deadline = time.monotonic() + args.budget_s
+    settings = Settings.quick() if args.quick else Settings()
+    spec = MODELS[args.model]
+    STATE_DIR.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    checkpoint = served_checkpoint(spec)
+    if spec.random and not args.tokens_per_second:
+        raise SystemExit("random weights decode forced lengths: pass --tokens-per-second")
+    jobs = with_references(make_jobs(spec, checkpoint, args.tokens_per_second, settings), checkpoint, args.device, say)
+    free_gpu_memory()
+    data = {"model": args.model, "run": provenance(), "gpus": args.gpus, "clients": args.clients,
+            "command": "python -m bench.served_variants " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "clips": [job.describe() for job in jobs],
+            "mean_clip_s": round(sum(j.audio.clip.duration_s for j in jobs) / len(jobs), 2), "variants": []}
+    say(f"{len(jobs)} clips, mean {data['mean_clip_s']} s; variants {[v.label for v in args.variant]}")
+    for index, variant in enumerate(args.variant):
+        share_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(args.variant) - index)
+        try:
+            data["variants"].append(run_variant(variant, checkpoint, jobs, args, settings, share_deadline))
+        except Exception as error:  # keep the other variants' records
+            data["variants"].append({"label": variant.label, "spec": variant.spec, "points": [],
+                                     "error": f"{type(error).__name__}: {error}"})
+            say(f"{variant.label} failed: {error}")
+        (args.out / RESULTS).write_text(json.dumps(data, indent=1))
+    (args.out / "served-variants.md").write_text(markdown(data))
+    plot(data, args.out / "served-variants.png")
+    say(f"wrote {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
