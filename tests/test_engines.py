@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 
 import pytest
 
@@ -158,3 +159,15 @@ def test_the_fault_prompts_arm_only_the_gpu_named():
     assert fault_plan("cuda:0", on_second).empty
     assert fault_plan("cuda:0", {**on_second, "CUDA_VISIBLE_DEVICES": "1"}) == FaultPlan("step", "loop")
     assert fault_plan("cuda:0", {}).empty
+
+
+def test_the_cuda_memory_pool_holds_the_log_mels_only_when_they_travel_on_the_gpu(tmp_path):
+    copy = tmp_path / "repository"
+    shutil.copytree(packaged_model_repository(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert repository.cuda_pool_flags(copy, gpus=2) == ()  # the shipped log_mel_output: host memory
+    config = copy / "preprocessing" / "config.pbtxt"
+    config.write_text(re.sub(r'(key: "log_mel_output"\s*value: \{ string_value: )"auto"', r'\1"device"', config.read_text()))
+    size = repository.WHISPER_QUEUE * repository.LOG_MEL_BYTES
+    assert repository.cuda_pool_flags(copy, gpus=2) == (f"--cuda-memory-pool-byte-size=0:{size}",
+                                                        f"--cuda-memory-pool-byte-size=1:{size}")
+    assert repository.cuda_pool_flags(copy, gpus=0) == ()

@@ -117,4 +117,4 @@ def test_whisper_copies_its_inputs_before_execute_returns_and_does_not_wait_for_
     got = WhisperService._on_device(service, inputs)
     assert not queued_work.query(), "copying the inputs waited for the engine's queued work"
     for array, tensor in zip(sent, got):
-        assert tensor.device == CUDA and torch.equal(tensor.cpu(), torch.from_numpy(array))
+        assert tensor.is_cuda and torch.equal(tensor.cpu(), torch.from_numpy(array))

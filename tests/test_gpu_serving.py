@@ -24,7 +24,6 @@ import tritonclient.grpc
 from conftest import AUDIO_DIR, ENGINE_FAULT_PROMPT, FAULT_PROMPT, SESSION_FAULTS, launch_server
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 from python_backend_lib.serving.settings import FAULT_GPU_ENV
@@ -39,7 +38,6 @@ CLIPS = sorted(AUDIO_DIR.glob("*.wav"))
 REQUEST_TIMEOUT_S = 120.0
 ROUNDS = 4  # each clip sent this many times: enough requests for every engine of both GPUs
 CONCURRENCY = 24
-LIBRARY_SLOTS = 16  # the library's pipelines here leave the GPUs' memory to the server
 FAULTY_GPU = "1"
 CHECKPOINT = os.environ.get("WHISPER_GPU_TEST_CHECKPOINT") or "default"
 SAMPLE = re.compile(r'^(whisper_\w+)\{([^}]*)\} (\S+)$')
@@ -49,7 +47,7 @@ def transcripts_on(device: str, from_a_new_thread: bool = False) -> dict[str, st
     """Each clip's transcript from the library on `device`, one clip at a time (a GPU's
     float16 results depend on the batch a request shares, within float16 noise; alone,
     they are what the server gives a request alone), from this thread or a new one."""
-    pipeline = Pipeline.load(CHECKPOINT, device=device, setup=EngineSetup(slots=LIBRARY_SLOTS))
+    pipeline = Pipeline.load(CHECKPOINT, device=device)  # the served engine's slots: its float16 sums alike
     texts: dict[str, str] = {}
 
     def transcribe_each() -> None:

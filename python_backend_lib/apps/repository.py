@@ -122,3 +122,22 @@ def repository_with_engines(source: Path, engines: int) -> Path:
 def remove_copy(copy: Path) -> None:
     """Remove a copy made by `repository_with_engines` (its links, not what they point at)."""
     shutil.rmtree(copy, ignore_errors=True)
+
+
+# Triton's CUDA memory pool holds the tensors that travel between models in GPU memory:
+# with log_mel_output "device", every LOG_MEL waiting for the whisper model (its queue
+# holds up to WHISPER_QUEUE requests) is there. Sized for a full queue of 30 s windows
+# of 128 bins; the default pool (64 MiB) would hold about 60 of them.
+WHISPER_QUEUE = 1024
+LOG_MEL_BYTES = 128 * 3000 * 4
+_LOG_MEL_OUTPUT = re.compile(r'key:\s*"log_mel_output"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
+
+
+def cuda_pool_flags(repository: Path, gpus: int) -> tuple[str, ...]:
+    """tritonserver's --cuda-memory-pool-byte-size for each of `gpus` GPUs, when the repository's
+    preprocessing hands LOG_MEL on in GPU memory; none otherwise (the default pool)."""
+    config = repository / tensor_names.PREPROCESSING_NAME / "config.pbtxt"
+    found = _LOG_MEL_OUTPUT.search(config.read_text()) if config.exists() else None
+    if not found or found.group(1) != "device":
+        return ()
+    return tuple(f"--cuda-memory-pool-byte-size={gpu}:{WHISPER_QUEUE * LOG_MEL_BYTES}" for gpu in range(gpus))

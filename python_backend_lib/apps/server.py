@@ -241,6 +241,7 @@ class TritonServer:
             "--strict-readiness=true",
             "--exit-on-error=true",
             *(() if gpu else triton_output.NO_GPU_FLAGS),
+            *repository.cuda_pool_flags(self.model_repository, triton_output.visible_gpus(s.gpus) if gpu else 0),
             *(() if s.trace_file is None else triton_output.trace_flags(s.trace_file, s.trace_rate)),
         ]
 
@@ -256,7 +257,7 @@ class TritonServer:
         installation = find_triton()
         env = triton_environment.server_environment(installation, self.settings)
         s = self.settings
-        gpus = 0 if s.gpus == "" else len(s.gpus.split(",")) if s.gpus else triton_output.cuda_device_count()
+        gpus = triton_output.visible_gpus(s.gpus)
         self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env)
         self.model_repository = self._copy or s.model_repository
         self._process = subprocess.Popen(

@@ -42,6 +42,13 @@ _TRACEBACK = re.compile(r"(\\n)+At:")
 
 
 @lru_cache(maxsize=1)
+def visible_gpus(gpus: str | None) -> int:
+    """GPUs tritonserver will see under `serve --gpus` (None: every one the driver sees; "": none)."""
+    if gpus is None:
+        return cuda_device_count()
+    return len(gpus.split(",")) if gpus else 0
+
+
 def cuda_device_count() -> int:
     """CUDA devices the driver sees; 0 without a driver (libcuda) or without a device.
     Asked of the driver directly, so the launcher needs no torch."""

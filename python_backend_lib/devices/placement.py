@@ -1,4 +1,4 @@
-"""Which GPU a thread's CUDA work goes to.
+"""Which GPU a thread's CUDA work goes to, and how many CPU threads a GPU process's torch uses.
 
 CUDA keeps a current device per thread, and every new thread starts on the first
 GPU. PyTorch's operations follow their tensors' device, but several things launch
@@ -30,3 +30,12 @@ def on_device(device: torch.device | str) -> ContextManager[None]:
     if device.type != "cuda":
         return contextlib.nullcontext()
     return torch.cuda.device(device)
+
+
+def single_threaded_host() -> None:
+    """One thread for torch's CPU work in a model process that is one of many: a GPU
+    engine, whose host tensors are small, or a preprocessing instance, one of several
+    computing log-mels side by side (for the whole process: call it where the process is
+    the model's own). Otherwise each would keep a thread per core spinning after every
+    parallel operation, all of them together on the same cores."""
+    torch.set_num_threads(1)

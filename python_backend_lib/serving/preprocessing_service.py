@@ -21,7 +21,7 @@ import torch
 
 from python_backend_lib.audio.feature_graphs import FeatureGraphs
 from python_backend_lib.audio.features import features_for_many, without_padding
-from python_backend_lib.devices.placement import on_device
+from python_backend_lib.devices.placement import on_device, single_threaded_host
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.inputs import decode_request_audio, single_row
 from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
@@ -92,6 +92,7 @@ class PreprocessingService:
         self.settings = settings
         self.log_mels = log_mels
         self.decoders = ThreadPoolExecutor(settings.thread_count(), thread_name_prefix="decode-audio")
+        single_threaded_host()
 
     def start(self, requests: list[Any]) -> None:
         """Take every request of one `execute` call; the answers come from the decoding threads."""

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.devices.transfers import to_device
+from python_backend_lib.devices.placement import single_threaded_host
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Entry, RequestLedger
 from python_backend_lib.serving.cancellation import CancellationWatcher, Watch
@@ -93,6 +93,8 @@ class WhisperService:
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
         # GPU inputs are copied on a stream of their own and waited for there, not behind the engine's steps.
         self._copies = torch.cuda.Stream(pipeline.device) if on_gpu else None
+        if on_gpu:
+            single_threaded_host()
         sys.setswitchinterval(GIL_SWITCH_INTERVAL_S)
         # What loading made (the model, the tokenizer's tables) lives as long as the
         # process: frozen, the collector's full passes skip it and stay short.
@@ -147,8 +149,10 @@ class WhisperService:
         results: list[torch.Tensor | None] = [None] * len(inputs)
         on_host = [i for i, item in enumerate(inputs) if item.host is not None]
         if on_host:
-            arrays = [inputs[i].host for i in on_host]
-            flat = to_device(np.concatenate([a.reshape(-1) for a in arrays]), device)
+            arrays = [inputs[i].host.reshape(-1) for i in on_host]
+            flat = torch.empty(sum(a.size for a in arrays), dtype=torch.float32, pin_memory=device.type == "cuda")
+            np.concatenate(arrays, out=flat.numpy())  # numpy's copy: torch's would wake OpenMP threads
+            flat = flat.to(device, non_blocking=True)
             for i, part in zip(on_host, flat.split([a.size for a in arrays])):
                 results[i] = part.view(inputs[i].host.shape)
         on_gpu = [i for i in range(len(inputs)) if results[i] is None]
