@@ -26,6 +26,7 @@ from tritonclient.utils import InferenceServerException
 
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
+from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.settings import FAULT_GPU_ENV
 from python_backend_lib.transcription.pipeline import Pipeline
 
@@ -40,6 +41,8 @@ ROUNDS = 4  # each clip sent this many times: enough requests for every engine o
 CONCURRENCY = 24
 FAULTY_GPU = "1"
 CHECKPOINT = os.environ.get("WHISPER_GPU_TEST_CHECKPOINT") or "default"
+# What a request without parameters asks for (timestamps on, where the library's own default is off).
+SERVED_DEFAULTS = parse_request_parameters({}).transcription
 SAMPLE = re.compile(r'^(whisper_\w+)\{([^}]*)\} (\S+)$')
 
 
@@ -47,11 +50,11 @@ def transcripts_on(device: str, from_a_new_thread: bool = False) -> dict[str, st
     """Each clip's transcript from the library on `device`, one clip at a time (a GPU's
     float16 results depend on the batch a request shares, within float16 noise; alone,
     they are what the server gives a request alone), from this thread or a new one."""
-    pipeline = Pipeline.load(CHECKPOINT, device=device)  # the served engine's slots: its float16 sums alike
+    pipeline = Pipeline.load(CHECKPOINT, device=device)
     texts: dict[str, str] = {}
 
     def transcribe_each() -> None:
-        texts.update({clip.name: pipeline.transcribe(clip.read_bytes()).text for clip in CLIPS})
+        texts.update({clip.name: pipeline.transcribe(clip.read_bytes(), SERVED_DEFAULTS).text for clip in CLIPS})
 
     try:
         if from_a_new_thread:
