@@ -21,24 +21,18 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
 
+from bench.comparisons import add_common_options, best_point, described_run, header, plot_rtfx, prepare
 from bench.load import LoadGenerator, PointPlan
-from bench.provenance import provenance
-from bench.references import with_references
 from bench.served import (
-    MODELS,
     POINT_MARGIN_S,
-    STATE_DIR,
     Settings,
     describe_point,
-    make_jobs,
     measure_point,
-    served_checkpoint,
 )
 from bench.served_variants import parse_variant, repository_for
 from bench.server_process import ServeCommand, ServerProcess
@@ -87,17 +81,9 @@ def past_peak(points: list[PointStats], after: int = 2) -> bool:
     return bool(counted) and counted.index(max(counted)) <= len(counted) - 1 - after
 
 
-def best_point(record: dict) -> dict | None:
-    points = [p for p in record["points"] if not p["failed"]]
-    return max(points, key=lambda p: p["goodput_per_s"]) if points else None
-
-
 def markdown(data: dict) -> str:
-    run = data["run"]
     lines = [f"# One server on {' against '.join(r['gpus'] for r in data['servers'])} GPUs ({data['model']})", "",
-             f"Commit {run['commit']} (dirty: {run['dirty']}), {run['machine']['gpu']}, "
-             f"{run['machine']['cpu_count']} CPUs; {data['clients']} client processes, {len(data['clips'])} clips "
-             f"(mean {data['mean_clip_s']} s); command: `{data['command']}`.", "",
+             described_run(data), "",
              "| --gpus | concurrency | good req/s | RTFx | p50 ms | p99 ms | host cores busy | load generator cores "
              "| server cores by role (busiest process) | GPU busy % |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -112,63 +98,26 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for record in data["servers"]:
-        points = [p for p in record["points"] if not p["failed"]]
-        axis.plot([p["concurrency"] for p in points], [p["rtfx"] for p in points], marker="o",
-                  label=f"--gpus {record['gpus']}")
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("requests in flight")
-    axis.set_ylabel("RTFx (audio seconds per second)")
-    axis.set_title(f"{data['model']}: one server on one GPU and on several, {data['run']['machine']['gpu']}")
-    axis.grid(True, alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.gpu_scaling", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    add_common_options(parser)
     parser.add_argument("--gpus", nargs="+", default=["0", "0,1"], help="`serve --gpus` values, compared in this order")
-    parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--start", type=int, default=64, help="the first concurrency of each sweep")
     parser.add_argument("--max-concurrency", type=int, default=4096, help="the last concurrency of a sweep at most")
-    parser.add_argument("--clients", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)),
-                        help="client processes of the load generator (the same for every server)")
-    parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
     parser.add_argument("--model-repository", type=Path)
     parser.add_argument("--variant", type=parse_variant, metavar="LABEL=SPEC",
                         help="serve this variant of the repository (as bench.served_variants takes it)")
-    parser.add_argument("--device", default="cuda", help="where the library decodes the reference transcripts")
-    parser.add_argument("--quick", action="store_true", help="short points: the CPU smoke run")
-    parser.add_argument("--budget-s", type=float, default=560.0)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     deadline = time.monotonic() + args.budget_s
-    settings = Settings.quick() if args.quick else Settings()
-    spec = MODELS[args.model]
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    checkpoint = served_checkpoint(spec)
-    if spec.random and not args.tokens_per_second:
-        raise SystemExit("random weights decode forced lengths: pass --tokens-per-second")
-    jobs = with_references(make_jobs(spec, checkpoint, args.tokens_per_second, settings), checkpoint, args.device, say)
+    prepared = prepare(args, say)
+    settings, checkpoint, jobs = prepared.settings, prepared.checkpoint, prepared.jobs
     requests = [job.load_request() for job in jobs]
-    data = {"model": args.model, "run": provenance(), "clients": args.clients,
-            "variant": args.variant.spec if args.variant else None,
-            "command": "python -m bench.gpu_scaling " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "clips": [job.describe() for job in jobs],
-            "mean_clip_s": round(sum(r.duration_s for r in requests) / len(requests), 2), "servers": []}
+    data = {**header("bench.gpu_scaling", args, jobs, argv), "variant": args.variant.spec if args.variant else None,
+            "servers": []}
     say(f"{len(requests)} clips, mean {data['mean_clip_s']} s; {args.clients} client processes")
     for index, gpus in enumerate(args.gpus):
         left = len(args.gpus) - index
@@ -183,7 +132,9 @@ def main(argv: list[str] | None = None) -> int:
             data["scaling"] = round(bests[-1]["goodput_per_s"] / bests[0]["goodput_per_s"], 3)
         (args.out / RESULTS).write_text(json.dumps(data, indent=1))
     (args.out / "gpu-scaling.md").write_text(markdown(data))
-    plot(data, args.out / "gpu-scaling.png")
+    plot_rtfx([(f"--gpus {r['gpus']}", r["points"]) for r in data["servers"]],
+              f"{data['model']}: one server on one GPU and on several, {data['run']['machine']['gpu']}",
+              args.out / "gpu-scaling.png")
     say(f"scaling {data.get('scaling')}; wrote {args.out}")
     return 0
 

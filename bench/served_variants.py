@@ -20,28 +20,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench.comparisons import add_common_options, best_point, described_run, header, plot_rtfx, prepare
 from bench.load import LoadGenerator, PointPlan
-from bench.provenance import provenance
-from bench.references import with_references
 from bench.repository_copy import Instances, copy_repository, instance_group, repository_with_instances, set_parameters
-from bench.served import (
-    MODELS,
-    POINT_MARGIN_S,
-    STATE_DIR,
-    Settings,
-    describe_point,
-    free_gpu_memory,
-    latency_job,
-    make_jobs,
-    measure_point,
-    served_checkpoint,
-)
+from bench.served import POINT_MARGIN_S, STATE_DIR, Settings, describe_point, latency_job, measure_point
 from bench.server_process import ServeCommand, ServerProcess
 from python_backend_lib.serving import tensor_names
 
@@ -126,21 +113,13 @@ def run_variant(variant: Variant, checkpoint: str, jobs: list, args, settings: S
     return record
 
 
-def best(record: dict) -> dict | None:
-    points = [p for p in record["points"] if not p["failed"]]
-    return max(points, key=lambda p: p["goodput_per_s"]) if points else None
-
-
 def markdown(data: dict) -> str:
-    run = data["run"]
-    lines = [f"# {data['model']} served several ways, one run", "",
-             f"Commit {run['commit']} (dirty: {run['dirty']}), {run['machine']['gpu']}, {run['machine']['cpu_count']} "
-             f"CPUs, `--gpus {data['gpus']}`; {len(data['clips'])} clips (mean {data['mean_clip_s']} s), "
-             f"{data['clients']} client processes; command: `{data['command']}`.", "",
+    lines = [f"# {data['model']} served several ways, one run (`--gpus {data['gpus']}`)", "",
+             described_run(data), "",
              "| variant | best good req/s | RTFx there | concurrency | mean clip served (s) | answers equal to the "
              "library's | 5 s clip alone: p50 / p99 ms |", "| --- | --- | --- | --- | --- | --- | --- |"]
     for record in data["variants"]:
-        top, alone = best(record), record.get("latency_5s")
+        top, alone = best_point(record), record.get("latency_5s")
         if top is None:
             lines.append(f"| {record['label']} | {record.get('error', 'no point')} | | | | | |")
             continue
@@ -158,58 +137,22 @@ def markdown(data: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(data: dict, path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    figure, axis = plt.subplots(figsize=(7, 4))
-    for record in data["variants"]:
-        points = [p for p in record["points"] if not p["failed"]]
-        axis.plot([p["concurrency"] for p in points], [p["rtfx"] for p in points], marker="o", label=record["label"])
-    axis.set_xscale("log", base=2)
-    axis.set_xlabel("requests in flight")
-    axis.set_ylabel("RTFx (audio seconds per second)")
-    axis.set_title(f"{data['model']} served several ways, {data['run']['machine']['gpu']}")
-    axis.grid(True, alpha=0.3)
-    axis.legend()
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench.served_variants", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
+    add_common_options(parser)
     parser.add_argument("--variant", type=parse_variant, action="append", required=True, metavar="LABEL=SPEC")
-    parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--gpus", default="0", help="`serve --gpus` for every variant")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[512, 1024, 2048])
     parser.add_argument("--latency-s", type=float, default=10.0, help="the 5 s clip at concurrency 1, this long")
-    parser.add_argument("--clients", type=int, default=max(1, min(8, (os.cpu_count() or 1) // 4)))
-    parser.add_argument("--device", default="cuda", help="where the library decodes the reference transcripts")
-    parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
-    parser.add_argument("--quick", action="store_true", help="short points: the CPU smoke run")
-    parser.add_argument("--budget-s", type=float, default=560.0)
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     deadline = time.monotonic() + args.budget_s
-    settings = Settings.quick() if args.quick else Settings()
-    spec = MODELS[args.model]
-    STATE_DIR.mkdir(parents=True, exist_ok=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    checkpoint = served_checkpoint(spec)
-    if spec.random and not args.tokens_per_second:
-        raise SystemExit("random weights decode forced lengths: pass --tokens-per-second")
-    jobs = with_references(make_jobs(spec, checkpoint, args.tokens_per_second, settings), checkpoint, args.device, say)
-    free_gpu_memory()
-    data = {"model": args.model, "run": provenance(), "gpus": args.gpus, "clients": args.clients,
-            "command": "python -m bench.served_variants " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "clips": [job.describe() for job in jobs],
-            "mean_clip_s": round(sum(j.audio.clip.duration_s for j in jobs) / len(jobs), 2), "variants": []}
+    prepared = prepare(args, say)
+    settings, checkpoint, jobs = prepared.settings, prepared.checkpoint, prepared.jobs
+    data = {**header("bench.served_variants", args, jobs, argv), "gpus": args.gpus, "variants": []}
     say(f"{len(jobs)} clips, mean {data['mean_clip_s']} s; variants {[v.label for v in args.variant]}")
     for index, variant in enumerate(args.variant):
         share_deadline = time.monotonic() + (deadline - time.monotonic()) / (len(args.variant) - index)
@@ -221,7 +164,8 @@ def main(argv: list[str] | None = None) -> int:
             say(f"{variant.label} failed: {error}")
         (args.out / RESULTS).write_text(json.dumps(data, indent=1))
     (args.out / "served-variants.md").write_text(markdown(data))
-    plot(data, args.out / "served-variants.png")
+    plot_rtfx([(r["label"], r["points"]) for r in data["variants"]],
+              f"{data['model']} served several ways, {data['run']['machine']['gpu']}", args.out / "served-variants.png")
     say(f"wrote {args.out}")
     return 0
 
