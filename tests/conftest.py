@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
 
@@ -153,7 +154,8 @@ def _wait_until_ready(process: subprocess.Popen, http_port: int, log: Path) -> N
             pytest.fail(f"whisper-triton serve exited with {process.returncode}:\n{_log_tail(log)}")
         try:
             with urllib.request.urlopen(f"http://localhost:{http_port}/v2/health/ready", timeout=1) as reply:
-                if reply.status == 200:
+                # Triton is ready a moment before the launcher, which then prints its banner.
+                if reply.status == 200 and READY_LINE in log.read_text(errors="replace"):
                     return
         except (urllib.error.URLError, ConnectionError, TimeoutError):
             pass

@@ -12,6 +12,9 @@ from python_backend_lib.apps import gateway, server
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
+# The banner's first line: the server is ready (and `whisper-triton serve`'s tests wait for it).
+READY_LINE = "whisper-triton is ready."
+
 EXAMPLES = """\
 examples:
   whisper-triton serve                                   start Triton with the packaged tiny.en
@@ -191,7 +194,7 @@ def _ready_message(triton: TritonServer) -> str:
         where = f"{host} only"
     return "\n".join(
         [
-            "whisper-triton is ready.",
+            READY_LINE,
             f"  HTTP:    http://{triton.http_url}",
             f"  gRPC:    grpc://{triton.grpc_url}",
             f"  metrics: {triton.metrics_url}",
