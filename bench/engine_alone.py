@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from concurrent.futures import Future
 from dataclasses import dataclass
 
 from bench.jobs import Job
@@ -83,20 +82,6 @@ def run_engine(jobs: list[Job], plan: EnginePlan, say) -> dict:
     return record
 
 
-def decoded(pipeline, job: Job, features) -> Future:
-    """Start decoding one job; the future gets its `DecodedRecording` (the served engine's answer)."""
-    future: Future = Future()
-
-    def on_done(outcome) -> None:
-        if isinstance(outcome, BaseException):
-            future.set_exception(outcome)
-        else:
-            future.set_result(outcome)
-
-    pipeline.start(features, len(job.audio.waveform), job.options, on_done)
-    return future
-
-
 def _run_all(pipeline, jobs: list[Job]) -> dict:
     """Submit every job at once; wait for all. Latency: from the first submission to each result."""
     done = threading.Event()
@@ -115,7 +100,7 @@ def _run_all(pipeline, jobs: list[Job]) -> dict:
         batch = jobs[first : first + FEATURE_BATCH]
         all_features = pipeline.features([job.audio.waveform for job in batch])
         for i, (job, features) in enumerate(zip(batch, all_features), start=first):
-            future = decoded(pipeline, job, features)
+            future = pipeline.submit_decoded(features, len(job.audio.waveform), job.options)
             future.add_done_callback(lambda f, i=i: on_done(i, f))
             futures.append(future)
     done.wait()

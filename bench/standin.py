@@ -71,8 +71,6 @@ def canned_check(eot: int):
 
 def canned_recording() -> str:
     """What tiny.en decodes for the clip nearest the mean clip length, on the CPU, as JSON."""
-    from concurrent.futures import Future
-
     import numpy as np
 
     from bench.clips import load_clips, nearest
@@ -86,9 +84,7 @@ def canned_recording() -> str:
     pipeline = Pipeline.load("default", device="cpu")
     try:
         (features,) = pipeline.features([clip.waveform])
-        done: Future = Future()
-        pipeline.start(features, len(clip.waveform), options, done.set_result)
-        recording = done.result()
+        recording = pipeline.submit_decoded(features, len(clip.waveform), options).result()
         print(f"canned recording: {clip.clip.name} ({clip.clip.duration_s} s): {pipeline.assemble(recording).text!r}")
     finally:
         pipeline.close()

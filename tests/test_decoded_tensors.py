@@ -9,7 +9,6 @@ import dataclasses
 import math
 import subprocess
 import sys
-from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -35,9 +34,7 @@ def pipe():
 def decoded(pipe: Pipeline, clip: str, options: TranscribeOptions) -> DecodedRecording:
     waveform = decode_audio((DATA / clip).read_bytes())
     (features,) = pipe.features([waveform])
-    done: Future = Future()
-    pipe.start(features, len(waveform), options, done.set_result)
-    return done.result(timeout=300)
+    return pipe.submit_decoded(features, len(waveform), options).result(timeout=300)
 
 
 CASES = {

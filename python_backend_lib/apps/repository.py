@@ -26,7 +26,6 @@ from python_backend_lib.serving.settings import CHECKPOINT_ENV, DEFAULT_CHECKPOI
 # Settings start their line in config.pbtxt; comments may name them too.
 _COUNT = re.compile(r"^(\s*)count:\s*(\d+)", re.M)
 _KIND = re.compile(r"^(\s*)kind:\s*(KIND_\w+)", re.M)
-_CHECKPOINT = re.compile(r'key:\s*"checkpoint"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
 
 
 @dataclass(frozen=True)
@@ -64,8 +63,13 @@ def configured_checkpoint(config: str, environ: dict[str, str]) -> str:
     """The checkpoint the whisper model (its config.pbtxt text) will load: the environment's, else its config's."""
     if environ.get(CHECKPOINT_ENV):
         return environ[CHECKPOINT_ENV]
-    found = _CHECKPOINT.search(config)
-    return found.group(1) if found and found.group(1) else DEFAULT_CHECKPOINT
+    return config_parameter(config, "checkpoint") or DEFAULT_CHECKPOINT
+
+
+def config_parameter(config: str, key: str) -> str | None:
+    """A string parameter's value in config.pbtxt text, None when it has none."""
+    found = re.search(rf'key:\s*"{re.escape(key)}"\s*value:\s*\{{\s*string_value:\s*"([^"]*)"', config)
+    return found.group(1) if found else None
 
 
 def engines_to_serve(config: str, requested: int | None, gpus: int, checkpoint: str) -> int | None:
@@ -130,14 +134,12 @@ def remove_copy(copy: Path) -> None:
 # of 128 bins; the default pool (64 MiB) would hold about 60 of them.
 WHISPER_QUEUE = 1024
 LOG_MEL_BYTES = 128 * 3000 * 4
-_LOG_MEL_OUTPUT = re.compile(r'key:\s*"log_mel_output"\s*value:\s*\{\s*string_value:\s*"([^"]*)"')
 
 
 def cuda_pool_flags(repository: Path, gpus: int) -> tuple[str, ...]:
     """tritonserver's --cuda-memory-pool-byte-size for each of `gpus` GPUs, when the repository's
     preprocessing hands LOG_MEL on in GPU memory; none otherwise (the default pool)."""
     config = repository / tensor_names.PREPROCESSING_NAME / "config.pbtxt"
-    found = _LOG_MEL_OUTPUT.search(config.read_text()) if config.exists() else None
-    if not found or found.group(1) != "device":
+    if not config.exists() or config_parameter(config.read_text(), "log_mel_output") != "device":
         return ()
     return tuple(f"--cuda-memory-pool-byte-size={gpu}:{WHISPER_QUEUE * LOG_MEL_BYTES}" for gpu in range(gpus))

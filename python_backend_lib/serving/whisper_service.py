@@ -226,4 +226,5 @@ def load_pipeline(
         require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
         faults=fault_plan(device, environ),
     )
-    return Pipeline.load(settings.checkpoint, device=device, setup=setup)
+    # preprocessing computes the log-mels: no captured log-mel here.
+    return Pipeline.load(settings.checkpoint, device=device, setup=setup, log_mel_graphs=False)

@@ -68,9 +68,14 @@ class Pipeline:
         dtype: torch.dtype | None = None,
         setup: EngineSetup = EngineSetup(),
         engine_options: EngineOptions = EngineOptions(),
+        log_mel_graphs: bool = True,
     ) -> Pipeline:
         """Load `source` on `device` (default: the first GPU, else the CPU) as `setup`
-        says; `load_times` and `attention_backend` say how it went."""
+        says; `load_times` and `attention_backend` say how it went.
+
+        log_mel_graphs: on the GPU engine, capture the log-mel's replays for `features`;
+        False where the log-mels come from elsewhere (the served whisper model's).
+        """
         device = torch.device(device) if device is not None else default_device()
         dtype = dtype or default_dtype(device)
         times = LoadTimes()
@@ -84,7 +89,7 @@ class Pipeline:
             engine = Engine(loaded.batch, config, tokenizer, engine_options)
             pipeline = cls(model=loaded.batch.model, config=config, tokenizer=tokenizer, engine=engine)
             pipeline.attention_backend = loaded.backend
-            if loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS:  # the GPU engine: its log-mel captured too
+            if log_mel_graphs and loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS:  # captured log-mel too
                 start = time.perf_counter()
                 pipeline.feature_graphs = FeatureGraphs(config.dims.n_mels, device)
                 pipeline.feature_graphs.capture()
@@ -131,6 +136,14 @@ class Pipeline:
             (features,) = self.features([waveform])
         future: Future[Transcript] = Future()
         self.start(features, len(waveform), options, _settle(future, self.assemble), is_cancelled)
+        return future
+
+    def submit_decoded(
+        self, features: torch.Tensor, samples: int, options: TranscribeOptions
+    ) -> Future[DecodedRecording]:
+        """`start`, with a future for the `DecodedRecording` (what the served whisper model answers)."""
+        future: Future[DecodedRecording] = Future()
+        self.start(features, samples, options, _settle(future))
         return future
 
     def features(self, waveforms: Sequence[np.ndarray | torch.Tensor]) -> list[torch.Tensor]:
