@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,7 @@ from python_backend_lib.core.geometry import (
     SAMPLE_RATE,
     reached_frames,
 )
+from python_backend_lib.devices.transfers import through_pinned
 
 # --- Log-mel parameters (Whisper's training recipe) --------------------------
 SUPPORTED_N_MELS = (80, 128)  # 80 up to large-v2, 128 from large-v3 on
@@ -195,22 +196,10 @@ def _as_float32_tensor(waveform, device: torch.device) -> torch.Tensor:
 def _to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """`array` as a tensor on `device`, without waiting for the device."""
     if device.type == "cuda":
-        return _through_pinned(array.shape, lambda staging: np.copyto(staging, array), device)
+        return through_pinned(array.shape, lambda staging: np.copyto(staging, array), device)
     if not array.flags.writeable:  # torch.from_numpy warns on read-only memory
         array = array.copy()
     return torch.from_numpy(array)
-
-
-def _through_pinned(shape, fill: Callable[[np.ndarray], object], device: torch.device) -> torch.Tensor:
-    """A float32 tensor on `device` whose content `fill` writes into pinned host memory.
-
-    A copy from pageable memory waits for everything queued on the stream (the
-    engine's decoder steps: milliseconds per call); from pinned memory it is
-    queued like a kernel, and the caller goes on at once.
-    """
-    pinned = torch.empty(shape, dtype=torch.float32, pin_memory=True)
-    fill(pinned.numpy())
-    return pinned.to(device, non_blocking=True)
 
 
 def without_padding(features: torch.Tensor, samples: int) -> torch.Tensor:
@@ -262,4 +251,4 @@ def _concatenated(waveforms: Sequence, device: torch.device) -> torch.Tensor:
     if device.type != "cuda":
         return torch.from_numpy(np.concatenate(arrays))
     total = sum(len(a) for a in arrays)
-    return _through_pinned((total,), lambda staging: np.concatenate(arrays, out=staging), device)
+    return through_pinned((total,), lambda staging: np.concatenate(arrays, out=staging), device)

@@ -31,6 +31,7 @@ import torch
 
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.devices.placement import single_threaded_host
+from python_backend_lib.devices.transfers import through_pinned
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Entry, RequestLedger
 from python_backend_lib.serving.cancellation import CancellationWatcher, Watch
@@ -150,9 +151,11 @@ class WhisperService:
         on_host = [i for i, item in enumerate(inputs) if item.host is not None]
         if on_host:
             arrays = [inputs[i].host.reshape(-1) for i in on_host]
-            flat = torch.empty(sum(a.size for a in arrays), dtype=torch.float32, pin_memory=device.type == "cuda")
-            np.concatenate(arrays, out=flat.numpy())  # numpy's copy: torch's would wake OpenMP threads
-            flat = flat.to(device, non_blocking=True)
+            if device.type == "cuda":
+                total = (sum(a.size for a in arrays),)
+                flat = through_pinned(total, lambda out: np.concatenate(arrays, out=out), device)
+            else:
+                flat = torch.from_numpy(np.concatenate(arrays))
             for i, part in zip(on_host, flat.split([a.size for a in arrays])):
                 results[i] = part.view(inputs[i].host.shape)
         on_gpu = [i for i in range(len(inputs)) if results[i] is None]
