@@ -48,7 +48,8 @@ def say(message: str) -> None:
 def sweep_one(gpus: str, checkpoint: str, requests: list, args, settings: Settings, deadline: float) -> dict:
     """One server on `gpus`, swept from args.start; its record."""
     repository = repository_for(args.variant) if args.variant else args.model_repository
-    command = ServeCommand(checkpoint, repository, gpus, checkout=args.variant.checkout if args.variant else None)
+    variant = args.variant
+    command = ServeCommand(checkpoint, repository, gpus, checkout=variant and variant.checkout, mps=bool(variant and variant.mps))
     log_path = args.out / f"scaling-gpus-{gpus.replace(',', '-')}.log"
     record: dict = {"gpus": gpus, "command": command.display, "points": [], "log": log_path.name}
     say(f"--gpus {gpus}: starting {command.display}")
@@ -81,18 +82,24 @@ def past_peak(points: list[PointStats], after: int = 2) -> bool:
     return bool(counted) and counted.index(max(counted)) <= len(counted) - 1 - after
 
 
+def memory_total(point: dict) -> str:
+    """The server's host memory at a point's end, every role's together (points measured before it was recorded: -)."""
+    memory = point.get("server_memory_gib")
+    return f"{sum(memory.values()):.1f}" if memory else "-"
+
+
 def markdown(data: dict) -> str:
     lines = [f"# One server on {' against '.join(r['gpus'] for r in data['servers'])} GPUs ({data['model']})", "",
              described_run(data), "",
              "| --gpus | concurrency | good req/s | RTFx | p50 ms | p99 ms | host cores busy | load generator cores "
-             "| server cores by role (busiest process) | GPU busy % |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| server cores by role (busiest process) | server host memory GiB | GPU busy % |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for record in data["servers"]:
         for p in record["points"]:
             roles = ", ".join(f"{role} {r['cores']} ({r['busiest']})" for role, r in p["server_cores"].items())
             lines.append(f"| {record['gpus']} | {p['concurrency']} | {p['goodput_per_s']} | {p['rtfx']} | "
                          f"{p['latency_ms']['p50']} | {p['latency_ms']['p99']} | {p['host_busy_cores']} | "
-                         f"{p['client_cpu_cores']} | {roles} | {p['gpus_utilisation_pct']} |")
+                         f"{p['client_cpu_cores']} | {roles} | {memory_total(p)} | {p['gpus_utilisation_pct']} |")
     lines += ["", f"**Scaling: {data.get('scaling')}** (best goodput of `--gpus {data['servers'][-1]['gpus']}` over "
               f"`--gpus {data['servers'][0]['gpus']}`)."]
     return "\n".join(lines) + "\n"

@@ -61,6 +61,18 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
+def process_memory_gib(pid: int) -> float | None:
+    """A process's proportional set size (its private pages, and its share of the pages it
+    shares, such as torch's libraries mapped by every stub), None once it is gone."""
+    try:
+        for line in (PROC / str(pid) / "smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1]) / 2**20  # kB
+    except OSError:
+        pass
+    return None
+
+
 @dataclass(frozen=True)
 class ServerProcesses:
     """A whisper-triton server's processes by role: "tritonserver", and each model's stubs by its name."""
@@ -78,6 +90,15 @@ class ServerProcesses:
 
     def cpu_seconds(self) -> dict[int, float | None]:
         return {pid: process_cpu_seconds(pid) for pids in self.roles.values() for pid in pids}
+
+    def memory_gib(self) -> dict[str, float]:
+        """Per role, the host memory its processes hold now (proportional set sizes, summed)."""
+        record = {}
+        for role, pids in self.roles.items():
+            sizes = [m for m in map(process_memory_gib, pids) if m is not None]
+            if sizes:
+                record[role] = round(sum(sizes), 2)
+        return record
 
     def busy(self, before: dict[int, float | None], after: dict[int, float | None], seconds: float) -> dict:
         """Per role, between two `cpu_seconds` readings `seconds` apart: the cores its processes

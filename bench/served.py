@@ -198,6 +198,7 @@ class PointProbe:
         return {"models": stats_delta(stats_before, stats_after),
                 "host_busy_cores": busy_cores(cpu_before, cpu_after, os.cpu_count() or 1),
                 "server_cores": self.processes.busy(own_before, own_after, ended - started),
+                "server_memory_gib": self.processes.memory_gib(),
                 **self.sampler.summary()}
 
 

@@ -8,7 +8,8 @@ Each `--variant LABEL=KEY:VALUE[,KEY:VALUE...]` is a server:
                   python_backend_lib/, model_repository/ and clients/, with the commit in
                   DIR/COMMIT), served as that commit served;
 - log_mel_output:host|device, preprocessing:COUNT[:KIND], postprocessing:COUNT[:KIND],
-  whisper:COUNT[:KIND]   a copy of this checkout's repository so changed (`repository_copy`).
+  whisper:COUNT[:KIND]   a copy of this checkout's repository so changed (`repository_copy`);
+- mps:on          `serve --mps` (with a checkout too).
 
 For each, in turn: `whisper-triton serve --gpus GPU`, one ~5 s clip at concurrency 1
 (`--latency-s`), then each of `--concurrency`. Every answer is judged against the
@@ -47,12 +48,13 @@ class Variant:
     checkout: Path | None = None
     log_mel_output: str | None = None
     instances: dict[str, Instances] = field(default_factory=dict)
+    mps: bool = False
 
 
 def parse_variant(text: str) -> Variant:
     """LABEL=KEY:VALUE[,KEY:VALUE...] (module docstring), as argparse's `type`."""
     label, _, spec = text.partition("=")
-    checkout, output, instances = None, None, {}
+    checkout, output, instances, mps = None, None, {}, False
     try:
         for item in filter(None, spec.split(",")):
             key, _, value = item.partition(":")
@@ -60,6 +62,8 @@ def parse_variant(text: str) -> Variant:
                 checkout = Path(value)
             elif key == "log_mel_output" and value in ("host", "device"):
                 output = value
+            elif key == "mps" and value == "on":
+                mps = True
             elif key in INSTANCE_MODELS:
                 instances.update([instance_group(f"{key}={value}")])
             else:
@@ -68,7 +72,7 @@ def parse_variant(text: str) -> Variant:
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: {error}; see python -m bench.served_variants -h")
     if not label or (checkout and (output or instances)):
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: a label, and a checkout alone or changes alone")
-    return Variant(label, spec, checkout, output, instances)
+    return Variant(label, spec, checkout, output, instances, mps)
 
 
 def repository_for(variant: Variant) -> Path | None:
@@ -86,7 +90,7 @@ def repository_for(variant: Variant) -> Path | None:
 
 
 def run_variant(variant: Variant, checkpoint: str, jobs: list, args, settings: Settings, deadline: float) -> dict:
-    command = ServeCommand(checkpoint, repository_for(variant), args.gpus, checkout=variant.checkout)
+    command = ServeCommand(checkpoint, repository_for(variant), args.gpus, checkout=variant.checkout, mps=variant.mps)
     log_path = args.out / f"variant-{variant.label}.log"
     record: dict = {"label": variant.label, "spec": variant.spec, "command": command.display, "points": [],
                     "log": log_path.name}

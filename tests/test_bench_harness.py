@@ -18,6 +18,7 @@ from bench.host import CpuTimes, ServerProcesses, busy_cores, parse_proc_stat, p
 from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
 from bench.load import split_slots
 from bench.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
+from bench.server_process import ServeCommand
 from bench.standin import CANNED_NAME, STANDIN_SOURCE, canned_check, canned_verbose_json, write_standin_repository
 from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, saturation, summarize, sweep_done
 from bench.transcripts import REQUEST_PARAMETERS, TranscriptCheck, judge, judge_json, text_tokens
@@ -465,3 +466,25 @@ def test_a_scaling_sweep_runs_two_points_past_its_peak():
     assert past_peak(points(1, 3, 2, 2.5))
     assert not past_peak(points(1, 3, 2, 9, failed=(3,)))  # a failed point does not count
     assert not past_peak([])
+
+
+def test_a_variant_may_serve_under_mps():
+    from bench.served_variants import parse_variant
+
+    variant = parse_variant("shared=mps:on,preprocessing:2")
+    assert variant.mps and variant.instances and variant.checkout is None
+    assert "--mps" in ServeCommand(None, mps=variant.mps).argv()
+    assert "--mps" not in ServeCommand(None).argv()
+    with pytest.raises(argparse.ArgumentTypeError, match="bad --variant"):
+        parse_variant("shared=mps:yes")
+
+
+def test_a_servers_memory_is_read_by_role():
+    """This process stands for a server's one role: its proportional set size is what it holds."""
+    from bench.host import process_memory_gib
+
+    mine = process_memory_gib(os.getpid())
+    assert mine is not None and 0.01 < mine < 64
+    roles = ServerProcesses({"tritonserver": (os.getpid(),), "gone": (2**22 + 7,)})
+    memory = roles.memory_gib()
+    assert memory.keys() == {"tritonserver"} and abs(memory["tritonserver"] - mine) < 0.05  # a gone process: no entry

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
 import threading
 import time
 import urllib.request
@@ -205,10 +206,28 @@ def test_two_gpus_share_the_requests_exactly_and_a_fault_on_one_stays_there(tmp_
         assert transcribe(server.grpc_url, jfk) == library_texts["jfk.wav"]
 
 
+def mps_servers() -> list[str]:
+    """The host's running MPS servers (processes named nvidia-cuda-mps-server)."""
+    found = subprocess.run(["pgrep", "-x", "nvidia-cuda-mps-server"], capture_output=True, text=True)
+    return found.stdout.split()
+
+
 @pytest.mark.server
-def test_a_gpu_that_is_not_the_first_serves_alone(tmp_path, library_texts):
-    with launch_server(tmp_path, {}, ("--gpus", "1", f"--checkpoint={CHECKPOINT}")) as launched:
+@pytest.mark.parametrize("mps", [False, True], ids=["alone", "under-mps"])
+def test_a_gpu_that_is_not_the_first_serves_alone(tmp_path, library_texts, mps):
+    """`--gpus 1` serves on the host's second GPU; with `--mps` too, through an MPS
+    server that the launcher's own daemon starts, and that is gone once it stops."""
+    arguments = ("--gpus", "1", f"--checkpoint={CHECKPOINT}", *(("--mps",) if mps else ()))
+    before = mps_servers()
+    with launch_server(tmp_path, {}, arguments) as launched:
         server = launched.server
         assert transcribe(server.grpc_url, (AUDIO_DIR / "jfk.wav").read_bytes()) == library_texts["jfk.wav"]
         counts = published(server.metrics_url, 1)
         assert counts == {("1", "success"): 1}, "the engine's gpu label names the host's GPU"
+        assert (len(mps_servers()) > len(before)) == mps, "an MPS server runs for the models exactly under --mps"
+        launched.process.terminate()
+        assert launched.process.wait(timeout=120) == 0
+    deadline = time.monotonic() + 30
+    while len(mps_servers()) > len(before) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert mps_servers() == before, "the launcher quit its MPS daemon and server"

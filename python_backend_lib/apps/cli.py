@@ -88,6 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         "for larger ones or on the CPU; a repository whose whisper instance group was changed is served as written",
     )
     serve.add_argument(
+        "--mps",
+        action="store_true",
+        help="run each GPU's model processes (whisper engines, preprocessing instances) under CUDA MPS, "
+        "a daemon this server starts and stops, so that their kernels share the GPU at once",
+    )
+    serve.add_argument(
         "--require-gpu-engine",
         action="store_true",
         help="on a GPU, refuse to start unless the engine runs with FlashInfer and CUDA graphs "
@@ -126,6 +132,7 @@ def serve_command(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         require_gpu_engine=args.require_gpu_engine,
         engines=args.engines,
+        mps=args.mps,
     )
     triton = TritonServer(settings, log=sys.stderr)
     signal.signal(signal.SIGTERM, _raise_terminated)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO
 
 from python_backend_lib.apps import preflight, repository, triton_environment, triton_output
+from python_backend_lib.apps.mps import MpsDaemon, MpsError
 from python_backend_lib.apps.triton_output import Activity
 from python_backend_lib.core.cache import cache_root
 
@@ -94,6 +95,8 @@ class ServerSettings:
     require_gpu_engine: bool = False  # refuse to start on a GPU without FlashInfer and CUDA graphs
     # Whisper engines (instances) per GPU, or on the CPU without one; None: auto (`repository`).
     engines: int | None = None
+    # Run the GPUs' model processes under CUDA MPS, a daemon of this server's own (`apps.mps`).
+    mps: bool = False
 
 
 def packaged_model_repository() -> Path:
@@ -201,6 +204,7 @@ class TritonServer:
         # What Triton serves: the settings' repository, or a copy with another engine count.
         self.model_repository = settings.model_repository
         self._copy: Path | None = None
+        self._mps: MpsDaemon | None = None
 
     @property
     def connect_host(self) -> str:
@@ -258,19 +262,25 @@ class TritonServer:
         env = triton_environment.server_environment(installation, self.settings)
         s = self.settings
         gpus = triton_output.visible_gpus(s.gpus)
+        if s.mps:
+            env.update(self._start_mps(gpus))
         self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env)
         self.model_repository = self._copy or s.model_repository
-        self._process = subprocess.Popen(
-            self.command(installation),
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            errors="replace",
-            start_new_session=True,  # a terminal's Ctrl-C reaches us; we forward SIGTERM
-            preexec_fn=_die_with_parent,
-        )
+        try:
+            self._process = subprocess.Popen(
+                self.command(installation),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                errors="replace",
+                start_new_session=True,  # a terminal's Ctrl-C reaches us; we forward SIGTERM
+                preexec_fn=_die_with_parent,
+            )
+        except BaseException:
+            self.stop()  # the MPS daemon, if one started
+            raise
         self._pump = threading.Thread(target=self._pump_log, name="tritonserver-log", daemon=True)
         self._pump.start()
         try:
@@ -279,6 +289,16 @@ class TritonServer:
             self.stop()
             raise
         self._ready = True
+
+    def _start_mps(self, gpus: int) -> dict[str, str]:
+        """The MPS daemon's folders for tritonserver's environment (ServerError without a GPU or the daemon)."""
+        if gpus == 0:
+            raise ServerError("--mps shares GPUs between processes, and this server has none (--gpus, the driver)")
+        self._mps = MpsDaemon()
+        try:
+            return self._mps.start().environ()
+        except MpsError as error:
+            raise ServerError(str(error)) from None
 
     def _pump_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None
@@ -372,7 +392,11 @@ class TritonServer:
         """Drain (wait for the requests in flight), SIGTERM, wait, then SIGKILL.
         Safe to call twice."""
         process = self._process
-        if process is None:
+        if process is None:  # tritonserver never started: what was made for it
+            if self._mps is not None:
+                self._mps.stop()
+            if self._copy is not None:
+                repository.remove_copy(self._copy)
             return None
         if process.poll() is None:
             if drain_timeout > 0 and self._ready:
@@ -384,6 +408,8 @@ class TritonServer:
                 process.kill()
                 process.wait()
         _end_leftovers(process.pid)
+        if self._mps is not None:
+            self._mps.stop()
         if self._pump is not None:
             self._pump.join(timeout=5)
         if self._copy is not None:
