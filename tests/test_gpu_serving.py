@@ -207,8 +207,9 @@ def test_two_gpus_share_the_requests_exactly_and_a_fault_on_one_stays_there(tmp_
 
 
 def mps_servers() -> list[str]:
-    """The host's running MPS servers (processes named nvidia-cuda-mps-server)."""
-    found = subprocess.run(["pgrep", "-x", "nvidia-cuda-mps-server"], capture_output=True, text=True)
+    """The host's running MPS servers (nvidia-cuda-mps-server; a process's name keeps 15
+    characters, so the command line is matched)."""
+    found = subprocess.run(["pgrep", "-f", "nvidia-cuda-mps-server"], capture_output=True, text=True)
     return found.stdout.split()
 
 
