@@ -39,6 +39,27 @@ def through_pinned(shape, fill: Callable[[np.ndarray], object], device: torch.de
     return pinned.to(device, non_blocking=True)
 
 
+def wait_idle(device: torch.device) -> None:
+    """Wait for the work queued so far on `device`'s current stream, asleep.
+
+    A plain synchronize (and a blocking copy to the host) spins a core until the
+    GPU is done. A process that mostly waits for its GPU, such as preprocessing
+    beside the engines, would keep a core busy per waiting thread; a blocking
+    event lets the thread sleep until the driver wakes it.
+    """
+    done = torch.cuda.Event(blocking=True)
+    done.record(torch.cuda.current_stream(device))
+    done.synchronize()
+
+
+def to_host_asleep(tensor: torch.Tensor) -> np.ndarray:
+    """A GPU tensor's values on the host, waited for asleep (`wait_idle`)."""
+    landing = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    landing.copy_(tensor, non_blocking=True)
+    wait_idle(tensor.device)
+    return landing.numpy()  # the array keeps the pinned block alive
+
+
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     """`array` on `device`: through pinned memory, asynchronously, on a GPU."""
     if device.type == "cuda":

@@ -22,6 +22,7 @@ import torch
 from python_backend_lib.audio.feature_graphs import FeatureGraphs
 from python_backend_lib.audio.features import features_for_many, without_padding
 from python_backend_lib.devices.placement import on_device, single_threaded_host
+from python_backend_lib.devices.transfers import to_host_asleep, wait_idle
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.inputs import decode_request_audio, single_row
 from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
@@ -74,12 +75,14 @@ class LogMels:
             else:
                 features = features_for_many(waveforms, self.n_mels, self.device)
             trimmed = [without_padding(f, len(w)) for f, w in zip(features, waveforms)]
+            if self.device.type != "cuda":
+                return [t.numpy() for t in trimmed]
             if self.output is LogMelOutput.DEVICE:
                 ready = [t.contiguous() for t in trimmed]
-                torch.cuda.current_stream(self.device).synchronize()
+                wait_idle(self.device)
                 return ready
             # One copy to the host for the whole call, then a view per recording.
-            host = torch.cat([t.reshape(-1) for t in trimmed]).cpu().numpy()
+            host = to_host_asleep(torch.cat([t.reshape(-1) for t in trimmed]))
             parts = np.split(host, np.cumsum([t.numel() for t in trimmed])[:-1])
             return [part.reshape(t.shape) for part, t in zip(parts, trimmed)]
 
