@@ -49,7 +49,7 @@ def sweep_one(gpus: str, checkpoint: str, requests: list, args, settings: Settin
     """One server on `gpus`, swept from args.start; its record."""
     repository = repository_for(args.variant) if args.variant else args.model_repository
     variant = args.variant
-    command = ServeCommand(checkpoint, repository, gpus, checkout=variant and variant.checkout, mps=bool(variant and variant.mps))
+    command = ServeCommand(checkpoint, repository, gpus, checkout=variant and variant.checkout, mps=variant.mps if variant else None)
     log_path = args.out / f"scaling-gpus-{gpus.replace(',', '-')}.log"
     record: dict = {"gpus": gpus, "command": command.display, "points": [], "log": log_path.name}
     say(f"--gpus {gpus}: starting {command.display}")

@@ -9,7 +9,7 @@ Each `--variant LABEL=KEY:VALUE[,KEY:VALUE...]` is a server:
                   DIR/COMMIT), served as that commit served;
 - log_mel_output:host|device, preprocessing:COUNT[:KIND], postprocessing:COUNT[:KIND],
   whisper:COUNT[:KIND]   a copy of this checkout's repository so changed (`repository_copy`);
-- mps:on          `serve --mps` (with a checkout too).
+- mps:on|off      `serve --mps on|off` (with a checkout too; default: the launcher's auto).
 
 For each, in turn: `whisper-triton serve --gpus GPU`, one ~5 s clip at concurrency 1
 (`--latency-s`), then each of `--concurrency`. Every answer is judged against the
@@ -48,13 +48,13 @@ class Variant:
     checkout: Path | None = None
     log_mel_output: str | None = None
     instances: dict[str, Instances] = field(default_factory=dict)
-    mps: bool = False
+    mps: bool | None = None
 
 
 def parse_variant(text: str) -> Variant:
     """LABEL=KEY:VALUE[,KEY:VALUE...] (module docstring), as argparse's `type`."""
     label, _, spec = text.partition("=")
-    checkout, output, instances, mps = None, None, {}, False
+    checkout, output, instances, mps = None, None, {}, None
     try:
         for item in filter(None, spec.split(",")):
             key, _, value = item.partition(":")
@@ -62,8 +62,8 @@ def parse_variant(text: str) -> Variant:
                 checkout = Path(value)
             elif key == "log_mel_output" and value in ("host", "device"):
                 output = value
-            elif key == "mps" and value == "on":
-                mps = True
+            elif key == "mps" and value in ("on", "off"):
+                mps = value == "on"
             elif key in INSTANCE_MODELS:
                 instances.update([instance_group(f"{key}={value}")])
             else:

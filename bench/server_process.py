@@ -44,7 +44,7 @@ class ServeCommand:
     gpus: str | None = None  # `serve --gpus`: "0", "0,1", "all" (None: every visible GPU)
     engines: int | None = None  # `serve --engines` (None: auto)
     trace_file: Path | None = None  # `serve --trace-file`, every request traced
-    mps: bool = False  # `serve --mps`
+    mps: bool | None = None  # `serve --mps on` / `off` (None: the launcher's auto)
     # Serve the code of another checkout (its library and its packaged repository), as of another
     # commit: `python -m python_backend_lib.apps.cli` with that folder first on PYTHONPATH.
     checkout: Path | None = None
@@ -65,8 +65,8 @@ class ServeCommand:
             argv.append(f"--engines={self.engines}")
         if self.trace_file is not None:
             argv += [f"--trace-file={self.trace_file}", "--trace-rate=1"]
-        if self.mps:
-            argv.append("--mps")
+        if self.mps is not None:
+            argv.append(f"--mps={'on' if self.mps else 'off'}")
         return argv
 
     def environ(self) -> dict[str, str]:

@@ -473,8 +473,9 @@ def test_a_variant_may_serve_under_mps():
 
     variant = parse_variant("shared=mps:on,preprocessing:2")
     assert variant.mps and variant.instances and variant.checkout is None
-    assert "--mps" in ServeCommand(None, mps=variant.mps).argv()
-    assert "--mps" not in ServeCommand(None).argv()
+    assert "--mps=on" in ServeCommand(None, mps=variant.mps).argv()
+    assert "--mps=off" in ServeCommand(None, mps=parse_variant("alone=mps:off").mps).argv()
+    assert not any(a.startswith("--mps") for a in ServeCommand(None).argv())  # the launcher's auto
     with pytest.raises(argparse.ArgumentTypeError, match="bad --variant"):
         parse_variant("shared=mps:yes")
 

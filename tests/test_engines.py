@@ -1,5 +1,6 @@
-"""Several whisper engines on one device: how many `serve` starts, the repository copy
-that says so to Triton, and how the engines split the device between them."""
+"""Several whisper engines (and preprocessing instances) on one device: how many `serve`
+starts, the repository copy that says so to Triton, and how the engines split the device
+between them."""
 
 from __future__ import annotations
 
@@ -12,9 +13,11 @@ import pytest
 from python_backend_lib.apps import repository
 from python_backend_lib.apps.cli import build_parser
 from python_backend_lib.apps.repository import (
+    SHIPPED_PREPROCESSING_GROUP,
     SHIPPED_WHISPER_GROUP,
     InstanceGroup,
     engines_to_serve,
+    preprocessing_to_serve,
     read_instance_group,
     repository_with_engines,
     serving_copy,
@@ -29,7 +32,8 @@ from python_backend_lib.serving.settings import (
     ENGINE_FAULT_PROMPT_ENV,
     FAULT_GPU_ENV,
     FAULT_PROMPT_ENV,
-    auto_engines_per_gpu,
+    GpuInstances,
+    auto_instances_per_gpu,
     device_label,
     engines_on_device,
     engines_sharing_queue,
@@ -62,10 +66,12 @@ def test_every_engine_of_the_model_shares_one_queue():
 
 
 def test_small_checkpoints_get_several_engines_per_gpu_and_large_ones_one():
-    assert auto_engines_per_gpu(load_config("random:tiny").dims) == 3
-    assert auto_engines_per_gpu(load_config("random:large-v3").dims) == 1
-    counts = [auto_engines_per_gpu(load_config(f"random:{size}").dims) for size in ("tiny", "base", "small", "medium", "large-v3")]
-    assert counts == [3, 1, 1, 1, 1]  # only tiny's host work outruns its GPU (the measurements beside the rule)
+    sizes = ("tiny", "base", "small", "medium", "large-v3")
+    under_mps = [auto_instances_per_gpu(load_config(f"random:{size}").dims, mps=True) for size in sizes]
+    alone = [auto_instances_per_gpu(load_config(f"random:{size}").dims, mps=False) for size in sizes]
+    # only tiny's host work outruns its GPU (the measurements beside the rule)
+    assert under_mps == [GpuInstances(4, 8)] + [GpuInstances(1, 4)] * 4
+    assert alone == [GpuInstances(3, 4)] + [GpuInstances(1, 4)] * 4
 
 
 def test_engines_on_one_gpu_take_equal_kv_shares_however_triton_loads_them():
@@ -93,6 +99,7 @@ def test_the_instance_group_is_read_and_rewritten_in_place():
 def test_auto_serves_several_engines_only_on_a_gpu_and_only_over_the_shipped_group(tmp_path):
     shipped = (packaged_model_repository() / "whisper" / "config.pbtxt").read_text()
     assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:tiny") == 3
+    assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:tiny", mps=True) == 4
     assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:large-v3") is None  # one, as written
     assert engines_to_serve(shipped, None, gpus=0, checkpoint="random:tiny") is None  # the CPU: as written
     assert engines_to_serve(shipped, 2, gpus=0, checkpoint="random:tiny") == 2  # asked for: anywhere
@@ -103,6 +110,30 @@ def test_auto_serves_several_engines_only_on_a_gpu_and_only_over_the_shipped_gro
                                 checkpoint="random:tiny") is None  # fmt: skip
     finally:
         repository.remove_copy(chosen)
+
+
+def test_auto_serves_more_preprocessing_only_for_tiny_under_mps_on_a_gpu():
+    shipped = (packaged_model_repository() / "preprocessing" / "config.pbtxt").read_text()
+    assert read_instance_group(shipped) == SHIPPED_PREPROCESSING_GROUP
+    assert preprocessing_to_serve(shipped, gpus=1, checkpoint="random:tiny", mps=True) == 8
+    assert preprocessing_to_serve(shipped, gpus=1, checkpoint="random:tiny", mps=False) is None  # four, as written
+    assert preprocessing_to_serve(shipped, gpus=1, checkpoint="random:large-v3", mps=True) is None
+    assert preprocessing_to_serve(shipped, gpus=0, checkpoint="random:tiny", mps=True) is None  # the CPU
+    owned = with_instance_group(shipped, InstanceGroup(2, "KIND_GPU"))
+    assert preprocessing_to_serve(owned, gpus=1, checkpoint="random:tiny", mps=True) is None  # an owner's own
+
+
+def test_serving_under_mps_rewrites_both_counts_for_tiny():
+    shipped = packaged_model_repository()
+    copy = serving_copy(shipped, None, gpus=1, environ={CHECKPOINT_ENV: "random:tiny"}, mps=True)
+    try:
+        assert read_instance_group((copy / "whisper" / "config.pbtxt").read_text()) == InstanceGroup(4, "KIND_AUTO")
+        assert read_instance_group((copy / "preprocessing" / "config.pbtxt").read_text()) == InstanceGroup(8, "KIND_AUTO")
+        assert (copy / "postprocessing").is_symlink()
+        assert (copy / "preprocessing" / "1" / "model.py").resolve() == (shipped / "preprocessing" / "1" / "model.py").resolve()
+    finally:
+        repository.remove_copy(copy)
+    assert serving_copy(shipped, None, gpus=0, environ={CHECKPOINT_ENV: "random:tiny"}, mps=False) is None
 
 
 def test_the_copy_links_every_model_and_rewrites_only_the_whisper_count(tmp_path):
@@ -164,10 +195,10 @@ def test_the_fault_prompts_arm_only_the_gpu_named():
 def test_the_cuda_memory_pool_holds_the_log_mels_only_when_they_travel_on_the_gpu(tmp_path):
     copy = tmp_path / "repository"
     shutil.copytree(packaged_model_repository(), copy, ignore=shutil.ignore_patterns("__pycache__"))
-    assert repository.cuda_pool_flags(copy, gpus=2) == ()  # the shipped log_mel_output: host memory
-    config = copy / "preprocessing" / "config.pbtxt"
-    config.write_text(re.sub(r'(key: "log_mel_output"\s*value: \{ string_value: )"auto"', r'\1"device"', config.read_text()))
     size = repository.WHISPER_QUEUE * repository.LOG_MEL_BYTES
-    assert repository.cuda_pool_flags(copy, gpus=2) == (f"--cuda-memory-pool-byte-size=0:{size}",
-                                                        f"--cuda-memory-pool-byte-size=1:{size}")
+    pools = (f"--cuda-memory-pool-byte-size=0:{size}", f"--cuda-memory-pool-byte-size=1:{size}")
+    assert repository.cuda_pool_flags(copy, gpus=2) == pools  # the shipped "auto": GPU memory
     assert repository.cuda_pool_flags(copy, gpus=0) == ()
+    config = copy / "preprocessing" / "config.pbtxt"
+    config.write_text(re.sub(r'(key: "log_mel_output"\s*value: \{ string_value: )"auto"', r'\1"host"', config.read_text()))
+    assert repository.cuda_pool_flags(copy, gpus=2) == ()

@@ -216,9 +216,9 @@ def mps_servers() -> list[str]:
 @pytest.mark.server
 @pytest.mark.parametrize("mps", [False, True], ids=["alone", "under-mps"])
 def test_a_gpu_that_is_not_the_first_serves_alone(tmp_path, library_texts, mps):
-    """`--gpus 1` serves on the host's second GPU; with `--mps` too, through an MPS
+    """`--gpus 1` serves on the host's second GPU; under MPS too, through an MPS
     server that the launcher's own daemon starts, and that is gone once it stops."""
-    arguments = ("--gpus", "1", f"--checkpoint={CHECKPOINT}", *(("--mps",) if mps else ()))
+    arguments = ("--gpus", "1", f"--checkpoint={CHECKPOINT}", f"--mps={'on' if mps else 'off'}")
     before = mps_servers()
     with launch_server(tmp_path, {}, arguments) as launched:
         server = launched.server

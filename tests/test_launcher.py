@@ -94,14 +94,15 @@ def test_a_taken_port_is_refused_before_starting(tmp_path):
 
 
 def test_mps_without_a_gpu_is_refused_in_one_line(tmp_path):
-    """`serve --mps` shares GPUs between processes: with none to share, the command says so
-    and starts nothing (tests/test_gpu_serving.py serves under MPS on a GPU)."""
+    """`serve --mps on` shares GPUs between processes: with none to share, the command says so
+    and starts nothing (auto, the default, serves the CPU without it; tests/test_gpu_serving.py
+    serves under MPS on a GPU)."""
     ports = [f"--{name}-port={free_port()}" for name in ("http", "grpc", "metrics")]
-    result = subprocess.run([*whisper_triton_command(), "serve", "--mps", "--gpus", "none", *ports],
+    result = subprocess.run([*whisper_triton_command(), "serve", "--mps=on", "--gpus", "none", *ports],
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
-        "whisper-triton: --mps shares GPUs between processes, and this server has none (--gpus, the driver)"]
+        "whisper-triton: --mps on shares GPUs between processes, and this server has none (--gpus, the driver)"]
 
 
 @pytest.mark.server

@@ -14,6 +14,8 @@ from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
 # The banner's first line: the server is ready (and `whisper-triton serve`'s tests wait for it).
 READY_LINE = "whisper-triton is ready."
+# `serve --mps`: ServerSettings.mps (None: auto).
+MPS_CHOICES = {"auto": None, "on": True, "off": False}
 
 EXAMPLES = """\
 examples:
@@ -89,9 +91,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument(
         "--mps",
-        action="store_true",
+        choices=MPS_CHOICES,
+        default="auto",
         help="run each GPU's model processes (whisper engines, preprocessing instances) under CUDA MPS, "
-        "a daemon this server starts and stops, so that their kernels share the GPU at once",
+        "a daemon this server starts and stops, so that their kernels share the GPU at once: auto (default) "
+        "with GPUs where nvidia-cuda-mps-control is installed, on (refuse to start without it), or off",
     )
     serve.add_argument(
         "--require-gpu-engine",
@@ -132,7 +136,7 @@ def serve_command(args: argparse.Namespace) -> int:
         gpus=args.gpus,
         require_gpu_engine=args.require_gpu_engine,
         engines=args.engines,
-        mps=args.mps,
+        mps=MPS_CHOICES[args.mps],
     )
     triton = TritonServer(settings, log=sys.stderr)
     signal.signal(signal.SIGTERM, _raise_terminated)

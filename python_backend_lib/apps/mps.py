@@ -1,4 +1,4 @@
-"""CUDA's Multi-Process Service for one server: `whisper-triton serve --mps`.
+"""CUDA's Multi-Process Service for one server: `whisper-triton serve --mps auto|on|off`.
 
 Every model instance on a GPU is a process with its own CUDA context: the
 whisper engines and the preprocessing instances of one GPU share it by time
@@ -50,9 +50,13 @@ class MpsDaemon:
         self.folders: MpsFolders | None = None
         self._root: Path | None = None
 
+    @property
+    def available(self) -> bool:
+        return self.control is not None
+
     def start(self) -> MpsFolders:
         if self.control is None:
-            raise MpsError(f"--mps: {CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)")
+            raise MpsError(f"{CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)")
         self._root = Path(tempfile.mkdtemp(prefix="whisper-triton-mps-"))
         self.folders = MpsFolders(self._root / "pipe", self._root / "log")
         self.folders.pipe.mkdir()
@@ -60,7 +64,7 @@ class MpsDaemon:
         result = self._run("-d")
         if result.returncode != 0:
             self._remove()
-            raise MpsError(f"--mps: {CONTROL} -d failed ({result.returncode}): {result.stdout.strip()}")
+            raise MpsError(f"{CONTROL} -d failed ({result.returncode}): {result.stdout.strip()}")
         return self.folders
 
     def environ(self) -> dict[str, str]:

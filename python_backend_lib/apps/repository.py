@@ -1,14 +1,15 @@
 """The model repository `whisper-triton serve` hands to Triton: the one given, or a
-copy in which the `whisper` model runs another number of engines per device.
+copy in which the `whisper` and `preprocessing` models run other instance counts.
 
 An engine is one instance of the `whisper` model: one process with its own
 Python interpreter, decoding with continuous batching. On a GPU, a small
 checkpoint's engine is bound by that process's host work (its threads share one
-GIL) while the GPU is mostly idle, so several engines on one GPU serve more; a
-large checkpoint keeps the GPU busy with one (`settings.auto_engines_per_gpu`).
-Triton takes an instance count only from config.pbtxt, so a count other than the
-repository's means a copy: a temporary folder of links to the given models, with
-the whisper model's config.pbtxt rewritten.
+GIL) while the GPU is mostly idle, so several engines on one GPU serve more, and
+more preprocessing instances keep up with them; a large checkpoint keeps the GPU
+busy with one (`settings.auto_instances_per_gpu`). Triton takes an instance count
+only from config.pbtxt, so counts other than the repository's mean a copy: a
+temporary folder of links to the given models, with the changed models'
+config.pbtxt rewritten.
 """
 
 from __future__ import annotations
@@ -21,7 +22,15 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.settings import CHECKPOINT_ENV, DEFAULT_CHECKPOINT, auto_engines_per_gpu
+from python_backend_lib.serving.settings import (
+    AUTO,
+    CHECKPOINT_ENV,
+    DEFAULT_CHECKPOINT,
+    DEFAULT_LOG_MEL_OUTPUT,
+    GpuInstances,
+    LogMelOutput,
+    auto_instances_per_gpu,
+)
 
 # Settings start their line in config.pbtxt; comments may name them too.
 _COUNT = re.compile(r"^(\s*)count:\s*(\d+)", re.M)
@@ -36,8 +45,10 @@ class InstanceGroup:
     kind: str  # KIND_AUTO, KIND_GPU or KIND_CPU
 
 
-# What the packaged repository's whisper model says: one engine, on each GPU or on the CPU.
+# What the packaged repository's models say: one engine, on each GPU or on the CPU, and
+# four preprocessing instances, likewise.
 SHIPPED_WHISPER_GROUP = InstanceGroup(1, "KIND_AUTO")
+SHIPPED_PREPROCESSING_GROUP = InstanceGroup(4, "KIND_AUTO")
 
 
 def read_instance_group(config: str) -> InstanceGroup:
@@ -56,7 +67,11 @@ def with_instance_group(config: str, group: InstanceGroup) -> str:
 
 
 def whisper_config(repository: Path) -> Path:
-    return repository / tensor_names.WHISPER_NAME / "config.pbtxt"
+    return model_config(repository, tensor_names.WHISPER_NAME)
+
+
+def model_config(repository: Path, model: str) -> Path:
+    return repository / model / "config.pbtxt"
 
 
 def configured_checkpoint(config: str, environ: dict[str, str]) -> str:
@@ -66,60 +81,98 @@ def configured_checkpoint(config: str, environ: dict[str, str]) -> str:
     return config_parameter(config, "checkpoint") or DEFAULT_CHECKPOINT
 
 
+def log_mel_output(preprocessing_config: str) -> LogMelOutput | None:
+    """How the preprocessing model of this config.pbtxt text hands LOG_MEL on from a GPU
+    ("auto": the default); None for a value it would refuse."""
+    value = config_parameter(preprocessing_config, "log_mel_output") or AUTO
+    try:
+        return DEFAULT_LOG_MEL_OUTPUT if value == AUTO else LogMelOutput(value)
+    except ValueError:
+        return None
+
+
 def config_parameter(config: str, key: str) -> str | None:
     """A string parameter's value in config.pbtxt text, None when it has none."""
     found = re.search(rf'key:\s*"{re.escape(key)}"\s*value:\s*\{{\s*string_value:\s*"([^"]*)"', config)
     return found.group(1) if found else None
 
 
-def engines_to_serve(config: str, requested: int | None, gpus: int, checkpoint: str) -> int | None:
+def engines_to_serve(config: str, requested: int | None, gpus: int, checkpoint: str, mps: bool = False) -> int | None:
     """How many engines per device a repository whose whisper model has this
     config.pbtxt text should be served with; None: as it is written.
 
     requested: a number asked for (`serve --engines N`), or None for auto: on a host
-        with GPUs, `auto_engines_per_gpu` of the checkpoint, if the repository's
+        with GPUs, `auto_instances_per_gpu` of the checkpoint, if the repository's
         whisper model has the shipped instance group (another one was chosen by
         its owner and is served as written); on the CPU, one.
     gpus: GPUs Triton will see.
+    mps: whether the GPUs' processes share them under CUDA MPS.
     """
     group = read_instance_group(config)
     if requested is not None:
         return None if requested == group.count else requested
     if gpus == 0 or group != SHIPPED_WHISPER_GROUP:
         return None
-    from python_backend_lib.checkpoints.configs import load_config
-
-    engines = auto_engines_per_gpu(load_config(checkpoint).dims)
+    engines = _auto(checkpoint, mps).whisper
     return None if engines == group.count else engines
 
 
-def serving_copy(source: Path, requested: int | None, gpus: int, environ: dict[str, str]) -> Path | None:
-    """The copy of `source` to serve (`engines_to_serve`), or None to serve it as written."""
+def preprocessing_to_serve(config: str, gpus: int, checkpoint: str, mps: bool) -> int | None:
+    """Preprocessing instances per GPU for a repository whose preprocessing model has
+    this config.pbtxt text; None: as written (on the CPU, or an owner's own group)."""
+    group = read_instance_group(config)
+    if gpus == 0 or group != SHIPPED_PREPROCESSING_GROUP:
+        return None
+    count = _auto(checkpoint, mps).preprocessing
+    return None if count == group.count else count
+
+
+def _auto(checkpoint: str, mps: bool) -> GpuInstances:
+    from python_backend_lib.checkpoints.configs import load_config
+
+    return auto_instances_per_gpu(load_config(checkpoint).dims, mps)
+
+
+def serving_copy(
+    source: Path, requested: int | None, gpus: int, environ: dict[str, str], mps: bool = False
+) -> Path | None:
+    """The copy of `source` to serve (`engines_to_serve`, `preprocessing_to_serve`), or None to serve it as written."""
     try:
         config = whisper_config(source).read_text()
-        engines = engines_to_serve(config, requested, gpus, configured_checkpoint(config, environ))
+        checkpoint = configured_checkpoint(config, environ)
+        counts = {tensor_names.WHISPER_NAME: engines_to_serve(config, requested, gpus, checkpoint, mps)}
+        preprocessing = model_config(source, tensor_names.PREPROCESSING_NAME)
+        if preprocessing.exists():
+            count = preprocessing_to_serve(preprocessing.read_text(), gpus, checkpoint, mps)
+            counts[tensor_names.PREPROCESSING_NAME] = count
     except Exception as error:  # a checkpoint that cannot be read: the models report it as they load
         print(f"whisper-triton: serving {source} as written: {error}", file=sys.stderr)
         return None
-    return None if engines is None else repository_with_engines(source, engines)
+    changed = {model: count for model, count in counts.items() if count is not None}
+    return repository_with_counts(source, changed) if changed else None
 
 
 def repository_with_engines(source: Path, engines: int) -> Path:
-    """A temporary copy of `source` whose whisper model runs `engines` instances per
-    device: links to every model, the whisper model's config.pbtxt rewritten. The
-    caller removes it (`remove_copy`)."""
+    """`repository_with_counts` of the whisper model alone."""
+    return repository_with_counts(source, {tensor_names.WHISPER_NAME: engines})
+
+
+def repository_with_counts(source: Path, counts: dict[str, int]) -> Path:
+    """A temporary copy of `source` in which each model named in `counts` runs that many
+    instances per device: links to every model and file, the named models' config.pbtxt
+    rewritten. The caller removes it (`remove_copy`)."""
     copy = Path(tempfile.mkdtemp(prefix="whisper-triton-repository-"))
-    whisper = source / tensor_names.WHISPER_NAME
     for entry in source.iterdir():
-        if entry != whisper:
+        if entry.name not in counts:
             (copy / entry.name).symlink_to(entry.resolve())
-    (copy / whisper.name).mkdir()
-    for part in whisper.iterdir():
-        if part.name != "config.pbtxt":
-            (copy / whisper.name / part.name).symlink_to(part.resolve())
-    config = whisper_config(source).read_text()
-    kind = read_instance_group(config).kind
-    whisper_config(copy).write_text(with_instance_group(config, InstanceGroup(engines, kind)))
+            continue
+        (copy / entry.name).mkdir()
+        for part in entry.iterdir():
+            if part.name != "config.pbtxt":
+                (copy / entry.name / part.name).symlink_to(part.resolve())
+        config = model_config(source, entry.name).read_text()
+        kind = read_instance_group(config).kind
+        model_config(copy, entry.name).write_text(with_instance_group(config, InstanceGroup(counts[entry.name], kind)))
     return copy
 
 
@@ -139,7 +192,7 @@ LOG_MEL_BYTES = 128 * 3000 * 4
 def cuda_pool_flags(repository: Path, gpus: int) -> tuple[str, ...]:
     """tritonserver's --cuda-memory-pool-byte-size for each of `gpus` GPUs, when the repository's
     preprocessing hands LOG_MEL on in GPU memory; none otherwise (the default pool)."""
-    config = repository / tensor_names.PREPROCESSING_NAME / "config.pbtxt"
-    if not config.exists() or config_parameter(config.read_text(), "log_mel_output") != "device":
+    config = model_config(repository, tensor_names.PREPROCESSING_NAME)
+    if not config.exists() or log_mel_output(config.read_text()) is not LogMelOutput.DEVICE:
         return ()
     return tuple(f"--cuda-memory-pool-byte-size={gpu}:{WHISPER_QUEUE * LOG_MEL_BYTES}" for gpu in range(gpus))

@@ -95,8 +95,9 @@ class ServerSettings:
     require_gpu_engine: bool = False  # refuse to start on a GPU without FlashInfer and CUDA graphs
     # Whisper engines (instances) per GPU, or on the CPU without one; None: auto (`repository`).
     engines: int | None = None
-    # Run the GPUs' model processes under CUDA MPS, a daemon of this server's own (`apps.mps`).
-    mps: bool = False
+    # Run the GPUs' model processes under CUDA MPS, a daemon of this server's own (`apps.mps`):
+    # True, False, or None for auto (with GPUs, where the daemon is installed).
+    mps: bool | None = None
 
 
 def packaged_model_repository() -> Path:
@@ -262,9 +263,12 @@ class TritonServer:
         env = triton_environment.server_environment(installation, self.settings)
         s = self.settings
         gpus = triton_output.visible_gpus(s.gpus)
-        if s.mps:
-            env.update(self._start_mps(gpus))
-        self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env)
+        if s.mps is not False and gpus > 0:
+            env.update(self._start_mps(required=bool(s.mps)))
+        elif s.mps:
+            raise ServerError("--mps on shares GPUs between processes, and this server has none (--gpus, the driver)")
+        mps = self._mps is not None
+        self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env, mps=mps)
         self.model_repository = self._copy or s.model_repository
         try:
             self._process = subprocess.Popen(
@@ -290,15 +294,19 @@ class TritonServer:
             raise
         self._ready = True
 
-    def _start_mps(self, gpus: int) -> dict[str, str]:
-        """The MPS daemon's folders for tritonserver's environment (ServerError without a GPU or the daemon)."""
-        if gpus == 0:
-            raise ServerError("--mps shares GPUs between processes, and this server has none (--gpus, the driver)")
-        self._mps = MpsDaemon()
+    def _start_mps(self, required: bool) -> dict[str, str]:
+        """The MPS daemon's folders for tritonserver's environment. Without the daemon (or
+        when it cannot start): ServerError if MPS was asked for, else a line and none."""
+        daemon = MpsDaemon()
         try:
-            return self._mps.start().environ()
+            folders = daemon.start()
         except MpsError as error:
-            raise ServerError(str(error)) from None
+            if required:
+                raise ServerError(str(error)) from None
+            print(f"whisper-triton: serving without CUDA MPS: {error}", file=sys.stderr, flush=True)
+            return {}
+        self._mps = daemon
+        return folders.environ()
 
     def _pump_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None

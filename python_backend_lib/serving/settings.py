@@ -41,8 +41,10 @@ class LogMelOutput(str, enum.Enum):
     HOST = "host"  # copied to host memory first; `whisper` copies it to its GPU
 
 
-# What `log_mel_output` "auto" means.
-DEFAULT_LOG_MEL_OUTPUT = LogMelOutput.HOST
+# What `log_mel_output` "auto" means: on one H100 under MPS the GPU tensor carried as
+# many requests as a host copy and took a 5 s clip alone about a millisecond sooner
+# (docs/benchmarks/mps-bb9e702).
+DEFAULT_LOG_MEL_OUTPUT = LogMelOutput.DEVICE
 # Longer audio is refused, naming the limit: an hour of 16 kHz float32 is 230 MB.
 DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 # Numeric parameters set to this (or left out) take the library's default.
@@ -209,19 +211,35 @@ def device_label(device: Any, environ: Mapping[str, str] = os.environ) -> str:
     return visible[position] if position < len(visible) else str(position)
 
 
-# Engines (instances of the whisper model, each a process of its own) per GPU that
-# `whisper-triton serve --engines auto` starts, by the checkpoint's encoder width. One
-# engine's host work, under one GIL, bounds tiny long before its GPU is busy; larger
-# checkpoints keep the GPU busy with one, and more engines only split it. On an H100
-# (docs/benchmarks/engines.md), at concurrency 512: tiny 734 requests/s with one engine
-# and 1,176 with two (one call), 1,135 with two and 1,301 with three (another); large-v3
-# 85 with one and 81 with two at 128; base and small gained nothing from a third.
-ENGINES_BY_ENCODER_WIDTH = ((384, 3),)  # (widest encoder, engines); wider: 1
+@dataclass(frozen=True)
+class GpuInstances:
+    """Instances per GPU of the models that run on it: whisper engines and preprocessing."""
+
+    whisper: int
+    preprocessing: int
 
 
-def auto_engines_per_gpu(dims: Any) -> int:
-    """Engines per GPU for a checkpoint of these `ModelDims` (see ENGINES_BY_ENCODER_WIDTH)."""
-    return next((n for width, n in ENGINES_BY_ENCODER_WIDTH if dims.n_audio_state <= width), 1)
+# What `whisper-triton serve` runs per GPU when left to choose, by the checkpoint's encoder
+# width (the first row that holds it; wider: the last) and by whether the GPU's processes
+# share it under CUDA MPS. Each instance is a process with its own interpreter lock.
+# tiny's engines are bound by their host work long before the GPU is busy, so several
+# serve more, and its preprocessing instances (audio decoding and the log-mel's launches)
+# must keep up with them; larger checkpoints keep the GPU busy with one engine. Without
+# MPS every process takes the GPU in time slices, and more of them only split it.
+# Measured with tiny.en on one H100 (docs/benchmarks/mps-bb9e702, served-variants):
+# under MPS, 4 engines with 8 preprocessing carry 1.35 times the two-model server, 4 with
+# 4 no more than it; without MPS (docs/benchmarks/shape-39a00cc, engines.md) 3 engines
+# with 4 preprocessing were best; large-v3 gained nothing from a second engine.
+INSTANCES_BY_ENCODER_WIDTH = {
+    True: ((384, GpuInstances(whisper=4, preprocessing=8)), (1 << 30, GpuInstances(whisper=1, preprocessing=4))),
+    False: ((384, GpuInstances(whisper=3, preprocessing=4)), (1 << 30, GpuInstances(whisper=1, preprocessing=4))),
+}
+
+
+def auto_instances_per_gpu(dims: Any, mps: bool) -> GpuInstances:
+    """Instances per GPU for a checkpoint of these `ModelDims` (INSTANCES_BY_ENCODER_WIDTH)."""
+    table = INSTANCES_BY_ENCODER_WIDTH[mps]
+    return next((n for width, n in table if dims.n_audio_state <= width), table[-1][1])
 
 
 def _instance_groups(model_config: str) -> list[tuple[str, int, list[int]]]:
