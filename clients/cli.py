@@ -40,7 +40,7 @@ from tqdm import tqdm
 from clients.api import ServerUnreachable, TranscriptionError, WhisperClient, new_request_id
 from clients.connection import AddressError, Protocol, parse_address
 from clients.outputs import ALL, CHOICES, STDIN, Input, StdoutDocument, output_formats, unique_stems, write_files
-from clients.progress import ERASE_LINE, ProgressLine, audio_seconds
+from clients.progress import ERASE_LINE, ProgressLine, SpeedRecord, audio_seconds
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import LongFormMode
 from python_backend_lib.serving.parameters import parse_request_parameters
@@ -236,8 +236,13 @@ def transcribe_all(args: argparse.Namespace, layout: SubtitleOptions) -> int:
         source = stdin_audio if item.name == STDIN else _read(item.name)
         if len(inputs) > 1:
             return local.client.transcribe_document(source, request_id=request_id, **options)
-        with ProgressLine(item.name, audio_seconds(source)):
-            return local.client.transcribe_document(source, request_id=request_id, **options)
+        seconds_of_audio = audio_seconds(source)
+        speed = SpeedRecord(str(local.client.address))
+        started = time.monotonic()
+        with ProgressLine(item.name, seconds_of_audio, speed.seconds_per_audio_second()):
+            document = local.client.transcribe_document(source, request_id=request_id, **options)
+        speed.measured(seconds_of_audio, time.monotonic() - started)
+        return document
 
     formats = output_formats(args.output_format)
     stdout = None if args.output_dir else StdoutDocument(sys.stdout, formats[0], layout, several=len(inputs) > 1)
@@ -292,6 +297,8 @@ def stop_on_interrupt(
     running = [(future, request_id) for future, request_id in zip(futures, request_ids) if not future.done()]
     outcome = _cancel_on_server(args, [request_id for _, request_id in running], deadline)
     _, unanswered = wait_for_futures([future for future, _ in running], timeout=max(0.0, deadline - time.monotonic()))
+    if unanswered and outcome.startswith("; cancelled"):
+        outcome = f"; sent a cancel for {len(running)}, which the server had not confirmed by now"
     erase = ERASE_LINE if sys.stderr.isatty() else ""  # a progress line still drawn
     print(f"{erase}{PROG}: interrupted{outcome}", file=sys.stderr)
     if unanswered:  # their threads would hold the interpreter's exit until the server answers
@@ -302,7 +309,8 @@ def stop_on_interrupt(
 
 
 def _cancel_on_server(args: argparse.Namespace, request_ids: list[str], deadline: float) -> str:
-    """Send a cancel for each request; what to add to the "interrupted" line."""
+    """Send a cancel for each request; what to add to the "interrupted" line ("cancelled"
+    once the server has answered them all: it stopped decoding them)."""
     if not request_ids:
         return ""
     sent = 0

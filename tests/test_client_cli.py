@@ -79,11 +79,24 @@ def render(output_format: str, path: Path, document: Document) -> str:
 def test_render_each_format():
     path = Path("talk.wav")
     assert render("text", path, RESULT) == "Ask not.\n"
-    assert json.loads(render("json", path, RESULT))["file"] == "talk.wav"
+    assert json.loads(render("json", path, RESULT)) == json.loads(RESULT.render(ResponseFormat.JSON))
     assert render("srt", path, RESULT).startswith("1\n00:00:00,000 --> 00:00:01,000\nAsk\n")
     assert render("vtt", path, RESULT).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\nAsk\n")
-    verbose = json.loads(render("verbose_json", path, RESULT))
-    assert (verbose["file"], verbose["language"], verbose["segments"][1]["id"]) == ("talk.wav", "english", 1)
+    verbose = json.loads(render("verbose_json", path, RESULT))  # OpenAI's verbose_json, key for key: no "file"
+    assert list(verbose)[:5] == ["task", "language", "duration", "text", "segments"] and "file" not in verbose
+    assert verbose == json.loads(RESULT.render(ResponseFormat.VERBOSE_JSON))
+    assert (verbose["language"], verbose["segments"][1]["id"]) == ("english", 1)
+
+
+def test_several_files_print_json_lines_naming_each_file():
+    printed = io.StringIO()
+    document = StdoutDocument(printed, ResponseFormat.VERBOSE_JSON, SubtitleOptions(), several=True)
+    document.write("a.wav", RESULT)
+    document.write("b.wav", RESULT)
+    lines = [json.loads(line) for line in printed.getvalue().splitlines()]
+    assert [line["file"] for line in lines] == ["a.wav", "b.wav"]
+    alone = json.loads(RESULT.render(ResponseFormat.VERBOSE_JSON))
+    assert all({key: value for key, value in line.items() if key != "file"} == alone for line in lines)
 
 
 def test_serve_flags_have_the_documented_defaults():
