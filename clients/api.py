@@ -15,20 +15,30 @@ The ensemble's three models may be called in turn, each on its own:
 Options are sent as request parameters (see the README for the list) and
 checked by the server, which answers a bad one with an error naming it.
 A client holds one connection: use one client per thread.
+
+A request given an id can be stopped on the server from any thread or process
+(the server frees its decoding slot within a second; the waiting call then
+raises TranscriptionError "cancelled"):
+
+    request_id = new_request_id()
+    client.transcribe_document("talk.mp3", request_id=request_id)   # in one thread
+    WhisperClient("localhost:8000").cancel(request_id)              # in another
 """
 
 from __future__ import annotations
 
 import http.client
 import os
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 from tritonclient.utils import InferenceServerException
 
-from clients.connection import Protocol, connection_failure, parse_address, triton_message
+from clients.connection import Protocol, connection_failure, parse_address, triton_message, wrong_endpoint
 from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.parameters import CANCEL_KEY
 from python_backend_lib.text.formats import Document, ResponseFormat, TimedText, segments_from_json
 
 
@@ -77,6 +87,14 @@ DECODED_OUTPUTS = (
     tensor_names.LANGUAGE_PROBABILITY,
 )
 TRANSCRIPT_OUTPUTS = (tensor_names.TEXT, tensor_names.SEGMENTS, tensor_names.FORMATTED)
+# HTTP statuses that another server than Triton's HTTP endpoint gives an inference
+# request (Triton's own 404, a model it does not know, is told apart by looking).
+NOT_TRITONS = ("404", "405")
+
+
+def new_request_id() -> str:
+    """A request id no other client will pick (request parameter `request_id`)."""
+    return str(uuid.uuid4())
 
 
 class WhisperClient:
@@ -102,7 +120,7 @@ class WhisperClient:
         if self.protocol is Protocol.HTTP:
             import tritonclient.http as triton
 
-            timeouts = {} if timeout_s is None else {"network_timeout": timeout_s}
+            timeouts = {} if timeout_s is None else {"network_timeout": timeout_s, "connection_timeout": timeout_s}
             self._client = triton.InferenceServerClient(self.url, ssl=self.address.tls, **timeouts)
         else:
             import tritonclient.grpc as triton
@@ -169,6 +187,18 @@ class WhisperClient:
         response = self._call(tensor_names.POSTPROCESSING_NAME, inputs, TRANSCRIPT_OUTPUTS, options)
         return TranscriptOutputs(*(_text(response, name) for name in TRANSCRIPT_OUTPUTS))
 
+    def cancel(self, request_id: str) -> None:
+        """Stop the request sent with `request_id` wherever it is on the server; an id
+        that names no request (one already answered) is no error.
+
+        Triton 2.51 passes no cancel into a running step of the `transcribe` ensemble
+        (server#6739): the `whisper` model takes the cancel, as a request of its own."""
+        inputs = [
+            self._array(tensor_names.LOG_MEL, np.zeros((1, 1, 1), dtype=np.float32), "FP32"),
+            self._array(tensor_names.SAMPLES, np.zeros((1, 1), dtype=np.int64), "INT64"),
+        ]
+        self._call(tensor_names.WHISPER_NAME, inputs, (), {CANCEL_KEY: request_id})
+
     def _infer(
         self, audio: bytes | str | os.PathLike[str], outputs: tuple[str, ...], options: dict[str, object]
     ) -> list[str]:
@@ -202,7 +232,12 @@ class WhisperClient:
                 raise ServerUnreachable(unreachable) from None
             if not isinstance(error, InferenceServerException):
                 raise TranscriptionError(f"the connection to {self.address} failed: {error}") from None
-            raise TranscriptionError(triton_message(error.message() or str(error))) from None
+            message = error.message() or str(error)
+            if self.protocol is Protocol.HTTP and (error.status() in NOT_TRITONS or not isinstance(message, str)):
+                wrong = wrong_endpoint(self.address)  # the gateway's port, or the metrics port
+                if wrong is not None:
+                    raise ServerUnreachable(wrong) from None
+            raise TranscriptionError(triton_message(str(message))) from None
 
     def close(self) -> None:
         self._client.close()

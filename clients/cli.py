@@ -11,23 +11,36 @@ Every flag becomes a request parameter checked before anything is sent, by
 the server's own parser: a bad value is one line and exit status 2. A file
 the server refuses is reported on stderr and the others go on (exit status
 1); a server that cannot be reached stops the command at once, with the cause.
+
+Ctrl-C stops the command within a second (exit status 130), and the requests
+in flight on the server too: each request carries an id of its own
+(`request_id`), and the command sends a cancel naming it (`WhisperClient.cancel`)
+before it leaves, so that the server frees their decoding slots.
+
+openai-whisper's spellings work too: `--output_format`, `--output_dir`,
+`--language English`; `--model` is accepted, but the server transcribes with
+the checkpoint it was started with, which a warning says.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.metadata
+import os
+import signal
 import sys
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as wait_for_futures
 from pathlib import Path
 
 from tqdm import tqdm
 
-from clients.api import ServerUnreachable, TranscriptionError, WhisperClient
+from clients.api import ServerUnreachable, TranscriptionError, WhisperClient, new_request_id
 from clients.connection import AddressError, Protocol, parse_address
 from clients.outputs import ALL, CHOICES, STDIN, Input, StdoutDocument, output_formats, unique_stems, write_files
-from clients.progress import ProgressLine, audio_seconds
+from clients.progress import ERASE_LINE, ProgressLine, SpeedRecord, audio_seconds
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import LongFormMode
 from python_backend_lib.serving.parameters import parse_request_parameters
@@ -36,7 +49,9 @@ from python_backend_lib.text.formats import Document, SubtitleOptions
 PROG = "whisper-triton transcribe"
 DESCRIPTION = (
     "Send audio files to a running whisper-triton server (whisper-triton serve) and print their "
-    "transcripts, or write them as files: text, JSON, SRT, WebVTT or TSV."
+    "transcripts, or write them as files: text, JSON, SRT, WebVTT or TSV. "
+    "openai-whisper's spellings of the flags work too (--output_format, --output_dir, --word_timestamps, "
+    "--initial_prompt, ...)."
 )
 EXAMPLES = """\
 examples:
@@ -49,6 +64,11 @@ examples:
 """
 # Flags that lay out word-timed subtitles: they need --word-timestamps, as in openai-whisper.
 LAYOUT_FLAGS = ("max_line_width", "max_line_count", "highlight_words")
+# Ctrl-C: the shell's status for a command ended by SIGINT.
+INTERRUPTED = 128 + signal.SIGINT
+# Ctrl-C: the cancels and the answers they bring end within this long, else the command leaves without them.
+INTERRUPT_GRACE_S = 0.8
+CANCEL_TIMEOUT_S = 0.5
 
 
 def version() -> str:
@@ -61,10 +81,21 @@ def version() -> str:
         return f"whisper-triton {__version__}"
 
 
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Help without openai-whisper's underscore spellings of the flags (DESCRIPTION names them)."""
+
+    def _format_action_invocation(self, action: argparse.Action) -> str:
+        if not action.option_strings:
+            return super()._format_action_invocation(action)
+        shown = [option for option in action.option_strings if "_" not in option]
+        return super()._format_action_invocation(argparse.Action(shown, action.dest, nargs=action.nargs,
+                                                                 metavar=action.metavar))
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = EXAMPLES
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.formatter_class = _HelpFormatter
     parser.add_argument("files", nargs="+", metavar="FILE", help="audio or video files (wav, flac, ogg, mp3, m4a, mp4, webm, ...); - reads stdin")
     parser.add_argument("--version", action="version", version=version())
 
@@ -79,38 +110,46 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     output = parser.add_argument_group("output")
     output.add_argument(
-        "-f", "--format", "--output-format", choices=CHOICES, default="text", dest="output_format", metavar="FORMAT",
+        "-f", "--format", "--output-format", "--output_format", choices=CHOICES, default="text", dest="output_format", metavar="FORMAT",
         help="text (txt), json, verbose_json, srt, vtt, tsv, or all (with --output-dir) (default: text)",
     )
     output.add_argument(
-        "-o", "--output-dir", type=Path, metavar="DIR", help="write <stem>.<ext> files here, each path reported, instead of stdout"
+        "-o", "--output-dir", "--output_dir", type=Path, metavar="DIR", help="write <stem>.<ext> files here, each path reported, instead of stdout"
     )
-    output.add_argument("--max-line-width", type=int, metavar="N", help="subtitles: characters per line (word timestamps)")
-    output.add_argument("--max-line-count", type=int, metavar="N", help="subtitles: lines per cue (with --max-line-width)")
-    output.add_argument("--highlight-words", action="store_true", help="subtitles: underline each word as it is spoken")
+    output.add_argument("--max-line-width", "--max_line_width", type=int, metavar="N", help="subtitles: characters per line (word timestamps)")
+    output.add_argument("--max-line-count", "--max_line_count", type=int, metavar="N", help="subtitles: lines per cue (with --max-line-width)")
+    output.add_argument("--highlight-words", "--highlight_words", action="store_true", help="subtitles: underline each word as it is spoken")
 
     decoding = parser.add_argument_group("decoding")
-    decoding.add_argument("--language", metavar="CODE", help="language code such as 'en' (multilingual checkpoints detect it)")
+    decoding.add_argument(
+        "--model", metavar="NAME",
+        help="accepted for openai-whisper's habit and otherwise ignored: the server transcribes with the checkpoint "
+        "it was started with (whisper-triton serve --checkpoint), which a warning says",
+    )
+    decoding.add_argument(
+        "--language", metavar="LANGUAGE",
+        help="a code such as 'en' or a name such as 'English' (default: multilingual checkpoints detect it)",
+    )
     decoding.add_argument("--task", choices=["transcribe", "translate"])
     decoding.add_argument(
         "--timestamps", action=argparse.BooleanOptionalAction,
         help="decode with timestamp tokens (default: on, as openai-whisper: better text, long audio seeks by them)",
     )
-    decoding.add_argument("--word-timestamps", action="store_true", help="time every word (json, verbose_json, subtitles)")
+    decoding.add_argument("--word-timestamps", "--word_timestamps", action="store_true", help="time every word (json, verbose_json, subtitles)")
     decoding.add_argument(
         "--long-form", choices=[m.value for m in LongFormMode],
         help="audio over 30 s: window after window (sequential, the default) or chunks cut at pauses, side by side (batched)",
     )
-    decoding.add_argument("--prompt", "--initial-prompt", metavar="TEXT", help="text to condition the decoding on (names, spelling)")
+    decoding.add_argument("--prompt", "--initial-prompt", "--initial_prompt", metavar="TEXT", help="text to condition the decoding on (names, spelling)")
     decoding.add_argument("--temperature", type=float, metavar="T", help="first sampling temperature (default: 0, greedy)")
-    decoding.add_argument("--temperature-increment", type=float, metavar="T", help="added on each fallback (default: 0.2; 0: none)")
+    decoding.add_argument("--temperature-increment", "--temperature_increment_on_fallback", type=float, metavar="T", help="added on each fallback (default: 0.2; 0: none)")
     decoding.add_argument(
         "--no-condition-on-previous-text", action="store_false", dest="condition_on_previous_text", default=None,
         help="do not prompt each window with the text before it",
     )
-    decoding.add_argument("--compression-ratio-threshold", type=float, metavar="X", help="fallback above this (default: 2.4)")
-    decoding.add_argument("--logprob-threshold", type=float, metavar="X", help="fallback below this log-probability (default: -1)")
-    decoding.add_argument("--no-speech-threshold", type=float, metavar="P", help="silence above this probability (default: 0.6)")
+    decoding.add_argument("--compression-ratio-threshold", "--compression_ratio_threshold", type=float, metavar="X", help="fallback above this (default: 2.4)")
+    decoding.add_argument("--logprob-threshold", "--logprob_threshold", type=float, metavar="X", help="fallback below this log-probability (default: -1)")
+    decoding.add_argument("--no-speech-threshold", "--no_speech_threshold", type=float, metavar="P", help="silence above this probability (default: 0.6)")
 
 
 def _positive_int(text: str) -> int:
@@ -163,37 +202,59 @@ def check(args: argparse.Namespace) -> SubtitleOptions:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Transcribe every file; 0 if all succeeded, 1 otherwise, 2 for bad flags (errors go to stderr)."""
+    """Transcribe every file; 0 if all succeeded, 1 otherwise, 2 for bad flags, 130 for Ctrl-C
+    (errors go to stderr)."""
     try:
         layout = check(args)
     except UsageError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
+    if args.model is not None:
+        print(
+            f"{PROG}: warning: --model {args.model} is not applied: the server transcribes with the checkpoint "
+            "it was started with (whisper-triton serve --checkpoint NAME chooses it)",
+            file=sys.stderr,
+        )
+    try:
+        return transcribe_all(args, layout)
+    except KeyboardInterrupt:  # before any request was sent (reading standard input, say)
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return INTERRUPTED
+
+
+def transcribe_all(args: argparse.Namespace, layout: SubtitleOptions) -> int:
+    """Send every file, `--concurrency` at a time, and write each transcript in order."""
     inputs = [Input(name) for name in args.files]
     stdin_audio = sys.stdin.buffer.read() if any(i.name == STDIN for i in inputs) else b""
     options = request_options(args)
+    request_ids = [new_request_id() for _ in inputs]  # Ctrl-C names them in its cancels
     local = threading.local()
 
-    def transcribe(item: Input) -> Document:
+    def transcribe(item: Input, request_id: str) -> Document:
         if not hasattr(local, "client"):  # tritonclient clients are not shared between threads
             local.client = WhisperClient(args.url, args.protocol)
         source = stdin_audio if item.name == STDIN else _read(item.name)
         if len(inputs) > 1:
-            return local.client.transcribe_document(source, **options)
-        with ProgressLine(item.name, audio_seconds(source)):
-            return local.client.transcribe_document(source, **options)
+            return local.client.transcribe_document(source, request_id=request_id, **options)
+        seconds_of_audio = audio_seconds(source)
+        speed = SpeedRecord(str(local.client.address))
+        started = time.monotonic()
+        with ProgressLine(item.name, seconds_of_audio, speed.seconds_per_audio_second()):
+            document = local.client.transcribe_document(source, request_id=request_id, **options)
+        speed.measured(seconds_of_audio, time.monotonic() - started)
+        return document
 
     formats = output_formats(args.output_format)
     stdout = None if args.output_dir else StdoutDocument(sys.stdout, formats[0], layout, several=len(inputs) > 1)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     failures = 0
-    with ThreadPoolExecutor(max_workers=args.concurrency) as pool, tqdm(
-        total=len(inputs), unit="file", file=sys.stderr, disable=True if len(inputs) < 2 else None
-    ) as progress:
-        futures: list[Future[Document]] = []
-        for item in inputs:
-            future = pool.submit(transcribe, item)
+    pool = ThreadPoolExecutor(max_workers=args.concurrency)
+    progress = tqdm(total=len(inputs), unit="file", file=sys.stderr, disable=True if len(inputs) < 2 else None)
+    futures: list[Future[Document]] = []
+    try:
+        for item, request_id in zip(inputs, request_ids):
+            future = pool.submit(transcribe, item, request_id)
             future.add_done_callback(lambda _: progress.update())
             futures.append(future)
         for item, stem, future in zip(inputs, unique_stems(inputs), futures):
@@ -213,7 +274,61 @@ def run(args: argparse.Namespace) -> int:
                 continue
             for path in write_files(args.output_dir, stem, formats, document, layout):
                 progress.write(f"{item.name} -> {path}", file=sys.stdout)
+    except KeyboardInterrupt:
+        progress.close()
+        return stop_on_interrupt(args, pool, futures, request_ids)
+    pool.shutdown()
+    progress.close()
     return 1 if failures else 0
+
+
+def stop_on_interrupt(
+    args: argparse.Namespace, pool: ThreadPoolExecutor, futures: list[Future[Document]], request_ids: list[str]
+) -> int:
+    """Ctrl-C: send no more files, cancel those in flight on the server, and leave
+    within INTERRUPT_GRACE_S, without a traceback.
+
+    Leaving once the server has answered the cancelled requests closes no gRPC call
+    while Triton still runs it (a transport cancel, which Triton 2.51 can crash on
+    under load: server#7368); a server that does not answer in time is left."""
+    signal.signal(signal.SIGINT, _leave_now)  # a second Ctrl-C does not wait
+    deadline = time.monotonic() + INTERRUPT_GRACE_S
+    pool.shutdown(wait=False, cancel_futures=True)
+    running = [(future, request_id) for future, request_id in zip(futures, request_ids) if not future.done()]
+    outcome = _cancel_on_server(args, [request_id for _, request_id in running], deadline)
+    _, unanswered = wait_for_futures([future for future, _ in running], timeout=max(0.0, deadline - time.monotonic()))
+    if unanswered and outcome.startswith("; cancelled"):
+        outcome = f"; sent a cancel for {len(running)}, which the server had not confirmed by now"
+    erase = ERASE_LINE if sys.stderr.isatty() else ""  # a progress line still drawn
+    print(f"{erase}{PROG}: interrupted{outcome}", file=sys.stderr)
+    if unanswered:  # their threads would hold the interpreter's exit until the server answers
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(INTERRUPTED)
+    return INTERRUPTED
+
+
+def _cancel_on_server(args: argparse.Namespace, request_ids: list[str], deadline: float) -> str:
+    """Send a cancel for each request; what to add to the "interrupted" line ("cancelled"
+    once the server has answered them all: it stopped decoding them)."""
+    if not request_ids:
+        return ""
+    sent = 0
+    try:
+        with WhisperClient(args.url, args.protocol, timeout_s=CANCEL_TIMEOUT_S) as client:
+            for request_id in request_ids:
+                if time.monotonic() > deadline:
+                    break
+                client.cancel(request_id)
+                sent += 1
+    except TranscriptionError as error:
+        return f"; could not cancel on the server: {error}"
+    plural = "" if sent == 1 else "s"
+    return f"; cancelled {sent} request{plural} on the server"
+
+
+def _leave_now(signum: int, frame: object) -> None:
+    os._exit(INTERRUPTED)
 
 
 class _InputError(Exception):

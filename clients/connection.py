@@ -8,14 +8,17 @@ other protocol is refused at once, before anything is sent.
 
 When a request fails before the server could answer it, `connection_failure`
 turns tritonclient's exception into one line that names the likely cause (no
-server there, or the other protocol's port) and the fix. Torch-free: the
-clients and the gateway use it.
+server there, or the other protocol's port) and the fix. An answer that is not
+Triton's (a 404 from whisper-triton's OpenAI gateway, a 405 from Triton's
+metrics port) is looked into by `wrong_endpoint`, which names what answered
+and the URL to give instead. Torch-free: the clients and the gateway use it.
 """
 
 from __future__ import annotations
 
 import enum
 import http.client
+import json
 import re
 import urllib.error
 import urllib.request
@@ -122,10 +125,76 @@ def connection_failure(address: ServerAddress, error: BaseException) -> str | No
     # gRPC reports only the last address it tried (localhost is ::1 and 127.0.0.1):
     # whether an HTTP server answers there is the surer sign of the wrong port.
     if _answers_http(address.location):
-        return _other_protocol(address, "closed the gRPC connection")
+        return wrong_endpoint(address) or _other_protocol(address, "closed the gRPC connection")
     if "Connection refused" in message:
         return _not_running(address)
     return f"cannot reach the server at {address}: {message}"
+
+
+class Endpoint(enum.Enum):
+    """What answers HTTP at an address."""
+
+    TRITON = "Triton's HTTP endpoint"
+    METRICS = "Triton's metrics port"
+    GATEWAY = "whisper-triton's OpenAI-compatible gateway (whisper-triton gateway)"
+
+
+def wrong_endpoint(address: ServerAddress) -> str | None:
+    """One line naming what answered at `address` and the URL to give instead,
+    when it is the metrics port or the gateway rather than Triton; None otherwise."""
+    endpoint = identify(address.location, address.tls)
+    if endpoint is None or endpoint is Endpoint.TRITON:
+        return None
+    host = _host(address.location)
+    instead = (
+        f"give Triton's address instead: --url {host}:{DEFAULT_PORTS[Protocol.HTTP]} (HTTP) "
+        f"or --url grpc://{host}:{DEFAULT_PORTS[Protocol.GRPC]} (gRPC) by default"
+    )
+    if endpoint is Endpoint.GATEWAY:
+        base = f"{'https' if address.tls else 'http'}://{address.location.split('/', 1)[0]}/v1"
+        return f"{address} is {endpoint.value}, not Triton: {instead}; OpenAI clients use the gateway at {base}"
+    return f"{address} is {endpoint.value}, which serves only /metrics: {instead}"
+
+
+def identify(location: str, tls: bool = False) -> Endpoint | None:
+    """What answers HTTP at `location` (host:port), by what it serves: Triton's
+    server metadata (/v2), Prometheus text (/metrics), OpenAI's model list
+    (/v1/models); None for something else, or nothing."""
+    root = f"{'https' if tls else 'http'}://{location.split('/', 1)[0]}"
+    metadata = _get_json(f"{root}/v2")
+    if isinstance(metadata, dict) and metadata.get("name") == "triton":
+        return Endpoint.TRITON
+    metrics = _get_text(f"{root}/metrics")
+    if metrics is not None and "# TYPE nv_" in metrics:
+        return Endpoint.METRICS
+    models = _get_json(f"{root}/v1/models")
+    if isinstance(models, dict) and models.get("object") == "list":
+        return Endpoint.GATEWAY
+    return None
+
+
+def _get_text(url: str) -> str | None:
+    """The body of a 200 answer to GET `url`; None for any other outcome."""
+    try:
+        with urllib.request.urlopen(url, timeout=HTTP_PROBE_TIMEOUT_S) as reply:
+            return reply.read().decode("utf-8", errors="replace")
+    except (OSError, http.client.HTTPException, ValueError):  # HTTPError (a status) is an OSError
+        return None
+
+
+def _get_json(url: str) -> object:
+    text = _get_text(url)
+    try:
+        return None if text is None else json.loads(text)
+    except ValueError:
+        return None
+
+
+def _host(location: str) -> str:
+    """"example.org:9000/prefix" -> "example.org" ("[::1]:9000" keeps its brackets)."""
+    host_port = location.split("/", 1)[0]
+    host, separator, port = host_port.rpartition(":")
+    return host if separator and port.isdigit() and not host_port.endswith("]") else host_port
 
 
 def _answers_http(location: str) -> bool:

@@ -5,7 +5,8 @@ stem (a/talk.wav and b/talk.mp3) never overwrite each other: the later ones get
 `<stem>-2`, `<stem>-3`, ... On stdout, several files make one valid document
 of the format: SRT cues numbered on across files, one WebVTT header with a NOTE
 naming each file, one TSV table with a `file` column, one JSON object per line
-with a "file" field, and `==> file <==` headers before plain text.
+with a "file" field, and `==> file <==` headers before plain text. One file's
+JSON is the server's own, key for key OpenAI's json or verbose_json.
 """
 
 from __future__ import annotations
@@ -111,8 +112,10 @@ class StdoutDocument:
         elif self.format is ResponseFormat.TEXT:
             rendered = document.render(self.format)
             return f"==> {name} <==\n{rendered}\n" if self.several else rendered
-        else:  # JSON lines, each naming its file
+        elif self.several:  # JSON lines, each naming its file
             return document.render(self.format, file=name)
+        else:  # one file: exactly the server's (and OpenAI's) json or verbose_json
+            return document.render(self.format)
         separator = "\n" if self._started and text and self.format is not ResponseFormat.TSV else ""
         self._started = self._started or bool(text)
         return separator + text

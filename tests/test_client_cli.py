@@ -46,10 +46,51 @@ def parse(*argv: str):
              "compression_ratio_threshold": 3.0, "logprob_threshold": -2.0, "no_speech_threshold": 0.9},
         ),
         (("--initial-prompt=Names.",), {"prompt": "Names."}),
+        (("--initial_prompt=Names.", "--word_timestamps", "--temperature_increment_on_fallback=0"),
+         {"prompt": "Names.", "word_timestamps": True, "temperature_increment": 0.0}),
+        (("--language=English", "--model=small"), {"language": "English"}),  # the server reads the name
     ],
 )
 def test_flags_become_typed_request_parameters(argv, expected):
     assert request_options(parse(*argv)) == expected
+
+
+def test_openai_whisper_spellings_are_accepted_and_kept_out_of_the_help(capsys):
+    args = parse("--output_format", "all", "--output_dir", "out", "--max_line_width", "40", "--model", "tiny.en")
+    assert (args.output_format, str(args.output_dir), args.max_line_width, args.model) == ("all", "out", 40, "tiny.en")
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["transcribe", "--help"])
+    shown = capsys.readouterr().out
+    assert "--output-format" in shown and "--output_format" in shown  # named once, in the description
+    assert "--output_dir" not in shown.split("positional arguments")[1]
+
+
+@pytest.mark.parametrize(
+    ("given", "code"),
+    [("en", "en"), ("EN", "en"), ("English", "en"), ("english", "en"), (" German ", "de"), ("Myanmar", "my"),
+     ("norwegian nynorsk", "nn"), ("castilian", "es"), ("zz", "zz")],
+)
+def test_languages_may_be_named(given, code):
+    from python_backend_lib.serving.parameters import parse_request_parameters
+
+    assert parse_request_parameters({"language": given}).decoding.language == code
+
+
+def test_the_estimate_of_a_long_file(tmp_path):
+    from clients.progress import MIN_MEASURED_AUDIO_S, ProgressLine, SpeedRecord
+
+    assert ProgressLine("a.wav", 120.0).text(5) == "a.wav: transcribing 2:00 of audio on the server, 0:05 so far"
+    line = ProgressLine("a.wav", 120.0, seconds_per_audio_second=0.1)  # 12 s expected
+    assert line.text(3).endswith(", 0:03 so far, ~25% (estimated), about 0:09 left")
+    assert line.text(13).endswith(", 0:13 so far, longer than this server's earlier speed suggested")
+    record = SpeedRecord("http://localhost:8000", tmp_path / "speed.json")
+    assert record.seconds_per_audio_second() is None
+    record.measured(MIN_MEASURED_AUDIO_S / 2, 100.0)  # too short to tell
+    assert record.seconds_per_audio_second() is None
+    record.measured(100.0, 10.0)
+    record.measured(100.0, 20.0)
+    assert record.seconds_per_audio_second() == pytest.approx(0.15)
+    assert SpeedRecord("grpc://localhost:8001", record.path).seconds_per_audio_second() is None
 
 
 def test_protocol_and_concurrency_are_checked():
@@ -79,11 +120,24 @@ def render(output_format: str, path: Path, document: Document) -> str:
 def test_render_each_format():
     path = Path("talk.wav")
     assert render("text", path, RESULT) == "Ask not.\n"
-    assert json.loads(render("json", path, RESULT))["file"] == "talk.wav"
+    assert json.loads(render("json", path, RESULT)) == json.loads(RESULT.render(ResponseFormat.JSON))
     assert render("srt", path, RESULT).startswith("1\n00:00:00,000 --> 00:00:01,000\nAsk\n")
     assert render("vtt", path, RESULT).startswith("WEBVTT\n\n00:00:00.000 --> 00:00:01.000\nAsk\n")
-    verbose = json.loads(render("verbose_json", path, RESULT))
-    assert (verbose["file"], verbose["language"], verbose["segments"][1]["id"]) == ("talk.wav", "english", 1)
+    verbose = json.loads(render("verbose_json", path, RESULT))  # OpenAI's verbose_json, key for key: no "file"
+    assert list(verbose)[:5] == ["task", "language", "duration", "text", "segments"] and "file" not in verbose
+    assert verbose == json.loads(RESULT.render(ResponseFormat.VERBOSE_JSON))
+    assert (verbose["language"], verbose["segments"][1]["id"]) == ("english", 1)
+
+
+def test_several_files_print_json_lines_naming_each_file():
+    printed = io.StringIO()
+    document = StdoutDocument(printed, ResponseFormat.VERBOSE_JSON, SubtitleOptions(), several=True)
+    document.write("a.wav", RESULT)
+    document.write("b.wav", RESULT)
+    lines = [json.loads(line) for line in printed.getvalue().splitlines()]
+    assert [line["file"] for line in lines] == ["a.wav", "b.wav"]
+    alone = json.loads(RESULT.render(ResponseFormat.VERBOSE_JSON))
+    assert all({key: value for key, value in line.items() if key != "file"} == alone for line in lines)
 
 
 def test_serve_flags_have_the_documented_defaults():

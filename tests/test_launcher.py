@@ -88,9 +88,11 @@ def test_a_taken_port_is_refused_before_starting(tmp_path):
         taken.bind(("", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        settings = ServerSettings(model_repository=tmp_path, http_port=port, grpc_port=0, metrics_port=0)
-        with pytest.raises(ServerError, match=f"port {port} is not free"):
-            TritonServer(settings).start()
+        for flag, ports in (("--http-port", (port, 0, 0)), ("--metrics-port", (0, 0, port))):
+            settings = ServerSettings(model_repository=tmp_path, http_port=ports[0], grpc_port=ports[1],
+                                      metrics_port=ports[2])
+            with pytest.raises(ServerError, match=f"port {port} is not free .*choose another port with {flag}=PORT"):
+                TritonServer(settings).start()
 
 
 def test_mps_without_a_gpu_is_refused_in_one_line(tmp_path):

@@ -165,3 +165,19 @@ def test_raw_pcm_bounds_are_the_decoders(sample_rate, channels, accepted):
         with pytest.raises(AudioError, match="outside|must be from"):
             pcm_to_waveform(pcm, sample_rate, channels=channels)
     assert MAX_CHANNELS == 32  # the bound chosen, and why, in audio/decode.py
+
+
+def test_a_request_may_be_named_and_a_cancel_names_one():
+    named = parse_request_parameters({"request_id": "0b6f4c1e-1d2a-4c1b-9a55-3e0b9d7c1a2f", "language": "en"})
+    assert named.request_id == "0b6f4c1e-1d2a-4c1b-9a55-3e0b9d7c1a2f" and named.cancel is None
+    assert parse_request_parameters({"cancel": "abc"}).cancel == "abc"
+    for raw, message in (
+        ({"request_id": "../etc"}, "'request_id' must be 1 to 128 letters"),
+        ({"request_id": ".hidden"}, "'request_id' must be"),
+        ({"request_id": "x" * 129}, "'request_id' must be"),
+        ({"cancel": "a/b"}, "'cancel' must be"),
+        ({"cancel": 7}, "'cancel' must be str"),
+        ({"cancel": "abc", "language": "en"}, "makes a cancel request: send it alone"),
+    ):
+        with pytest.raises(RequestError, match=message):
+            parse_request_parameters(raw)

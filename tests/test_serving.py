@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -16,7 +17,7 @@ from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.scheduler import EngineUnavailable
 from python_backend_lib.serving.admission import AdmissionPolicy
-from python_backend_lib.serving.cancellation import CancellationWatcher
+from python_backend_lib.serving.cancellation import POSTED_FOR_S, CancelBoard, CancellationWatcher
 from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
 from python_backend_lib.serving.inputs import check_log_mel, nonfinite, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
@@ -321,3 +322,34 @@ def test_the_parent_watch_acts_once_the_parent_is_gone(monkeypatch):
     monkeypatch.setattr(parent_watch.os, "getppid", lambda: watch.parent + 1)
     assert orphaned.wait(5)
     watch.close()
+
+
+def test_a_cancel_posted_on_the_board_reaches_the_watch_of_that_id(tmp_path):
+    """Two watchers stand for two whisper instances (processes) of one server: a
+    cancel posted by one reaches the request the other holds; an id posted for no
+    request is kept (its request may arrive later) until POSTED_FOR_S, and a
+    cancelled request's id leaves the board once it is answered."""
+    folder = tmp_path / "board"
+    here, there = CancelBoard(folder), CancelBoard(folder)
+    watcher = CancellationWatcher(there, interval_s=0.01)
+    try:
+        held = watcher.watch(lambda: False, "id-held-there")
+        other = watcher.watch(lambda: False, "id-of-another")
+        anonymous = watcher.watch(lambda: False)
+        here.post("id-held-there")
+        here.post("id-of-nobody")
+        deadline = time.monotonic() + 10
+        while not held.cancelled() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert held.cancelled() and not other.cancelled() and not anonymous.cancelled()
+        watcher.forget(held)
+        assert here.posted() == {"id-of-nobody"}
+        stale = folder / "id-of-nobody"
+        os.utime(stale, (time.time() - POSTED_FOR_S - 1,) * 2)
+        deadline = time.monotonic() + 10
+        while stale.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert not stale.exists()
+    finally:
+        watcher.close()
+    assert not folder.exists()  # the server stopped: nothing left to cancel

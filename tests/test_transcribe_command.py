@@ -58,10 +58,7 @@ def test_output_dir_writes_every_format_and_never_overwrites_a_shared_stem(serve
         for ext, fmt in zip(extensions, ("text", "srt", "vtt", "tsv", "json")):
             alone = ok(source, "--url", server.http_url, "-f", fmt)
             written = (out / f"{stem}.{ext}").read_text()
-            if fmt == "json":  # printed, a JSON line names its file
-                assert {**json.loads(written), "file": str(source)} == json.loads(alone)
-            else:
-                assert written == alone
+            assert written == alone  # one file's JSON on stdout is the server's, without a "file" key
     assert (out / "talk.tsv").read_text().startswith("start\tend\ttext\n0\t")
     assert "country" in (out / "talk.txt").read_text() and "spades" in (out / "talk-2.txt").read_text()
 
@@ -141,6 +138,85 @@ def test_a_long_file_shows_a_progress_line_on_a_terminal(server):
     drawn = seen.decode()
     assert re.search(rf"{re.escape(str(SONNET))}: transcribing 0:53 of audio on the server, 0:0\d so far", drawn), drawn
     assert drawn.endswith("\r\x1b[K")  # erased before the transcript
+
+
+def test_a_long_file_shows_an_estimate_once_the_server_was_timed(server, tmp_path):
+    """The first long file on a server shows the time taken only; it leaves its speed
+    behind (in the cache folder), and the next shows a percentage and the time left."""
+    environ = {**os.environ, "WHISPER_TRITON_CACHE": str(tmp_path)}
+    lines = []
+    for _ in range(2):
+        controller, terminal = pty.openpty()
+        process = subprocess.Popen(
+            whisper_triton_command() + ["transcribe", str(SONNET), f"--url={server.http_url}"],
+            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal, env=environ,
+        )
+        os.close(terminal)
+        seen = b""
+        try:
+            while chunk := _read_terminal(controller):
+                seen += chunk
+        finally:
+            os.close(controller)
+        assert process.wait(timeout=TIMEOUT_S) == 0
+        lines.append(seen.decode())
+    assert "%" not in lines[0] and "left" not in lines[0]
+    assert (tmp_path / "transcribe-speed.json").exists()
+    estimate = r"0:53 of audio on the server, 0:0\d so far(, ~\d+% \(estimated\), about 0:\d\d left|, longer than)"
+    assert re.search(estimate, lines[1]), lines[1]
+
+
+def _read_terminal(controller: int) -> bytes:
+    try:
+        return os.read(controller, 4096)
+    except OSError:  # EIO: the process closed the terminal
+        return b""
+
+
+def test_openai_whisper_habits_work(server, tmp_path):
+    """openai-whisper's spellings: --output_format all --output_dir DIR, --model NAME
+    (one warning: the server's checkpoint transcribes), a language by name."""
+    completed = transcribe(JFK, "--url", server.http_url, "--output_format", "all", "--output_dir", tmp_path,
+                           "--model", "small", "--language", "English")
+    assert completed.returncode == 0, completed.stderr.decode()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["jfk.json", "jfk.srt", "jfk.tsv", "jfk.txt", "jfk.vtt"]
+    assert completed.stderr.decode() == (
+        "whisper-triton transcribe: warning: --model small is not applied: the server transcribes with the "
+        "checkpoint it was started with (whisper-triton serve --checkpoint NAME chooses it)\n"
+    )
+    for language in ("english", "en", "EN"):
+        assert "country" in ok(JFK, "--url", server.http_url, "--language", language)
+    assert "spades" in ok(CARDS, "--url", server.http_url, "--word_timestamps", "--initial_prompt", "Cards.")
+
+
+def test_one_files_json_is_the_servers_verbose_json(server):
+    from clients.api import WhisperClient
+
+    printed = json.loads(ok(JFK, "--url", server.http_url, "-f", "verbose_json"))
+    with WhisperClient(server.http_url) as client:
+        assert printed == json.loads(client.formatted(JFK, "verbose_json"))
+    assert "file" not in printed
+
+
+def test_the_gateways_port_and_the_metrics_port_are_named(server, gateway):
+    """--url at the port of `whisper-triton gateway` or at Triton's metrics port: one
+    line naming what answered and the URL to give instead; no traceback."""
+    gateway_address = gateway.removeprefix("http://").removesuffix("/v1")
+    metrics_address = server.metrics_url.removeprefix("http://").removesuffix("/metrics")
+    for url, said in (
+        (gateway_address, f"http://{gateway_address} is whisper-triton's OpenAI-compatible gateway"),
+        (f"grpc://{gateway_address}", f"grpc://{gateway_address} is whisper-triton's OpenAI-compatible gateway"),
+        (metrics_address, f"http://{metrics_address} is Triton's metrics port"),
+        (f"grpc://{metrics_address}", f"grpc://{metrics_address} is Triton's metrics port"),
+    ):
+        completed = transcribe(JFK, JFK, "--url", url)
+        stderr = completed.stderr.decode()
+        assert completed.returncode == 1 and len(stderr.splitlines()) == 1, stderr
+        assert stderr.startswith(f"whisper-triton transcribe: {said}") and "Traceback" not in stderr
+        assert "--url 127.0.0.1:8000 (HTTP) or --url grpc://127.0.0.1:8001 (gRPC)" in stderr.replace(
+            "localhost", "127.0.0.1"
+        )
+    assert f"OpenAI clients use the gateway at {gateway}" in transcribe(JFK, "--url", gateway).stderr.decode()
 
 
 def test_no_progress_line_in_a_pipe(server):

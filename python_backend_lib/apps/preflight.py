@@ -34,12 +34,17 @@ def checkpoint_problem(source: str | None) -> str | None:
     return None
 
 
-def port_problem(port: int) -> str | None:
-    """A port already taken: fail now rather than poll another server's readiness."""
+def port_problem(port: int, flag: str) -> str | None:
+    """A port already taken: fail now rather than poll another server's readiness.
+
+    flag: the `serve` option that sets this port (--http-port), named in the message."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind(("0.0.0.0", port))
         except OSError as error:
-            return f"port {port} is not free ({error.strerror}); choose another"
+            return (
+                f"port {port} is not free ({error.strerror}): another server may be running there; "
+                f"stop it, or choose another port with {flag}=PORT"
+            )
     return None

@@ -254,9 +254,10 @@ class TritonServer:
         """Start tritonserver and wait until every model is ready; ServerError otherwise."""
         if self._process is not None:
             raise ServerError("this server was already started")
-        ports = (self.settings.http_port, self.settings.grpc_port, self.settings.metrics_port)
+        ports = {"--http-port": self.settings.http_port, "--grpc-port": self.settings.grpc_port,
+                 "--metrics-port": self.settings.metrics_port}
         problems = (preflight.numpy_problem(), preflight.checkpoint_problem(self.settings.checkpoint),
-                    *(preflight.port_problem(port) for port in ports))
+                    *(preflight.port_problem(port, flag) for flag, port in ports.items()))
         for problem in filter(None, problems):
             raise ServerError(problem)
         installation = find_triton()

@@ -32,6 +32,13 @@ LANGUAGE_NAMES: dict[str, str] = {
 }
 LANGUAGE_CODES: tuple[str, ...] = tuple(LANGUAGE_NAMES)
 _CODES_BY_NAME = {name: code for code, name in LANGUAGE_NAMES.items()}
+# Other English names a request may give: openai-whisper's own spellings of the two
+# above, and the other names it accepts for a language.
+LANGUAGE_ALIASES: dict[str, str] = {
+    "myanmar": "my", "nynorsk": "nn", "valencian": "ca", "flemish": "nl", "haitian": "ht", "letzeburgesch": "lb",
+    "pushto": "ps", "panjabi": "pa", "moldavian": "ro", "moldovan": "ro", "sinhalese": "si", "castilian": "es",
+    "mandarin": "zh",
+}
 
 
 def language_name(code: str) -> str:
@@ -40,6 +47,16 @@ def language_name(code: str) -> str:
         return LANGUAGE_NAMES[code]
     except KeyError:
         raise ValueError(f"unknown language code {code!r}") from None
+
+
+def requested_language(text: str) -> str:
+    """A language as a request or a command line may name it, as its code: "en",
+    "EN", "English", "english" -> "en"; "Myanmar" -> "my". Text that names no
+    language comes back lower-cased, for the checkpoint to refuse."""
+    key = " ".join(text.lower().split())
+    if key in LANGUAGE_NAMES:
+        return key
+    return _CODES_BY_NAME.get(key) or LANGUAGE_ALIASES.get(key) or key
 
 
 def language_code(name: str) -> str:

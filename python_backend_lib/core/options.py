@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.languages import requested_language
 
 # Whisper's decoder has 448 learned positions; the previous-text prompt may use
 # at most half of them (openai-whisper's rule), minus the <|startofprev|> token.
@@ -52,8 +53,8 @@ class Task(str, enum.Enum):
 class DecodingOptions:
     """How to decode one 30 s window.
 
-    language: ISO code such as "en"; None lets a multilingual model detect it
-        (English-only models ignore it).
+    language: ISO code such as "en" (a name such as "English" is taken for its
+        code); None lets a multilingual model detect it (English-only models ignore it).
     timestamps: emit <|t|> tokens and so segments with times.
     prompt: previous text to condition on (openai-whisper's initial_prompt);
         refused when longer than MAX_PROMPT_TOKENS.
@@ -80,8 +81,10 @@ class DecodingOptions:
         object.__setattr__(self, "task", choice(Task, self.task, "task"))
         if self.language is not None:
             if not isinstance(self.language, str) or not self.language.strip():
-                raise RequestError(f"language must be a language code such as 'en', got {self.language!r}")
-            object.__setattr__(self, "language", self.language.strip().lower())  # "EN" is "en"
+                raise RequestError(
+                    f"language must be a language code such as 'en' or a name such as 'English', got {self.language!r}"
+                )
+            object.__setattr__(self, "language", requested_language(self.language))  # "English" is "en"
         if self.max_new_tokens is not None and (
             isinstance(self.max_new_tokens, bool)
             or not isinstance(self.max_new_tokens, int)

@@ -8,12 +8,18 @@ by the first model that sees it, with a `RequestError` naming the key.
 Types are those tritonclient sends: `bool`, `int`, `str` (and `float` for
 `temperature`, `temperature_increment` and the three quality thresholds). Strings are never reinterpreted:
 `"true"` is not a bool.
+
+Two keys name requests rather than shape them: `request_id`, the client's own
+name for a request (a uuid4), and `cancel`, which turns a request to the
+`whisper` model into a cancel of the request of that id (`serving.cancellation`:
+Triton 2.51 does not pass a client's cancel into a running ensemble step).
 """
 
 from __future__ import annotations
 
 import enum
 import json
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -28,6 +34,9 @@ from python_backend_lib.text.formats import ResponseFormat
 # and text is better with them (docs/long-audio.md: WER 0.079 against 0.276 on the
 # three-minute recording). `timestamps: false` remains for one-window clips.
 DEFAULT_TIMESTAMPS = True
+# A request id names a file of the cancel board's folder: no path, no dot first.
+REQUEST_ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+CANCEL_KEY = "cancel"
 
 
 class InputFormat(str, enum.Enum):
@@ -48,6 +57,10 @@ class RequestParameters:
     input_format: how to read the AUDIO bytes.
     sample_rate: samples per second of raw PCM; None for files.
     channels: interleaved channels of raw PCM (mixed down to mono).
+    request_id: the client's name for this request, by which a cancel request
+        can stop it; None: it can be cancelled only as Triton allows.
+    cancel: this is no transcription but a cancel of the request of this id
+        (sent to the `whisper` model).
     """
 
     transcription: TranscribeOptions = field(
@@ -57,6 +70,8 @@ class RequestParameters:
     input_format: InputFormat = InputFormat.FILE
     sample_rate: int | None = None
     channels: int = 1
+    request_id: str | None = None
+    cancel: str | None = None
 
     @property
     def decoding(self) -> DecodingOptions:
@@ -91,11 +106,16 @@ _INPUT_KEYS: dict[str, tuple[type, ...]] = {
     "sample_rate": (int,),
     "channels": (int,),
 }
+_NAMING_KEYS: dict[str, tuple[type, ...]] = {
+    "request_id": (str,),
+    CANCEL_KEY: (str,),
+}
 PARAMETER_TYPES: Mapping[str, tuple[type, ...]] = {
     **_DECODING_KEYS,
     **{key: types for key, (_, types) in _TRANSCRIBE_KEYS.items()},
     **_OUTPUT_KEYS,
     **_INPUT_KEYS,
+    **_NAMING_KEYS,
 }
 
 
@@ -146,12 +166,22 @@ def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestPara
             raise RequestError(
                 f"request parameter 'channels' must be from 1 to {MAX_CHANNELS}, got {channels}"
             )
+    for key in _NAMING_KEYS:
+        if key in values and not REQUEST_ID_PATTERN.fullmatch(values[key]):
+            raise RequestError(
+                f"request parameter {key!r} must be 1 to 128 letters, digits, '_', '.' or '-' "
+                f"(a uuid4 will do), got {values[key]!r}"
+            )
+    if CANCEL_KEY in values and len(values) > 1:
+        raise RequestError(f"request parameter {CANCEL_KEY!r} makes a cancel request: send it alone")
     return RequestParameters(
         transcription=transcription,
         response_format=response_format,
         input_format=input_format,
         sample_rate=sample_rate,
         channels=channels,
+        request_id=values.get("request_id"),
+        cancel=values.get(CANCEL_KEY),
     )
 
 

@@ -21,6 +21,7 @@ import torch
 
 from python_backend_lib.audio.feature_graphs import FeatureGraphs
 from python_backend_lib.audio.features import features_for_many, without_padding
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.devices.placement import on_device, single_threaded_host
 from python_backend_lib.devices.transfers import to_host_asleep, wait_idle
 from python_backend_lib.serving import tensor_names
@@ -104,6 +105,11 @@ class PreprocessingService:
             sender = request.get_response_sender()
             try:
                 parameters = parse_request_parameters(request.parameters())
+                if parameters.cancel is not None:
+                    raise RequestError(
+                        f"a cancel request goes to the {tensor_names.WHISPER_NAME!r} model, which holds "
+                        "the requests it cancels"
+                    )
                 audio = self.pb_utils.get_input_tensor_by_name(request, tensor_names.AUDIO)
                 (data,) = single_row(audio.as_numpy(), tensor_names.AUDIO)  # [1] bytes, read before execute returns
             except Exception as error:

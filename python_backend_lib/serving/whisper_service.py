@@ -11,7 +11,9 @@ which write it as numeric tensors (`decoded_tensors`) and send them (a blocking
 round trip to the Triton process, during which Python runs on); the text is
 the `postprocessing` model's. Cancellations are learned in bulk on a thread of
 their own (`cancellation.CancellationWatcher`), and the request limit is kept
-by a `RequestLedger`.
+by a `RequestLedger`. A request whose parameters hold only `cancel` is no
+recording: its id goes on the server's `CancelBoard`, and it is answered at once
+with no outputs.
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from python_backend_lib.devices.placement import single_threaded_host
 from python_backend_lib.devices.transfers import through_pinned
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Entry, RequestLedger
-from python_backend_lib.serving.cancellation import CancellationWatcher, Watch
+from python_backend_lib.serving.cancellation import CancelBoard, CancellationWatcher, Watch, board_folder
 from python_backend_lib.serving.decoded_tensors import to_tensors
 from python_backend_lib.serving.inputs import LogMelInput, check_log_mel, nonfinite
 from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
@@ -82,15 +84,20 @@ class _Checked:
 class WhisperService:
     """The whisper model's requests: start them, answer each exactly once."""
 
-    def __init__(self, pb_utils: Any, settings: ModelSettings, pipeline: Any, engines: int = 1) -> None:
-        """engines: instances of the model in all, which share Triton's queue (`engines_sharing_queue`)."""
+    def __init__(
+        self, pb_utils: Any, settings: ModelSettings, pipeline: Any, engines: int = 1, board: CancelBoard | None = None
+    ) -> None:
+        """engines: instances of the model in all, which share Triton's queue (`engines_sharing_queue`).
+        board: where cancels by request id are posted; default: the board of the
+        tritonserver that started this process, shared by its whisper instances."""
         self.pb_utils = pb_utils
         self.settings = settings
         self.pipeline = pipeline
         on_gpu = pipeline.device.type == "cuda"
         self.admission = settings.admission(pipeline.engine.slots, on_gpu=on_gpu, engines=engines)
         self.ledger = RequestLedger(self.admission.limit)
-        self.watcher = CancellationWatcher()
+        self.board = board or CancelBoard(board_folder(os.getppid()))
+        self.watcher = CancellationWatcher(self.board)
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
         # GPU inputs are copied on a stream of their own and waited for there, not behind the engine's steps.
         self._copies = torch.cuda.Stream(pipeline.device) if on_gpu else None
@@ -108,6 +115,10 @@ class WhisperService:
             pending = _Request(request.get_response_sender())
             try:
                 parameters = parse_request_parameters(request.parameters())
+                if parameters.cancel is not None:
+                    self.board.post(parameters.cancel)
+                    self._responders.submit(self._send, pending, self.pb_utils.InferenceResponse(output_tensors=[]))
+                    continue
                 log_mel = check_log_mel(self.pb_utils, request, self.pipeline.n_mels, self.settings.max_audio_seconds)
                 checked.append(_Checked(request, pending, parameters, log_mel))
             except Exception as error:
@@ -131,7 +142,7 @@ class WhisperService:
             return
         for item, log_mel in zip(admitted, features):
             try:
-                item.pending.watch = self.watcher.watch(item.request.is_cancelled)
+                item.pending.watch = self.watcher.watch(item.request.is_cancelled, item.parameters.request_id)
                 self.pipeline.start(
                     log_mel,
                     item.log_mel.samples,
@@ -184,6 +195,9 @@ class WhisperService:
         except Exception as error:  # a result that cannot be written still gets an answer
             outcome, response = error, error_response(self.pb_utils, error)
         self.ledger.leave(pending.entry, outcome)
+        self._send(pending, response)
+
+    def _send(self, pending: _Request, response: Any) -> None:
         try:
             pending.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
         except Exception:  # the client is gone, or Triton is stopping: nobody left to tell

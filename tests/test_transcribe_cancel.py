@@ -1,0 +1,142 @@
+"""Ctrl-C on `whisper-triton transcribe`, and cancels by request id, through the real server.
+
+Triton 2.51 passes no client cancel into a running step of the `transcribe`
+ensemble (server#6739): the command names each request (`request_id`) and, on
+Ctrl-C, sends the whisper model a cancel naming it (`serving.cancellation`).
+These tests send SIGINT to the command as a subprocess and read on the server
+that the request was dropped and its decoding slot freed.
+"""
+
+from __future__ import annotations
+
+import random
+import signal
+import subprocess
+import time
+
+import numpy as np
+import pytest
+import soundfile
+import tritonclient.grpc
+from conftest import whisper_triton_command
+from test_faults import JFK, is_ready, settled, transcribe, wait_for
+
+from clients.api import TranscriptionError, WhisperClient, new_request_id
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.core import geometry
+from python_backend_lib.serving import tensor_names
+
+pytestmark = pytest.mark.server
+
+CANCELLED = 'whisper_requests_total{outcome="cancelled"}'
+# The issue's requirement: Ctrl-C ends the command, and the server's decoding of it, within a second.
+WITHIN_S = 1.0
+STORM = 40  # cancelled requests back to back (triton-inference-server/server#7368: a crash under load)
+
+
+def long_wav(folder, minutes: float):
+    """JFK repeated for `minutes`, as a WAV file: windows enough to take every slot in batched mode."""
+    samples = decode_audio(JFK)
+    repeats = int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples)))
+    path = folder / f"jfk-{minutes:g}-minutes.wav"
+    soundfile.write(path, np.tile(samples, repeats), geometry.SAMPLE_RATE)
+    return path
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_ctrl_c_exits_within_a_second_and_the_server_stops_decoding(server, tmp_path, protocol):
+    """SIGINT to the command while the server decodes five minutes: the command exits
+    with 130 and one line, without a traceback, within a second. It says "cancelled"
+    only once the server has answered the request as cancelled, which the whisper
+    model does once the engine has dropped it and freed its slot; the metrics then
+    count it cancelled, and nothing is left in flight."""
+    before = settled(server)
+    url = server.http_url if protocol == "http" else f"grpc://{server.grpc_url}"
+    command = whisper_triton_command() + ["transcribe", str(long_wav(tmp_path, 5)), "--url", url]
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        running = wait_for(server, lambda s: s["whisper_running_batch_size"] >= 1)
+        assert running["whisper_running_batch_size"] >= 1, running
+        process.send_signal(signal.SIGINT)
+        interrupted_at = time.monotonic()
+        status = process.wait(timeout=30)
+        exited_after = time.monotonic() - interrupted_at
+    finally:
+        process.kill()
+    stdout, stderr = process.stdout.read().decode(), process.stderr.read().decode()
+    print(f"{protocol}: exited {exited_after:.2f} s after SIGINT")
+    assert status == 130 and stdout == ""
+    assert stderr == "whisper-triton transcribe: interrupted; cancelled 1 request on the server\n"
+    assert exited_after < WITHIN_S
+    after = settled(server)
+    assert after[CANCELLED] == before[CANCELLED] + 1
+    assert after["whisper_requests_in_flight"] == after["whisper_running_batch_size"] == 0
+
+
+def test_a_cancel_before_the_request_reaches_the_whisper_model_still_stops_it(server, tmp_path):
+    """A cancel may come while the audio is still being decoded: the id waits on the
+    board, and the request is dropped when it arrives. An id that names no request is
+    no error; a cancel sent to `transcribe` is refused, naming where it goes."""
+    before = settled(server)
+    request_id = new_request_id()
+    with WhisperClient(server.grpc_url, "grpc") as client:
+        client.cancel(request_id)
+        client.cancel(new_request_id())  # nobody's: answered like any other
+        with pytest.raises(TranscriptionError, match="cancelled"):
+            client.transcribe(long_wav(tmp_path, 2), request_id=request_id)
+        with pytest.raises(TranscriptionError, match="a cancel request goes to the 'whisper' model"):
+            client.transcribe(JFK, cancel=request_id)
+        assert "country" in client.transcribe(JFK, request_id=new_request_id()).text
+    assert settled(server)[CANCELLED] == before[CANCELLED] + 1
+
+
+def test_a_storm_of_grpc_cancels_leaves_the_server_serving(server, tmp_path):
+    """STORM requests over gRPC, eight at a time, each given up after a moment with a
+    cancel request, as the command does; every other one has its gRPC call cancelled
+    right after too, as the command's call is when the server does not confirm in
+    time. Then eight short ones cancelled by gRPC alone (the server decodes those to
+    their end: server#6739). The server answers every one, stays ready, frees every
+    slot, and transcribes as before."""
+    audio = long_wav(tmp_path, 1).read_bytes()
+    reference = transcribe(server.grpc_url, "grpc")
+    before = settled(server)
+    random.seed(27)
+    client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+    canceller = WhisperClient(server.grpc_url, "grpc")
+    answers: list = []
+
+    def send(data: bytes) -> tuple:
+        request_id = new_request_id()
+        tensor = tritonclient.grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+        call = client.async_infer(
+            tensor_names.ENSEMBLE_NAME, [tensor], parameters={"request_id": request_id},
+            callback=lambda result, error: answers.append(error),
+        )  # fmt: skip
+        return call, request_id
+
+    for _ in range(STORM // 8):
+        calls = [send(audio) for _ in range(8)]
+        time.sleep(random.uniform(0.2, 1.0))
+        for i, (call, request_id) in enumerate(calls):
+            canceller.cancel(request_id)
+            if i % 2:
+                call.cancel()
+    calls = [send(JFK) for _ in range(8)]
+    time.sleep(0.5)
+    for call, _ in calls:
+        call.cancel()
+    deadline = time.monotonic() + 60
+    while len(answers) < STORM + 8 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(answers) == STORM + 8, f"{len(answers)} of {STORM + 8} answered"
+    assert all(error is not None for error in answers[:STORM])  # cancelled, every one
+    assert is_ready(server)
+    wait_for(server, lambda s: s["whisper_requests_in_flight"] == 0, timeout=120)
+    after = settled(server)
+    assert after["whisper_requests_in_flight"] == after["whisper_running_batch_size"] == 0
+    assert after[CANCELLED] >= before[CANCELLED] + STORM // 2
+    assert transcribe(server.grpc_url, "grpc") == reference
+    assert "country" in transcribe(server.http_url, "http").lower()
+    canceller.close()
+    client.close()
