@@ -389,6 +389,15 @@ def test_clients_are_pointed_where_triton_listens(host, connect):
     assert (triton.http_url, triton.grpc_url) == (f"{connect}:1", f"{connect}:2")
 
 
+def test_serve_help_says_which_checkpoints_it_takes():
+    completed = subprocess.run(whisper_triton_command() + ["serve", "--help"], capture_output=True, text=True,
+                               timeout=60)
+    text = " ".join(completed.stdout.split())
+    for said in ("--checkpoint FOLDER", "Hugging Face's (config.json, *.safetensors, tokenizer.json",
+                 "CTranslate2's, as faster-whisper uses (model.bin", "default: the packaged tiny.en", "--verbose"):
+        assert said in text, said
+
+
 def test_a_checkpoint_folder_that_is_not_there_is_refused_at_once():
     started = time.monotonic()
     completed = subprocess.run(
@@ -403,14 +412,15 @@ def test_a_checkpoint_folder_that_is_not_there_is_refused_at_once():
 def test_a_checkpoint_that_cannot_load_ends_in_its_cause_and_leaves_no_shared_memory(tmp_path):
     (tmp_path / "empty").mkdir()
     command = whisper_triton_command() + [
-        "serve", f"--checkpoint={tmp_path / 'empty'}", "--verbose",
+        "serve", "--checkpoint=empty", "--verbose",  # a folder of the current one, as a user names it
         f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
     ]
-    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
     _, stderr = process.communicate(timeout=300)
     assert process.returncode == 1
     last = stderr.splitlines()[-1]
     assert last.startswith("whisper-triton: cannot load model '") and "has neither model.bin" in last, last
+    assert f"checkpoint folder '{tmp_path / 'empty'}'" in last  # passed on as an absolute path
     assert not any(noise in stderr for noise in NOISE) or triton_output.cuda_device_count() > 0
     # Model processes were started, each with shared-memory regions (Triton leaves them), and none is left.
     assert "TRITONBACKEND_ModelInstanceInitialize" in stderr

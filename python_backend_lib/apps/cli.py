@@ -79,10 +79,11 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--checkpoint",
         metavar="FOLDER",
-        help="Whisper checkpoint for every model: a Hugging Face folder (config.json and model.safetensors, "
-        "as `huggingface-cli download openai/whisper-small --local-dir whisper-small` gives) or a "
-        "CTranslate2/faster-whisper folder (model.bin); default: the packaged tiny.en "
-        f"(sets {CHECKPOINT_ENV})",
+        help="Whisper checkpoint for every model, a folder: Hugging Face's (config.json, *.safetensors, "
+        "tokenizer.json; e.g. `hf download openai/whisper-small --local-dir whisper-small`) or "
+        "CTranslate2's, as faster-whisper uses (model.bin, config.json, tokenizer.json; e.g. "
+        "`hf download Systran/faster-whisper-small --local-dir faster-whisper-small`, converted once into "
+        f"the cache); default: the packaged tiny.en (sets {CHECKPOINT_ENV})",
     )
     serve.add_argument(
         "--host",
@@ -168,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 def serve_command(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model_repository=(args.model_repository or server.packaged_model_repository()).resolve(),
-        checkpoint=args.checkpoint,
+        checkpoint=_checkpoint_source(args.checkpoint),
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
@@ -214,6 +215,14 @@ def serve_command(args: argparse.Namespace) -> int:
 
 def _say(message: str) -> None:
     print(f"whisper-triton: {message}", file=sys.stderr, flush=True)
+
+
+def _checkpoint_source(source: str | None) -> str | None:
+    """A --checkpoint folder as an absolute path (`~` expanded): the models do not
+    share this command's idea of the current folder or home."""
+    if source is None or not Path(source).expanduser().is_dir():
+        return source
+    return str(Path(source).expanduser().resolve())
 
 
 def _gpu_list(text: str) -> str | None:
