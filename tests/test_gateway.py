@@ -25,6 +25,7 @@ from conftest import (
 
 from python_backend_lib.apps.gateway import API_KEY_ENV, GatewaySettings, create_app
 from python_backend_lib.apps.openai_api import (
+    FORM_FIELDS,
     ApiError,
     AudioRequest,
     InvalidRequest,
@@ -219,7 +220,10 @@ def test_the_docs_page_needs_no_internet(gateway):
         with urllib.request.urlopen(root + asset, timeout=10) as reply:
             assert reply.status == 200 and len(reply.read()) > 0
     with urllib.request.urlopen(f"{root}/openapi.json", timeout=10) as reply:
-        assert "/v1/audio/transcriptions" in json.loads(reply.read())["paths"]
+        paths = json.loads(reply.read())["paths"]
+    for path, task in (("/v1/audio/transcriptions", Task.TRANSCRIBE), ("/v1/audio/translations", Task.TRANSLATE)):
+        form = paths[path]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        assert tuple(form["properties"]) == FORM_FIELDS[task]  # the page's form is the one parse_form reads
 
 
 @pytest.mark.parametrize("given_by", ["flag", "environment"])
@@ -247,6 +251,11 @@ def test_an_api_key_is_required_when_set(server, tmp_path, given_by):
         for open_path in ("/health", "/docs"):
             with urllib.request.urlopen(root + open_path, timeout=10) as reply:
                 assert reply.status == 200
+        with urllib.request.urlopen(f"{root}/openapi.json", timeout=10) as reply:  # /docs can send the key
+            description = json.loads(reply.read())
+        assert description["components"]["securitySchemes"]["apiKey"] == {"type": "http", "scheme": "bearer"}
+        assert description["paths"]["/v1/models"]["get"]["security"] == [{"apiKey": []}]
+        assert "security" not in description["paths"]["/health"]["get"]
     finally:
         process.terminate()
         assert process.wait(timeout=60) == 0

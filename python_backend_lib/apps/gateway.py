@@ -56,6 +56,7 @@ from python_backend_lib.apps.openai_api import (
     error_from_triton,
     http_error,
     parse_form,
+    request_body,
     unauthorized,
 )
 from python_backend_lib.core.errors import RequestError
@@ -223,13 +224,27 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
         body = audio_request.shape(formatted)
         return Response(body, media_type=MEDIA_TYPES[audio_request.response_format])
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post("/v1/audio/transcriptions", openapi_extra=request_body(Task.TRANSCRIBE))
     async def transcriptions(request: Request) -> Response:
         return await handle(request, Task.TRANSCRIBE)
 
-    @app.post("/v1/audio/translations")
+    @app.post("/v1/audio/translations", openapi_extra=request_body(Task.TRANSLATE))
     async def translations(request: Request) -> Response:
         return await handle(request, Task.TRANSLATE)
+
+    if settings.api_key is not None:  # so that the /docs page can send the key (its Authorize button)
+        describe = app.openapi
+
+        def openapi_with_key() -> dict[str, Any]:
+            schema = describe()
+            schema.setdefault("components", {})["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+            for path, operations in schema["paths"].items():
+                if path.startswith(PROTECTED_PREFIX):
+                    for operation in operations.values():
+                        operation["security"] = [{"apiKey": []}]
+            return schema
+
+        app.openapi = openapi_with_key
 
     return app
 

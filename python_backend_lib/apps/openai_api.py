@@ -59,6 +59,29 @@ CHUNKING_AUTO = "auto"
 CHUNKING_VAD_KEYS = ("type", "prefix_padding_ms", "silence_duration_ms", "threshold")
 CHUNKING_VAD_TYPE = "server_vad"
 USAGE_TYPE = "duration"  # OpenAI bills whisper-1 by the audio's duration
+# Each form field as the API's description (/openapi.json, the /docs page) shows it.
+FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "file": {"type": "string", "format": "binary", "description": "the audio: any common audio or video file"},
+    "model": {"type": "string", "default": DEFAULT_MODEL_ID, "description": "one of GET /v1/models"},
+    "language": {"type": "string", "description": "the audio's language, e.g. en (default: detected)"},
+    "prompt": {"type": "string", "description": "text that comes before the audio: names, spelling, style"},
+    "response_format": {"type": "string", "enum": list(OPENAI_FORMATS), "default": ResponseFormat.JSON.value},
+    "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE, "default": 0},
+    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)},
+                                  "description": "with verbose_json"},
+    "stream": {"type": "boolean", "default": False, "description": "true is not supported yet"},
+    "include[]": {"type": "array", "items": {"type": "string", "enum": list(INCLUDE_VALUES)},
+                  "description": "ignored: " + IGNORED_FIELDS["include[]"]},
+    "chunking_strategy": {"type": "string", "enum": [CHUNKING_AUTO],
+                          "description": "ignored: " + IGNORED_FIELDS["chunking_strategy"]},
+}
+
+
+def request_body(task: Task) -> dict[str, Any]:
+    """The endpoint's multipart form in OpenAPI's terms (its handler reads the raw request)."""
+    schema = {"type": "object", "required": ["file", "model"],
+              "properties": {name: FIELD_SCHEMAS[name] for name in FORM_FIELDS[task]}}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
 # ------------------------------------------------------------------ errors
