@@ -191,8 +191,6 @@ def serve_command(args: argparse.Namespace) -> int:
     triton = TritonServer(settings, log=sys.stderr, verbose=verbose, report=report)
     stop_requests.install(triton)
     try:
-        if not verbose:
-            _say(f"starting tritonserver on {settings.model_repository} (its whole log: --verbose)")
         triton.start(timeout=args.startup_timeout)
         print(_ready_message(triton), flush=True)
         status = triton.wait_while_healthy()

@@ -213,7 +213,7 @@ class TritonServer:
     Triton's log goes to `log` (default: kept only as a tail for error messages):
     every line when `verbose`, else all but Triton's routine ones (its tables, each
     model's loading and unloading; `triton_output.is_routine`). `report` hears
-    what stopping waits for ("waiting for 3 requests in flight").
+    what starting and stopping wait for ("waiting for 3 requests in flight").
     The server is started from, and should be stopped from, the same thread.
     """
 
@@ -296,6 +296,8 @@ class TritonServer:
                     *(preflight.port_problem(port) for port in ports))
         for problem in filter(None, problems):
             raise ServerError(problem)
+        if self._report is not None:
+            self._report(f"starting tritonserver on {self.settings.model_repository}")
         installation = find_triton()
         env = triton_environment.server_environment(installation, self.settings)
         s = self.settings
