@@ -18,16 +18,11 @@ import pytest
 from conftest import AUDIO_DIR, free_port, launch_server, whisper_triton_command
 
 from clients.api import WhisperClient
-from python_backend_lib.apps import preflight, server, triton_environment, triton_output
+from python_backend_lib.apps import preflight, server, triton_environment, triton_installation, triton_output
 from python_backend_lib.apps.cli import READY_LINE
-from python_backend_lib.apps.server import (
-    ServerError,
-    ServerSettings,
-    TritonInstallation,
-    TritonServer,
-    shm_region_prefix,
-    shm_regions,
-)
+from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
+from python_backend_lib.apps.shm_regions import prefix as shm_region_prefix
+from python_backend_lib.apps.shm_regions import regions as shm_regions
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
 from python_backend_lib.core.cache import CACHE_ENV
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
@@ -39,25 +34,25 @@ def test_packaged_model_repository_is_found_beside_the_package():
 
 
 def test_triton_and_a_python_backend_for_this_interpreter_are_found(tmp_path):
-    installation = server.find_triton(cache_dir=tmp_path)
+    installation = triton_installation.find_triton(cache_dir=tmp_path)
     assert installation.binary.is_file() and os.access(installation.binary, os.X_OK)
     backend = installation.backend_directory / "python"
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py", server.STUB_NAME):
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py", triton_installation.STUB_NAME):
         assert (backend / name).is_file(), name
-    again = server.find_triton(cache_dir=tmp_path)  # reused, not rebuilt
+    again = triton_installation.find_triton(cache_dir=tmp_path)  # reused, not rebuilt
     assert again == installation
 
 
 def test_the_backend_is_assembled_under_the_one_cache_root(tmp_path, monkeypatch):
     """The launcher and the checkpoint conversion share `core.cache.cache_root`."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    installation = server.find_triton()
+    installation = triton_installation.find_triton()
     if shutil.which("tritonserver") is None:  # the wheel's backend is assembled in the cache
         assert installation.backend_directory.parent == tmp_path
 
 
 def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
-    installation = server.TritonInstallation(
+    installation = triton_installation.TritonInstallation(
         binary=Path("/bin/true"), backend_directory=tmp_path, library_path=(tmp_path / "libs",)
     )
     settings = ServerSettings(model_repository=tmp_path, checkpoint="/models/small")
@@ -73,7 +68,7 @@ def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
 def test_gpus_and_the_gpu_engine_requirement_reach_the_models(tmp_path):
     from python_backend_lib.apps.cli import build_parser
 
-    installation = server.TritonInstallation(binary=Path("/bin/true"), backend_directory=tmp_path)
+    installation = triton_installation.TritonInstallation(binary=Path("/bin/true"), backend_directory=tmp_path)
     args = build_parser().parse_args(["serve", "--gpus", "1,3", "--require-gpu-engine"])
     settings = ServerSettings(model_repository=tmp_path, gpus=args.gpus, require_gpu_engine=args.require_gpu_engine)
     env = triton_environment.server_environment(installation, settings)

@@ -1,10 +1,5 @@
-"""Start, watch and stop a real `tritonserver` on our model repository.
-
-Two installations are supported, looked for in this order:
-1. the official container: `tritonserver` on PATH, backends in /opt/tritonserver/backends;
-2. the `nvidia-pytriton` wheel, which ships `tritonserver` and the Python backend but
-   keeps the backend stubs apart, one per Python version. We assemble a backend
-   directory for this interpreter under the user's cache directory.
+"""Start, watch and stop a real `tritonserver` on our model repository (found by
+`triton_installation`).
 
 The Python backend's stub imports packages from the `python3` first on PATH, so
 this interpreter's directory goes first on PATH: the models then see the same
@@ -15,10 +10,8 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import importlib.metadata
 import itertools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -30,16 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
 
-from python_backend_lib.apps import preflight, repository, triton_environment, triton_output
+from python_backend_lib.apps import preflight, repository, shm_regions, triton_environment, triton_output
 from python_backend_lib.apps.mps import MpsDaemon, MpsError
+from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
-from python_backend_lib.core.cache import cache_root
 
 # python_backend_lib/, two folders up from this file (apps/server.py).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
-STUB_NAME = "triton_python_backend_stub"
-PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 
 # Triton listens on this address only, unless told otherwise: a server is not
 # reachable from other machines until its owner says so (`--host 0.0.0.0`).
@@ -60,31 +50,13 @@ DRAIN_TIMEOUT_S = 30.0
 # before it is asked to stop has nothing to wait for.
 DRAIN_QUIET_S = 2.0
 DRAIN_POLL_S = 0.2
-# Enough for Triton's start-up tables and the last model's traceback.
-LOG_TAIL_LINES = 100
-# The Python backend's shared-memory regions (/dev/shm) are named with this prefix
-# and a server's own part (`shm_region_prefix`). Triton removes them when it stops
-# normally, but not when it exits on a model's failure to load or is killed: the
-# launcher then removes its server's regions by their prefix.
-SHM_DIRECTORY = Path("/dev/shm")
-SHM_REGION_PREFIX = "triton_python_backend_shm_region_whisper-triton-"
-_servers_started = itertools.count()
+LOG_TAIL_LINES = 100  # Triton's start-up tables and the last model's traceback fit
+_servers_started = itertools.count()  # each server's part of its shared-memory regions' names
 # Log lines after which tritonserver 2.51 neither becomes ready nor exits.
 FATAL_LOG_MARKERS = ("Failed to preinitialize Python stub",)
 READY_POLL_S = 0.5
 # How often a serving launcher reads whether every whisper engine is still healthy.
 HEALTH_POLL_S = 2.0
-
-
-class ServerError(RuntimeError):
-    """tritonserver could not be found, started, or did not become ready."""
-
-
-@dataclass(frozen=True)
-class TritonInstallation:
-    binary: Path
-    backend_directory: Path
-    library_path: tuple[Path, ...] = ()  # prepended to LD_LIBRARY_PATH
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -120,69 +92,6 @@ def packaged_model_repository() -> Path:
             "or pass --model-repository"
         )
     return repository
-
-
-def find_triton(cache_dir: Path | None = None) -> TritonInstallation:
-    """Locate tritonserver and a Python backend that runs this interpreter."""
-    on_path = shutil.which("tritonserver")
-    if on_path is not None:
-        binary = Path(on_path).resolve()
-        backends = CONTAINER_BACKENDS if CONTAINER_BACKENDS.is_dir() else binary.parent.parent / "backends"
-        return TritonInstallation(binary=binary, backend_directory=backends)
-    try:
-        import pytriton
-    except ImportError:
-        raise ServerError(
-            "tritonserver is not on PATH and the nvidia-pytriton wheel is not installed; "
-            "run inside the Triton container or `pip install nvidia-pytriton`"
-        ) from None
-    triton_root = Path(pytriton.__file__).resolve().parent / "tritonserver"
-    libraries = triton_root.parent.parent / "nvidia_pytriton.libs"
-    backends = _assemble_backends(triton_root, cache_dir or cache_root())
-    return TritonInstallation(
-        binary=triton_root / "bin" / "tritonserver", backend_directory=backends, library_path=(libraries,)
-    )
-
-
-def _assemble_backends(triton_root: Path, cache_dir: Path) -> Path:
-    """Copy the wheel's Python backend and this Python's stub into one backend directory."""
-    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = triton_root / "python_backend_stubs" / python_version / STUB_NAME
-    if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {python_version} ({stub})")
-    sources = [triton_root / "backends" / "python" / name for name in PYTHON_BACKEND_FILES] + [stub]
-    wheel_version = importlib.metadata.version("nvidia-pytriton")
-    backends = cache_dir / f"backends-pytriton{wheel_version}-py{python_version}"
-    target = backends / "python"
-    if all(_same_file_content(source, target / source.name) for source in sources):
-        return backends
-    staging = cache_dir / f".staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "python").mkdir(parents=True)
-    for source in sources:
-        shutil.copy2(source, staging / "python" / source.name)
-    shutil.rmtree(backends, ignore_errors=True)
-    try:
-        staging.rename(backends)
-    except OSError:  # another process assembled it first
-        shutil.rmtree(staging, ignore_errors=True)
-    return backends
-
-
-def _same_file_content(source: Path, copy: Path) -> bool:
-    return copy.is_file() and copy.stat().st_size == source.stat().st_size and (
-        copy.stat().st_mtime == source.stat().st_mtime
-    )
-
-
-def shm_region_prefix(launcher_pid: int, serial: int | str) -> str:
-    """The names of the shared-memory regions of the `serial`-th server started by
-    process `launcher_pid` begin with this ("*" for `serial`: a glob of them all)."""
-    return f"{SHM_REGION_PREFIX}{launcher_pid}-{serial}-"
-
-
-def shm_regions(prefix: str) -> list[Path]:
-    return sorted(SHM_DIRECTORY.glob(prefix + "*"))
 
 
 def _die_with_parent() -> None:
@@ -237,7 +146,7 @@ class TritonServer:
         self._ready = False  # drain only a server that became ready
         self._quiet = QuietWatch()  # since when the metrics read show no work
         self._aborted = False  # abort(): stop() waits for nothing
-        self.shm_prefix = shm_region_prefix(os.getpid(), next(_servers_started))
+        self.shm_prefix = shm_regions.prefix(os.getpid(), next(_servers_started))
         # What Triton serves: the settings' repository, or a copy with another engine count.
         self.model_repository = settings.model_repository
         self._copy: Path | None = None
@@ -470,8 +379,7 @@ class TritonServer:
             self._mps.stop()
         if self._pump is not None:
             self._pump.join(timeout=5)
-        for region in shm_regions(self.shm_prefix):  # the group is gone: nothing maps them any more
-            region.unlink(missing_ok=True)
+        shm_regions.remove(self.shm_prefix)  # the group is gone: nothing maps them any more
         if self._copy is not None:
             repository.remove_copy(self._copy)
         return process.returncode
