@@ -185,8 +185,8 @@ def serve_command(args: argparse.Namespace) -> int:
     verbose = args.verbose or args.log_verbose > 0
     stop_requests = _StopRequests()
 
-    def report(waiting: str) -> None:
-        _say(f"{waiting} (Ctrl-C again to stop now)" if stop_requests.stopping else waiting)
+    def report(message: str) -> None:
+        _say(f"{message} (Ctrl-C again to stop now)" if stop_requests.stopping else message)
 
     triton = TritonServer(settings, log=sys.stderr, verbose=verbose, report=report)
     stop_requests.install(triton)

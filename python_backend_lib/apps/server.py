@@ -205,8 +205,6 @@ class TritonServer:
                     *(preflight.port_problem(port) for port in ports))
         for problem in filter(None, problems):
             raise ServerError(problem)
-        if self._report is not None:
-            self._report(f"starting tritonserver on {self.settings.model_repository}")
         installation = find_triton()
         env = triton_environment.server_environment(installation, self.settings)
         s = self.settings
@@ -218,6 +216,8 @@ class TritonServer:
         mps = self._mps is not None
         self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env, mps=mps)
         self.model_repository = self._copy or s.model_repository
+        if self._report is not None:  # after every check that can refuse the start in one line
+            self._report(f"starting tritonserver on {s.model_repository}")
         try:
             self._process = subprocess.Popen(
                 self.command(installation),
