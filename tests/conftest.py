@@ -126,8 +126,9 @@ def launch_server(
 
 @pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
-    """`whisper-triton serve` with the fault prompts armed; stopped with SIGTERM, which it must obey."""
-    with launch_server(tmp_path_factory.mktemp("server"), SESSION_FAULTS) as launched:
+    """`whisper-triton serve` with the fault prompts armed; stopped with SIGTERM, which it must obey.
+    Its log is Triton's whole log (`--verbose`), for the tests that read it."""
+    with launch_server(tmp_path_factory.mktemp("server"), SESSION_FAULTS, ("--verbose",)) as launched:
         yield launched.server
         _stop(launched.process, "whisper-triton serve", launched.server.log)
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import time
 import urllib.error
@@ -21,8 +23,9 @@ from conftest import (
     whisper_triton_command,
 )
 
-from python_backend_lib.apps.gateway import GatewaySettings, create_app
+from python_backend_lib.apps.gateway import API_KEY_ENV, GatewaySettings, create_app
 from python_backend_lib.apps.openai_api import (
+    FORM_FIELDS,
     ApiError,
     AudioRequest,
     InvalidRequest,
@@ -56,11 +59,13 @@ def transcribe(client, clip=JFK, **options):
 
 
 def served(server: RunningServer, request: AudioRequest, clip=JFK) -> str:
-    """FORMATTED straight from Triton, with the parameters the gateway sends."""
+    """FORMATTED straight from Triton, with the parameters the gateway sends, but
+    in the request's own response_format."""
     triton = tritonclient.grpc.InferenceServerClient(server.grpc_url)
     audio = tritonclient.grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
     audio.set_data_from_numpy(np.array([[clip.read_bytes()]], dtype=np.object_))
-    response = triton.infer(tensor_names.ENSEMBLE_NAME, [audio], parameters=request.triton_parameters())
+    parameters = {**request.triton_parameters(), "response_format": request.response_format.value}
+    response = triton.infer(tensor_names.ENSEMBLE_NAME, [audio], parameters=parameters)
     return response.as_numpy(tensor_names.FORMATTED)[0, 0].decode()
 
 
@@ -78,8 +83,11 @@ def test_every_response_format_is_what_triton_writes(client, server, response_fo
     expected = served(server, AudioRequest(model="whisper-1", task=Task.TRANSCRIBE, response_format=response_format))
     if response_format in ("text", "srt", "vtt"):
         assert isinstance(result, str) and result == expected
-    else:
-        assert json.loads(result.model_dump_json(exclude_unset=True)) == json.loads(expected)
+    else:  # and OpenAI's usage of a transcription: the audio's duration, as Triton measures it
+        verbose = served(server, AudioRequest(model="whisper-1", task=Task.TRANSCRIBE, response_format="verbose_json"))
+        usage = {"type": "duration", "seconds": json.loads(verbose)["duration"]}
+        assert json.loads(result.model_dump_json(exclude_unset=True)) == {**json.loads(expected), "usage": usage}
+        assert (result.usage.type, result.usage.seconds) == ("duration", 11.0)
     words = "ask not what your country can do for you"
     text = result if isinstance(result, str) else result.text
     assert words in text.lower()
@@ -160,6 +168,97 @@ def test_bad_requests_get_openais_error_shape(client, options, error, param):
     body = caught.value.body
     assert set(body) == {"message", "type", "param", "code"}
     assert (body["type"], body["param"]) == ("invalid_request_error", param)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{"stream": False}, {"include": ["logprobs"]}, {"chunking_strategy": "auto"},
+     {"chunking_strategy": {"type": "server_vad", "threshold": 0.5, "silence_duration_ms": 500}}],
+    ids=["stream-false", "include-logprobs", "chunking-auto", "chunking-vad"],
+)
+def test_openais_other_fields_are_taken_and_change_nothing(client, options):
+    result = transcribe(client, **options)
+    assert result.text == transcribe(client).text and "country" in result.text
+    assert result.usage.seconds == 11.0
+
+
+def test_streaming_is_refused_as_not_supported_yet(client):
+    with open(JFK, "rb") as audio, pytest.raises(openai.BadRequestError) as caught:
+        client.audio.transcriptions.create(model="whisper-1", file=audio, stream=True)
+    body = caught.value.body
+    assert (body["param"], body["code"]) == ("stream", "unsupported_value")
+    assert body["message"].startswith("stream=true is not supported yet")
+
+
+@pytest.mark.parametrize(
+    ("form", "param"),
+    [({"stream": ["maybe"]}, "stream"), ({"include[]": ["everything"]}, "include[]"),
+     ({"chunking_strategy": ["by-the-minute"]}, "chunking_strategy"),
+     ({"chunking_strategy[type]": ["semantic"]}, "chunking_strategy"),
+     ({"chunking_strategy[depth]": ["2"]}, "chunking_strategy[depth]")],
+)
+def test_openais_other_fields_must_hold_what_openai_takes(form, param):
+    with pytest.raises(ApiError) as caught:
+        parse_form({"model": ["whisper-1"], **form}, Task.TRANSCRIBE, ("whisper-1",))
+    assert (caught.value.status, caught.value.param) == (400, param)
+
+
+def test_translations_have_no_usage_as_at_openai():
+    for response_format in ("json", "verbose_json"):
+        translation = AudioRequest(model="whisper-1", task=Task.TRANSLATE, response_format=response_format)
+        assert not translation.reports_usage
+        assert translation.triton_parameters()["response_format"] == response_format
+
+
+def test_the_docs_page_needs_no_internet(gateway):
+    root = gateway.removesuffix("/v1")
+    with urllib.request.urlopen(f"{root}/docs", timeout=10) as reply:
+        page = reply.read().decode()
+    scripts = re.findall(r'<script src="([^"]+)"', page) + re.findall(r'<link [^>]*href="([^"]+)"', page)
+    assert scripts and all(src.startswith("/docs-assets/") for src in scripts), scripts
+    for asset in scripts:
+        with urllib.request.urlopen(root + asset, timeout=10) as reply:
+            assert reply.status == 200 and len(reply.read()) > 0
+    with urllib.request.urlopen(f"{root}/openapi.json", timeout=10) as reply:
+        paths = json.loads(reply.read())["paths"]
+    for path, task in (("/v1/audio/transcriptions", Task.TRANSCRIBE), ("/v1/audio/translations", Task.TRANSLATE)):
+        form = paths[path]["post"]["requestBody"]["content"]["multipart/form-data"]["schema"]
+        assert tuple(form["properties"]) == FORM_FIELDS[task]  # the page's form is the one parse_form reads
+
+
+@pytest.mark.parametrize("given_by", ["flag", "environment"])
+def test_an_api_key_is_required_when_set(server, tmp_path, given_by):
+    key = "sk-test-" + given_by
+    arguments, environ = ([f"--api-key={key}"], {}) if given_by == "flag" else ([], {API_KEY_ENV: key})
+    process, base_url = start_gateway(server.grpc_url, tmp_path, arguments, environ)
+    try:
+        with openai.OpenAI(base_url=base_url, api_key=key, max_retries=0) as allowed:
+            assert "country" in transcribe(allowed).text
+        with openai.OpenAI(base_url=base_url, api_key="sk-wrong", max_retries=0) as refused:
+            with pytest.raises(openai.AuthenticationError) as caught:
+                transcribe(refused)
+            assert caught.value.status_code == 401
+            assert caught.value.body == {"message": "incorrect API key", "type": "invalid_request_error",
+                                         "param": None, "code": "invalid_api_key"}
+            with pytest.raises(openai.AuthenticationError):
+                refused.models.list()
+        request = urllib.request.Request(f"{base_url}/models")  # no Authorization header at all
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(request, timeout=10)
+        assert caught.value.code == 401 and caught.value.headers["WWW-Authenticate"] == "Bearer"
+        assert json.loads(caught.value.read())["error"]["message"].startswith("no API key given")
+        root = base_url.removesuffix("/v1")
+        for open_path in ("/health", "/docs"):
+            with urllib.request.urlopen(root + open_path, timeout=10) as reply:
+                assert reply.status == 200
+        with urllib.request.urlopen(f"{root}/openapi.json", timeout=10) as reply:  # /docs can send the key
+            description = json.loads(reply.read())
+        assert description["components"]["securitySchemes"]["apiKey"] == {"type": "http", "scheme": "bearer"}
+        assert description["paths"]["/v1/models"]["get"]["security"] == [{"apiKey": []}]
+        assert "security" not in description["paths"]["/health"]["get"]
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
 
 
 def test_a_fault_of_the_server_is_a_500_that_blames_no_client(client, server):
@@ -352,17 +451,20 @@ def test_the_app_answers_every_failure_in_openais_shape():
 # --- the gateway's own connection to Triton ---------------------------------------------
 
 
-def start_gateway(triton_url: str, tmp_path) -> tuple[subprocess.Popen, str]:
+def start_gateway(triton_url: str, tmp_path, arguments=(), environ=None) -> tuple[subprocess.Popen, str]:
     port = free_port()
     log = (tmp_path / "gateway.log").open("w")
-    command = whisper_triton_command() + ["gateway", f"--triton-url={triton_url}", f"--port={port}"]
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    command = whisper_triton_command() + ["gateway", f"--triton-url={triton_url}", f"--port={port}", *arguments]
+    environment = {key: value for key, value in os.environ.items() if key != API_KEY_ENV}
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env={**environment, **(environ or {})})
     base_url = f"http://127.0.0.1:{port}/v1"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and process.poll() is None:
         try:
-            with urllib.request.urlopen(f"{base_url}/models", timeout=1):
+            with urllib.request.urlopen(f"{base_url.removesuffix('/v1')}/health", timeout=1):
                 return process, base_url
+        except urllib.error.HTTPError:  # up, but Triton is not ready (or not there): the tests say which
+            return process, base_url
         except (urllib.error.URLError, ConnectionError):
             time.sleep(0.2)
     process.kill()

@@ -10,13 +10,20 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
-from conftest import AUDIO_DIR, free_port, whisper_triton_command
+from conftest import AUDIO_DIR, free_port, launch_server, whisper_triton_command
 
-from python_backend_lib.apps import preflight, server, triton_environment, triton_output
+from clients.api import WhisperClient
+from python_backend_lib.apps import preflight, server, triton_environment, triton_installation, triton_output
+from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
+from python_backend_lib.apps.shm_regions import prefix as shm_region_prefix
+from python_backend_lib.apps.shm_regions import regions as shm_regions
+from python_backend_lib.apps.triton_output import Activity, QuietWatch
 from python_backend_lib.core.cache import CACHE_ENV
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
 
@@ -27,25 +34,25 @@ def test_packaged_model_repository_is_found_beside_the_package():
 
 
 def test_triton_and_a_python_backend_for_this_interpreter_are_found(tmp_path):
-    installation = server.find_triton(cache_dir=tmp_path)
+    installation = triton_installation.find_triton(cache_dir=tmp_path)
     assert installation.binary.is_file() and os.access(installation.binary, os.X_OK)
     backend = installation.backend_directory / "python"
-    for name in ("libtriton_python.so", "triton_python_backend_utils.py", server.STUB_NAME):
+    for name in ("libtriton_python.so", "triton_python_backend_utils.py", triton_installation.STUB_NAME):
         assert (backend / name).is_file(), name
-    again = server.find_triton(cache_dir=tmp_path)  # reused, not rebuilt
+    again = triton_installation.find_triton(cache_dir=tmp_path)  # reused, not rebuilt
     assert again == installation
 
 
 def test_the_backend_is_assembled_under_the_one_cache_root(tmp_path, monkeypatch):
     """The launcher and the checkpoint conversion share `core.cache.cache_root`."""
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    installation = server.find_triton()
+    installation = triton_installation.find_triton()
     if shutil.which("tritonserver") is None:  # the wheel's backend is assembled in the cache
         assert installation.backend_directory.parent == tmp_path
 
 
 def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
-    installation = server.TritonInstallation(
+    installation = triton_installation.TritonInstallation(
         binary=Path("/bin/true"), backend_directory=tmp_path, library_path=(tmp_path / "libs",)
     )
     settings = ServerSettings(model_repository=tmp_path, checkpoint="/models/small")
@@ -61,7 +68,7 @@ def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
 def test_gpus_and_the_gpu_engine_requirement_reach_the_models(tmp_path):
     from python_backend_lib.apps.cli import build_parser
 
-    installation = server.TritonInstallation(binary=Path("/bin/true"), backend_directory=tmp_path)
+    installation = triton_installation.TritonInstallation(binary=Path("/bin/true"), backend_directory=tmp_path)
     args = build_parser().parse_args(["serve", "--gpus", "1,3", "--require-gpu-engine"])
     settings = ServerSettings(model_repository=tmp_path, gpus=args.gpus, require_gpu_engine=args.require_gpu_engine)
     env = triton_environment.server_environment(installation, settings)
@@ -131,21 +138,24 @@ def test_a_broken_repository_fails_with_tritons_log(tmp_path):
     assert triton.stop() is not None  # exited, and stopping again is harmless
 
 
-@pytest.mark.server
-@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
-def test_serve_stops_cleanly_on_a_signal(tmp_path, stop_signal):
-    model = tmp_path / "idle"
+def idle_repository(folder: Path) -> Path:
+    """A model repository of one Python model that starts in seconds and is never asked anything."""
+    model = folder / "idle"
     (model / "1").mkdir(parents=True)
     (model / "config.pbtxt").write_text('backend: "python"\nmax_batch_size: 1\n')
     (model / "1" / "model.py").write_text(
         "class TritonPythonModel:\n    def execute(self, requests):\n        return []\n"
     )
-    http_port = free_port()
+    return folder
+
+
+def start_idle_serve(folder: Path, ports: tuple[int, int, int]) -> tuple[subprocess.Popen, Path]:
+    """`whisper-triton serve` of `idle_repository` on these ports (HTTP, gRPC, metrics), once ready."""
     command = whisper_triton_command() + [
-        "serve", f"--model-repository={tmp_path}", f"--http-port={http_port}",
-        f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
+        "serve", f"--model-repository={idle_repository(folder)}", f"--http-port={ports[0]}",
+        f"--grpc-port={ports[1]}", f"--metrics-port={ports[2]}",
     ]
-    log = tmp_path / "serve.log"
+    log = folder / "serve.log"
     with log.open("w") as log_file:
         process = subprocess.Popen(
             command,
@@ -154,17 +164,129 @@ def test_serve_stops_cleanly_on_a_signal(tmp_path, stop_signal):
             text=True,
             preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),  # as for a script's background job
         )
+    ready = process.stdout.readline()  # "" if serve exits instead
+    if not ready.startswith(READY_LINE):
+        process.kill()
+        process.wait()
+        pytest.fail(f"serve did not start:\n{log.read_text()}")
+    return process, log
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+@pytest.mark.server
+@pytest.mark.parametrize("stop_signal", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_serve_stops_cleanly_on_a_signal(tmp_path, stop_signal):
+    http_port = free_port()
+    process, log = start_idle_serve(tmp_path, (http_port, free_port(), free_port()))
     try:
-        ready = process.stdout.readline()  # "" if serve exits instead
-        assert ready.startswith("whisper-triton is ready"), log.read_text()
         process.send_signal(stop_signal)
         assert process.wait(timeout=60) == 0, log.read_text()
     finally:
         process.kill()
         process.wait()
-    with socket.socket() as probe:  # tritonserver is gone: its port is free again
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        probe.bind(("", http_port))
+    said = log.read_text()
+    assert "stopping tritonserver: unloading the models" in said and "waiting for" not in said  # idle: no drain
+    assert port_is_free(http_port)  # tritonserver is gone
+    assert not shm_regions(shm_region_prefix(process.pid, "*"))
+
+
+def test_the_quiet_before_a_stop_is_what_the_metrics_read_while_serving_showed():
+    watch = QuietWatch()
+    watch.see(Activity(busy=0, answered=5), now=10.0)
+    watch.see(Activity(busy=0, answered=5), now=12.5)
+    assert watch.quiet_s == 2.5  # idle across the reads: a stop has nothing to wait for
+    watch.see(Activity(busy=0, answered=6), now=13.0)  # a request answered in between
+    assert watch.quiet_s == 0.0
+    watch.see(Activity(busy=2, answered=6), now=14.0)
+    watch.see(Activity(busy=0, answered=6), now=15.0)
+    assert watch.quiet_s == 0.0  # quiet from the read that saw nothing busy
+    watch.see(Activity(busy=0, answered=6), now=16.0)
+    assert watch.quiet_s == 1.0
+
+
+@pytest.mark.server
+def test_an_idle_server_is_drained_at_once_and_leaves_no_shared_memory(tmp_path):
+    ports = (free_port(), free_port(), free_port())
+    settings = ServerSettings(
+        model_repository=idle_repository(tmp_path), http_port=ports[0], grpc_port=ports[1], metrics_port=ports[2]
+    )
+    triton = TritonServer(settings)
+    triton.start(timeout=120)
+    try:
+        assert shm_regions(triton.shm_prefix), "the Python backend's regions are not named with our prefix"
+        assert triton.activity() is not None  # as `serve` reads it while it serves
+        time.sleep(server.DRAIN_QUIET_S + 0.5)
+        started = time.monotonic()
+        assert triton.drain() is True
+        assert time.monotonic() - started < server.DRAIN_QUIET_S  # nothing to wait for
+    finally:
+        triton.stop()
+    assert not shm_regions(triton.shm_prefix)
+
+
+def _sonnet(url: str) -> object:
+    try:
+        with WhisperClient(url, "grpc") as client:
+            return client.transcribe(AUDIO_DIR / "sonnet1_longform.wav")
+    except Exception as error:  # cut short by the second Ctrl-C
+        return error
+
+
+def _busy(metrics_url: str) -> float:
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
+        return Activity.from_metrics(reply.read().decode()).busy
+
+
+def _wait_for(condition, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"no {what} after {timeout:.0f} s"
+        time.sleep(0.1)
+
+
+# A start's lines before the banner, unless asked for Triton's whole log (--verbose).
+MAX_LINES_BEFORE_BANNER = 10
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_serve_starts_quietly_says_what_a_stop_waits_for_and_stops_now_on_a_second_ctrl_c(tmp_path):
+    with launch_server(tmp_path) as launched:
+        process, log = launched.process, launched.server.log
+        before = log.read_text().split(READY_LINE)[0].splitlines()
+        assert len(before) <= MAX_LINES_BEFORE_BANNER, "\n".join(before)
+        assert not [line for line in before if line.startswith(("+", "|"))]  # no tables
+        prefix = shm_region_prefix(process.pid, "*")
+        assert shm_regions(prefix)
+        ports = [int(url.rsplit(":", 1)[1].split("/")[0])
+                 for url in (launched.server.http_url, launched.server.grpc_url, launched.server.metrics_url)]
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            replies = [pool.submit(_sonnet, launched.server.grpc_url) for _ in range(3)]
+            _wait_for(lambda: _busy(launched.server.metrics_url) >= 1, 120, "request in flight")
+            process.send_signal(signal.SIGINT)
+            _wait_for(lambda: "in flight (Ctrl-C again to stop now)" in log.read_text(), 60, "word of the wait")
+            process.send_signal(signal.SIGINT)
+            assert process.wait(timeout=60) == 0, log.read_text()
+            for reply in replies:
+                reply.result(timeout=60)
+    said = log.read_text()
+    assert re.search(r"^whisper-triton: waiting for [1-3] requests? in flight \(Ctrl-C again to stop now\)$", said, re.M)
+    assert "whisper-triton: stopping now, without waiting" in said
+    assert "Traceback" not in said, said
+    assert not shm_regions(prefix)
+    assert all(port_is_free(port) for port in ports)
+    again, _ = start_idle_serve(tmp_path / "again", tuple(ports))  # at once, on the same ports
+    again.send_signal(signal.SIGTERM)
+    assert again.wait(timeout=60) == 0
 
 
 def _non_loopback_ipv4() -> str | None:
@@ -228,12 +350,15 @@ def test_a_load_failure_is_read_from_tritons_log():
     assert triton_output.load_failure('I1123 model_lifecycle.cc:839] "successfully loaded \'whisper\'"') is None
 
 
-NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient", "Failed to initialize NVML")
+NOISE = ("CudaDriverHelper has not been initialized", "CUDA driver version is insufficient", "Failed to initialize NVML",
+         "failed to allocate pinned system memory")
 
 
 @pytest.mark.skipif(triton_output.cuda_device_count() > 0, reason="the noise is that of a machine without a GPU")
-def test_a_healthy_cpu_start_logs_no_cuda_noise(server):
-    log = server.log.read_text()
+def test_a_healthy_cpu_start_and_request_log_no_cuda_noise(server):
+    with WhisperClient(server.http_url) as client:  # the first request used to warn of pinned memory
+        assert "country" in client.transcribe(AUDIO_DIR / "jfk.wav").text
+    log = server.log.read_text()  # Triton's whole log: the session server runs with --verbose
     assert "successfully loaded 'whisper'" in log
     assert not [line for line in log.splitlines() if any(noise in line for noise in NOISE)]
 
@@ -261,6 +386,15 @@ def test_clients_are_pointed_where_triton_listens(host, connect):
     assert (triton.http_url, triton.grpc_url) == (f"{connect}:1", f"{connect}:2")
 
 
+def test_serve_help_says_which_checkpoints_it_takes():
+    completed = subprocess.run(whisper_triton_command() + ["serve", "--help"], capture_output=True, text=True,
+                               timeout=60)
+    text = " ".join(completed.stdout.split())
+    for said in ("--checkpoint FOLDER", "Hugging Face's (config.json, *.safetensors, tokenizer.json",
+                 "CTranslate2's, as faster-whisper uses (model.bin", "default: the packaged tiny.en", "--verbose"):
+        assert said in text, said
+
+
 def test_a_checkpoint_folder_that_is_not_there_is_refused_at_once():
     started = time.monotonic()
     completed = subprocess.run(
@@ -272,17 +406,22 @@ def test_a_checkpoint_folder_that_is_not_there_is_refused_at_once():
 
 
 @pytest.mark.server
-def test_a_checkpoint_that_cannot_load_ends_in_its_cause(tmp_path):
+def test_a_checkpoint_that_cannot_load_ends_in_its_cause_and_leaves_no_shared_memory(tmp_path):
     (tmp_path / "empty").mkdir()
     command = whisper_triton_command() + [
-        "serve", f"--checkpoint={tmp_path / 'empty'}",
+        "serve", "--checkpoint=empty", "--verbose",  # a folder of the current one, as a user names it
         f"--http-port={free_port()}", f"--grpc-port={free_port()}", f"--metrics-port={free_port()}",
     ]
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert completed.returncode == 1
-    last = completed.stderr.splitlines()[-1]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+    _, stderr = process.communicate(timeout=300)
+    assert process.returncode == 1
+    last = stderr.splitlines()[-1]
     assert last.startswith("whisper-triton: cannot load model '") and "has neither model.bin" in last, last
-    assert not any(noise in completed.stderr for noise in NOISE) or triton_output.cuda_device_count() > 0
+    assert f"checkpoint folder '{tmp_path / 'empty'}'" in last  # passed on as an absolute path
+    assert not any(noise in stderr for noise in NOISE) or triton_output.cuda_device_count() > 0
+    # Model processes were started, each with shared-memory regions (Triton leaves them), and none is left.
+    assert "TRITONBACKEND_ModelInstanceInitialize" in stderr
+    assert not shm_regions(shm_region_prefix(process.pid, "*"))
 
 
 def test_what_an_exited_tritonserver_leaves_in_its_group_is_ended():

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import sys
 from pathlib import Path
@@ -30,6 +31,37 @@ class _Terminated(Exception):
     """SIGTERM arrived: stop the server as for Ctrl-C."""
 
 
+class _StopRequests:
+    """SIGINT and SIGTERM while `serve` runs. The first of either stops the server
+    gracefully (raised as KeyboardInterrupt or _Terminated, wherever the launcher
+    is: starting, serving); a Ctrl-C after that stops it now, from the handler,
+    so the graceful stop under way only cleans up. A second SIGTERM changes
+    nothing: Docker and Kubernetes send one and then SIGKILL."""
+
+    def __init__(self) -> None:
+        self.triton: TritonServer | None = None
+        self.stopping = False
+
+    def install(self, triton: TritonServer) -> None:
+        self.triton = triton
+        signal.signal(signal.SIGTERM, self._on_sigterm)
+        # Even where SIGINT was ignored on entry (a background job of a script), Ctrl-C stops the server.
+        signal.signal(signal.SIGINT, self._on_sigint)
+
+    def _on_sigint(self, signum: int, frame: object) -> None:
+        if not self.stopping:
+            self.stopping = True
+            raise KeyboardInterrupt
+        # Straight to the file descriptor: the handler may have interrupted a print to stderr.
+        os.write(sys.stderr.fileno(), b"whisper-triton: stopping now, without waiting\n")
+        self.triton.abort()
+
+    def _on_sigterm(self, signum: int, frame: object) -> None:
+        if not self.stopping:
+            self.stopping = True
+            raise _Terminated
+
+
 def build_parser() -> argparse.ArgumentParser:
     from clients import cli as client_cli
 
@@ -46,7 +78,12 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-repository", type=Path, help="default: the packaged model_repository/")
     serve.add_argument(
         "--checkpoint",
-        help=f"Whisper checkpoint for every model (sets {CHECKPOINT_ENV}; default: the packaged tiny.en)",
+        metavar="FOLDER",
+        help="Whisper checkpoint for every model, a folder: Hugging Face's (config.json, *.safetensors, "
+        "tokenizer.json; e.g. `hf download openai/whisper-small --local-dir whisper-small`) or "
+        "CTranslate2's, as faster-whisper uses (model.bin, config.json, tokenizer.json; e.g. "
+        "`hf download Systran/faster-whisper-small --local-dir faster-whisper-small`, converted once into "
+        f"the cache); default: the packaged tiny.en (sets {CHECKPOINT_ENV})",
     )
     serve.add_argument(
         "--host",
@@ -58,7 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--http-port", type=int, default=server.DEFAULT_HTTP_PORT)
     serve.add_argument("--grpc-port", type=int, default=server.DEFAULT_GRPC_PORT)
     serve.add_argument("--metrics-port", type=int, default=server.DEFAULT_METRICS_PORT)
-    serve.add_argument("--log-verbose", type=int, default=0, metavar="N", help="Triton's log verbosity")
+    serve.add_argument(
+        "--verbose",
+        action="store_true",
+        help="pass on Triton's whole log (default: only its warnings and errors and the models' own lines)",
+    )
+    serve.add_argument(
+        "--log-verbose", type=int, default=0, metavar="N", help="Triton's log verbosity (more than 0 implies --verbose)"
+    )
     serve.add_argument(
         "--trace-file",
         type=Path,
@@ -125,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
 def serve_command(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model_repository=(args.model_repository or server.packaged_model_repository()).resolve(),
-        checkpoint=args.checkpoint,
+        checkpoint=_checkpoint_source(args.checkpoint),
         host=args.host,
         http_port=args.http_port,
         grpc_port=args.grpc_port,
@@ -138,10 +182,14 @@ def serve_command(args: argparse.Namespace) -> int:
         engines=args.engines,
         mps=MPS_CHOICES[args.mps],
     )
-    triton = TritonServer(settings, log=sys.stderr)
-    signal.signal(signal.SIGTERM, _raise_terminated)
-    # Even where SIGINT was ignored on entry (a background job of a script), Ctrl-C stops the server.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    verbose = args.verbose or args.log_verbose > 0
+    stop_requests = _StopRequests()
+
+    def report(message: str) -> None:
+        _say(f"{message} (Ctrl-C again to stop now)" if stop_requests.stopping else message)
+
+    triton = TritonServer(settings, log=sys.stderr, verbose=verbose, report=report)
+    stop_requests.install(triton)
     try:
         triton.start(timeout=args.startup_timeout)
         print(_ready_message(triton), flush=True)
@@ -157,11 +205,22 @@ def serve_command(args: argparse.Namespace) -> int:
         print(f"whisper-triton: tritonserver exited with status {status}", file=sys.stderr)
         return status or 1
     except (KeyboardInterrupt, _Terminated):
-        print("whisper-triton: stopping tritonserver", file=sys.stderr, flush=True)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second SIGTERM must not cut the shutdown short
+        stop_requests.stopping = True  # from here on, Ctrl-C stops at once
         triton.stop()
+
+
+def _say(message: str) -> None:
+    print(f"whisper-triton: {message}", file=sys.stderr, flush=True)
+
+
+def _checkpoint_source(source: str | None) -> str | None:
+    """A --checkpoint folder as an absolute path (`~` expanded): the models do not
+    share this command's idea of the current folder or home."""
+    if source is None or not Path(source).expanduser().is_dir():
+        return source
+    return str(Path(source).expanduser().resolve())
 
 
 def _gpu_list(text: str) -> str | None:
@@ -189,10 +248,6 @@ def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1; got {text!r}")
     return int(text)
-
-
-def _raise_terminated(signum: int, frame: object) -> None:
-    raise _Terminated()
 
 
 def _ready_message(triton: TritonServer) -> str:

@@ -12,7 +12,13 @@ Endpoints, as OpenAI's audio API has them:
   `response_format` (json, text, srt, verbose_json, vtt), `temperature` and
   `timestamp_granularities[]` (word and/or segment; verbose_json only);
 - GET /v1/models and /v1/models/{id}: the model ids this gateway answers to;
-- GET /health: 200 when Triton and its models are ready, else 503.
+- GET /health: 200 when Triton and its models are ready, else 503;
+- GET /docs: the API's interactive page (Swagger UI, served from the
+  swagger-ui-bundle-v2 package: it works without the internet).
+
+With an API key (`--api-key`, or the WHISPER_TRITON_API_KEY environment
+variable), every /v1 request must carry `Authorization: Bearer <key>`, else
+it gets a 401; /health and /docs stay open.
 
 Each request becomes one gRPC call to Triton's `transcribe` ensemble (the
 async tritonclient, so one process serves many requests at once), asking
@@ -28,6 +34,8 @@ the gateway's log only.
 """
 
 import argparse
+import os
+import secrets
 import signal
 import sys
 from collections.abc import Sequence
@@ -48,6 +56,8 @@ from python_backend_lib.apps.openai_api import (
     error_from_triton,
     http_error,
     parse_form,
+    request_body,
+    unauthorized,
 )
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
@@ -61,6 +71,9 @@ DEFAULT_TRITON_URL = "localhost:8001"
 DEFAULT_MAX_FILE_MB = 25  # OpenAI's own limit
 BYTES_PER_MB = 1024 * 1024
 OWNER = "whisper-triton"
+API_KEY_ENV = "WHISPER_TRITON_API_KEY"
+PROTECTED_PREFIX = "/v1/"  # what the API key guards: the API, not /health or /docs
+DOCS_ASSETS = "/docs-assets"  # Swagger UI's script and style, from the installed package
 
 
 @dataclass(frozen=True)
@@ -68,13 +81,15 @@ class GatewaySettings:
     """triton_url: Triton's gRPC address, host:port or grpc://host:port (an HTTP
     URL raises connection.AddressError). model_ids: the `model` values accepted
     (all served by the one checkpoint Triton runs). max_file_bytes: larger
-    uploads get 413. timeout_s: per request to Triton, None for none."""
+    uploads get 413. timeout_s: per request to Triton, None for none.
+    api_key: what /v1 requests must bring as `Authorization: Bearer <key>`."""
 
     triton_url: str = DEFAULT_TRITON_URL
     model_ids: tuple[str, ...] = (DEFAULT_MODEL_ID,)
     max_file_bytes: int = DEFAULT_MAX_FILE_MB * BYTES_PER_MB
     timeout_s: float | None = None
     triton_model: str = tensor_names.ENSEMBLE_NAME
+    api_key: str | None = field(default=None, repr=False)  # None: no key asked for
     triton: ServerAddress = field(init=False)
 
     def __post_init__(self) -> None:
@@ -83,6 +98,8 @@ class GatewaySettings:
             raise ValueError("the gateway needs at least one model id")
         if self.max_file_bytes < 1:
             raise ValueError(f"max_file_bytes must be positive, got {self.max_file_bytes}")
+        if self.api_key is not None and not self.api_key.strip():
+            raise ValueError("the API key is empty")
 
 
 # ---------------------------------------------------------------- the app
@@ -97,8 +114,11 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     """
     import tritonclient.grpc.aio as triton
     from fastapi import FastAPI, Request
-    from fastapi.responses import JSONResponse, Response
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse, JSONResponse, Response
+    from fastapi.staticfiles import StaticFiles
     from starlette.exceptions import HTTPException
+    from swagger_ui_bundle import swagger_ui_path
     from tritonclient.utils import InferenceServerException
 
     state: dict[str, Any] = {}
@@ -111,7 +131,30 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
         finally:
             await state["client"].close()
 
-    app = FastAPI(title="whisper-triton", description=__doc__.split("\n\n")[0], lifespan=lifespan)
+    app = FastAPI(title="whisper-triton", description=__doc__.split("\n\n")[0], lifespan=lifespan,
+                  docs_url=None, redoc_url=None)  # FastAPI's own pages load their scripts from a CDN
+    app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url, title="whisper-triton: OpenAI's audio API",
+            swagger_js_url=f"{DOCS_ASSETS}/swagger-ui-bundle.js", swagger_css_url=f"{DOCS_ASSETS}/swagger-ui.css",
+            swagger_favicon_url=f"{DOCS_ASSETS}/favicon-32x32.png",
+        )
+
+    if settings.api_key is not None:
+        expected = f"Bearer {settings.api_key}".encode()
+
+        @app.middleware("http")
+        async def require_api_key(request: Request, call_next: Any) -> Response:
+            if request.url.path.startswith(PROTECTED_PREFIX):
+                given = request.headers.get("authorization")
+                if given is None or not secrets.compare_digest(given.encode(), expected):
+                    failure = unauthorized(given)
+                    return JSONResponse(failure.body(), status_code=failure.status,
+                                        headers={"WWW-Authenticate": "Bearer"})
+            return await call_next(request)
 
     async def reply(request: Request, error: Exception) -> JSONResponse:
         """Every failure in OpenAI's shape, its status from whose fault it was."""
@@ -181,13 +224,27 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
         body = audio_request.shape(formatted)
         return Response(body, media_type=MEDIA_TYPES[audio_request.response_format])
 
-    @app.post("/v1/audio/transcriptions")
+    @app.post("/v1/audio/transcriptions", openapi_extra=request_body(Task.TRANSCRIBE))
     async def transcriptions(request: Request) -> Response:
         return await handle(request, Task.TRANSCRIBE)
 
-    @app.post("/v1/audio/translations")
+    @app.post("/v1/audio/translations", openapi_extra=request_body(Task.TRANSLATE))
     async def translations(request: Request) -> Response:
         return await handle(request, Task.TRANSLATE)
+
+    if settings.api_key is not None:  # so that the /docs page can send the key (its Authorize button)
+        describe = app.openapi
+
+        def openapi_with_key() -> dict[str, Any]:
+            schema = describe()
+            schema.setdefault("components", {})["securitySchemes"] = {"apiKey": {"type": "http", "scheme": "bearer"}}
+            for path, operations in schema["paths"].items():
+                if path.startswith(PROTECTED_PREFIX):
+                    for operation in operations.values():
+                        operation["security"] = [{"apiKey": []}]
+            return schema
+
+        app.openapi = openapi_with_key
 
     return app
 
@@ -228,6 +285,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB, help="upload limit (default: %(default)s)"
     )
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="per request to Triton (default: none)")
+    parser.add_argument(
+        "--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
+        help=f"refuse /v1 requests without `Authorization: Bearer KEY` (401); default: ${API_KEY_ENV}, "
+        "else no key (anyone who reaches the port may transcribe)",
+    )
 
 
 class _Stopped(Exception):
@@ -248,9 +310,13 @@ def run(args: argparse.Namespace) -> int:
             model_ids=tuple(args.model_ids or (DEFAULT_MODEL_ID,)),
             max_file_bytes=int(args.max_file_mb * BYTES_PER_MB),
             timeout_s=args.timeout,
+            api_key=args.api_key,
         )
     except AddressError as error:
         print(f"whisper-triton gateway: --triton-url: {error}", file=sys.stderr)
+        return 2
+    except ValueError as error:
+        print(f"whisper-triton gateway: {error}", file=sys.stderr)
         return 2
     server = uvicorn.Server(uvicorn.Config(create_app(settings), host=args.host, port=args.port, log_level="info"))
     # uvicorn finishes the requests in flight on SIGINT or SIGTERM, restores the

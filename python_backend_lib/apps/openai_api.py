@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 from clients.connection import ServerAddress, connection_failure, triton_message
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
-from python_backend_lib.text.formats import ResponseFormat
+from python_backend_lib.text.formats import Document, ResponseFormat
 
 if TYPE_CHECKING:
     from tritonclient.utils import InferenceServerException
@@ -37,13 +37,51 @@ MEDIA_TYPES = {
     ResponseFormat.VERBOSE_JSON: "application/json",
 }
 OPENAI_FORMATS = tuple(f.value for f in MEDIA_TYPES)  # OpenAI's formats; not our tsv
-# The form fields of each endpoint, as OpenAI's API has them; any other is refused,
-# so that a misspelt or unsupported option is not silently ignored.
+# The form fields of each endpoint, as OpenAI's API has them for whisper-1; any
+# other is refused, so that a misspelt or unsupported option is not silently ignored.
+# Taken and ignored, as `IGNORED_FIELDS` says why; `stream` true is refused.
 FORM_FIELDS = {
     Task.TRANSCRIBE: ("file", "model", "language", "prompt", "response_format", "temperature",
-                      "timestamp_granularities[]"),
+                      "timestamp_granularities[]", "stream", "include[]", "chunking_strategy"),
     Task.TRANSLATE: ("file", "model", "prompt", "response_format", "temperature", "timestamp_granularities[]"),
 }
+IGNORED_FIELDS = {
+    # OpenAI gives token log probabilities only for its gpt-4o models, never for whisper-1.
+    "include[]": "token log probabilities are not returned (verbose_json has each segment's avg_logprob)",
+    # The audio is decoded in Whisper's 30-second windows, each placed by the
+    # timestamps of the one before, whatever the request says.
+    "chunking_strategy": "long audio is cut into Whisper's own 30-second windows",
+}
+INCLUDE_VALUES = ("logprobs",)
+# chunking_strategy is "auto" or a voice-activity object, which multipart
+# spells as one field per key: chunking_strategy[type]=server_vad, ...
+CHUNKING_AUTO = "auto"
+CHUNKING_VAD_KEYS = ("type", "prefix_padding_ms", "silence_duration_ms", "threshold")
+CHUNKING_VAD_TYPE = "server_vad"
+USAGE_TYPE = "duration"  # OpenAI bills whisper-1 by the audio's duration
+# Each form field as the API's description (/openapi.json, the /docs page) shows it.
+FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
+    "file": {"type": "string", "format": "binary", "description": "the audio: any common audio or video file"},
+    "model": {"type": "string", "default": DEFAULT_MODEL_ID, "description": "one of GET /v1/models"},
+    "language": {"type": "string", "description": "the audio's language, e.g. en (default: detected)"},
+    "prompt": {"type": "string", "description": "text that comes before the audio: names, spelling, style"},
+    "response_format": {"type": "string", "enum": list(OPENAI_FORMATS), "default": ResponseFormat.JSON.value},
+    "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE, "default": 0},
+    "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)},
+                                  "description": "with verbose_json"},
+    "stream": {"type": "boolean", "default": False, "description": "true is not supported yet"},
+    "include[]": {"type": "array", "items": {"type": "string", "enum": list(INCLUDE_VALUES)},
+                  "description": "ignored: " + IGNORED_FIELDS["include[]"]},
+    "chunking_strategy": {"type": "string", "enum": [CHUNKING_AUTO],
+                          "description": "ignored: " + IGNORED_FIELDS["chunking_strategy"]},
+}
+
+
+def request_body(task: Task) -> dict[str, Any]:
+    """The endpoint's multipart form in OpenAPI's terms (its handler reads the raw request)."""
+    schema = {"type": "object", "required": ["file", "model"],
+              "properties": {name: FIELD_SCHEMAS[name] for name in FORM_FIELDS[task]}}
+    return {"requestBody": {"required": True, "content": {"multipart/form-data": {"schema": schema}}}}
 
 
 # ------------------------------------------------------------------ errors
@@ -73,6 +111,17 @@ def http_error(status: int, message: str, param: str | None = None, code: str | 
     """An error of `status`: the client's mistake below 500, the server's from 500 on."""
     kind = InvalidRequest if status < 500 else ApiError
     return kind(status, message, param=param, code=code)
+
+
+def unauthorized(authorization: str | None) -> InvalidRequest:
+    """A 401 for a request whose `Authorization` header is missing or holds another key."""
+    if authorization is None:
+        message = "no API key given: send it as the header `Authorization: Bearer <key>`"
+    elif not authorization.startswith("Bearer "):
+        message = "the Authorization header must be `Bearer <key>`"
+    else:
+        message = "incorrect API key"
+    return InvalidRequest(401, message, code="invalid_api_key")
 
 
 def api_error(error: Exception) -> ApiError:
@@ -132,12 +181,24 @@ class AudioRequest:
     def word_timestamps(self) -> bool:
         return WORD in self.granularities
 
+    @property
+    def reports_usage(self) -> bool:
+        """Whether the reply carries `usage`: OpenAI's JSON transcriptions do, its translations do not."""
+        return self.task is Task.TRANSCRIBE and self.response_format in (ResponseFormat.JSON,
+                                                                          ResponseFormat.VERBOSE_JSON)
+
+    @property
+    def triton_format(self) -> ResponseFormat:
+        """The format asked of Triton: verbose_json where `usage` needs the audio's
+        duration, which json does not carry."""
+        return ResponseFormat.VERBOSE_JSON if self.reports_usage else self.response_format
+
     def triton_parameters(self) -> dict[str, Any]:
         """The `transcribe` request parameters. Segment timestamps are always on:
         they are what long audio is seeked by, and every format but text shows them."""
         parameters: dict[str, Any] = {
             "task": self.task.value,
-            "response_format": self.response_format.value,
+            "response_format": self.triton_format.value,
             "timestamps": True,
             "temperature": self.temperature,
             "word_timestamps": self.word_timestamps,
@@ -149,13 +210,19 @@ class AudioRequest:
         return parameters
 
     def shape(self, formatted: str) -> str:
-        """The response body from the FORMATTED output: verbose_json lists only
-        the granularities asked for (segments by default)."""
-        if self.response_format is not ResponseFormat.VERBOSE_JSON or not self.granularities:
+        """The response body from the FORMATTED output (in `triton_format`):
+        verbose_json lists only the granularities asked for (segments by default);
+        a transcription's JSON gets OpenAI's `usage`, the audio's duration."""
+        if not self.reports_usage and not (self.response_format is ResponseFormat.VERBOSE_JSON and self.granularities):
             return formatted
         record = json.loads(formatted)
-        if SEGMENT not in self.granularities:
+        duration = record["duration"]
+        if self.response_format is ResponseFormat.JSON:
+            record = json.loads(Document.from_verbose_json(record).render(ResponseFormat.JSON))
+        elif self.granularities and SEGMENT not in self.granularities:
             record.pop("segments", None)
+        if self.reports_usage:
+            record["usage"] = {"type": USAGE_TYPE, "seconds": duration}
         return json.dumps(record, ensure_ascii=False)
 
 
@@ -163,56 +230,93 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
     """The multipart fields of one request. form: field -> list of values
     (str, or an object with `read` for files); model_ids: the `model` values
     accepted. Raises InvalidRequest."""
-
-    def text(name: str, required: bool = False) -> str | None:
-        values = form.get(name) or [None]
-        value = values[-1]
-        if value is not None and not isinstance(value, str):
-            raise InvalidRequest(400, f"'{name}' must be a text field, not a file", param=name, code="invalid_type")
-        if not value:
-            if required:
-                raise InvalidRequest(
-                    400, f"you must provide a '{name}' parameter", param=name, code="missing_required_parameter"
-                )
-            return None
-        return value
-
     for name in form:
-        if name not in FORM_FIELDS[task]:
+        if _field_name(name) not in FORM_FIELDS[task]:
             raise InvalidRequest(
                 400, f"unknown field {name!r}; this endpoint takes {', '.join(FORM_FIELDS[task])}",
                 param=name, code="unknown_parameter",
             )
-    model = text("model", required=True)
+    _check_ignored_fields(form)
+    model = _text(form, "model", required=True)
     if model not in model_ids:
         raise InvalidRequest(
             404, f"the model {model!r} does not exist; this server has {list(model_ids)}",
             param="model", code="model_not_found",
         )
-    response_format = text("response_format") or ResponseFormat.JSON.value
+    response_format = _text(form, "response_format") or ResponseFormat.JSON.value
     if response_format not in OPENAI_FORMATS:
         raise InvalidRequest(
             400, f"response_format must be one of {list(OPENAI_FORMATS)}, got {response_format!r}",
             param="response_format", code="invalid_value",
         )
     response_format = ResponseFormat(response_format)
-    temperature = _temperature(text("temperature"))
+    temperature = _temperature(_text(form, "temperature"))
     granularities = tuple(dict.fromkeys(_granularities(form.get("timestamp_granularities[]", []))))
     if granularities and response_format is not ResponseFormat.VERBOSE_JSON:
         raise InvalidRequest(
             400, "timestamp_granularities[] needs response_format 'verbose_json'",
             param="timestamp_granularities[]", code="invalid_value",
         )
-    language = text("language")
+    language = _text(form, "language")
     return AudioRequest(
         model=model,
         task=task,
         response_format=response_format,
         language=language,
-        prompt=text("prompt"),
+        prompt=_text(form, "prompt"),
         temperature=temperature,
         granularities=granularities,
     )
+
+
+def _field_name(name: str) -> str:
+    """The field a multipart name belongs to: chunking_strategy[type] is chunking_strategy's."""
+    head, bracket, key = name.partition("[")
+    if head == "chunking_strategy" and bracket and key.removesuffix("]") in CHUNKING_VAD_KEYS:
+        return head
+    return name
+
+
+def _text(form: Mapping[str, Any], name: str, required: bool = False) -> str | None:
+    """A text field's value (the last, if repeated); None when absent or empty."""
+    values = form.get(name) or [None]
+    value = values[-1]
+    if value is not None and not isinstance(value, str):
+        raise InvalidRequest(400, f"'{name}' must be a text field, not a file", param=name, code="invalid_type")
+    if not value:
+        if required:
+            raise InvalidRequest(
+                400, f"you must provide a '{name}' parameter", param=name, code="missing_required_parameter"
+            )
+        return None
+    return value
+
+
+def _check_ignored_fields(form: Mapping[str, Any]) -> None:
+    """The fields that change nothing here must still be what OpenAI's API takes;
+    `stream` true is refused, as transcripts are not streamed yet."""
+    stream = (_text(form, "stream") or "false").lower()
+    if stream not in ("true", "false"):
+        raise InvalidRequest(400, f"stream must be true or false, got {stream!r}", param="stream",
+                             code="invalid_value")
+    if stream == "true":
+        raise InvalidRequest(
+            400, "stream=true is not supported yet: this server answers with the whole transcript; "
+            "leave stream unset or false", param="stream", code="unsupported_value",
+        )
+    for value in form.get("include[]", []):
+        if value not in INCLUDE_VALUES:
+            raise InvalidRequest(400, f"include[] may hold {list(INCLUDE_VALUES)}, got {value!r}",
+                                 param="include[]", code="invalid_value")
+    chunking = _text(form, "chunking_strategy")
+    vad_type = _text(form, "chunking_strategy[type]")
+    if chunking is not None and chunking != CHUNKING_AUTO:
+        raise InvalidRequest(400, f"chunking_strategy must be {CHUNKING_AUTO!r} or a {CHUNKING_VAD_TYPE} object, "
+                             f"got {chunking!r}", param="chunking_strategy", code="invalid_value")
+    vad_fields = [name for name in form if name.startswith("chunking_strategy[")]
+    if vad_fields and vad_type != CHUNKING_VAD_TYPE:
+        raise InvalidRequest(400, f"chunking_strategy[type] must be {CHUNKING_VAD_TYPE!r}, got {vad_type!r}",
+                             param="chunking_strategy", code="invalid_value")
 
 
 def _temperature(value: str | None) -> float:

@@ -1,10 +1,5 @@
-"""Start, watch and stop a real `tritonserver` on our model repository.
-
-Two installations are supported, looked for in this order:
-1. the official container: `tritonserver` on PATH, backends in /opt/tritonserver/backends;
-2. the `nvidia-pytriton` wheel, which ships `tritonserver` and the Python backend but
-   keeps the backend stubs apart, one per Python version. We assemble a backend
-   directory for this interpreter under the user's cache directory.
+"""Start, watch and stop a real `tritonserver` on our model repository (found by
+`triton_installation`).
 
 The Python backend's stub imports packages from the `python3` first on PATH, so
 this interpreter's directory goes first on PATH: the models then see the same
@@ -15,9 +10,8 @@ from __future__ import annotations
 
 import collections
 import ctypes
-import importlib.metadata
+import itertools
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -27,18 +21,15 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Callable
 
-from python_backend_lib.apps import preflight, repository, triton_environment, triton_output
+from python_backend_lib.apps import preflight, repository, shm_regions, triton_environment, triton_output
 from python_backend_lib.apps.mps import MpsDaemon, MpsError
-from python_backend_lib.apps.triton_output import Activity
-from python_backend_lib.core.cache import cache_root
+from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
+from python_backend_lib.apps.triton_output import Activity, QuietWatch
 
 # python_backend_lib/, two folders up from this file (apps/server.py).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
-CONTAINER_BACKENDS = Path("/opt/tritonserver/backends")
-STUB_NAME = "triton_python_backend_stub"
-PYTHON_BACKEND_FILES = ("libtriton_python.so", "triton_python_backend_utils.py")
 
 # Triton listens on this address only, unless told otherwise: a server is not
 # reachable from other machines until its owner says so (`--host 0.0.0.0`).
@@ -55,25 +46,17 @@ STOP_GRACE_S = 40.0  # tritonserver itself waits up to 30 s for in-flight reques
 DRAIN_TIMEOUT_S = 30.0
 # Idle means: nothing in flight or queued, and no request answered, for this long
 # (two publications of the whisper_* metrics, which are published every second).
+# The launcher reads the metrics while it serves, so a server idle for that long
+# before it is asked to stop has nothing to wait for.
 DRAIN_QUIET_S = 2.0
 DRAIN_POLL_S = 0.2
-LOG_TAIL_LINES = 60
+LOG_TAIL_LINES = 100  # Triton's start-up tables and the last model's traceback fit
+_servers_started = itertools.count()  # each server's part of its shared-memory regions' names
 # Log lines after which tritonserver 2.51 neither becomes ready nor exits.
 FATAL_LOG_MARKERS = ("Failed to preinitialize Python stub",)
 READY_POLL_S = 0.5
 # How often a serving launcher reads whether every whisper engine is still healthy.
 HEALTH_POLL_S = 2.0
-
-
-class ServerError(RuntimeError):
-    """tritonserver could not be found, started, or did not become ready."""
-
-
-@dataclass(frozen=True)
-class TritonInstallation:
-    binary: Path
-    backend_directory: Path
-    library_path: tuple[Path, ...] = ()  # prepended to LD_LIBRARY_PATH
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -111,59 +94,6 @@ def packaged_model_repository() -> Path:
     return repository
 
 
-def find_triton(cache_dir: Path | None = None) -> TritonInstallation:
-    """Locate tritonserver and a Python backend that runs this interpreter."""
-    on_path = shutil.which("tritonserver")
-    if on_path is not None:
-        binary = Path(on_path).resolve()
-        backends = CONTAINER_BACKENDS if CONTAINER_BACKENDS.is_dir() else binary.parent.parent / "backends"
-        return TritonInstallation(binary=binary, backend_directory=backends)
-    try:
-        import pytriton
-    except ImportError:
-        raise ServerError(
-            "tritonserver is not on PATH and the nvidia-pytriton wheel is not installed; "
-            "run inside the Triton container or `pip install nvidia-pytriton`"
-        ) from None
-    triton_root = Path(pytriton.__file__).resolve().parent / "tritonserver"
-    libraries = triton_root.parent.parent / "nvidia_pytriton.libs"
-    backends = _assemble_backends(triton_root, cache_dir or cache_root())
-    return TritonInstallation(
-        binary=triton_root / "bin" / "tritonserver", backend_directory=backends, library_path=(libraries,)
-    )
-
-
-def _assemble_backends(triton_root: Path, cache_dir: Path) -> Path:
-    """Copy the wheel's Python backend and this Python's stub into one backend directory."""
-    python_version = f"{sys.version_info.major}.{sys.version_info.minor}"
-    stub = triton_root / "python_backend_stubs" / python_version / STUB_NAME
-    if not stub.is_file():
-        raise ServerError(f"nvidia-pytriton has no Python backend stub for Python {python_version} ({stub})")
-    sources = [triton_root / "backends" / "python" / name for name in PYTHON_BACKEND_FILES] + [stub]
-    wheel_version = importlib.metadata.version("nvidia-pytriton")
-    backends = cache_dir / f"backends-pytriton{wheel_version}-py{python_version}"
-    target = backends / "python"
-    if all(_same_file_content(source, target / source.name) for source in sources):
-        return backends
-    staging = cache_dir / f".staging-{os.getpid()}"
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "python").mkdir(parents=True)
-    for source in sources:
-        shutil.copy2(source, staging / "python" / source.name)
-    shutil.rmtree(backends, ignore_errors=True)
-    try:
-        staging.rename(backends)
-    except OSError:  # another process assembled it first
-        shutil.rmtree(staging, ignore_errors=True)
-    return backends
-
-
-def _same_file_content(source: Path, copy: Path) -> bool:
-    return copy.is_file() and copy.stat().st_size == source.stat().st_size and (
-        copy.stat().st_mtime == source.stat().st_mtime
-    )
-
-
 def _die_with_parent() -> None:
     """In the child: receive SIGTERM when the starting thread ends, so no server is orphaned."""
     PR_SET_PDEATHSIG = 1
@@ -189,19 +119,34 @@ class TritonServer:
         with TritonServer(ServerSettings(model_repository=packaged_model_repository())) as server:
             WhisperClient(server.http_url).transcribe("jfk.wav")
 
-    Triton's log goes to `log` (default: kept only as a tail for error messages).
+    Triton's log goes to `log` (default: kept only as a tail for error messages):
+    every line when `verbose`, else all but Triton's routine ones (its tables, each
+    model's loading and unloading; `triton_output.is_routine`). `report` hears
+    what starting and stopping wait for ("waiting for 3 requests in flight").
     The server is started from, and should be stopped from, the same thread.
     """
 
-    def __init__(self, settings: ServerSettings, *, log: IO[str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: ServerSettings,
+        *,
+        log: IO[str] | None = None,
+        verbose: bool = False,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
         self.settings = settings
         self._log = log
+        self._verbose = verbose
+        self._report = report
         self._tail: collections.deque[str] = collections.deque(maxlen=LOG_TAIL_LINES)
         self._process: subprocess.Popen[str] | None = None
         self._pump: threading.Thread | None = None
         self._fatal = threading.Event()
         self._load_failure: str | None = None  # the first model's failure to load, in one line
         self._ready = False  # drain only a server that became ready
+        self._quiet = QuietWatch()  # since when the metrics read show no work
+        self._aborted = False  # abort(): stop() waits for nothing
+        self.shm_prefix = shm_regions.prefix(os.getpid(), next(_servers_started))
         # What Triton serves: the settings' repository, or a copy with another engine count.
         self.model_repository = settings.model_repository
         self._copy: Path | None = None
@@ -243,6 +188,7 @@ class TritonServer:
             f"--metrics-address={s.host}",
             f"--metrics-port={s.metrics_port}",
             f"--log-verbose={s.log_verbose}",
+            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
             "--strict-readiness=true",
             "--exit-on-error=true",
             *(() if gpu else triton_output.NO_GPU_FLAGS),
@@ -271,6 +217,8 @@ class TritonServer:
         mps = self._mps is not None
         self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env, mps=mps)
         self.model_repository = self._copy or s.model_repository
+        if self._report is not None:  # after every check that can refuse the start in one line
+            self._report(f"starting tritonserver on {s.model_repository}")
         try:
             self._process = subprocess.Popen(
                 self.command(installation),
@@ -312,6 +260,7 @@ class TritonServer:
     def _pump_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None
         quiet_gpu_noise = triton_output.cuda_device_count() == 0
+        routine = False  # whether the line before was a routine one (a table goes on without a prefix)
         for line in self._process.stdout:
             if quiet_gpu_noise and triton_output.is_no_gpu_noise(line):
                 continue
@@ -321,7 +270,8 @@ class TritonServer:
                 self._load_failure = failure
             if failure is not None or any(marker in line for marker in FATAL_LOG_MARKERS):
                 self._fatal.set()
-            if self._log is not None:
+            routine = triton_output.is_routine(line, after_routine=routine)
+            if self._log is not None and (self._verbose or not routine):
                 self._log.write(line)
                 self._log.flush()
 
@@ -370,35 +320,42 @@ class TritonServer:
                     return None
 
     def activity(self) -> Activity | None:
-        """The server's current `Activity`; None when its metrics cannot be read."""
+        """The server's current `Activity`; None when its metrics cannot be read.
+        Every read also tells `drain` how long the server has been idle."""
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=READY_POLL_S * 4) as response:
-                return Activity.from_metrics(response.read().decode("utf-8", "replace"))
+                activity = Activity.from_metrics(response.read().decode("utf-8", "replace"))
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             return None
+        self._quiet.see(activity, time.monotonic())
+        return activity
 
-    def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> bool:
-        """Wait until no request has been in flight or answered for DRAIN_QUIET_S;
-        False after `timeout` (or when the metrics cannot be read). Triton keeps
-        accepting requests meanwhile: take the server out of rotation first."""
+    def drain(self, timeout: float = DRAIN_TIMEOUT_S, report: Callable[[str], None] | None = None) -> bool:
+        """Wait until no request has been in flight or answered for DRAIN_QUIET_S
+        (at once when the reads of the metrics while serving saw it idle that long);
+        False after `timeout` (or when the metrics cannot be read, or after `abort`).
+        `report` hears how many requests it waits for, each time that changes.
+        Triton keeps accepting requests meanwhile: take the server out of rotation first."""
         deadline = time.monotonic() + timeout
-        last, quiet_since = None, time.monotonic()
+        reported = None
         while time.monotonic() < deadline:
-            if self._process is None or self._process.poll() is not None:
+            if self._aborted or self._process is None or self._process.poll() is not None:
                 return False
             now = self.activity()
             if now is None:
                 return False
-            if now.busy > 0 or last is None or now.answered != last.answered:
-                quiet_since = time.monotonic()
-            elif time.monotonic() - quiet_since >= DRAIN_QUIET_S:
+            if self._quiet.quiet_s >= DRAIN_QUIET_S:
                 return True
-            last = now
+            if report is not None and now.busy > 0 and now.busy != reported:
+                count = round(now.busy)
+                report(f"waiting for {count} request{'s' if count != 1 else ''} in flight")
+                reported = now.busy
             time.sleep(DRAIN_POLL_S)
         return False
 
     def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> int | None:
-        """Drain (wait for the requests in flight), SIGTERM, wait, then SIGKILL.
+        """Drain (wait for the requests in flight), SIGTERM, wait, then SIGKILL;
+        remove what the server leaves (its shared memory, the repository's copy).
         Safe to call twice."""
         process = self._process
         if process is None:  # tritonserver never started: what was made for it
@@ -409,7 +366,9 @@ class TritonServer:
             return None
         if process.poll() is None:
             if drain_timeout > 0 and self._ready:
-                self.drain(drain_timeout)
+                self.drain(drain_timeout, self._report)
+            if self._report is not None and not self._aborted:
+                self._report("stopping tritonserver: unloading the models")
             process.terminate()
             try:
                 process.wait(timeout=STOP_GRACE_S)
@@ -421,9 +380,18 @@ class TritonServer:
             self._mps.stop()
         if self._pump is not None:
             self._pump.join(timeout=5)
+        shm_regions.remove(self.shm_prefix)  # the group is gone: nothing maps them any more
         if self._copy is not None:
             repository.remove_copy(self._copy)
         return process.returncode
+
+    def abort(self) -> None:
+        """Kill tritonserver and its models now, without waiting for the requests in
+        flight (they fail); a `stop` under way, or the next, then only cleans up.
+        Safe from a signal handler."""
+        self._aborted = True
+        if self._process is not None:
+            _end_leftovers(self._process.pid)
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -17,7 +17,8 @@ from python_backend_lib.core.cache import cache_root
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
 
 if TYPE_CHECKING:
-    from python_backend_lib.apps.server import ServerSettings, TritonInstallation
+    from python_backend_lib.apps.server import ServerSettings
+    from python_backend_lib.apps.triton_installation import TritonInstallation
 
 def server_environment(installation: TritonInstallation, settings: ServerSettings) -> dict[str, str]:
     """tritonserver's environment: this Python first on PATH, the wheel's libraries, the

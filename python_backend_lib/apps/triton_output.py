@@ -1,11 +1,17 @@
-"""What tritonserver says, read for the launcher: its log as it starts (noise and
-causes), its metrics as it drains (`Activity`).
+"""What tritonserver says, read for the launcher: its log (noise, routine and
+causes), its metrics as it drains (`Activity`, `QuietWatch`).
 
 On a machine without a GPU, Triton 2.51 logs three CUDA and NVML failures on a
 healthy start. Two have a documented switch, which the launcher sets when no
-GPU is there (`NO_GPU_FLAGS`). Two more lines have none and are dropped from
+GPU is there (`NO_GPU_FLAGS`). Three more lines have none and are dropped from
 the log the launcher passes on (`is_no_gpu_noise`), and only when there is no
 GPU, where they can mean nothing else.
+
+Most of the rest is routine (`is_routine`): Triton's tables of backends, models
+and options, each model's loading and unloading, its countdown while it stops.
+The launcher passes on only the rest unless asked for everything: warnings,
+errors, what our models log (each engine's start, with its attention backend)
+and what their processes print.
 
 Asked for (`serve --trace-file`), Triton also writes its own timestamps of
 traced requests to a file (`trace_flags`).
@@ -29,16 +35,24 @@ from pathlib import Path
 NO_GPU_FLAGS = ("--pinned-memory-pool-byte-size=0", "--allow-gpu-metrics=false")
 
 # Without a GPU, and with no switch to avoid them: the CUDA block manager's start
-# (server.cc) and each ensemble's CUDA stream (ensemble_scheduler.cc). Both are
-# logged as errors, yet Triton serves normally without them.
+# (server.cc) and each ensemble's CUDA stream (ensemble_scheduler.cc), both logged
+# as errors, yet Triton serves normally without them; and the first request's
+# warning that the pinned memory pool, which NO_GPU_FLAGS turned off, has no room.
 NO_GPU_NOISE = (
     '"CudaDriverHelper has not been initialized."',
     "unable to create stream for ",
+    "failed to allocate pinned system memory: no pinned memory pool",
 )
 # E1123 12:16:19.171312 20316 model_lifecycle.cc:642] "failed to load 'whisper' version 1: Internal: <message>
 _LOAD_FAILURE = re.compile(r"failed to load '(?P<model>[^']+)' version \d+: (?:[A-Za-z ]+: )?(?P<reason>.*)")
 # Triton writes the exception's traceback inside the same line, after "\n\nAt:" (escaped).
 _TRACEBACK = re.compile(r"(\\n)+At:")
+# I1126 01:18:03.074265 29806 model.py:51] "<message>": level, date, time, thread, source file and line.
+_TRITON_LINE = re.compile(r"(?P<level>[IWEF])\d{4} [\d:.]+ +\d+ (?P<source>[^\s:]+):\d+\]")
+# Informational lines from these sources are our models' own (pb_utils.Logger).
+OUR_SOURCES = ("model.py",)
+# tritonserver's line, without a prefix, when it is asked to stop.
+_SIGNAL_RECEIVED = re.compile(r"Signal \(\d+\) received\.$")
 
 
 @lru_cache(maxsize=1)
@@ -65,6 +79,17 @@ def cuda_device_count() -> int:
 def is_no_gpu_noise(line: str) -> bool:
     """Whether `line` is one of Triton's harmless CUDA errors of a start without a GPU."""
     return any(marker in line for marker in NO_GPU_NOISE)
+
+
+def is_routine(line: str, after_routine: bool = False) -> bool:
+    """Whether `line` is one of Triton's own informational lines, or a line of a
+    table (or the blank line after it) that goes on from one (`after_routine`)."""
+    found = _TRITON_LINE.match(line)
+    if found is not None:
+        return found.group("level") == "I" and found.group("source") not in OUR_SOURCES
+    if _SIGNAL_RECEIVED.match(line.strip()):
+        return True
+    return after_routine and (not line.strip() or line.startswith(("+", "|")))
 
 
 def load_failure(line: str) -> str | None:
@@ -104,6 +129,27 @@ class Activity:
             elif metric == "whisper_engine_healthy" and float(value) == 0:
                 unhealthy += 1
         return cls(busy=busy, answered=answered, unhealthy_engines=unhealthy)
+
+
+@dataclass
+class QuietWatch:
+    """Since when the `Activity` read from the metrics has shown no work: nothing
+    in flight or queued in any read, and the same count of answered requests."""
+
+    last: Activity | None = None
+    since: float = 0.0  # time.monotonic() of the first read of the current quiet
+    seen: float = 0.0  # ... and of the last read
+
+    def see(self, activity: Activity, now: float) -> None:
+        last = self.last
+        if activity.busy > 0 or last is None or last.busy > 0 or activity.answered != last.answered:
+            self.since = now  # the work ended after the last read, not before it
+        self.last, self.seen = activity, now
+
+    @property
+    def quiet_s(self) -> float:
+        """Seconds from the first read of the quiet to the last (0 while busy)."""
+        return 0.0 if self.last is None or self.last.busy > 0 else self.seen - self.since
 
 
 def trace_flags(path: Path, rate: int) -> tuple[str, ...]:
