@@ -18,7 +18,7 @@ import pytest
 from conftest import AUDIO_DIR, free_port, launch_server, whisper_triton_command
 
 from clients.api import WhisperClient
-from python_backend_lib.apps import preflight, server, triton_environment, triton_installation, triton_output
+from python_backend_lib.apps import mps, preflight, server, triton_environment, triton_installation, triton_output
 from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
 from python_backend_lib.apps.shm_regions import prefix as shm_region_prefix
@@ -112,6 +112,19 @@ def test_mps_without_a_gpu_is_refused_in_one_line(tmp_path):
     assert result.returncode == 1
     assert result.stderr.strip().splitlines() == [
         "whisper-triton: --mps on shares GPUs between processes, and this server has none (--gpus, the driver)"]
+
+
+@pytest.mark.skipif(shutil.which(mps.CONTROL) is not None, reason="this host has the MPS daemon")
+def test_mps_auto_serves_without_it_where_the_daemon_is_missing_and_on_refuses():
+    said = []
+    assert mps.daemon_for(None, gpus=0, say=said.append) is None and not said  # auto, the CPU: nothing to say
+    assert mps.daemon_for(False, gpus=2, say=said.append) is None and not said
+    assert mps.daemon_for(None, gpus=2, say=said.append) is None
+    assert said == [f"serving without CUDA MPS: {mps.CONTROL} is not on PATH (it comes with the NVIDIA driver's utilities)"]
+    with pytest.raises(mps.MpsError, match="not on PATH"):
+        mps.daemon_for(True, gpus=2, say=said.append)
+    with pytest.raises(mps.MpsError, match="has none"):
+        mps.daemon_for(True, gpus=0, say=said.append)
 
 
 @pytest.mark.server

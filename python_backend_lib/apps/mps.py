@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -90,3 +91,22 @@ class MpsDaemon:
         if self._root is not None:
             shutil.rmtree(self._root, ignore_errors=True)
         self._root = self.folders = None
+
+
+def daemon_for(setting: bool | None, gpus: int, say: Callable[[str], None]) -> MpsDaemon | None:
+    """The started daemon for a server of `gpus` GPUs under `serve --mps` (True: on, False: off,
+    None: auto, which serves without MPS, saying so, where the daemon is missing or fails).
+    MpsError when MPS was asked for and cannot be."""
+    if setting is False or (setting is None and gpus == 0):
+        return None
+    if gpus == 0:
+        raise MpsError("--mps on shares GPUs between processes, and this server has none (--gpus, the driver)")
+    daemon = MpsDaemon()
+    try:
+        daemon.start()
+    except MpsError as error:
+        if setting:
+            raise
+        say(f"serving without CUDA MPS: {error}")
+        return None
+    return daemon

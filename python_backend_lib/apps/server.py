@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import IO, Callable
 
 from python_backend_lib.apps import preflight, repository, shm_regions, triton_environment, triton_output
-from python_backend_lib.apps.mps import MpsDaemon, MpsError
+from python_backend_lib.apps.mps import MpsDaemon, MpsError, daemon_for
 from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
 
@@ -210,10 +210,11 @@ class TritonServer:
         env = triton_environment.server_environment(installation, self.settings)
         s = self.settings
         gpus = triton_output.visible_gpus(s.gpus)
-        if s.mps is not False and gpus > 0:
-            env.update(self._start_mps(required=bool(s.mps)))
-        elif s.mps:
-            raise ServerError("--mps on shares GPUs between processes, and this server has none (--gpus, the driver)")
+        try:
+            self._mps = daemon_for(s.mps, gpus, say=lambda line: print(f"whisper-triton: {line}", file=sys.stderr))
+        except MpsError as error:
+            raise ServerError(str(error)) from None
+        env.update(self._mps.environ() if self._mps else {})
         mps = self._mps is not None
         self._copy = repository.serving_copy(s.model_repository, s.engines, gpus, env, mps=mps)
         self.model_repository = self._copy or s.model_repository
@@ -242,20 +243,6 @@ class TritonServer:
             self.stop()
             raise
         self._ready = True
-
-    def _start_mps(self, required: bool) -> dict[str, str]:
-        """The MPS daemon's folders for tritonserver's environment. Without the daemon (or
-        when it cannot start): ServerError if MPS was asked for, else a line and none."""
-        daemon = MpsDaemon()
-        try:
-            folders = daemon.start()
-        except MpsError as error:
-            if required:
-                raise ServerError(str(error)) from None
-            print(f"whisper-triton: serving without CUDA MPS: {error}", file=sys.stderr, flush=True)
-            return {}
-        self._mps = daemon
-        return folders.environ()
 
     def _pump_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None
