@@ -92,6 +92,14 @@ TRANSCRIPT_OUTPUTS = (tensor_names.TEXT, tensor_names.SEGMENTS, tensor_names.FOR
 NOT_TRITONS = ("404", "405")
 
 
+# What a cancel request carries besides its `cancel` parameter: the whisper model's inputs
+# are required, so a placeholder of each (the model reads none of it).
+CANCEL_INPUTS = (
+    (tensor_names.LOG_MEL, np.zeros((1, 1, 1), dtype=np.float32), "FP32"),
+    (tensor_names.SAMPLES, np.zeros((1, 1), dtype=np.int64), "INT64"),
+)
+
+
 def new_request_id() -> str:
     """A request id no other client will pick (request parameter `request_id`)."""
     return str(uuid.uuid4())
@@ -193,10 +201,7 @@ class WhisperClient:
 
         Triton 2.51 passes no cancel into a running step of the `transcribe` ensemble
         (server#6739): the `whisper` model takes the cancel, as a request of its own."""
-        inputs = [
-            self._array(tensor_names.LOG_MEL, np.zeros((1, 1, 1), dtype=np.float32), "FP32"),
-            self._array(tensor_names.SAMPLES, np.zeros((1, 1), dtype=np.int64), "INT64"),
-        ]
+        inputs = [self._array(name, array, datatype) for name, array, datatype in CANCEL_INPUTS]
         self._call(tensor_names.WHISPER_NAME, inputs, (), {CANCEL_KEY: request_id})
 
     def _infer(

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import random
 import signal
+import socket
 import subprocess
 import time
+import urllib.parse
 
 import numpy as np
 import pytest
@@ -140,3 +142,28 @@ def test_a_storm_of_grpc_cancels_leaves_the_server_serving(server, tmp_path):
     assert "country" in transcribe(server.http_url, "http").lower()
     canceller.close()
     client.close()
+
+
+def test_a_gateway_client_that_hangs_up_has_its_transcription_cancelled(server, gateway, tmp_path):
+    """An OpenAI client that goes away while the server decodes three minutes: the gateway
+    notices the closed connection and sends the server a cancel naming the request, so
+    the engine drops it and frees its slot, long before it could have finished."""
+    boundary = "hangup"
+    audio = long_wav(tmp_path, 3).read_bytes()  # under the test gateway's upload limit
+    body = (f'--{boundary}\r\nContent-Disposition: form-data; name="model"\r\n\r\nwhisper-1\r\n'
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; filename="long.wav"\r\n\r\n').encode()
+    body += audio + f"\r\n--{boundary}--\r\n".encode()
+    address = urllib.parse.urlsplit(gateway)
+    before = settled(server)
+    with socket.create_connection((address.hostname, address.port), timeout=30) as connection:
+        connection.sendall(
+            f"POST {address.path}/audio/transcriptions HTTP/1.1\r\nHost: {address.netloc}\r\n"
+            f"Content-Type: multipart/form-data; boundary={boundary}\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body
+        )
+        running = wait_for(server, lambda s: s["whisper_running_batch_size"] >= 1)
+        assert running["whisper_running_batch_size"] >= 1, running
+    hung_up_at = time.monotonic()
+    freed = wait_for(server, lambda s: s["whisper_requests_in_flight"] == 0 and s[CANCELLED] > before[CANCELLED])
+    print(f"freed {time.monotonic() - hung_up_at:.2f} s after the client hung up")
+    assert freed[CANCELLED] == before[CANCELLED] + 1
+    assert freed["whisper_requests_in_flight"] == freed["whisper_running_batch_size"] == 0

@@ -34,6 +34,8 @@ the gateway's log only.
 """
 
 import argparse
+import asyncio
+import logging
 import os
 import secrets
 import signal
@@ -45,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from clients.api import CANCEL_INPUTS, new_request_id
 from clients.connection import AddressError, Protocol, ServerAddress, parse_address
 from python_backend_lib.apps.openai_api import (
     DEFAULT_MODEL_ID,
@@ -62,6 +65,7 @@ from python_backend_lib.apps.openai_api import (
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 from python_backend_lib.serving import tensor_names
+from python_backend_lib.serving.parameters import CANCEL_KEY
 
 if TYPE_CHECKING:
     import fastapi
@@ -74,6 +78,12 @@ OWNER = "whisper-triton"
 API_KEY_ENV = "WHISPER_TRITON_API_KEY"
 PROTECTED_PREFIX = "/v1/"  # what the API key guards: the API, not /health or /docs
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's script and style, from the installed package
+# How often a transcription in flight checks whether its HTTP client is still there, and
+# how long the cancel sent when it is not may take.
+DISCONNECT_POLL_S = 0.25
+CANCEL_TIMEOUT_S = 5.0
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -205,24 +215,45 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
             fields = {key: form.getlist(key) for key in form.keys()}
             audio_request = parse_form(fields, task, settings.model_ids)
             audio = await _read_file(fields.get("file", []), settings)
-        return await transcribe(audio_request, audio)
+        return await transcribe(request, audio_request, audio)
 
-    async def transcribe(audio_request: AudioRequest, audio: bytes) -> Response:
+    async def transcribe(http_request: Request, audio_request: AudioRequest, audio: bytes) -> Response:
         tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[audio]], dtype=np.object_))
+        request_id = new_request_id()
+        call = asyncio.ensure_future(state["client"].infer(
+            settings.triton_model,
+            [tensor],
+            outputs=[triton.InferRequestedOutput(tensor_names.FORMATTED)],
+            parameters={**audio_request.triton_parameters(), "request_id": request_id},
+            client_timeout=settings.timeout_s,
+        ))  # fmt: skip
+        await cancel_if_abandoned(http_request, call, request_id)
         try:
-            result = await state["client"].infer(
-                settings.triton_model,
-                [tensor],
-                outputs=[triton.InferRequestedOutput(tensor_names.FORMATTED)],
-                parameters=audio_request.triton_parameters(),
-                client_timeout=settings.timeout_s,
-            )
+            result = await call
         except InferenceServerException as error:
             raise error_from_triton(error, settings.triton) from None
         formatted = result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0].decode("utf-8")
         body = audio_request.shape(formatted)
         return Response(body, media_type=MEDIA_TYPES[audio_request.response_format])
+
+    async def cancel_if_abandoned(http_request: Request, call: asyncio.Future, request_id: str) -> None:
+        """Wait for `call`; if the HTTP client goes away first, have the server stop decoding
+        it (a cancel naming its id: Triton 2.51 passes none into a running ensemble step),
+        and let the call end with the server's answer rather than cancelling it here."""
+        while not call.done():
+            await asyncio.wait({call}, timeout=DISCONNECT_POLL_S)
+            if not call.done() and await http_request.is_disconnected():
+                inputs = []
+                for name, array, datatype in CANCEL_INPUTS:
+                    inputs.append(triton.InferInput(name, list(array.shape), datatype))
+                    inputs[-1].set_data_from_numpy(array)
+                try:
+                    await state["client"].infer(tensor_names.WHISPER_NAME, inputs, parameters={CANCEL_KEY: request_id},
+                                                client_timeout=CANCEL_TIMEOUT_S)
+                except InferenceServerException as error:  # the request runs to its end: only time lost
+                    log.warning("could not cancel request %s, whose client left: %s", request_id, error)
+                return
 
     @app.post("/v1/audio/transcriptions", openapi_extra=request_body(Task.TRANSCRIBE))
     async def transcriptions(request: Request) -> Response:
