@@ -670,3 +670,14 @@ def test_the_documentation_names_what_the_manifests_use(resources, adapter_rules
         assert lines, f"docs/kubernetes.md gives no line with {name} and its target averageValue: {target}"
     for rule in adapter_rules:
         assert series_of(rule) in doc, series_of(rule)
+
+
+def test_the_gateway_takes_its_api_key_from_an_optional_secret(containers):
+    """The key reaches the gateway under the name it reads, from a Secret the pod
+    starts without (no key asked for then), and /health, the probes' path, stays open."""
+    from python_backend_lib.apps.gateway import API_KEY_ENV, PROTECTED_PREFIX
+
+    (variable,) = [v for v in containers[GATEWAY].get("env", []) if v["name"] == API_KEY_ENV]
+    secret = variable["valueFrom"]["secretKeyRef"]
+    assert secret["optional"] is True and secret["name"] and secret["key"]
+    assert not containers[GATEWAY]["readinessProbe"]["httpGet"]["path"].startswith(PROTECTED_PREFIX)
