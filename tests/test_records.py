@@ -1,4 +1,4 @@
-"""The load-test, flood and soak figures the README quotes are the stored records'.
+"""The figures the README quotes (the load test, flood and soak, the GPU headline) are the stored records'.
 
 Each record (docs/benchmarks/{loadtest,flood,soak}.json) is written by the tool
 that measured it (`--record`), with its commit, machine and command; the README's
@@ -92,3 +92,45 @@ def test_readme_soak_figures_are_the_record():
         f"within {data['rss_tolerance_mib']:.0f} MiB",
     ):
         assert quoted in section
+
+
+# ----------------------------------------------------- the three-model server on a GPU
+
+SHIPPED = BENCHMARKS / "shipped-3647cf1"
+
+
+def gpu_section() -> str:
+    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    start = text.index("## On a GPU")
+    return text[start : text.index("\n## ", start + 1)]
+
+
+def variants(path: Path) -> dict[str, dict]:
+    return {v["label"]: v for v in json.loads(path.read_text(encoding="utf-8"))["variants"]}
+
+
+def best(variant: dict) -> dict:
+    return max(variant["points"], key=lambda p: p["goodput_per_s"])
+
+
+def test_readme_gpu_headline_is_the_shipped_record():
+    """The README's table of the shipped three-model server against the two-model one
+    quotes one run's best points (served-variants.json), their ratio, and the lone
+    clip's latencies from the run made for them (latency-served-variants.json)."""
+    throughput = variants(SHIPPED / "served-variants.json")
+    before, shipped = best(throughput["before"]), best(throughput["shipped"])
+    section = gpu_section()
+    assert before["concurrency"] == shipped["concurrency"] == 2048
+    row = next(line for line in section.splitlines() if line.startswith("| requests/s at saturation"))
+    ratio = shipped["goodput_per_s"] / before["goodput_per_s"]
+    assert row == (f"| requests/s at saturation (concurrency 2,048) | {thousands(round(before['goodput_per_s']))} "
+                   f"(RTFx {thousands(round(before['rtfx']))}) | {thousands(round(shipped['goodput_per_s']))} "
+                   f"(RTFx {thousands(round(shipped['rtfx']))}): {ratio:.2f} times |")
+    alone = variants(SHIPPED / "latency-served-variants.json")
+    row = next(line for line in section.splitlines() if line.startswith("| one 5 s clip alone"))
+    first, after = alone["before"]["latency_5s"]["latency_ms"], alone["shipped"]["latency_5s"]["latency_ms"]
+    assert row == (f"| one 5 s clip alone, p50 / p99 | {first['p50']:.2f} / {first['p99']:.2f} ms | "
+                   f"{after['p50']:.2f} / {after['p99']:.2f} ms |")
+    for name in ("served-variants.json", "latency-served-variants.json"):
+        run = json.loads((SHIPPED / name).read_text(encoding="utf-8"))["run"]
+        assert run["commit"].startswith("3647cf1") and "H100" in run["machine"]["gpu"] and not run["dirty"]
