@@ -235,7 +235,7 @@ def model_processes_gone(stubs: list, timeout: float) -> bool:
     return not any(Path(f"/proc/{stub.pid}").exists() for stub in stubs)
 
 
-# The whisper model's process checks for its parent every second (ParentWatch).
+# Every model's process checks for its parent every second (ParentWatch).
 ORPHAN_EXIT_S = 2 * CHECK_INTERVAL_S + 5.0
 
 

@@ -6,7 +6,8 @@ has served a request: killed with `kill -9`, or stopped by its exit timeout
 before it unloaded the whisper model (clients holding connections open delay
 that), tritonserver leaves the whisper stub running, with the weights, the KV
 slots and on a GPU its memory, for good; a GPU instance of preprocessing would keep
-its GPU memory too. This watch asks every `interval_s`
+its GPU memory too, and on a busy host the postprocessing stubs outlived it by seconds.
+Every model runs this watch: it asks every `interval_s`
 whether the process that started this one is still its parent and, once it is
 not, ends the process: there is nobody left to answer.
 """

@@ -13,6 +13,7 @@ import triton_python_backend_utils as pb_utils
 sys.path.append(str(Path(__file__).resolve().parents[3]))
 
 from python_backend_lib.checkpoints.configs import load_config
+from python_backend_lib.serving.parent_watch import ParentWatch
 from python_backend_lib.serving.postprocessing_service import PostprocessingService
 from python_backend_lib.serving.settings import ModelSettings
 from python_backend_lib.text.tokenizer import load_tokenizer
@@ -20,9 +21,15 @@ from python_backend_lib.text.tokenizer import load_tokenizer
 
 class TritonPythonModel:
     def initialize(self, args):
+        # Triton's own check ends this stub with tritonserver, but on a busy host only after
+        # seconds; the watch ends it within one, as it does the other models' stubs.
+        self.parent_watch = ParentWatch()
         self.settings = ModelSettings.from_triton(args["model_config"])
         tokenizer = load_tokenizer(load_config(self.settings.checkpoint))
         self.service = PostprocessingService(pb_utils, self.settings, tokenizer)
 
     def execute(self, requests):
         return self.service.respond(requests)
+
+    def finalize(self):
+        self.parent_watch.close()
