@@ -255,16 +255,13 @@ class TritonServer:
         if not config.exists():
             return
         source = repository.configured_checkpoint(config.read_text(), env)
-        checkpoint = packaged.packaged_checkpoint(source)
-        if checkpoint is None:
+        if packaged.packaged_checkpoint(source) is None:
             return
         problem = preflight.packaged_checkpoint_problem(source)
         if problem is not None:
             raise ServerError(problem)
-        if self._report is not None:
-            self._report(f"checkpoint {source!r}: {checkpoint.description}")
         try:
-            packaged.packaged_folder(source)
+            packaged.packaged_folder(source, say=self._report)
         except (OSError, ValueError) as error:
             raise ServerError(f"cannot prepare checkpoint {source!r}: {error}") from None
 

