@@ -27,7 +27,6 @@ from python_backend_lib.apps import preflight, repository, shm_regions, triton_e
 from python_backend_lib.apps.mps import MpsDaemon, MpsError, daemon_for
 from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
-from python_backend_lib.checkpoints import packaged
 
 # python_backend_lib/, two folders up from this file (apps/server.py).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -209,7 +208,9 @@ class TritonServer:
             raise ServerError(problem)
         installation = find_triton()
         env = triton_environment.server_environment(installation, self.settings)
-        self._prepare_packaged_checkpoint(env)
+        problem = preflight.packaged_checkpoint_problem(self.settings.model_repository, env, say=self._report)
+        if problem is not None:
+            raise ServerError(problem)
         s = self.settings
         gpus = triton_output.visible_gpus(s.gpus)
         try:
@@ -245,25 +246,6 @@ class TritonServer:
             self.stop()
             raise
         self._ready = True
-
-    def _prepare_packaged_checkpoint(self, env: dict[str, str]) -> None:
-        """A packaged checkpoint that the whisper model will load (`--checkpoint base`, the
-        environment's or its config's) is checked and assembled into the cache here,
-        before Triton starts: a missing package is then one line naming the command that
-        installs it, and the models find the checkpoint ready."""
-        config = repository.whisper_config(self.settings.model_repository)
-        if not config.exists():
-            return
-        source = repository.configured_checkpoint(config.read_text(), env)
-        if packaged.packaged_checkpoint(source) is None:
-            return
-        problem = preflight.packaged_checkpoint_problem(source)
-        if problem is not None:
-            raise ServerError(problem)
-        try:
-            packaged.packaged_folder(source, say=self._report)
-        except (OSError, ValueError) as error:
-            raise ServerError(f"cannot prepare checkpoint {source!r}: {error}") from None
 
     def _pump_log(self) -> None:
         assert self._process is not None and self._process.stdout is not None
