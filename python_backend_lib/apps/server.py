@@ -208,6 +208,9 @@ class TritonServer:
             raise ServerError(problem)
         installation = find_triton()
         env = triton_environment.server_environment(installation, self.settings)
+        problem = preflight.packaged_checkpoint_problem(self.settings.model_repository, env, say=self._report)
+        if problem is not None:
+            raise ServerError(problem)
         s = self.settings
         gpus = triton_output.visible_gpus(s.gpus)
         try:

