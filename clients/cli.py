@@ -209,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
     except UsageError as error:
         print(f"{PROG}: {error}", file=sys.stderr)
         return 2
+    listen_for_ctrl_c()
     if args.model is not None:
         print(
             f"{PROG}: warning: --model {args.model} is not applied: the server transcribes with the checkpoint "
@@ -280,6 +281,15 @@ def transcribe_all(args: argparse.Namespace, layout: SubtitleOptions) -> int:
     pool.shutdown()
     progress.close()
     return 1 if failures else 0
+
+
+def listen_for_ctrl_c() -> None:
+    """Ctrl-C raises KeyboardInterrupt here even where this process started with SIGINT
+    ignored or blocked, as a child inherits both (a script's background job, a parent
+    that masked it): otherwise the command would decode to the end, deaf to it."""
+    if threading.current_thread() is threading.main_thread():
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def stop_on_interrupt(

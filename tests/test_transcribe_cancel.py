@@ -54,8 +54,9 @@ def quiet_server(tmp_path_factory):
         yield launched.server
 
 
-@pytest.mark.parametrize("protocol", ["http", "grpc"])
-def test_ctrl_c_exits_within_a_second_and_the_server_stops_decoding(quiet_server, tmp_path, protocol):
+@pytest.mark.parametrize(("protocol", "sigint_ignored"), [("http", False), ("grpc", False), ("http", True)],
+                         ids=["http", "grpc", "http-started-with-sigint-ignored"])
+def test_ctrl_c_exits_within_a_second_and_the_server_stops_decoding(quiet_server, tmp_path, protocol, sigint_ignored):
     """SIGINT to the command while the server decodes five minutes: the command exits
     with 130 and one line, without a traceback, within a second. It says "cancelled"
     only once the server has answered the request as cancelled, which the whisper
@@ -66,7 +67,10 @@ def test_ctrl_c_exits_within_a_second_and_the_server_stops_decoding(quiet_server
     assert before["whisper_requests_in_flight"] == 0, "requests still in flight before the command starts"
     url = server.http_url if protocol == "http" else f"grpc://{server.grpc_url}"
     command = whisper_triton_command() + ["transcribe", str(long_wav(tmp_path, 5)), "--url", url]
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    # A child inherits an ignored SIGINT (a script's background job): the command listens anyway.
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
+    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               preexec_fn=ignore)
     try:
         running = wait_for(server, lambda s: s["whisper_requests_in_flight"] >= 1 and s["whisper_running_batch_size"] >= 1)
         assert running["whisper_requests_in_flight"] >= 1 and running["whisper_running_batch_size"] >= 1, running
