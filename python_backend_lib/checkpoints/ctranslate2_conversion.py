@@ -9,7 +9,6 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
-import tempfile
 from pathlib import Path
 
 import torch
@@ -22,7 +21,7 @@ from python_backend_lib.checkpoints.ctranslate2_folder import (
     read_index,
 )
 from python_backend_lib.checkpoints.hf_folder import WEIGHTS_FILE, write_hf_folder
-from python_backend_lib.core.cache import cache_root
+from python_backend_lib.core.cache import cache_root, staged_folder
 
 CONVERSION_VERSION = 2  # part of the cache key: bump when the converted folder changes
 CT2_DTYPES = {  # CTranslate2's type names (`ctranslate2_folder.CT2_DTYPE_NAMES`) as torch's
@@ -110,17 +109,8 @@ def convert_ctranslate2(folder: Path) -> Path:
     ct2_config = json.loads(config_path.read_text()) if config_path.exists() else {}
     config = config_from(read_index(model_bin), ct2_config, str(folder), directory=None)
     state = {k: v.float() for k, v in ctranslate2_to_hf(variables).items()}
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".convert-", dir=target.parent))
-    try:
+    with staged_folder(target, WEIGHTS_FILE) as staging:
         write_hf_folder(config, state, staging)
         if (folder / "tokenizer.json").exists():
             shutil.copy(folder / "tokenizer.json", staging / "tokenizer.json")
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / WEIGHTS_FILE).exists():  # not a lost race: a real failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target

@@ -15,12 +15,11 @@ import importlib
 import importlib.metadata
 import os
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from python_backend_lib.core.cache import cache_root
+from python_backend_lib.core.cache import cache_root, staged_folder
 
 MODEL_FILE = "model.bin"  # as `ctranslate2_folder` names it (which this module does not import: no torch here)
 ASSEMBLED_FOLDER = "packaged"  # under the cache's checkpoints/
@@ -141,9 +140,7 @@ def assemble(parts: list[Path], name: str, say: Say | None = None) -> Path:
     if say is not None:
         size = sum(piece.stat().st_size for piece in pieces)
         say(f"assembling checkpoint {name!r} ({size / 1e6:.0f} MB) from its packages into {target} (once)")
-    target.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
-    try:
+    with staged_folder(target, MODEL_FILE) as staging:
         for part in parts:
             for extra in part.iterdir():
                 if extra.is_file() and not extra.name.startswith(f"{MODEL_FILE}.part"):
@@ -154,13 +151,6 @@ def assemble(parts: list[Path], name: str, say: Say | None = None) -> Path:
                     shutil.copyfileobj(source, model, 16 << 20)
             model.flush()
             os.fsync(model.fileno())
-        try:
-            staging.rename(target)
-        except OSError:
-            if not (target / MODEL_FILE).exists():  # not a lost race: a real failure
-                raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 
