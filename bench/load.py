@@ -9,11 +9,14 @@ bottleneck; each process measures its own CPU time over the window so the
 report can show it.
 
 A point runs warm-up plus a measured window, all processes on one shared clock
-(time.monotonic). Slot s sends clips s, s + 1, s + 2, ... of the list, round
-and round, so every slot sends every clip in turn and every clip is sent about
-equally often, however the concurrency divides the list (a slot that kept to a
-few clips would send short ones more often: they come back sooner). Each point
-records the mean length of the clips it served. Every answer is read
+(time.monotonic). The slots start spread evenly over the list of clips (slot s
+of C at clip s x len / C) and each sends the clips that follow its own, round and
+round, so every slot sends every clip in turn and every clip is sent about
+equally often, however the concurrency divides the list: a slot that kept to a
+few clips would send short ones more often (they come back sooner), and slots
+started side by side (slot s at clip s) would leave the end of the list unsent
+in a short window when there are fewer slots than clips. Each point records the
+mean length of the clips it served. Every answer is read
 as verbose_json and judged (`bench.transcripts`): an empty or implausible
 transcript, or one far from the library's transcript of its clip, counts as
 BAD_TRANSCRIPT, never as throughput.
@@ -193,6 +196,11 @@ def _audio_input(grpc_aio, wav: bytes):
     return audio
 
 
+def first_clip(slot: int, concurrency: int, clips: int) -> int:
+    """The clip slot `slot` of `concurrency` sends first: the slots' starts spread evenly over the list."""
+    return slot * clips // concurrency
+
+
 async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _Report:
     plan = order.plan
     window_start, end = order.start + plan.warmup_s, order.start + plan.warmup_s + plan.duration_s
@@ -207,7 +215,7 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
             cpu[edge] = times.user + times.system
 
     async def slot(index: int) -> None:
-        client, k = client_for(index - order.first_slot), index
+        client, k = client_for(index - order.first_slot), first_clip(index, plan.concurrency, len(requests))
         await asyncio.sleep(max(0.0, order.start - time.monotonic()))
         while time.monotonic() < end:
             clip = k % len(requests)

@@ -11,7 +11,9 @@ phases asked for; one that fails is recorded and the next one runs):
   concurrency sweep through `transcribe` over gRPC.
 - served: `whisper-triton serve` as shipped; latency of a ~5 s clip at
   concurrency 1, then the sweep up to twice the concurrency that saturates it.
-- engine: the library's `Pipeline` alone on the same clips (`bench.engine_alone`).
+- engine: the library's `Pipeline` alone on the same clips (`bench.engine_alone`),
+  in as many processes as the server runs engines on one GPU (under MPS where
+  the server would use it), so that served over engine compares like with like.
 - transformers: `generate` over batch sizes 1 to 256 (`bench.transformers_sweep`).
 
 Models: `tiny` is the packaged tiny.en with real decode lengths; `large-v3`
@@ -54,6 +56,9 @@ from bench.standin import canned_check, write_standin_repository
 from bench.stats import PointStats, saturation, sweep_done
 from bench.transformers_sweep import BATCH_SIZES, TransformersPlan, run_transformers
 from bench.triton_stats import model_stats, stats_delta
+from python_backend_lib.apps.mps import MpsDaemon
+from python_backend_lib.checkpoints.configs import load_config
+from python_backend_lib.serving.settings import auto_instances_per_gpu
 
 PHASES = ("ceiling", "served", "engine", "transformers")
 STATE_DIR = Path(os.environ.get("WHISPER_BENCH_STATE", "/tmp/whisper-bench"))
@@ -297,7 +302,7 @@ def run_phase(phase: str, spec: ModelSpec, checkpoint: str, jobs: list[Job], arg
             if rate and not spec.random:
                 results.model(args.model)["tokens_per_audio_s"] = rate
         elif phase == "engine":
-            plan = EnginePlan(checkpoint, args.device, settings.engine_min_requests)
+            plan = engine_plan(checkpoint, args, settings)
             section.update(run_engine(jobs, plan, say))
             if not spec.random and "tokens_per_audio_s" not in results.model(args.model):
                 results.model(args.model)["tokens_per_audio_s"] = section["tokens_per_audio_s"]
@@ -313,6 +318,18 @@ def run_phase(phase: str, spec: ModelSpec, checkpoint: str, jobs: list[Job], arg
         section["phase_s"] = round(time.monotonic() - started, 1)  # the engine phase keeps its own timed wall_s
         results.save()
         free_gpu_memory()
+
+
+def engine_plan(checkpoint: str, args, settings: Settings) -> EnginePlan:
+    """The engine alone as the server runs it on one GPU: as many engine processes as
+    `serve` starts for this checkpoint (`--engine-processes auto`), under CUDA MPS where
+    `serve --mps auto` would use it."""
+    mps = args.device.startswith("cuda") and MpsDaemon().available()
+    processes = args.engine_processes
+    if processes == "auto":
+        processes = auto_instances_per_gpu(load_config(checkpoint).dims, mps).whisper if args.device.startswith("cuda") else 1
+    return EnginePlan(checkpoint, args.device, settings.engine_min_requests, processes=int(processes),
+                      mps=mps and int(processes) > 1)
 
 
 def served_tokens_per_second(section: dict) -> float | None:
@@ -361,6 +378,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     add_instances_option(parser)  # for the ceiling and the served phases
     parser.add_argument("--gpus", help="the server's GPUs (`serve --gpus`, e.g. 0 or 0,1); the engine phase uses --device. "
                         "Compare GPU counts with one --results file each")
+    parser.add_argument("--engine-processes", default="auto",
+                        help="engine processes of the engine phase (auto: as many as `serve` runs on one GPU)")
     parser.add_argument("--tokens-per-second", type=float,
                         help="forced lengths of random-weight models (default: tiny's, from the results file)")
     args = parser.parse_args(argv)

@@ -158,8 +158,11 @@ def summary_rows(name: str, model: dict) -> list[list]:
     if engine.get("error"):
         rows.append(["engine alone", None, None, None, None, None, f"failed: {engine['error']}"])
     elif engine:
+        processes = engine.get("processes", 1)
         rows.append(["engine alone (Pipeline, log-mel included)", engine["rtfx"], engine["requests_per_s"], None,
-                     None, engine["mean_tokens"], f"{engine['requests']} requests at once, {engine['slots']} slots"
+                     None, engine["mean_tokens"],
+                     f"{engine['requests']} requests at once, {processes} process(es)"
+                     + (" under MPS" if engine.get("mps") else "") + f", {engine['slots']} slots each"
                      + (" FAILED" if engine["failed"] else "")])
     hf = model.get("transformers") or {}
     if hf.get("error"):
@@ -167,9 +170,11 @@ def summary_rows(name: str, model: dict) -> list[list]:
     for key, label, rtfx_key in (("best", "transformers generate + feature extraction, best batch", "rtfx"),
                                  ("best_generate", "transformers generate alone, best batch", "generate_rtfx")):
         if hf.get(key):
-            row = next(r for r in hf["rows"] if r.get("batch") == hf[key]["batch"])
+            row = next(r for r in hf["rows"] if r.get("batch") == hf[key]["batch"]
+                       and r.get("variant") == hf[key].get("variant"))
             rows.append([label, row[rtfx_key], row["requests_per_s"] if rtfx_key == "rtfx" else None, None, None,
-                         row["mean_tokens"], f"batch {row['batch']}, {hf['dtype']}, {hf['attention']}"])
+                         row["mean_tokens"], f"batch {row['batch']}, {row.get('variant', '')}, {hf['dtype']}, "
+                         f"{hf['attention']}"])
     return rows
 
 
@@ -217,9 +222,10 @@ def model_section(name: str, model: dict) -> list[str]:
     if hf.get("rows"):
         parts += ["", f"### {name}: transformers {hf['transformers']}", "",
                   f"{hf['dtype']}, {hf['attention']}, {hf['decoding']}; features by {hf['feature_extraction']}.", "",
-                  _table(["batch", "requests", "RTFx with features", "RTFx generate alone", "req/s", "tokens/request",
-                          "feature s", "generate s", "peak GiB"],
-                         [[r["batch"], r.get("requests"), r.get("rtfx"), r.get("generate_rtfx"), r.get("requests_per_s"),
+                  _table(["variant", "batch", "batches", "requests", "RTFx with features", "RTFx generate alone", "req/s",
+                          "tokens/request", "feature s", "generate s", "peak GiB"],
+                         [[r.get("variant", ""), r["batch"], r.get("batches"), r.get("requests"), r.get("rtfx"),
+                           r.get("generate_rtfx"), r.get("requests_per_s"),
                            r.get("mean_tokens"), r.get("feature_s"), r.get("generate_s"),
                            r.get("peak_memory_gib") if "error" not in r else r["error"]] for r in hf["rows"]])]
     if clips:

@@ -1,17 +1,20 @@
-"""transformers' `WhisperForConditionalGeneration.generate` on the benchmark's jobs, batch sizes 1 to 256.
+"""transformers' `WhisperForConditionalGeneration.generate` on the benchmark's jobs, as a competent user runs it.
 
 Half precision with PyTorch SDPA attention on a GPU (float32 on the CPU, where
-half precision is not what anyone runs), greedy, without temperature
-fallback, with timestamp tokens as the jobs ask (real weights: on, as served;
-forced lengths: off). The jobs are taken in order, repeated as needed, in
-batches of each size; each batch is timed in two parts: feature extraction
-(`WhisperFeatureExtractor` with its `device` option, which runs the STFT on the
-GPU: the fastest way transformers offers) and `generate`. A batch size reports
-both "with feature extraction" and "generate alone". Forced lengths (random
-weights): each batch decodes the longest forced length among its rows, as
-static batching does with real speech, whose batch runs until its longest
-transcript ends. A batch size that runs out of GPU memory is recorded and
-ends the sweep.
+half precision is not what anyone runs), greedy, without temperature fallback.
+What a user who wants throughput does, each tried and each reported:
+- clips sorted by length and batched in that order, so that a batch's
+  transcripts end close together (static batching runs until its longest ends);
+- features on the GPU (`WhisperFeatureExtractor(device="cuda")`, which runs the
+  STFT there: the fastest feature path transformers offers), timed with the batch;
+- timestamps on (as the server answers) and off, each a variant of its own;
+- a static KV cache with `torch.compile` (`reduce-overhead`: CUDA graphs), at
+  `compile_sizes` only, since each batch size compiles again;
+- at least `min_batches` timed batches per size, after a warm-up batch.
+A variant's rows report "with feature extraction" and "generate alone"; its
+best is quoted. Forced lengths (random weights): each batch decodes the longest
+forced length among its rows. A batch size that runs out of GPU memory is
+recorded and ends that variant's sweep.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from python_backend_lib.core.geometry import SAMPLE_RATE
 
 BATCH_SIZES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 WARMUP_NEW_TOKENS = 4  # a short generate at each batch size first: kernels and allocator warm
+MIN_TIMED_BATCHES = 5
 
 
 @dataclass(frozen=True)
@@ -33,8 +37,37 @@ class TransformersPlan:
     checkpoint_dir: Path  # a Hugging Face-format folder
     device: str
     batch_sizes: tuple[int, ...] = BATCH_SIZES
-    min_batches: int = 2
+    min_batches: int = MIN_TIMED_BATCHES
     budget_s_per_size: float = 30.0  # stop a size after this long (at least one batch is timed)
+    compile_sizes: tuple[int, ...] = (64, 256)  # static cache + torch.compile at these sizes (GPU only)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One way of calling `generate`."""
+
+    timestamps: bool
+    compiled: bool = False  # static cache and torch.compile(mode="reduce-overhead")
+
+    @property
+    def name(self) -> str:
+        cache = "static cache + torch.compile" if self.compiled else "dynamic cache, eager"
+        return f"{cache}, timestamps {'on' if self.timestamps else 'off'}"
+
+
+def variants_for(jobs: list[Job], plan: TransformersPlan) -> list[Variant]:
+    """Timestamps as the server decodes them first, then the other way (real weights only: forced
+    lengths do not depend on them), then compiled with timestamps as served (on a GPU)."""
+    served = jobs[0].options.decoding.timestamps
+    forced = jobs[0].check.expected_tokens is not None
+    variants = [Variant(served)] + ([] if forced else [Variant(not served)])
+    if plan.device.startswith("cuda") and plan.compile_sizes:
+        variants.append(Variant(served, compiled=True))
+    return variants
+
+
+def sorted_by_length(jobs: list[Job]) -> list[Job]:
+    return sorted(jobs, key=lambda j: j.audio.clip.duration_s)
 
 
 def run_transformers(jobs: list[Job], plan: TransformersPlan, say, deadline: float) -> dict:
@@ -44,27 +77,42 @@ def run_transformers(jobs: list[Job], plan: TransformersPlan, say, deadline: flo
 
     on_cuda = plan.device.startswith("cuda")
     dtype = torch.float16 if on_cuda else torch.float32
-    model = WhisperForConditionalGeneration.from_pretrained(
-        plan.checkpoint_dir, dtype=dtype, attn_implementation="sdpa"
-    ).to(plan.device).eval()
-    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
-    multilingual = bool(getattr(model.generation_config, "is_multilingual", False))
-    eot = model.generation_config.eos_token_id
+    extractor = None
+    multilingual = eot = None
     rows = []
-    for size in plan.batch_sizes:
-        if time.monotonic() >= deadline:
-            say(f"transformers: out of time before batch {size}")
-            break
-        try:
-            row = _run_size(model, extractor, jobs, size, plan, multilingual, eot, dtype, deadline)
-        except torch.cuda.OutOfMemoryError as error:
-            row = {"batch": size, "error": f"out of memory: {str(error).splitlines()[0]}"}
-        rows.append(row)
-        say(f"transformers: batch {size}: " + (row.get("error") or
-            f"RTFx {row['rtfx']} with feature extraction, {row['generate_rtfx']} generate alone, "
-            f"{row['requests']} requests, {row['mean_tokens']} tokens per request"))
-        if "error" in row:
-            break
+    ordered = sorted_by_length(jobs)
+    for variant in variants_for(jobs, plan):
+        model = WhisperForConditionalGeneration.from_pretrained(
+            plan.checkpoint_dir, dtype=dtype, attn_implementation="sdpa"
+        ).to(plan.device).eval()
+        if variant.compiled:
+            model.generation_config.cache_implementation = "static"
+            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
+        extractor = extractor or WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+        multilingual = bool(getattr(model.generation_config, "is_multilingual", False))
+        eot = model.generation_config.eos_token_id
+        sizes = [s for s in plan.batch_sizes if not variant.compiled or s in plan.compile_sizes]
+        for size in sizes:
+            if time.monotonic() >= deadline:
+                say(f"transformers: out of time before {variant.name}, batch {size}")
+                break
+            try:
+                row = _run_size(model, extractor, ordered, size, plan, multilingual, eot, dtype, deadline,
+                                variant.timestamps)
+            except torch.cuda.OutOfMemoryError as error:
+                row = {"batch": size, "error": f"out of memory: {str(error).splitlines()[0]}"}
+            except Exception as error:  # a compiled variant that fails is recorded; the others stand
+                if not variant.compiled:
+                    raise
+                row = {"batch": size, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+            row = {"variant": variant.name, **row}
+            rows.append(row)
+            say(f"transformers ({variant.name}): batch {size}: " + (row.get("error") or
+                f"RTFx {row['rtfx']} with feature extraction, {row['generate_rtfx']} generate alone, "
+                f"{row['batches']} batches, {row['mean_tokens']} tokens per request"))
+            if "error" in row:
+                break
+        del model
         if on_cuda:
             torch.cuda.empty_cache()
     measured = [r for r in rows if "error" not in r]
@@ -72,19 +120,22 @@ def run_transformers(jobs: list[Job], plan: TransformersPlan, say, deadline: flo
     best_generate = max(measured, key=lambda r: r["generate_rtfx"], default=None)
     return {
         "transformers": transformers.__version__,
+        "torch": torch.__version__,
         "dtype": str(dtype).removeprefix("torch."),
         "attention": "sdpa",
         "feature_extraction": f"WhisperFeatureExtractor(device={plan.device.split(':')[0]!r})",
-        "decoding": f"greedy, timestamps {'on' if jobs[0].options.decoding.timestamps else 'off'}, no fallback"
+        "decoding": "greedy, no fallback, clips sorted by length into batches"
         + ("; language en" if multilingual else ""),
+        "variants": [v.name for v in variants_for(jobs, plan)],
         "rows": rows,
-        "best": {"batch": best["batch"], "rtfx": best["rtfx"]} if best else None,
-        "best_generate": {"batch": best_generate["batch"], "rtfx": best_generate["generate_rtfx"]}
-        if best_generate else None,
+        "best": {"batch": best["batch"], "variant": best["variant"], "rtfx": best["rtfx"]} if best else None,
+        "best_generate": {"batch": best_generate["batch"], "variant": best_generate["variant"],
+                          "rtfx": best_generate["generate_rtfx"]} if best_generate else None,
     }
 
 
-def _run_size(model, extractor, jobs, size, plan, multilingual, eot, dtype, deadline) -> dict:
+def _run_size(model, extractor, jobs, size, plan, multilingual, eot, dtype, deadline, timestamps: bool) -> dict:
+    """`plan.min_batches` or more batches of `size` consecutive jobs (in the order given, wrapping around)."""
     import torch
 
     def sync() -> None:
@@ -112,15 +163,19 @@ def _run_size(model, extractor, jobs, size, plan, multilingual, eot, dtype, dead
             return model.generate(inputs, return_timestamps=timestamps, do_sample=False, num_beams=1,
                                   **language, **lengths)
 
-    timestamps = jobs[0].options.decoding.timestamps  # as the server decodes them
     batches = max(plan.min_batches, math.ceil(len(jobs) / size))
     if plan.device.startswith("cuda"):
         torch.cuda.reset_peak_memory_stats()
-    generate(features(batch_of(0)), batch_of(0), forced_cap=WARMUP_NEW_TOKENS)
+    if getattr(model.generation_config, "cache_implementation", None) == "static":
+        for _ in range(2):  # compiled: the first full batch compiles, the second records the CUDA graphs
+            generate(features(batch_of(0)), batch_of(0))
+    else:
+        generate(features(batch_of(0)), batch_of(0), forced_cap=WARMUP_NEW_TOKENS)
     sync()
     feature_s = generate_s = audio_s = 0.0
     requests = tokens = 0
     started = time.monotonic()
+    timed = 0
     for b in range(batches):
         batch = batch_of(b * size)
         t0 = time.monotonic()
@@ -134,13 +189,15 @@ def _run_size(model, extractor, jobs, size, plan, multilingual, eot, dtype, dead
         generate_s += t2 - t1
         audio_s += sum(j.audio.clip.duration_s for j in batch)
         requests += len(batch)
+        timed += 1
         sequences = out.sequences if hasattr(out, "sequences") else out
         tokens += int((sequences < eot).sum())
         now = time.monotonic()
-        if now - started > plan.budget_s_per_size or now >= deadline:
+        if (timed >= plan.min_batches and now - started > plan.budget_s_per_size) or now >= deadline:
             break
     return {
         "batch": size,
+        "batches": timed,
         "requests": requests,
         "audio_s": round(audio_s, 1),
         "feature_s": round(feature_s, 3),

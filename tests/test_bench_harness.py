@@ -16,7 +16,7 @@ from bench import served_report
 from bench.carry import gather, split
 from bench.host import CpuTimes, ServerProcesses, busy_cores, parse_proc_stat, process_cpu_seconds
 from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
-from bench.load import split_slots
+from bench.load import first_clip, split_slots
 from bench.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
 from bench.server_process import ServeCommand
 from bench.standin import CANNED_NAME, STANDIN_SOURCE, canned_check, canned_verbose_json, write_standin_repository
@@ -102,6 +102,19 @@ def test_the_time_is_split_between_the_phases_asked_for_by_their_shares():
 ])
 def test_slots_are_spread_evenly_over_the_client_processes(concurrency, processes, expected):
     assert split_slots(concurrency, processes) == expected
+
+
+@pytest.mark.parametrize("concurrency", [1, 7, 64, 96, 200, 2048])
+def test_in_a_short_window_every_clip_is_sent_about_equally_often(concurrency):
+    """Each slot sends the clips after its first in turn; after n requests a slot, the counts per clip
+    differ by at most one round of the starts' spacing, whatever the concurrency."""
+    clips, per_slot = 96, 9
+    counts = [0] * clips
+    for slot in range(concurrency):
+        for k in range(per_slot):
+            counts[(first_clip(slot, concurrency, clips) + k) % clips] += 1
+    expected = concurrency * per_slot / clips
+    assert max(counts) - min(counts) <= max(1.0, expected / per_slot) + 1
 
 
 # ------------------------------------------------------------------ transcripts and jobs

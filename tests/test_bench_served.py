@@ -67,9 +67,21 @@ def test_random_weights_decode_exactly_the_forced_text_tokens_through_the_server
 def test_the_engine_alone_and_transformers_transcribe_the_same_clips(short_clips):
     jobs = real_jobs(short_clips[:3], load_config("default").special.eot)
     engine = run_engine(jobs, EnginePlan("default", "cpu", min_requests=3), quiet)
-    assert engine["requests"] == 3 and not engine["failed"] and engine["rtfx"] > 0
-    hf = run_transformers(jobs, TransformersPlan(hf_directory("default"), "cpu", (1, 2)), quiet,
+    assert engine["requests"] == 3 and engine["processes"] == 1 and not engine["failed"] and engine["rtfx"] > 0
+    hf = run_transformers(jobs, TransformersPlan(hf_directory("default"), "cpu", (1, 2), min_batches=3), quiet,
                           deadline=float("inf"))
-    assert [r["batch"] for r in hf["rows"]] == [1, 2] and hf["best"]["rtfx"] > 0
+    # timestamps as served (on), then off; no compiled variant on the CPU
+    assert [(r["variant"], r["batch"]) for r in hf["rows"]] == [
+        ("dynamic cache, eager, timestamps on", 1), ("dynamic cache, eager, timestamps on", 2),
+        ("dynamic cache, eager, timestamps off", 1), ("dynamic cache, eager, timestamps off", 2)]
+    assert all(r["batches"] >= 3 for r in hf["rows"]) and hf["best"]["rtfx"] > 0
     # greedy tiny.en, the same clips: transformers writes as many text tokens as the library does
     assert hf["rows"][0]["mean_tokens"] == pytest.approx(engine["mean_tokens"], abs=0.5)
+
+
+def test_the_engine_alone_runs_as_many_processes_as_asked(short_clips):
+    jobs = real_jobs(short_clips[:2], load_config("default").special.eot)
+    engine = run_engine(jobs, EnginePlan("default", "cpu", min_requests=4, processes=2), quiet)
+    # each process ran every clip once (4 requests over 2 processes), each transcript checked
+    assert engine["processes"] == 2 and engine["requests"] == 4 and not engine["failed"]
+    assert engine["wall_s"] > 0 and engine["rtfx"] > 0
