@@ -324,7 +324,7 @@ def engine_plan(checkpoint: str, args, settings: Settings) -> EnginePlan:
     """The engine alone as the server runs it on one GPU: as many engine processes as
     `serve` starts for this checkpoint (`--engine-processes auto`), under CUDA MPS where
     `serve --mps auto` would use it."""
-    mps = args.device.startswith("cuda") and MpsDaemon().available()
+    mps = args.device.startswith("cuda") and MpsDaemon().available
     processes = args.engine_processes
     if processes == "auto":
         processes = auto_instances_per_gpu(load_config(checkpoint).dims, mps).whisper if args.device.startswith("cuda") else 1

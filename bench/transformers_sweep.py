@@ -47,22 +47,23 @@ class Variant:
     """One way of calling `generate`."""
 
     timestamps: bool
-    compiled: bool = False  # static cache and torch.compile(mode="reduce-overhead")
+    compile_mode: str | None = None  # a static cache and torch.compile(mode=...); None: eager, dynamic cache
 
     @property
     def name(self) -> str:
-        cache = "static cache + torch.compile" if self.compiled else "dynamic cache, eager"
+        cache = f"static cache + torch.compile({self.compile_mode})" if self.compile_mode else "dynamic cache, eager"
         return f"{cache}, timestamps {'on' if self.timestamps else 'off'}"
 
 
 def variants_for(jobs: list[Job], plan: TransformersPlan) -> list[Variant]:
     """Timestamps as the server decodes them first, then the other way (real weights only: forced
-    lengths do not depend on them), then compiled with timestamps as served (on a GPU)."""
+    lengths do not depend on them); on a GPU, compiled without timestamps (the faster setting),
+    with CUDA graphs and without."""
     served = jobs[0].options.decoding.timestamps
     forced = jobs[0].check.expected_tokens is not None
     variants = [Variant(served)] + ([] if forced else [Variant(not served)])
     if plan.device.startswith("cuda") and plan.compile_sizes:
-        variants.append(Variant(served, compiled=True))
+        variants += [Variant(False, "reduce-overhead"), Variant(False, "default")]
     return variants
 
 
@@ -73,65 +74,102 @@ def sorted_by_length(jobs: list[Job]) -> list[Job]:
 def run_transformers(jobs: list[Job], plan: TransformersPlan, say, deadline: float) -> dict:
     import torch
     import transformers
-    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
 
-    on_cuda = plan.device.startswith("cuda")
-    dtype = torch.float16 if on_cuda else torch.float32
-    extractor = None
-    multilingual = eot = None
     rows = []
-    ordered = sorted_by_length(jobs)
     for variant in variants_for(jobs, plan):
-        model = WhisperForConditionalGeneration.from_pretrained(
-            plan.checkpoint_dir, dtype=dtype, attn_implementation="sdpa"
-        ).to(plan.device).eval()
-        if variant.compiled:
-            model.generation_config.cache_implementation = "static"
-            model.forward = torch.compile(model.forward, mode="reduce-overhead", fullgraph=True)
-        extractor = extractor or WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
-        multilingual = bool(getattr(model.generation_config, "is_multilingual", False))
-        eot = model.generation_config.eos_token_id
-        sizes = [s for s in plan.batch_sizes if not variant.compiled or s in plan.compile_sizes]
-        for size in sizes:
-            if time.monotonic() >= deadline:
-                say(f"transformers: out of time before {variant.name}, batch {size}")
-                break
-            try:
-                row = _run_size(model, extractor, ordered, size, plan, multilingual, eot, dtype, deadline,
-                                variant.timestamps)
-            except torch.cuda.OutOfMemoryError as error:
-                row = {"batch": size, "error": f"out of memory: {str(error).splitlines()[0]}"}
-            except Exception as error:  # a compiled variant that fails is recorded; the others stand
-                if not variant.compiled:
-                    raise
-                row = {"batch": size, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
-            row = {"variant": variant.name, **row}
-            rows.append(row)
-            say(f"transformers ({variant.name}): batch {size}: " + (row.get("error") or
-                f"RTFx {row['rtfx']} with feature extraction, {row['generate_rtfx']} generate alone, "
-                f"{row['batches']} batches, {row['mean_tokens']} tokens per request"))
-            if "error" in row:
-                break
-        del model
-        if on_cuda:
-            torch.cuda.empty_cache()
+        if time.monotonic() >= deadline:
+            say(f"transformers: out of time before {variant.name}")
+            break
+        # torch.compile of generate can crash the interpreter: a compiled variant runs in a process of its own
+        run = _variant_in_child if variant.compile_mode else _variant_rows
+        rows += run(jobs, plan, variant, say, deadline)
     measured = [r for r in rows if "error" not in r]
     best = max(measured, key=lambda r: r["rtfx"], default=None)
     best_generate = max(measured, key=lambda r: r["generate_rtfx"], default=None)
     return {
         "transformers": transformers.__version__,
         "torch": torch.__version__,
-        "dtype": str(dtype).removeprefix("torch."),
+        "dtype": "float16" if plan.device.startswith("cuda") else "float32",
         "attention": "sdpa",
         "feature_extraction": f"WhisperFeatureExtractor(device={plan.device.split(':')[0]!r})",
-        "decoding": "greedy, no fallback, clips sorted by length into batches"
-        + ("; language en" if multilingual else ""),
+        "decoding": "greedy, no fallback, clips sorted by length into batches",
         "variants": [v.name for v in variants_for(jobs, plan)],
         "rows": rows,
         "best": {"batch": best["batch"], "variant": best["variant"], "rtfx": best["rtfx"]} if best else None,
         "best_generate": {"batch": best_generate["batch"], "variant": best_generate["variant"],
                           "rtfx": best_generate["generate_rtfx"]} if best_generate else None,
     }
+
+
+def _variant_rows(jobs: list[Job], plan: TransformersPlan, variant: Variant, say, deadline: float) -> list[dict]:
+    """One variant over its batch sizes (the compiled ones at `plan.compile_sizes` only)."""
+    import torch
+    from transformers import WhisperFeatureExtractor, WhisperForConditionalGeneration
+
+    on_cuda = plan.device.startswith("cuda")
+    dtype = torch.float16 if on_cuda else torch.float32
+    model = WhisperForConditionalGeneration.from_pretrained(
+        plan.checkpoint_dir, dtype=dtype, attn_implementation="sdpa"
+    ).to(plan.device).eval()
+    if variant.compile_mode:
+        model.generation_config.cache_implementation = "static"
+        model.forward = torch.compile(model.forward, mode=variant.compile_mode, fullgraph=True)
+    extractor = WhisperFeatureExtractor(feature_size=model.config.num_mel_bins)
+    multilingual = bool(getattr(model.generation_config, "is_multilingual", False))
+    eot = model.generation_config.eos_token_id
+    ordered = sorted_by_length(jobs)
+    rows = []
+    for size in [s for s in plan.batch_sizes if not variant.compile_mode or s in plan.compile_sizes]:
+        if time.monotonic() >= deadline:
+            say(f"transformers: out of time before {variant.name}, batch {size}")
+            break
+        try:
+            row = _run_size(model, extractor, ordered, size, plan, multilingual, eot, dtype, deadline,
+                            variant.timestamps)
+        except torch.cuda.OutOfMemoryError as error:
+            row = {"batch": size, "error": f"out of memory: {str(error).splitlines()[0]}"}
+        except Exception as error:  # a compiled variant that fails is recorded; the others stand
+            if not variant.compile_mode:
+                raise
+            row = {"batch": size, "error": f"{type(error).__name__}: {str(error).splitlines()[0][:300]}"}
+        row = {"variant": variant.name, **row}
+        rows.append(row)
+        say(f"transformers ({variant.name}): batch {size}: " + (row.get("error") or
+            f"RTFx {row['rtfx']} with feature extraction, {row['generate_rtfx']} generate alone, "
+            f"{row['batches']} batches, {row['mean_tokens']} tokens per request"))
+        if "error" in row:
+            break
+    del model
+    if on_cuda:
+        torch.cuda.empty_cache()
+    return rows
+
+
+def _variant_in_child(jobs: list[Job], plan: TransformersPlan, variant: Variant, say, deadline: float) -> list[dict]:
+    """`_variant_rows` in a spawned process (`say` is passed by reference: a module's function); a crash
+    or a hang past the deadline becomes an error row."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    results = context.Queue()
+    child = context.Process(target=_report_variant, args=(jobs, plan, variant, say, deadline, results))
+    child.start()
+    try:
+        return results.get(timeout=max(1.0, deadline - time.monotonic() + 30))
+    except Exception:  # queue.Empty: it died or ran out of time
+        child.kill()
+        child.join()
+        row = {"variant": variant.name, "batch": plan.compile_sizes[0],
+               "error": f"the process ended without results (exit code {child.exitcode})"}
+        say(f"transformers ({variant.name}): {row['error']}")
+        return [row]
+    finally:
+        child.join(timeout=10)
+
+
+def _report_variant(jobs: list[Job], plan: TransformersPlan, variant: Variant, say, deadline: float,
+                    results) -> None:
+    results.put(_variant_rows(jobs, plan, variant, say, deadline))
 
 
 def _run_size(model, extractor, jobs, size, plan, multilingual, eot, dtype, deadline, timestamps: bool) -> dict:
