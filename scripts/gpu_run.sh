@@ -183,7 +183,9 @@ fi
 if has latency; then
     say "latency (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) $PY -m bench.latency_breakdown --model tiny --served --out "$OUT"
-    say "latency exit $?"
+    status=$?
+    say "latency exit $status"
+    [[ $status == 0 ]] || tail -c 20000 $WHISPER_BENCH_STATE/latency-breakdown-server.log > "$OUT/latency-server.log"
 fi
 
 # 5. Offline benchmark: transformers against the engine, step times, memory.
