@@ -37,13 +37,13 @@ FEATURE_BATCH = 64
 class EnginePlan:
     checkpoint: str
     device: str
-    min_requests: int  # the timed run repeats the jobs until at least this many (over all processes)
+    min_requests: int  # each process's timed run repeats the jobs until at least this many
     processes: int = 1  # engine processes on the device, each with its own Pipeline (as the server's instances)
     mps: bool = False  # run them under a CUDA MPS daemon of their own (as `serve --mps on` does)
 
 
 def run_engine(jobs: list[Job], plan: EnginePlan, say) -> dict:
-    rounds = math.ceil(plan.min_requests / len(jobs) / plan.processes)  # per process
+    rounds = math.ceil(plan.min_requests / len(jobs))  # per process: each one as long as one engine alone
     if plan.processes == 1 and not plan.mps:
         parts = [_engine_process(jobs, plan, rounds, None)]
     else:
