@@ -185,7 +185,6 @@ def test_histograms_publish_cumulative_buckets_in_a_fixed_number_of_calls():
     pipeline_engine = pipeline.engine
     _MetricFamily.created = []
     metrics = WhisperMetrics(_PbUtils, pipeline_engine, RequestLedger(4), gpu="cpu", instance="whisper_0_0", backend="sdpa", interval_s=3600)
-    metrics.close()
     pipeline.close()
     waits = [0.0005, 0.001, 0.003, 0.2, 7.0, 100.0] * 50 + [0.02] * 1000
     published = []
@@ -194,6 +193,7 @@ def test_histograms_publish_cumulative_buckets_in_a_fixed_number_of_calls():
         _Metric.calls = 0
         metrics.publish()
         published.append(_Metric.calls)
+    metrics.close()
     series = {
         (m.family.name, m.labels.get("le")): m.value for m in _MetricFamily.created if m.family.name.startswith("whisper_queue_wait")
     }
@@ -204,3 +204,20 @@ def test_histograms_publish_cumulative_buckets_in_a_fixed_number_of_calls():
     # Calls grow with the buckets and gauges, not with the 1,300 observations.
     assert max(published) <= len(QUEUE_WAIT_BUCKETS) + 1 + 2 + 10
 
+
+
+def test_closing_lets_go_of_every_metric_and_family():
+    """Triton's stub crashes when a metric outlives `finalize` (its destructor then runs after the
+    stub freed its shared memory), so `close` drops them all while the stub runs."""
+    import weakref
+
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))
+    _MetricFamily.created = []
+    metrics = WhisperMetrics(_PbUtils, pipeline.engine, RequestLedger(4), gpu="cpu", instance="whisper_0_0", backend="sdpa", interval_s=3600)
+    alive = [weakref.ref(m) for m in _MetricFamily.created] + [weakref.ref(m.family) for m in _MetricFamily.created]
+    _MetricFamily.created = []
+    metrics.close()
+    pipeline.close()
+    assert alive and not [ref for ref in alive if ref() is not None]

@@ -193,9 +193,15 @@ class WhisperMetrics:
         self._healthy.set(1 if self.engine.healthy else 0)
 
     def close(self) -> None:
-        """Publish once more and stop the thread."""
+        """Publish once more, stop the thread, and let go of every metric while the stub
+        still runs (call it from `finalize`). Left to the interpreter's exit, the metrics'
+        destructors run after the stub has freed its shared memory: each whisper stub then
+        segfaults, and tritonserver waits out its exit timeout instead of stopping."""
         self._stop.set()
         self._thread.join(timeout=10)
+        families = self._families
+        vars(self).clear()  # the metrics first: families must outlive their metrics
+        families.clear()
 
     def _run(self) -> None:
         while True:
@@ -229,6 +235,10 @@ class _Families:
 
     def histogram(self, name: str, description: str, buckets: list[float]) -> _Histogram:
         return _Histogram(self, name, description, buckets)
+
+    def clear(self) -> None:
+        """Let go of the families (once nothing holds their metrics)."""
+        self._families.clear()
 
 
 class _Histogram:
