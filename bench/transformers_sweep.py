@@ -155,7 +155,7 @@ def _variant_in_child(jobs: list[Job], plan: TransformersPlan, variant: Variant,
     child = context.Process(target=_report_variant, args=(jobs, plan, variant, say, deadline, results))
     child.start()
     try:
-        return results.get(timeout=max(1.0, deadline - time.monotonic() + 30))
+        return results.get(timeout=max(1.0, deadline - time.monotonic()))
     except Exception:  # queue.Empty: it died or ran out of time
         child.kill()
         child.join()
