@@ -134,3 +134,28 @@ def test_readme_gpu_headline_is_the_shipped_record():
     for name in ("served-variants.json", "latency-served-variants.json"):
         run = json.loads((SHIPPED / name).read_text(encoding="utf-8"))["run"]
         assert run["commit"].startswith("3647cf1") and "H100" in run["machine"]["gpu"] and not run["dirty"]
+
+
+SERVED = BENCHMARKS / "served-79441c0"
+
+
+def rtfx_text(rtfx: float) -> str:
+    """As the README writes an RTFx: whole thousands with a comma, below 1,000 one decimal."""
+    return thousands(round(rtfx)) if rtfx >= 1000 else f"{rtfx:.1f}"
+
+
+def test_readme_served_against_engine_table_is_the_record():
+    """The README's served-against-engine rows quote served.json of one warm H100: each model's
+    served point at saturation (as served.md names it) and the engine alone in as many
+    processes as the server runs engines."""
+    from bench.served_report import saturated
+
+    data = json.loads((SERVED / "served.json").read_text(encoding="utf-8"))
+    section = gpu_section()
+    for model, label in (("tiny", "| tiny.en |"), ("large-v3", "| large-v3 (random weights, forced lengths) |")):
+        served, engine = saturated(data["models"][model]["served"]), data["models"][model]["engine"]
+        row = next(line for line in section.splitlines() if line.startswith(label))
+        assert f"RTFx {rtfx_text(served['rtfx'])}" in row and f"concurrency {served['concurrency']:,}" in row
+        assert f"| RTFx {rtfx_text(engine['rtfx'])} ({engine['processes']} process" in row and not engine["failed"]
+        assert row.endswith(f"| {served['rtfx'] / engine['rtfx']:.2f} |")
+    assert all(run["commit"].startswith("79441c0") and "H100" in run["machine"]["gpu"] for run in data["runs"])
