@@ -19,8 +19,10 @@ Two ways in:
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import importlib.util
+import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -94,6 +96,24 @@ class VadOptions:
         if self.neg_threshold is not None:
             return self.neg_threshold
         return max(self.threshold - 0.15, 0.01)
+
+
+def vad_options_from_json(text: str) -> VadOptions:
+    """`vad_parameters` as sent: a JSON object of VadOptions fields (numbers; neg_threshold may be null)."""
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise VadOptionError(f"vad_parameters is not JSON: {error}") from None
+    if not isinstance(values, dict):
+        raise VadOptionError(f"vad_parameters must be a JSON object, got {text!r}")
+    names = [f.name for f in dataclasses.fields(VadOptions)]
+    for key, value in values.items():
+        if key not in names:
+            raise VadOptionError(f"unknown vad_parameters key {key!r}; known: {', '.join(names)}")
+        number = isinstance(value, (int, float)) and not isinstance(value, bool)
+        if not number and not (key == "neg_threshold" and value is None):
+            raise VadOptionError(f"vad_parameters {key!r} must be a number, got {value!r}")
+    return VadOptions(**values)
 
 
 @dataclass(frozen=True)
@@ -315,6 +335,7 @@ class SpeechMap:
     joined end stays in that span rather than jumping over the next silence.
     """
 
+    spans: tuple[SpeechSpan, ...]
     joined_ends: tuple[int, ...]  # each span's end on the joined audio, in samples
     silence_before: tuple[float, ...]  # seconds left out before each span
 
@@ -327,7 +348,7 @@ class SpeechMap:
             previous_end = span.end
             joined_ends.append(span.end - left_out)
             silence_before.append(left_out / SAMPLE_RATE)
-        return cls(tuple(joined_ends), tuple(silence_before))
+        return cls(tuple(spans), tuple(joined_ends), tuple(silence_before))
 
     def span_index(self, seconds: float, is_end: bool = False) -> int:
         sample = int(seconds * SAMPLE_RATE)
@@ -335,8 +356,18 @@ class SpeechMap:
             return self.joined_ends.index(sample)
         return min(bisect.bisect(self.joined_ends, sample), len(self.joined_ends) - 1)
 
+    def joined_start(self, index: int) -> float:
+        """Where span `index` begins on the joined audio, in seconds."""
+        return (self.joined_ends[index - 1] if index else 0) / SAMPLE_RATE
+
     def original(self, seconds: float, is_end: bool = False) -> float:
         """`seconds` on the joined speech, as seconds on the recording."""
         if not self.joined_ends:
             return seconds
         return seconds + self.silence_before[self.span_index(seconds, is_end)]
+
+    def within(self, seconds: float, index: int) -> float:
+        """`seconds` on the joined speech moved as span `index` moves, kept inside that span."""
+        span = self.spans[index]
+        moved = seconds + self.silence_before[index]
+        return min(max(moved, span.start / SAMPLE_RATE), span.end / SAMPLE_RATE)
