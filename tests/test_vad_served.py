@@ -95,6 +95,13 @@ def test_tritonclient_with_words(server, recording):
     check_transcript(recording, document)
 
 
+def test_hallucination_silence_threshold_keeps_the_speech(server, recording):
+    # The whole recording, silences and all, window after window with the rule on.
+    body = infer(server, recording.wav_bytes(), response_format="verbose_json", word_timestamps=True,
+                 hallucination_silence_threshold=2.0)
+    check_transcript(recording, Document.from_verbose_json(body))
+
+
 def test_vad_parameters_change_the_cut(server, recording):
     # A threshold no frame reaches: no speech at all, so an empty transcript of the whole duration.
     body = infer(server, recording.wav_bytes(), response_format="verbose_json", vad_filter=True,

@@ -179,6 +179,8 @@ class TranscribeOptions:
         if self.hallucination_silence_threshold is not None and not self.word_timestamps:
             # openai-whisper and faster-whisper ignore it then; saying so beats a silent no-op.
             raise RequestError("hallucination_silence_threshold works on word timestamps: add word_timestamps")
+        if self.hallucination_silence_threshold is not None and self.mode is LongFormMode.BATCHED:
+            raise RequestError("hallucination_silence_threshold seeks window after window: use long_form sequential")
         increment = self.temperature_increment
         if isinstance(increment, bool) or not (
             isinstance(increment, (int, float)) and 0.0 <= increment <= MAX_TEMPERATURE
