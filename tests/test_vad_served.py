@@ -99,7 +99,12 @@ def test_hallucination_silence_threshold_keeps_the_speech(server, recording):
     # The whole recording, silences and all, window after window with the rule on.
     body = infer(server, recording.wav_bytes(), response_format="verbose_json", word_timestamps=True,
                  hallucination_silence_threshold=2.0)
-    check_transcript(recording, Document.from_verbose_json(body))
+    document = Document.from_verbose_json(body)
+    assert word_error_rate(normalize(document.text), recording.reference_words) <= MAX_WORD_ERROR_RATE, document.text
+    # Without the filter segments start where Whisper's timestamp tokens put them, often
+    # in the silence before speech; the words must still all be the clips'.
+    strays = [w for w in document.words if not inside_a_clip(recording, w.start, w.end)]
+    assert strays == [], strays
 
 
 def test_vad_parameters_change_the_cut(server, recording):
