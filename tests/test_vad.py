@@ -159,3 +159,33 @@ def test_without_the_extra_the_message_names_it(tmp_path):
         [sys.executable, "-c", script], capture_output=True, text=True, env={"PYTHONPATH": str(tmp_path)}, check=True
     )
     assert "pip install 'whisper-triton[vad]'" in done.stdout
+
+
+def _transcript(segments):
+    from python_backend_lib.text.transcript import Transcript
+
+    return Transcript(text="", segments=tuple(segments), language="en", language_probability=None, duration=0.0,
+                      windows=())
+
+
+def test_transcript_times_go_back_to_the_recording():
+    from python_backend_lib.core.segments import Segment, Word
+    from python_backend_lib.text.speech_timeline import on_recording_timeline
+
+    # Speech at 10-14 s and 40-43 s of a 60 s recording: joined, 0-4 s and 4-7 s.
+    spans = [vad.SpeechSpan(10 * SAMPLE_RATE, 14 * SAMPLE_RATE), vad.SpeechSpan(40 * SAMPLE_RATE, 43 * SAMPLE_RATE)]
+    words = (Word(" go", 4.6, 5.0, 0.9), Word(" on", 5.0, 5.4, 0.9))
+    segments = [
+        Segment(0.5, 3.9, "first", ()),  # inside the first span
+        Segment(3.2, 6.0, "second", ()),  # starts 0.8 s early, in the first span's end: belongs to the second
+        Segment(3.9, 5.6, "worded", (), words=words),  # its words are all in the second span
+        Segment(6.5, 7.9, "past the end", ()),  # ends after the joined audio: kept inside the last span
+    ]
+    moved = on_recording_timeline(_transcript(segments), spans, 60 * SAMPLE_RATE)
+    assert moved.duration == 60.0
+    assert [(s.start, s.end) for s in moved.segments] == [(10.5, 13.9), (40.0, 42.0), (40.0, 41.6), (42.5, 43.0)]
+    assert [(w.start, w.end) for w in moved.segments[2].words] == [(40.6, 41.0), (41.0, 41.4)]
+
+    # Without a filter the one span is the whole recording: nothing moves.
+    assert on_recording_timeline(_transcript(segments), [vad.SpeechSpan(0, 60 * SAMPLE_RATE)], 60 * SAMPLE_RATE) \
+        == _transcript(segments)
