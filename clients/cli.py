@@ -150,6 +150,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--compression-ratio-threshold", "--compression_ratio_threshold", type=float, metavar="X", help="fallback above this (default: 2.4)")
     decoding.add_argument("--logprob-threshold", "--logprob_threshold", type=float, metavar="X", help="fallback below this log-probability (default: -1)")
     decoding.add_argument("--no-speech-threshold", "--no_speech_threshold", type=float, metavar="P", help="silence above this probability (default: 0.6)")
+    decoding.add_argument(
+        "--hallucination-silence-threshold", "--hallucination_silence_threshold", type=float, metavar="S",
+        help="with --word-timestamps: drop doubtful text with at least S seconds of silence around it",
+    )
+    vad = parser.add_argument_group("voice activity (the server needs the [vad] extra)")
+    vad.add_argument("--vad-filter", "--vad_filter", action="store_true", default=None, help="leave out what Silero VAD finds is not speech before decoding")
+    vad.add_argument(
+        "--vad-parameters", "--vad_parameters", metavar="JSON",
+        help='with --vad-filter: faster-whisper\'s VAD options, e.g. \'{"min_silence_duration_ms": 500}\'',
+    )
 
 
 def _positive_int(text: str) -> int:
@@ -163,6 +173,7 @@ def _positive_int(text: str) -> int:
 PARAMETER_FLAGS = (
     "language", "task", "timestamps", "prompt", "long_form", "temperature", "temperature_increment",
     "condition_on_previous_text", "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold",
+    "hallucination_silence_threshold", "vad_filter", "vad_parameters",
 )
 
 

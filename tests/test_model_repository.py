@@ -28,10 +28,14 @@ TRANSCRIPT = {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FO
 PYTHON_MODELS = {
     names.PREPROCESSING_NAME: (
         {names.AUDIO: "TYPE_STRING"},
-        {names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64"},
+        {names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64", names.SPEECH_SPANS: "TYPE_INT64",
+         names.RECORDING_SAMPLES: "TYPE_INT64"},
     ),
     names.WHISPER_NAME: ({names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64"}, DECODED),
-    names.POSTPROCESSING_NAME: ({**DECODED, names.SAMPLES: "TYPE_INT64"}, TRANSCRIPT),
+    names.POSTPROCESSING_NAME: (
+        {**DECODED, names.SAMPLES: "TYPE_INT64", names.SPEECH_SPANS: "TYPE_INT64", names.RECORDING_SAMPLES: "TYPE_INT64"},
+        TRANSCRIPT,
+    ),
 }
 ENSEMBLE = ({names.AUDIO: "TYPE_STRING"}, TRANSCRIPT)
 # Every model reads the checkpoint: its log-mel's bins, its engine, its tokenizer.

@@ -40,11 +40,15 @@ OPENAI_FORMATS = tuple(f.value for f in MEDIA_TYPES)  # OpenAI's formats; not ou
 # The form fields of each endpoint, as OpenAI's API has them for whisper-1; any
 # other is refused, so that a misspelt or unsupported option is not silently ignored.
 # Taken and ignored, as `IGNORED_FIELDS` says why; `stream` true is refused.
-FORM_FIELDS = {
+OPENAI_FIELDS = {
     Task.TRANSCRIBE: ("file", "model", "language", "prompt", "response_format", "temperature",
                       "timestamp_granularities[]", "stream", "include[]", "chunking_strategy"),
     Task.TRANSLATE: ("file", "model", "prompt", "response_format", "temperature", "timestamp_granularities[]"),
 }
+# faster-whisper's options beyond OpenAI's fields, taken by both endpoints and sent
+# on as the request parameters of the same names (README, "Voice activity").
+EXTENSION_FIELDS = ("vad_filter", "vad_parameters", "hallucination_silence_threshold")
+FORM_FIELDS = {task: (*fields, *EXTENSION_FIELDS) for task, fields in OPENAI_FIELDS.items()}
 IGNORED_FIELDS = {
     # OpenAI gives token log probabilities only for its gpt-4o models, never for whisper-1.
     "include[]": "token log probabilities are not returned (verbose_json has each segment's avg_logprob)",
@@ -74,6 +78,13 @@ FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
                   "description": "ignored: " + IGNORED_FIELDS["include[]"]},
     "chunking_strategy": {"type": "string", "enum": [CHUNKING_AUTO],
                           "description": "ignored: " + IGNORED_FIELDS["chunking_strategy"]},
+    "vad_filter": {"type": "boolean", "default": False,
+                   "description": "leave out what Silero VAD finds is not speech before decoding"},
+    "vad_parameters": {"type": "string", "description": 'with vad_filter: a JSON object of faster-whisper\'s '
+                       'VAD options, e.g. {"min_silence_duration_ms": 500}'},
+    "hallucination_silence_threshold": {
+        "type": "number", "minimum": 0,
+        "description": "with word timestamps: drop doubtful text with this many seconds of silence around it"},
 }
 
 
@@ -172,6 +183,9 @@ class AudioRequest:
     prompt: str | None = None
     temperature: float = 0.0
     granularities: tuple[str, ...] = field(default=())
+    vad_filter: bool = False
+    vad_parameters: str | None = None
+    hallucination_silence_threshold: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", Task(self.task))
@@ -207,6 +221,12 @@ class AudioRequest:
             parameters["language"] = self.language
         if self.prompt is not None:
             parameters["prompt"] = self.prompt
+        if self.vad_filter:
+            parameters["vad_filter"] = True
+        if self.vad_parameters is not None:
+            parameters["vad_parameters"] = self.vad_parameters
+        if self.hallucination_silence_threshold is not None:
+            parameters["hallucination_silence_threshold"] = self.hallucination_silence_threshold
         return parameters
 
     def shape(self, formatted: str) -> str:
@@ -266,7 +286,28 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
         prompt=_text(form, "prompt"),
         temperature=temperature,
         granularities=granularities,
+        vad_filter=_boolean(form, "vad_filter"),
+        vad_parameters=_text(form, "vad_parameters"),
+        hallucination_silence_threshold=_number(form, "hallucination_silence_threshold"),
     )
+
+
+def _boolean(form: Mapping[str, Any], name: str) -> bool:
+    value = (_text(form, name) or "false").lower()
+    if value not in ("true", "false"):
+        raise InvalidRequest(400, f"{name} must be true or false, got {value!r}", param=name, code="invalid_value")
+    return value == "true"
+
+
+def _number(form: Mapping[str, Any], name: str) -> float | None:
+    """A number field (the server checks its range), None when absent."""
+    value = _text(form, name)
+    if value is None:
+        return None
+    try:
+        return float(value)
+    except ValueError:
+        raise InvalidRequest(400, f"{name} must be a number, got {value!r}", param=name, code="invalid_value") from None
 
 
 def _field_name(name: str) -> str:

@@ -157,6 +157,10 @@ class TranscribeOptions:
     mode: SEQUENTIAL (Whisper's seeking) or BATCHED (windows in parallel).
     word_timestamps: time every word (alignment heads and DTW; one extra
         decoder pass per window).
+    hallucination_silence_threshold: with word timestamps, a stretch of
+        doubtful words (`transcription.hallucination`) that has at least this
+        many seconds of silence around it is dropped, and decoding seeks past
+        the silence (openai-whisper's option); None: off.
     """
 
     decoding: DecodingOptions = DecodingOptions()
@@ -167,9 +171,16 @@ class TranscribeOptions:
     condition_on_previous_text: bool = True
     mode: LongFormMode = LongFormMode.SEQUENTIAL
     word_timestamps: bool = False
+    hallucination_silence_threshold: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", choice(LongFormMode, self.mode, "long_form"))
+        _check_threshold("hallucination_silence_threshold", self.hallucination_silence_threshold, low=0.0)
+        if self.hallucination_silence_threshold is not None and not self.word_timestamps:
+            # openai-whisper and faster-whisper ignore it then; saying so beats a silent no-op.
+            raise RequestError("hallucination_silence_threshold works on word timestamps: add word_timestamps")
+        if self.hallucination_silence_threshold is not None and self.mode is LongFormMode.BATCHED:
+            raise RequestError("hallucination_silence_threshold seeks window after window: use long_form sequential")
         increment = self.temperature_increment
         if isinstance(increment, bool) or not (
             isinstance(increment, (int, float)) and 0.0 <= increment <= MAX_TEMPERATURE

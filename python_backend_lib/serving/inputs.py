@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from python_backend_lib.audio.decode import decode_audio, pcm_to_waveform
+from python_backend_lib.audio.vad import SpeechSpan
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.geometry import SAMPLE_RATE, padded_frames
 from python_backend_lib.serving import tensor_names
@@ -75,6 +76,43 @@ def read_samples(pb_utils: Any, request: Any, max_audio_seconds: float) -> int:
     if seconds > max_audio_seconds:
         raise RequestError(f"audio is {seconds:.1f} s long; the limit is {max_audio_seconds:g} s")
     return samples
+
+
+@dataclass(frozen=True)
+class SpeechTimeline:
+    """Where the audio that was transcribed lies in the recording (`vad_filter`)."""
+
+    spans: tuple[SpeechSpan, ...]
+    recording_samples: int
+
+
+def read_speech_timeline(pb_utils: Any, request: Any, samples: int) -> SpeechTimeline | None:
+    """The request's SPEECH_SPANS and RECORDING_SAMPLES (both or neither): ordered spans
+    inside the recording whose lengths add up to SAMPLES (none, when SAMPLES is the one
+    sample that stands for a recording without speech). None: neither was sent."""
+    spans_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.SPEECH_SPANS)
+    length_tensor = pb_utils.get_input_tensor_by_name(request, tensor_names.RECORDING_SAMPLES)
+    if spans_tensor is None and length_tensor is None:
+        return None
+    if spans_tensor is None or length_tensor is None:
+        raise RequestError(f"{tensor_names.SPEECH_SPANS} and {tensor_names.RECORDING_SAMPLES} go together: send both")
+    rows = single_row(spans_tensor.as_numpy(), tensor_names.SPEECH_SPANS)
+    length = single_row(length_tensor.as_numpy(), tensor_names.RECORDING_SAMPLES)
+    if rows.ndim != 2 or rows.shape[1] != 2 or length.shape != (1,):
+        raise RequestError(
+            f"{tensor_names.SPEECH_SPANS} must be [1, spans, 2] and {tensor_names.RECORDING_SAMPLES} [1, 1], "
+            f"got {[1, *rows.shape]} and {[1, *length.shape]}"
+        )
+    recording = int(length[0])
+    bounds = [int(v) for v in rows.reshape(-1)]
+    ordered = all(a <= b for a, b in zip([0, *bounds], [*bounds, recording]))
+    lengths = sum(end - start for start, end in zip(bounds[::2], bounds[1::2]))
+    if not ordered or any(e <= s for s, e in zip(bounds[::2], bounds[1::2])) or lengths not in (samples, 0):
+        raise RequestError(
+            f"{tensor_names.SPEECH_SPANS} must be ordered, non-empty spans inside the {recording} samples of "
+            f"{tensor_names.RECORDING_SAMPLES} whose lengths add up to {tensor_names.SAMPLES} {samples}"
+        )
+    return SpeechTimeline(tuple(SpeechSpan(s, e) for s, e in zip(bounds[::2], bounds[1::2])), recording)
 
 
 def check_log_mel(pb_utils: Any, request: Any, n_mels: int, max_audio_seconds: float) -> LogMelInput:

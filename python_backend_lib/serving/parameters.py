@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from python_backend_lib.audio.decode import MAX_CHANNELS, MAX_SAMPLE_RATE, MIN_SAMPLE_RATE
+from python_backend_lib.audio.vad import VadOptions, vad_options_from_json
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions, choice
 from python_backend_lib.text.formats import ResponseFormat
@@ -61,6 +62,8 @@ class RequestParameters:
         can stop it; None: it can be cancelled only as Triton allows.
     cancel: this is no transcription but a cancel of the request of this id
         (sent to the `whisper` model).
+    vad: `vad_filter`: leave out what Silero VAD finds is not speech before
+        decoding, with these options (`vad_parameters`); None: decode it all.
     """
 
     transcription: TranscribeOptions = field(
@@ -72,6 +75,7 @@ class RequestParameters:
     channels: int = 1
     request_id: str | None = None
     cancel: str | None = None
+    vad: VadOptions | None = None
 
     @property
     def decoding(self) -> DecodingOptions:
@@ -97,6 +101,13 @@ _TRANSCRIBE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "compression_ratio_threshold": ("compression_ratio_threshold", (int, float)),
     "logprob_threshold": ("logprob_threshold", (int, float)),
     "no_speech_threshold": ("no_speech_threshold", (int, float)),
+    "hallucination_silence_threshold": ("hallucination_silence_threshold", (int, float)),
+}
+# faster-whisper's names; vad_parameters is a JSON object of `audio.vad.VadOptions`
+# fields, as Triton's request parameters hold no nested values.
+_VAD_KEYS: dict[str, tuple[type, ...]] = {
+    "vad_filter": (bool,),
+    "vad_parameters": (str,),
 }
 _OUTPUT_KEYS: dict[str, tuple[type, ...]] = {
     "response_format": (str,),
@@ -113,6 +124,7 @@ _NAMING_KEYS: dict[str, tuple[type, ...]] = {
 PARAMETER_TYPES: Mapping[str, tuple[type, ...]] = {
     **_DECODING_KEYS,
     **{key: types for key, (_, types) in _TRANSCRIBE_KEYS.items()},
+    **_VAD_KEYS,
     **_OUTPUT_KEYS,
     **_INPUT_KEYS,
     **_NAMING_KEYS,
@@ -172,6 +184,9 @@ def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestPara
                 f"request parameter {key!r} must be 1 to 128 letters, digits, '_', '.' or '-' "
                 f"(a uuid4 will do), got {values[key]!r}"
             )
+    if "vad_parameters" in values and not values.get("vad_filter", False):
+        raise RequestError("request parameter 'vad_parameters' applies only with 'vad_filter': true")
+    vad = vad_options_from_json(values.get("vad_parameters", "{}")) if values.get("vad_filter", False) else None
     if CANCEL_KEY in values and len(values) > 1:
         raise RequestError(f"request parameter {CANCEL_KEY!r} makes a cancel request: send it alone")
     return RequestParameters(
@@ -182,6 +197,7 @@ def parse_request_parameters(raw: str | Mapping[str, Any] | None) -> RequestPara
         channels=channels,
         request_id=values.get("request_id"),
         cancel=values.get(CANCEL_KEY),
+        vad=vad,
     )
 
 

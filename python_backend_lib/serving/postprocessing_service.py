@@ -2,7 +2,8 @@
 
 Each request carries `whisper`'s outputs (`decoded_tensors`) and the recording's
 SAMPLES; the transcript is assembled from them as the library assembles it
-(`text.transcript.assemble`) and written as TEXT, SEGMENTS and FORMATTED (the
+(`text.transcript.assemble`), its times put back on the recording where
+`vad_filter` left silences out (SPEECH_SPANS, `text.speech_timeline`), and written as TEXT, SEGMENTS and FORMATTED (the
 request's response_format), `execute` answering every request of its call in turn.
 No torch: it runs in processes of its own, several of them, away from the engine's.
 """
@@ -13,11 +14,12 @@ from typing import Any
 
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
-from python_backend_lib.serving.inputs import read_samples, single_row
+from python_backend_lib.serving.inputs import read_samples, read_speech_timeline, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import error_response, transcript_response
 from python_backend_lib.serving.settings import ModelSettings
 from python_backend_lib.text.formats import Document
+from python_backend_lib.text.speech_timeline import on_recording_timeline
 from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.text.transcript import assemble
 
@@ -36,8 +38,12 @@ class PostprocessingService:
         try:
             parameters = parse_request_parameters(request.parameters())
             samples = read_samples(self.pb_utils, request, self.settings.max_audio_seconds)
+            timeline = read_speech_timeline(self.pb_utils, request, samples)
             recording = from_tensors(self._tensors(request), samples)
-            document = Document.from_transcript(assemble(recording, self.tokenizer), parameters.transcription)
+            transcript = assemble(recording, self.tokenizer)
+            if timeline is not None:
+                transcript = on_recording_timeline(transcript, timeline.spans, timeline.recording_samples)
+            document = Document.from_transcript(transcript, parameters.transcription)
             return transcript_response(self.pb_utils, document, parameters.response_format)
         except Exception as error:
             return error_response(self.pb_utils, error)

@@ -7,6 +7,10 @@ thread that finished last computes their log-mels together on the instance's
 device (`LogMels`) and answers each request with LOG_MEL, without its padding
 (`audio.features.without_padding`), and SAMPLES. A request that fails is
 answered at once, alone; the others of its call are not held back by it.
+
+With `vad_filter`, the decoding thread also runs Silero VAD (`audio.vad`, on the
+CPU) and keeps only the speech, joined: LOG_MEL and SAMPLES are the speech's, and
+SPEECH_SPANS and RECORDING_SAMPLES tell postprocessing where it lies in the recording.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import torch
 
 from python_backend_lib.audio.feature_graphs import FeatureGraphs
 from python_backend_lib.audio.features import features_for_many, without_padding
+from python_backend_lib.audio.vad import SpeechSpan, collect_speech, speech_timestamps
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.devices.placement import on_device, single_threaded_host
 from python_backend_lib.devices.transfers import to_host_asleep, wait_idle
@@ -34,7 +39,18 @@ from python_backend_lib.serving.settings import LogMelOutput, ModelSettings
 @dataclass(frozen=True)
 class _Decoded:
     sender: Any
-    waveform: np.ndarray
+    waveform: np.ndarray  # what is transcribed: the recording, or its speech joined
+    spans: tuple[SpeechSpan, ...]  # where `waveform` lies in the recording
+    recording_samples: int
+
+
+def _decoded(sender: Any, recording: np.ndarray, parameters: RequestParameters) -> _Decoded:
+    if parameters.vad is None:
+        return _Decoded(sender, recording, (SpeechSpan(0, len(recording)),), len(recording))
+    spans = tuple(speech_timestamps(recording, parameters.vad))
+    # No speech at all: whisper still takes one sample, of digital silence, which it skips undecoded.
+    speech = collect_speech(recording, list(spans)) if spans else np.zeros(1, np.float32)
+    return _Decoded(sender, speech, spans, len(recording))
 
 
 class _Call:
@@ -122,7 +138,7 @@ class PreprocessingService:
         decoded = None
         try:
             waveform = decode_request_audio(data, parameters, max_seconds=self.settings.max_audio_seconds)
-            decoded = _Decoded(sender, waveform)
+            decoded = _decoded(sender, waveform, parameters)
         except Exception as error:
             self._fail(sender, error)
         self._answer(call.settle(decoded))
@@ -142,6 +158,9 @@ class PreprocessingService:
                 response = self.pb_utils.InferenceResponse(output_tensors=[
                     _output(self.pb_utils, tensor_names.LOG_MEL, log_mel),
                     self.pb_utils.Tensor(tensor_names.SAMPLES, np.array([[len(d.waveform)]], dtype=np.int64)),
+                    self.pb_utils.Tensor(tensor_names.SPEECH_SPANS, _spans_tensor(d.spans)),
+                    self.pb_utils.Tensor(tensor_names.RECORDING_SAMPLES,
+                                         np.array([[d.recording_samples]], dtype=np.int64)),
                 ])  # fmt: skip
             except Exception as error:
                 response = error_response(self.pb_utils, error)
@@ -152,6 +171,11 @@ class PreprocessingService:
 
     def close(self) -> None:
         self.decoders.shutdown(wait=True)
+
+
+def _spans_tensor(spans: tuple[SpeechSpan, ...]) -> np.ndarray:
+    """SPEECH_SPANS with the batch dimension of one request: [1, spans, 2]."""
+    return np.array([[span.start, span.end] for span in spans], dtype=np.int64).reshape(1, len(spans), 2)
 
 
 def _output(pb_utils: Any, name: str, log_mel: np.ndarray | torch.Tensor) -> Any:

@@ -15,7 +15,10 @@ FORMATTED = "FORMATTED"  # BYTES [1]: the transcript in the request's response_f
 # preprocessing: AUDIO -> the recording's log-mel, without its padding, and its length.
 PREPROCESSING_NAME = "preprocessing"
 LOG_MEL = "LOG_MEL"  # FP32 [n_mels, frames]: `audio.features.without_padding` of `features_for`
-SAMPLES = "SAMPLES"  # INT64 [1]: the recording's length in 16 kHz samples
+SAMPLES = "SAMPLES"  # INT64 [1]: the recording's length in 16 kHz samples (with vad_filter: its speech's)
+# With vad_filter, LOG_MEL holds only the recording's speech, joined; these put times back on the recording.
+SPEECH_SPANS = "SPEECH_SPANS"  # INT64 [spans, 2]: (start, end) samples of the speech LOG_MEL holds
+RECORDING_SAMPLES = "RECORDING_SAMPLES"  # INT64 [1]: the whole recording's length, silences included
 
 # whisper: LOG_MEL, SAMPLES -> what decoding decided, as numbers (`decoded_tensors`).
 WHISPER_NAME = "whisper"
@@ -25,5 +28,5 @@ ALIGNMENT = "ALIGNMENT"  # FP64 [rows, 2]: word timestamps' token times and prob
 LANGUAGE = "LANGUAGE"  # INT32 [1]: index in `core.languages.LANGUAGE_CODES`, -1: none
 LANGUAGE_PROBABILITY = "LANGUAGE_PROBABILITY"  # FP64 [1]: of the detection, NaN: none
 
-# postprocessing: whisper's outputs and SAMPLES -> TEXT, SEGMENTS, FORMATTED.
+# postprocessing: whisper's outputs, SAMPLES (and SPEECH_SPANS, RECORDING_SAMPLES) -> TEXT, SEGMENTS, FORMATTED.
 POSTPROCESSING_NAME = "postprocessing"

@@ -37,7 +37,9 @@ from python_backend_lib.core.options import DecodingOptions, DecodingResult, Lon
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.text.windows import window_segments
+from python_backend_lib.text.words import with_words
 from python_backend_lib.transcription.chunking import Chunk, frame_loudness, plan_chunks
+from python_backend_lib.transcription.hallucination import cut_window, first_segments
 
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5
@@ -137,6 +139,7 @@ class LongFormJob:
         self._lock = threading.Lock()
         self._accepted: dict[int, DecodedWindow] = {}  # by seek
         self._previous: list[int] = self._initial_prompt()
+        self._last_speech = 0.0  # end of the last word kept (hallucination_silence_threshold)
         self._pending = 0  # windows submitted or about to be, not yet handled
         self._failed = False
         self._finished = False
@@ -233,14 +236,49 @@ class LongFormJob:
                 split.segments, features, frames, self.language, self.options.decoding.task
             )
             decoded = dataclasses.replace(decoded, token_times=times, token_probabilities=probabilities)
+        segments, next_seek = split.segments, seek + split.advance
+        if self.options.hallucination_silence_threshold is not None and segments:
+            decoded, segments, next_seek = self._without_hallucinations(decoded, segments, next_seek)
+            if decoded is None:  # decode again from past the silence
+                self._next([WindowAt(chunk, next_seek)] if next_seek < chunk.end else [])
+                return
         with self._lock:
             self._accepted[seek] = decoded
         if self.options.mode is LongFormMode.SEQUENTIAL:
-            self._condition_on(split.segments, result)
-        later = [WindowAt(chunk, seek + split.advance)] if seek + split.advance < chunk.end else []
+            self._condition_on(segments, result)
+        later = [WindowAt(chunk, next_seek)] if next_seek < chunk.end else []
         if seek == 0:  # the language is known now
             later += [WindowAt(other, other.start) for other in self._after_first_window]
         self._next(later)
+
+    def _without_hallucinations(
+        self, window: DecodedWindow, segments: tuple[Segment, ...], next_seek: int
+    ) -> tuple[DecodedWindow | None, tuple[Segment, ...], int]:
+        """openai-whisper's hallucination_silence_threshold (`transcription.hallucination`):
+        the window with only the segments it keeps (None: decode again from the seek
+        returned), those segments, and the next window's seek."""
+        begin = self.tokenizer.special.timestamp_begin
+        timed = with_words(segments, window, self.tokenizer)
+        cut = cut_window(
+            timed,
+            seek=window.seek,
+            frames=window.frames,
+            next_seek=next_seek,
+            single_ending=[t >= begin for t in window.tokens[-2:]] == [False, True],
+            content_frames=self.content,
+            last_speech=self._last_speech,
+            threshold=self.options.hallucination_silence_threshold,
+        )
+        next_seek = max(cut.seek, window.seek + 1)
+        if cut.redo:
+            return None, (), next_seek
+        kept = timed[: cut.keep]
+        ends = [w.end for s in kept for w in s.words]
+        if ends:
+            self._last_speech = ends[-1]
+        if cut.keep < len(segments):
+            window = first_segments(window, cut.keep, self.tokenizer)
+        return window, segments[: cut.keep], next_seek
 
     def _condition_on(self, segments: tuple[Segment, ...], result: DecodingResult) -> None:
         """SEQUENTIAL: the next window sees the text so far, unless it was decoded
