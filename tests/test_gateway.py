@@ -182,14 +182,6 @@ def test_openais_other_fields_are_taken_and_change_nothing(client, options):
     assert result.usage.seconds == 11.0
 
 
-def test_streaming_is_refused_as_not_supported_yet(client):
-    with open(JFK, "rb") as audio, pytest.raises(openai.BadRequestError) as caught:
-        client.audio.transcriptions.create(model="whisper-1", file=audio, stream=True)
-    body = caught.value.body
-    assert (body["param"], body["code"]) == ("stream", "unsupported_value")
-    assert body["message"].startswith("stream=true is not supported yet")
-
-
 @pytest.mark.parametrize(
     ("form", "param"),
     [({"stream": ["maybe"]}, "stream"), ({"include[]": ["everything"]}, "include[]"),
@@ -413,6 +405,22 @@ def test_triton_errors_map_to_http_statuses(status, http, code):
     error = error_from_triton(InferenceServerException("the message", status=status))
     assert (error.status, error.code) == (http, code) and error.message.endswith("the message")
     assert error.body()["error"]["type"] == ("invalid_request_error" if http < 500 else "server_error")
+
+
+@pytest.mark.parametrize(
+    ("message", "http"),
+    [
+        ("in ensemble 'transcribe_stream', not a decodable audio file: no audio or video format FFmpeg reads", 400),
+        ("in ensemble 'transcribe_stream', server overloaded: 32 requests in flight; retry later", 503),
+        ("in ensemble 'transcribe_stream', internal error: RuntimeError: CUDA out of memory", 500),
+    ],
+)
+def test_a_streamed_errors_status_comes_from_its_message(message, http):
+    """gRPC's stream_infer carries an error's message without its status."""
+    from tritonclient.utils import InferenceServerException
+
+    error = error_from_triton(InferenceServerException(message), streamed=True)
+    assert error.status == http and not error.message.startswith("in ensemble")
 
 
 def test_whose_fault_decides_the_status():
