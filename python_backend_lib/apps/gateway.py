@@ -68,7 +68,7 @@ from python_backend_lib.apps.openai_api import (
     request_body,
     unauthorized,
 )
-from python_backend_lib.apps.speech_detector import speech_detector
+from python_backend_lib.apps.speech_detector import speech_detectors
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 from python_backend_lib.serving import tensor_names
@@ -273,7 +273,7 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
                 return
 
     live_options = realtime.RealtimeOptions(
-        model_ids=settings.model_ids, detector=speech_detector, max_sessions=settings.max_live_sessions,
+        model_ids=settings.model_ids, detector=speech_detectors(), max_sessions=settings.max_live_sessions,
         triton_model=settings.triton_model, timeout_s=settings.timeout_s, api_key=settings.api_key,
     )
     live_slots = realtime.SessionSlots(settings.max_live_sessions)
