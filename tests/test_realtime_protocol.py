@@ -81,3 +81,13 @@ def test_appended_audio_is_little_endian_pcm16():
     for bad in ({"audio": "not base64!"}, {"audio": base64.b64encode(b"odd").decode()}, {}):
         with pytest.raises(ProtocolError):
             pcm16_samples(bad)
+
+
+def test_the_api_key_comes_as_a_bearer_header_or_a_browsers_subprotocol():
+    from python_backend_lib.apps.realtime import _authorized
+
+    assert _authorized("Bearer s3cret", [], "s3cret")
+    assert _authorized(None, ["realtime", "openai-insecure-api-key.s3cret"], "s3cret")
+    assert not _authorized(None, ["realtime"], "s3cret")
+    assert not _authorized("Bearer other", ["openai-insecure-api-key.other"], "s3cret")
+    assert not _authorized("s3cret", [], "s3cret")  # without "Bearer "

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clients.api import CANCEL_INPUTS, new_request_id
+from clients.api import new_request_id
 from clients.connection import AddressError, Protocol, ServerAddress, parse_address
 from python_backend_lib.apps import realtime
 from python_backend_lib.apps.openai_api import (
@@ -69,10 +69,10 @@ from python_backend_lib.apps.openai_api import (
     unauthorized,
 )
 from python_backend_lib.apps.speech_detector import speech_detectors
+from python_backend_lib.apps.triton_calls import cancel
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.parameters import CANCEL_KEY
 
 if TYPE_CHECKING:
     import fastapi
@@ -87,10 +87,8 @@ PROTECTED_PREFIX = "/v1/"  # what the API key guards: the API, not /health or /d
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's script and style, from the installed package
 PAGE_FOLDER = Path(__file__).parent / "page"  # the page at /, its script and style
 PAGE_ASSETS = "/page"
-# How often a transcription in flight checks whether its HTTP client is still there, and
-# how long the cancel sent when it is not may take.
+# How often a transcription in flight checks whether its HTTP client is still there.
 DISCONNECT_POLL_S = 0.25
-CANCEL_TIMEOUT_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -261,15 +259,7 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
         while not call.done():
             await asyncio.wait({call}, timeout=DISCONNECT_POLL_S)
             if not call.done() and await http_request.is_disconnected():
-                inputs = []
-                for name, array, datatype in CANCEL_INPUTS:
-                    inputs.append(triton.InferInput(name, list(array.shape), datatype))
-                    inputs[-1].set_data_from_numpy(array)
-                try:
-                    await state["client"].infer(tensor_names.WHISPER_NAME, inputs, parameters={CANCEL_KEY: request_id},
-                                                client_timeout=CANCEL_TIMEOUT_S)
-                except InferenceServerException as error:  # the request runs to its end: only time lost
-                    log.warning("could not cancel request %s, whose client left: %s", request_id, error)
+                await cancel(state["client"], request_id, "whose client left")
                 return
 
     live_options = realtime.RealtimeOptions(

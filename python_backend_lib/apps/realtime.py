@@ -15,32 +15,22 @@ with batch requests; a session that ends cancels its requests in flight.
 from __future__ import annotations
 
 import asyncio
-import io
 import json
 import logging
 import secrets
-import wave
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from clients.api import CANCEL_INPUTS, new_request_id
 from python_backend_lib.apps import realtime_protocol as protocol
 from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text, words_of
-from python_backend_lib.apps.openai_api import AudioRequest
 from python_backend_lib.apps.realtime_protocol import ProtocolError, SessionSettings
-from python_backend_lib.apps.turn_detection import (
-    SAMPLE_RATE,
-    SpeechProbability,
-    SpeechStarted,
-    TurnDetector,
-)
-from python_backend_lib.core.options import Task
+from python_backend_lib.apps.triton_calls import Transcriber
+from python_backend_lib.apps.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
+from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.parameters import CANCEL_KEY
-from python_backend_lib.text.formats import ResponseFormat
 
 if TYPE_CHECKING:
     import tritonclient.grpc.aio
@@ -54,7 +44,6 @@ HYPOTHESIS_STEP_S = 0.5
 MIN_COMMIT_S = 0.1  # OpenAI refuses to commit less than 100 ms of audio
 # How much audio before the present a server_vad turn can reach back for its prefix padding.
 RECENT_S = 2.0
-CANCEL_TIMEOUT_S = 5.0
 # WebSocket close codes (RFC 6455): policy violation, and "try again later".
 CLOSE_POLICY = 1008
 CLOSE_TRY_LATER = 1013
@@ -118,7 +107,7 @@ async def serve(websocket: WebSocket, client: tritonclient.grpc.aio.InferenceSer
                                                "try again later", code="session_limit_reached"), CLOSE_TRY_LATER)
         return
     try:
-        await Session(websocket, Transcriber(client, options), options).run()
+        await Session(websocket, Transcriber(client, options.triton_model, options.timeout_s), options).run()
     finally:
         slots.release()
 
@@ -132,65 +121,6 @@ def _authorized(header: str | None, offered: Sequence[str], key: str) -> bool:
 async def _refuse(websocket: WebSocket, error: ProtocolError, code: int) -> None:
     await websocket.send_text(json.dumps(protocol.error_event(error)))
     await websocket.close(code, error.code)
-
-
-# ------------------------------------------------------------- Triton
-
-
-class Transcriber:
-    """Transcribes 16 kHz audio through Triton's `transcribe` ensemble, as a WAV file;
-    a transcription whose caller is cancelled is cancelled on the server too."""
-
-    def __init__(self, client: tritonclient.grpc.aio.InferenceServerClient, options: RealtimeOptions) -> None:
-        self.client, self.options = client, options
-
-    async def transcribe(self, audio: np.ndarray, settings: SessionSettings) -> str:
-        import tritonclient.grpc.aio as triton
-
-        request = AudioRequest(model=settings.model, task=Task.TRANSCRIBE, response_format=ResponseFormat.TEXT,
-                               language=settings.language, prompt=settings.prompt)
-        tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[wav_bytes(audio)]], dtype=np.object_))
-        request_id = new_request_id()
-        call = asyncio.ensure_future(self.client.infer(
-            self.options.triton_model, [tensor], outputs=[triton.InferRequestedOutput(tensor_names.FORMATTED)],
-            parameters={**request.triton_parameters(), "request_id": request_id},
-            client_timeout=self.options.timeout_s,
-        ))  # fmt: skip
-        try:
-            result = await call
-        except asyncio.CancelledError:
-            await self.cancel(request_id)
-            raise
-        return result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0].decode("utf-8").strip()
-
-    async def cancel(self, request_id: str) -> None:
-        """Stop the request on the server (a cancel naming its id, sent to the `whisper`
-        model: Triton 2.51 passes no cancel into a running ensemble step)."""
-        import tritonclient.grpc.aio as triton
-
-        inputs = []
-        for name, array, datatype in CANCEL_INPUTS:
-            inputs.append(triton.InferInput(name, list(array.shape), datatype))
-            inputs[-1].set_data_from_numpy(array)
-        try:
-            await self.client.infer(tensor_names.WHISPER_NAME, inputs, parameters={CANCEL_KEY: request_id},
-                                    client_timeout=CANCEL_TIMEOUT_S)
-            log.info("cancelled request %s: its live session ended", request_id)
-        except Exception as error:  # Triton's refusal, or a gateway shutting down: it runs to its end
-            log.warning("could not cancel request %s, whose live session ended: %s", request_id, error)
-
-
-def wav_bytes(audio: np.ndarray) -> bytes:
-    """16 kHz float samples as a 16-bit mono WAV file."""
-    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(SAMPLE_RATE)
-        out.writeframes(pcm.tobytes())
-    return buffer.getvalue()
 
 
 # ------------------------------------------------------------- a session
@@ -377,7 +307,7 @@ class Session:
                     turn.changed.clear()
                     await turn.changed.wait()
             audio = turn.audio()
-            transcript = await self.transcriber.transcribe(audio, settings)
+            transcript = await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
             await self._delta(turn, agreement, agreement.finish(words_of(transcript)))
             await self.send(protocol.completed_event(turn.item_id, transcript, len(audio) / SAMPLE_RATE))
         except asyncio.CancelledError:
@@ -394,7 +324,7 @@ class Session:
         from tritonclient.utils import InferenceServerException
 
         try:
-            return await self.transcriber.transcribe(audio, settings)
+            return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
         except InferenceServerException as error:
             log.warning("a live hypothesis failed: %s", error)
             return None

@@ -15,7 +15,8 @@ from typing import Protocol
 
 import numpy as np
 
-SAMPLE_RATE = 16_000
+from python_backend_lib.core.geometry import SAMPLE_RATE
+
 # OpenAI's defaults for server_vad.
 DEFAULT_THRESHOLD = 0.5
 DEFAULT_PREFIX_PADDING_MS = 300
