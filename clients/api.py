@@ -16,6 +16,13 @@ Options are sent as request parameters (see the README for the list) and
 checked by the server, which answers a bad one with an error naming it.
 A client holds one connection: use one client per thread.
 
+Over gRPC, a file's segments can come as they are decoded (the `transcribe_stream`
+model): each update brings the new segments, the last one the whole transcript:
+
+    for update in WhisperClient("grpc://localhost:8001").stream("talk.mp3"):
+        for segment in update.new_segments:
+            print(segment.start, segment.text)
+
 A request given an id can be stopped on the server from any thread or process
 (the server frees its decoding slot within a second; the waiting call then
 raises TranscriptionError "cancelled"):
@@ -29,7 +36,9 @@ from __future__ import annotations
 
 import http.client
 import os
+import queue
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +46,7 @@ import numpy as np
 from tritonclient.utils import InferenceServerException
 
 from clients.connection import Protocol, connection_failure, parse_address, triton_message, wrong_endpoint
+from clients.streaming import StreamUpdate, TranscriptStream, is_final
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.parameters import CANCEL_KEY
 from python_backend_lib.text.formats import Document, ResponseFormat, TimedText, segments_from_json
@@ -195,6 +205,49 @@ class WhisperClient:
         response = self._call(tensor_names.POSTPROCESSING_NAME, inputs, TRANSCRIPT_OUTPUTS, options)
         return TranscriptOutputs(*(_text(response, name) for name in TRANSCRIPT_OUTPUTS))
 
+    def stream(self, audio: bytes | str | os.PathLike[str], **options: object) -> Iterator[StreamUpdate]:
+        """Transcribe one audio file on the streamed path (gRPC only): an update each time
+        more of it is decoded, with the segments it added, and last a final one whose
+        outputs are the whole transcript, as `outputs` would answer it. options: request
+        parameters, as for `transcribe`. Raises TranscriptionError when the server refuses
+        or fails the request (the stream ends there). Closed early (a `break`), the
+        request is cancelled on the server."""
+        if self.protocol is not Protocol.GRPC:
+            raise TranscriptionError(
+                f"streamed results come over gRPC only; {self.address} is HTTP: use grpc://HOST:8001"
+            )
+        options = {"request_id": new_request_id(), **options}
+        responses: queue.Queue = queue.Queue()
+        self._client.start_stream(
+            callback=lambda result, error: responses.put((result, error)),
+            stream_timeout=self._infer_arguments.get("client_timeout"),
+        )
+        finished = False
+        try:
+            self._client.async_stream_infer(
+                tensor_names.STREAM_ENSEMBLE_NAME,
+                [self._audio(audio)],
+                outputs=[self._triton.InferRequestedOutput(name) for name in TRANSCRIPT_OUTPUTS],
+                parameters=options,
+                enable_empty_final_response=True,
+            )
+            transcript = TranscriptStream()
+            while not finished:
+                result, error = responses.get()
+                if error is not None:  # Triton's last word on the request
+                    finished = True
+                    raise self._failure(error)
+                response = result.get_response()
+                outputs = TranscriptOutputs(*(_text(result, n) for n in TRANSCRIPT_OUTPUTS)) if response.outputs else None
+                finished = is_final(response.parameters)
+                update = transcript.update(outputs, finished)
+                if update is not None:
+                    yield update
+        finally:
+            if not finished:  # closed early: stop the decoding, then wait for its last answer
+                self.cancel(str(options["request_id"]))
+            self._client.stop_stream()
+
     def cancel(self, request_id: str) -> None:
         """Stop the request sent with `request_id` wherever it is on the server; an id
         that names no request (one already answered) is no error.
@@ -231,18 +284,22 @@ class WhisperClient:
                 **self._infer_arguments,
             )
         except (InferenceServerException, OSError, http.client.HTTPException) as error:
-            # HTTP raises OSError (refused) and HTTPException (not HTTP) before any answer.
-            unreachable = connection_failure(self.address, error)
-            if unreachable is not None:
-                raise ServerUnreachable(unreachable) from None
-            if not isinstance(error, InferenceServerException):
-                raise TranscriptionError(f"the connection to {self.address} failed: {error}") from None
-            message = error.message() or str(error)
-            if self.protocol is Protocol.HTTP and (error.status() in NOT_TRITONS or not isinstance(message, str)):
-                wrong = wrong_endpoint(self.address)  # the gateway's port, or the metrics port
-                if wrong is not None:
-                    raise ServerUnreachable(wrong) from None
-            raise TranscriptionError(triton_message(str(message))) from None
+            raise self._failure(error) from None
+
+    def _failure(self, error: Exception) -> TranscriptionError:
+        """A failed request's error as this client raises it."""
+        # HTTP raises OSError (refused) and HTTPException (not HTTP) before any answer.
+        unreachable = connection_failure(self.address, error)
+        if unreachable is not None:
+            return ServerUnreachable(unreachable)
+        if not isinstance(error, InferenceServerException):
+            return TranscriptionError(f"the connection to {self.address} failed: {error}")
+        message = error.message() or str(error)
+        if self.protocol is Protocol.HTTP and (error.status() in NOT_TRITONS or not isinstance(message, str)):
+            wrong = wrong_endpoint(self.address)  # the gateway's port, or the metrics port
+            if wrong is not None:
+                return ServerUnreachable(wrong)
+        return TranscriptionError(triton_message(str(message)))
 
     def close(self) -> None:
         self._client.close()

@@ -12,6 +12,12 @@ the server's own parser: a bad value is one line and exit status 2. A file
 the server refuses is reported on stderr and the others go on (exit status
 1); a server that cannot be reached stops the command at once, with the cause.
 
+With --verbose, each file's segments are printed as the server decodes them,
+as openai-whisper prints them (`[00:00.000 --> 00:04.000]  text`): the files
+go one at a time over the streamed path (gRPC's stream_infer, the
+`transcribe_stream` model), the lines to stdout when the transcripts go to
+--output-dir, else to stderr, so that stdout still holds the transcript alone.
+
 Ctrl-C stops the command within a second (exit status 130), and the requests
 in flight on the server too: each request carries an id of its own
 (`request_id`), and the command sends a cancel naming it (`WhisperClient.cancel`)
@@ -41,6 +47,7 @@ from clients.api import ServerUnreachable, TranscriptionError, WhisperClient, ne
 from clients.connection import AddressError, Protocol, parse_address
 from clients.outputs import ALL, CHOICES, STDIN, Input, StdoutDocument, output_formats, unique_stems, write_files
 from clients.progress import ERASE_LINE, ProgressLine, SpeedRecord, audio_seconds
+from clients.streaming import verbose_line
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import LongFormMode
 from python_backend_lib.serving.parameters import parse_request_parameters
@@ -61,6 +68,7 @@ examples:
   whisper-triton transcribe talk.mp3 -f vtt --word-timestamps --max-line-width 42 --max-line-count 2
   cat talk.wav | whisper-triton transcribe -                  audio from standard input
   whisper-triton transcribe talk.mp3 --url grpc://localhost:8001
+  whisper-triton transcribe talk.mp3 --verbose -o out          segments as they are decoded (gRPC, port 8001)
 """
 # Flags that lay out word-timed subtitles: they need --word-timestamps, as in openai-whisper.
 LAYOUT_FLAGS = ("max_line_width", "max_line_count", "highlight_words")
@@ -119,6 +127,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     output.add_argument("--max-line-width", "--max_line_width", type=int, metavar="N", help="subtitles: characters per line (word timestamps)")
     output.add_argument("--max-line-count", "--max_line_count", type=int, metavar="N", help="subtitles: lines per cue (with --max-line-width)")
     output.add_argument("--highlight-words", "--highlight_words", action="store_true", help="subtitles: underline each word as it is spoken")
+    output.add_argument(
+        "--verbose", nargs="?", const=True, default=False, type=_true_or_false, metavar="True|False",
+        help="print each segment as the server decodes it, as openai-whisper does (to stderr when the transcript "
+        "goes to stdout); files go one at a time, over gRPC (default URL grpc://localhost:8001)",
+    )
 
     decoding = parser.add_argument_group("decoding")
     decoding.add_argument(
@@ -150,6 +163,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--compression-ratio-threshold", "--compression_ratio_threshold", type=float, metavar="X", help="fallback above this (default: 2.4)")
     decoding.add_argument("--logprob-threshold", "--logprob_threshold", type=float, metavar="X", help="fallback below this log-probability (default: -1)")
     decoding.add_argument("--no-speech-threshold", "--no_speech_threshold", type=float, metavar="P", help="silence above this probability (default: 0.6)")
+
+
+def _true_or_false(text: str) -> bool:
+    """openai-whisper's spelling of a yes or no: True or False (any case)."""
+    choices = {"true": True, "false": False}
+    if text.lower() not in choices:
+        raise argparse.ArgumentTypeError(f"must be True or False, got {text!r}")
+    return choices[text.lower()]
 
 
 def _positive_int(text: str) -> int:
@@ -193,8 +214,14 @@ def check(args: argparse.Namespace) -> SubtitleOptions:
         raise UsageError("'-' (standard input) can be read only once")
     if STDIN in args.files and sys.stdin.isatty():
         raise UsageError("'-' reads audio from standard input, which is a terminal: pipe a file in")
+    if args.verbose and args.url is None and args.protocol is None:
+        args.protocol = Protocol.GRPC.value  # segments stream over gRPC only
     try:
-        parse_address(args.url, args.protocol)
+        address = parse_address(args.url, args.protocol)
+        if args.verbose and address.protocol is not Protocol.GRPC:
+            raise UsageError(
+                f"--verbose streams segments over gRPC only, and {address} is HTTP: give --url grpc://HOST:8001"
+            )
         parse_request_parameters(request_options(args))  # the server's own checks, before sending
         return SubtitleOptions(args.max_line_width, args.max_line_count, args.highlight_words)
     except (AddressError, RequestError) as error:
@@ -235,6 +262,8 @@ def transcribe_all(args: argparse.Namespace, layout: SubtitleOptions) -> int:
         if not hasattr(local, "client"):  # tritonclient clients are not shared between threads
             local.client = WhisperClient(args.url, args.protocol)
         source = stdin_audio if item.name == STDIN else _read(item.name)
+        if args.verbose:
+            return stream(local.client, item, source, request_id)
         if len(inputs) > 1:
             return local.client.transcribe_document(source, request_id=request_id, **options)
         seconds_of_audio = audio_seconds(source)
@@ -245,13 +274,24 @@ def transcribe_all(args: argparse.Namespace, layout: SubtitleOptions) -> int:
         speed.measured(seconds_of_audio, time.monotonic() - started)
         return document
 
+    def stream(client: WhisperClient, item: Input, source: bytes, request_id: str) -> Document:
+        lines = sys.stdout if args.output_dir is not None else sys.stderr
+        if len(inputs) > 1:
+            print(f"==> {item.name} <==", file=lines, flush=True)
+        for update in client.stream(source, request_id=request_id, response_format="verbose_json", **options):
+            for segment in update.new_segments:
+                print(verbose_line(segment), file=lines, flush=True)
+        return Document.from_verbose_json(update.outputs.formatted)
+
     formats = output_formats(args.output_format)
     stdout = None if args.output_dir else StdoutDocument(sys.stdout, formats[0], layout, several=len(inputs) > 1)
     if args.output_dir is not None:
         args.output_dir.mkdir(parents=True, exist_ok=True)
     failures = 0
-    pool = ThreadPoolExecutor(max_workers=args.concurrency)
-    progress = tqdm(total=len(inputs), unit="file", file=sys.stderr, disable=True if len(inputs) < 2 else None)
+    # --verbose: one file at a time, so that its lines follow one another.
+    pool = ThreadPoolExecutor(max_workers=1 if args.verbose else args.concurrency)
+    quiet = len(inputs) < 2 or args.verbose  # the verbose lines are the progress
+    progress = tqdm(total=len(inputs), unit="file", file=sys.stderr, disable=True if quiet else None)
     futures: list[Future[Document]] = []
     try:
         for item, request_id in zip(inputs, request_ids):

@@ -103,8 +103,10 @@ def is_ready(server: RunningServer) -> bool:
         return False
 
 
-# Every whisper_* sample of a CPU server carries these labels (one engine on the CPU).
+# Every whisper_* sample of a CPU server's whisper model carries these labels (one engine
+# on the CPU); the streamed path's engine (whisper_stream) has series of its own, left out.
 ENGINE = ('gpu="cpu"', 'instance="whisper_0_0"')
+STREAM_ENGINE = 'instance="whisper_stream_0_0"'
 
 
 def scrape(server: RunningServer) -> dict[str, float]:
@@ -117,6 +119,8 @@ def scrape(server: RunningServer) -> dict[str, float]:
         if line and not line.startswith("#"):
             name, _, value = line.rpartition(" ")
             if name.startswith("whisper_"):
+                if STREAM_ENGINE in name:
+                    continue
                 assert all(label in name for label in ENGINE), f"{name} lacks its engine's labels"
                 name = ENGINE_LABELS.sub("", name).replace(",}", "}").removesuffix("{}")
             samples[name] = float(value)

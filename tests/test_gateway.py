@@ -182,14 +182,6 @@ def test_openais_other_fields_are_taken_and_change_nothing(client, options):
     assert result.usage.seconds == 11.0
 
 
-def test_streaming_is_refused_as_not_supported_yet(client):
-    with open(JFK, "rb") as audio, pytest.raises(openai.BadRequestError) as caught:
-        client.audio.transcriptions.create(model="whisper-1", file=audio, stream=True)
-    body = caught.value.body
-    assert (body["param"], body["code"]) == ("stream", "unsupported_value")
-    assert body["message"].startswith("stream=true is not supported yet")
-
-
 @pytest.mark.parametrize(
     ("form", "param"),
     [({"stream": ["maybe"]}, "stream"), ({"include[]": ["everything"]}, "include[]"),

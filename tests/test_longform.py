@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 
 import numpy as np
 import pytest
@@ -64,6 +65,23 @@ def test_sonnet_is_transcribed_whole_and_in_time(pipe, mode, timestamps):
     assert normalize(" ".join(s.text for s in transcript.segments)) == normalize(transcript.text)
     # No speech is left out: every second of it lies in (or within a second of) a segment.
     assert uncovered_seconds(speech_seconds(decode_audio(SONNET.read_bytes())), transcript.segments) == []
+
+
+@pytest.mark.parametrize("mode", list(LongFormMode))
+def test_progress_reports_growing_beginnings_of_the_whole(pipe, mode):
+    """The streamed path's partial records: each is the whole record's first windows,
+    more each time, never the whole (the final answer is `on_done`'s)."""
+    waveform = decode_audio(SONNET.read_bytes())
+    reports, done = [], Future()
+    (features,) = pipe.features([waveform])
+    pipe.start(features, len(waveform), TranscribeOptions(mode=mode), done.set_result, on_progress=reports.append)
+    whole = done.result(timeout=600)
+    assert len(whole.windows) >= 2 and reports
+    counts = [len(report.windows) for report in reports]
+    assert counts == sorted(set(counts)) and counts[-1] < len(whole.windows)
+    for report in reports:
+        assert report.windows == whole.windows[: len(report.windows)]
+        assert report.samples == whole.samples and report.language == whole.language
 
 
 @pytest.mark.parametrize("mode", list(LongFormMode))

@@ -32,21 +32,34 @@ PYTHON_MODELS = {
     ),
     names.WHISPER_NAME: ({names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64"}, DECODED),
     names.POSTPROCESSING_NAME: ({**DECODED, names.SAMPLES: "TYPE_INT64"}, TRANSCRIPT),
+    # Decoupled: every response repeats SAMPLES, as the ensemble hands postprocessing only one response's tensors.
+    names.WHISPER_STREAM_NAME: (
+        {names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64"},
+        {**DECODED, names.SAMPLES: "TYPE_INT64"},
+    ),
 }
 ENSEMBLE = ({names.AUDIO: "TYPE_STRING"}, TRANSCRIPT)
+# Each ensemble's steps: the batch path and the streamed one, whose engine is decoupled.
+ENSEMBLE_STEPS = {
+    names.ENSEMBLE_NAME: [names.PREPROCESSING_NAME, names.WHISPER_NAME, names.POSTPROCESSING_NAME],
+    names.STREAM_ENSEMBLE_NAME: [names.PREPROCESSING_NAME, names.WHISPER_STREAM_NAME, names.POSTPROCESSING_NAME],
+}
+DECOUPLED_MODELS = {names.STREAM_ENSEMBLE_NAME, names.WHISPER_STREAM_NAME}
 # Every model reads the checkpoint: its log-mel's bins, its engine, its tokenizer.
-CHECKPOINT_MODELS = [names.PREPROCESSING_NAME, names.WHISPER_NAME, names.POSTPROCESSING_NAME]
+CHECKPOINT_MODELS = [names.PREPROCESSING_NAME, names.WHISPER_NAME, names.POSTPROCESSING_NAME, names.WHISPER_STREAM_NAME]
 # Where each model runs: preprocessing and whisper on every visible GPU (or on the CPU
 # without one); postprocessing on the CPU, which is all it uses.
 INSTANCE_KINDS = {
     names.PREPROCESSING_NAME: "KIND_AUTO",
     names.WHISPER_NAME: "KIND_AUTO",
     names.POSTPROCESSING_NAME: "KIND_CPU",
+    names.WHISPER_STREAM_NAME: "KIND_AUTO",
 }
 SERVICES = {
     names.PREPROCESSING_NAME: preprocessing_service,
     names.WHISPER_NAME: whisper_service,
     names.POSTPROCESSING_NAME: postprocessing_service,
+    names.WHISPER_STREAM_NAME: whisper_service,
 }
 TENSORS = [value for key, value in vars(names).items() if key.isupper() and not key.endswith("_NAME")]
 
@@ -123,7 +136,7 @@ def test_parser_reads_nested_lists_and_comments():
 
 def test_repository_holds_exactly_our_models():
     models = {path.parent.name for path in REPOSITORY.glob("*/config.pbtxt")}
-    assert models == {*PYTHON_MODELS, names.ENSEMBLE_NAME}
+    assert models == {*PYTHON_MODELS, *ENSEMBLE_STEPS}
     for model in models:
         assert one(load(model), "name") == model
         assert (REPOSITORY / model / "1").is_dir()
@@ -183,6 +196,21 @@ def test_preprocessing_and_whisper_refuse_the_same_audio_length():
         return values["max_audio_seconds"]
 
     assert max_seconds(names.PREPROCESSING_NAME) == max_seconds(names.WHISPER_NAME)
+    assert max_seconds(names.WHISPER_STREAM_NAME) == max_seconds(names.WHISPER_NAME)
+
+
+def test_only_the_streamed_path_is_decoupled():
+    """HTTP and unary gRPC reach only non-decoupled models: `transcribe` and its steps stay so."""
+    for model in [*PYTHON_MODELS, *ENSEMBLE_STEPS]:
+        policy = load(model).get("model_transaction_policy", [{}])
+        decoupled = one(policy[0], "decoupled") == "true" if policy[0] else False
+        assert decoupled == (model in DECOUPLED_MODELS), model
+
+
+def test_the_streamed_engine_runs_whispers_own_adapter():
+    """One decoding code for both paths: whisper_stream's model.py is whisper's."""
+    stream = REPOSITORY / names.WHISPER_STREAM_NAME / "1" / "model.py"
+    assert stream.resolve() == (REPOSITORY / names.WHISPER_NAME / "1" / "model.py").resolve()
 
 
 @pytest.mark.parametrize("model", list(PYTHON_MODELS))
@@ -195,20 +223,18 @@ def test_adapter_is_thin_and_takes_names_from_tensor_names(model):
         assert f'"{tensor}"' not in source, f"{model}/1/model.py spells out {tensor!r}"
 
 
-def test_ensemble_interface():
-    config = load(names.ENSEMBLE_NAME)
+@pytest.mark.parametrize("ensemble", list(ENSEMBLE_STEPS))
+def test_ensemble_interface(ensemble):
+    config = load(ensemble)
     assert one(config, "platform") == "ensemble"
     assert (tensor_types(config, "input"), tensor_types(config, "output")) == ENSEMBLE
 
 
-def test_ensemble_steps_connect_every_tensor_once():
-    config = load(names.ENSEMBLE_NAME)
+@pytest.mark.parametrize("ensemble", list(ENSEMBLE_STEPS))
+def test_ensemble_steps_connect_every_tensor_once(ensemble):
+    config = load(ensemble)
     steps = one(config, "ensemble_scheduling")["step"]
-    assert [one(step, "model_name") for step in steps] == [
-        names.PREPROCESSING_NAME,
-        names.WHISPER_NAME,
-        names.POSTPROCESSING_NAME,
-    ]
+    assert [one(step, "model_name") for step in steps] == ENSEMBLE_STEPS[ensemble]
     # value in the ensemble -> its data type; the ensemble's inputs exist from the start
     available = dict(tensor_types(config, "input"))
     for step in steps:
@@ -228,8 +254,9 @@ def test_ensemble_steps_connect_every_tensor_once():
     assert {value: available[value] for value in final} == final
 
 
-def test_ensemble_intermediates_have_descriptive_names():
-    config = load(names.ENSEMBLE_NAME)
+@pytest.mark.parametrize("ensemble", list(ENSEMBLE_STEPS))
+def test_ensemble_intermediates_have_descriptive_names(ensemble):
+    config = load(ensemble)
     public = set(tensor_types(config, "input")) | set(tensor_types(config, "output"))
     for step in one(config, "ensemble_scheduling")["step"]:
         for mapping in step["input_map"] + step["output_map"]:

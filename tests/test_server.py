@@ -162,7 +162,8 @@ def test_two_engines_answer_as_the_library_from_a_copy_gone_after_the_stop(tmp_p
         with urllib.request.urlopen(launched.server.metrics_url, timeout=10) as reply:
             metrics = reply.read().decode()
         engines = set(re.findall(r'^whisper_decoding_slots\{.*instance="(\w+)"', metrics, flags=re.M))
-        assert engines == {"whisper_0_0", "whisper_0_1"}  # each engine its own series
+        # Each engine its own series; the streamed path keeps its one engine.
+        assert engines == {"whisper_0_0", "whisper_0_1", "whisper_stream_0_0"}
         _stop(launched.process, "whisper-triton serve --engines 2", launched.server.log)
     assert not copy.exists()
 

@@ -16,12 +16,12 @@ from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.scheduler import EngineUnavailable
-from python_backend_lib.serving.admission import AdmissionPolicy
+from python_backend_lib.serving.admission import AdmissionPolicy, Overloaded
 from python_backend_lib.serving.cancellation import POSTED_FOR_S, CancelBoard, CancellationWatcher
 from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
 from python_backend_lib.serving.inputs import check_log_mel, nonfinite, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
-from python_backend_lib.serving.responses import Fault, describe_failure
+from python_backend_lib.serving.responses import Fault, describe_failure, fault_of_message
 from python_backend_lib.serving.settings import (
     CHECKPOINT_ENV,
     DEFAULT_MAX_AUDIO_SECONDS,
@@ -97,6 +97,30 @@ def test_failures_are_the_clients_only_when_they_are_request_errors():
     # The engine's test fault hook raises one, so the served tests show the same through the server.
     assert issubclass(InjectedFault, ValueError) and not issubclass(InjectedFault, RequestError)
     assert describe_failure(InjectedFault("injected")).fault is Fault.SERVER
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        RequestError("unknown request parameter 'beam'"),
+        AudioError("not a decodable audio file"),
+        CancelledError("request cancelled"),
+        Overloaded("server overloaded: 80 requests in flight, the limit is 80; retry later"),
+        EngineUnavailable("the engine is unhealthy"),
+        RuntimeError("CUDA out of memory"),
+        ValueError("slot 3 is already free"),
+    ],
+)
+def test_a_streamed_errors_fault_is_read_back_from_its_message(error):
+    """A gRPC stream's error carries no code: its message alone must say whose fault it was."""
+    message, fault = describe_failure(error)
+    assert fault_of_message(message) is fault
+
+
+def test_tritons_own_stream_errors_are_not_the_clients():
+    assert fault_of_message("Exceeds maximum queue size") is Fault.OVERLOADED
+    assert fault_of_message("Failed to process the request(s) for model 'whisper_stream_0_0', message: Stub "
+                            "process 'whisper_stream_0_0' is not healthy.") is Fault.SERVER
 
 
 @pytest.mark.parametrize(

@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="whisper engines (Triton instances, a process each) per GPU, or on the CPU without one: "
         "auto (default) runs 3 per GPU for tiny-sized checkpoints, whose host work outruns one GPU, and one "
-        "for larger ones or on the CPU; a repository whose whisper instance group was changed is served as written",
+        "for larger ones or on the CPU; a repository whose whisper instance group was changed is served as written. "
+        "The streamed path's engine (whisper_stream, for gRPC stream_infer) stays one per GPU or on the CPU",
     )
     serve.add_argument(
         "--mps",
@@ -280,6 +281,8 @@ def _ready_message(triton: TritonServer) -> str:
             f"  listening on {where}",
             "Transcribe a file from another terminal:",
             f"  whisper-triton transcribe path/to/audio.wav --url http://{triton.http_url}",
+            f"  whisper-triton transcribe path/to/audio.wav --url grpc://{triton.grpc_url} --verbose"
+            "   (segments as they are decoded)",
             "Stop with Ctrl-C.",
         ]
     )

@@ -10,7 +10,9 @@ Endpoints, as OpenAI's audio API has them:
 - POST /v1/audio/transcriptions and /v1/audio/translations: multipart form with
   `file`, `model`, `language` (transcriptions only), `prompt`,
   `response_format` (json, text, srt, verbose_json, vtt), `temperature` and
-  `timestamp_granularities[]` (word and/or segment; verbose_json only);
+  `timestamp_granularities[]` (word and/or segment; verbose_json only), and
+  `stream` (transcriptions: true answers with OpenAI's server-sent events,
+  from Triton's streamed path: `transcript_events`);
 - GET /v1/models and /v1/models/{id}: the model ids this gateway answers to;
 - WebSocket /v1/realtime?intent=transcription: OpenAI's Realtime transcription
   session, live audio in and text out as it is spoken (`realtime`), at most
@@ -38,7 +40,6 @@ the gateway's log only.
 """
 
 import argparse
-import asyncio
 import logging
 import os
 import secrets
@@ -50,9 +51,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from clients.api import new_request_id
 from clients.connection import AddressError, Protocol, ServerAddress, parse_address
 from python_backend_lib.apps import realtime
 from python_backend_lib.apps.openai_api import (
@@ -62,14 +60,14 @@ from python_backend_lib.apps.openai_api import (
     AudioRequest,
     InvalidRequest,
     api_error,
-    error_from_triton,
     http_error,
     parse_form,
     request_body,
     unauthorized,
 )
 from python_backend_lib.apps.speech_detector import speech_detectors
-from python_backend_lib.apps.triton_calls import cancel
+from python_backend_lib.apps.transcript_events import MEDIA_TYPE as EVENTS_MEDIA_TYPE
+from python_backend_lib.apps.transcript_events import stream_events
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 from python_backend_lib.serving import tensor_names
@@ -87,8 +85,6 @@ PROTECTED_PREFIX = "/v1/"  # what the API key guards: the API, not /health or /d
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's script and style, from the installed package
 PAGE_FOLDER = Path(__file__).parent / "page"  # the page at /, its script and style
 PAGE_ASSETS = "/page"
-# How often a transcription in flight checks whether its HTTP client is still there.
-DISCONNECT_POLL_S = 0.25
 
 log = logging.getLogger(__name__)
 
@@ -132,24 +128,25 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     command starts quickly; this module has no `from __future__ import
     annotations`, as FastAPI reads the handlers' annotations as objects.
     """
-    import tritonclient.grpc.aio as triton
     from fastapi import FastAPI, Request, WebSocket
     from fastapi.openapi.docs import get_swagger_ui_html
-    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response
+    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
     from fastapi.staticfiles import StaticFiles
     from starlette.exceptions import HTTPException
     from swagger_ui_bundle import swagger_ui_path
     from tritonclient.utils import InferenceServerException
 
+    from python_backend_lib.apps.triton_calls import TritonCalls
+
     state: dict[str, Any] = {}
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        state["client"] = triton.InferenceServerClient(settings.triton.location)
+        state["calls"] = TritonCalls(settings.triton, settings.triton_model, settings.timeout_s)
         try:
             yield
         finally:
-            await state["client"].close()
+            await state["calls"].close()
 
     app = FastAPI(title="whisper-triton", description=__doc__.split("\n\n")[0], lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # FastAPI's own pages load their scripts from a CDN
@@ -213,7 +210,7 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     @app.get("/health")
     async def health() -> Response:
         try:
-            ready = await state["client"].is_model_ready(settings.triton_model)
+            ready = await state["calls"].client.is_model_ready(settings.triton_model)
         except InferenceServerException:
             ready = False
         return Response("ready\n" if ready else "not ready\n", status_code=200 if ready else 503)
@@ -233,44 +230,23 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
         return await transcribe(request, audio_request, audio)
 
     async def transcribe(http_request: Request, audio_request: AudioRequest, audio: bytes) -> Response:
-        tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[audio]], dtype=np.object_))
-        request_id = new_request_id()
-        call = asyncio.ensure_future(state["client"].infer(
-            settings.triton_model,
-            [tensor],
-            outputs=[triton.InferRequestedOutput(tensor_names.FORMATTED)],
-            parameters={**audio_request.triton_parameters(), "request_id": request_id},
-            client_timeout=settings.timeout_s,
-        ))  # fmt: skip
-        await cancel_if_abandoned(http_request, call, request_id)
-        try:
-            result = await call
-        except InferenceServerException as error:
-            raise error_from_triton(error, settings.triton) from None
-        formatted = result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0].decode("utf-8")
-        body = audio_request.shape(formatted)
-        return Response(body, media_type=MEDIA_TYPES[audio_request.response_format])
+        calls: TritonCalls = state["calls"]
+        if not audio_request.stream:
+            formatted = await calls.transcribe(http_request, audio, audio_request.triton_parameters())
+            return Response(audio_request.shape(formatted), media_type=MEDIA_TYPES[audio_request.response_format])
+        first, replies, request_id = await calls.stream(http_request, audio, audio_request.triton_parameters())
+        if first.error is not None:  # before any event: an ordinary error reply
+            raise first.error
+        events = stream_events(first, replies, on_abandoned=lambda: calls.abandon(request_id, replies))
+        return StreamingResponse(events, media_type=EVENTS_MEDIA_TYPE)
 
-    async def cancel_if_abandoned(http_request: Request, call: asyncio.Future, request_id: str) -> None:
-        """Wait for `call`; if the HTTP client goes away first, have the server stop decoding
-        it (a cancel naming its id: Triton 2.51 passes none into a running ensemble step),
-        and let the call end with the server's answer rather than cancelling it here."""
-        while not call.done():
-            await asyncio.wait({call}, timeout=DISCONNECT_POLL_S)
-            if not call.done() and await http_request.is_disconnected():
-                await cancel(state["client"], request_id, "whose client left")
-                return
-
-    live_options = realtime.RealtimeOptions(
-        model_ids=settings.model_ids, detector=speech_detectors(), max_sessions=settings.max_live_sessions,
-        triton_model=settings.triton_model, timeout_s=settings.timeout_s, api_key=settings.api_key,
-    )
+    live_options = realtime.RealtimeOptions(model_ids=settings.model_ids, detector=speech_detectors(),
+                                            max_sessions=settings.max_live_sessions, api_key=settings.api_key)
     live_slots = realtime.SessionSlots(settings.max_live_sessions)
 
     @app.websocket("/v1/realtime")
     async def live(websocket: WebSocket) -> None:
-        await realtime.serve(websocket, state["client"], live_options, live_slots)
+        await realtime.serve(websocket, state["calls"], live_options, live_slots)
 
     @app.post("/v1/audio/transcriptions", openapi_extra=request_body(Task.TRANSCRIBE))
     async def transcriptions(request: Request) -> Response:

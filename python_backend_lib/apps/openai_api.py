@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from clients.connection import ServerAddress, connection_failure, triton_message
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
+from python_backend_lib.serving.responses import Fault, fault_of_message
 from python_backend_lib.text.formats import Document, ResponseFormat
 
 if TYPE_CHECKING:
@@ -39,7 +40,7 @@ MEDIA_TYPES = {
 OPENAI_FORMATS = tuple(f.value for f in MEDIA_TYPES)  # OpenAI's formats; not our tsv
 # The form fields of each endpoint, as OpenAI's API has them for whisper-1; any
 # other is refused, so that a misspelt or unsupported option is not silently ignored.
-# Taken and ignored, as `IGNORED_FIELDS` says why; `stream` true is refused.
+# Taken and ignored, as `IGNORED_FIELDS` says why.
 FORM_FIELDS = {
     Task.TRANSCRIBE: ("file", "model", "language", "prompt", "response_format", "temperature",
                       "timestamp_granularities[]", "stream", "include[]", "chunking_strategy"),
@@ -59,6 +60,8 @@ CHUNKING_AUTO = "auto"
 CHUNKING_VAD_KEYS = ("type", "prefix_padding_ms", "silence_duration_ms", "threshold")
 CHUNKING_VAD_TYPE = "server_vad"
 USAGE_TYPE = "duration"  # OpenAI bills whisper-1 by the audio's duration
+# stream=true answers with transcript.text.delta events, which carry text alone.
+STREAM_FORMATS = (ResponseFormat.JSON, ResponseFormat.TEXT)
 # Each form field as the API's description (/openapi.json, the /docs page) shows it.
 FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
     "file": {"type": "string", "format": "binary", "description": "the audio: any common audio or video file"},
@@ -69,7 +72,9 @@ FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
     "temperature": {"type": "number", "minimum": 0, "maximum": MAX_TEMPERATURE, "default": 0},
     "timestamp_granularities[]": {"type": "array", "items": {"type": "string", "enum": list(GRANULARITIES)},
                                   "description": "with verbose_json"},
-    "stream": {"type": "boolean", "default": False, "description": "true is not supported yet"},
+    "stream": {"type": "boolean", "default": False,
+               "description": "true: server-sent events, transcript.text.delta as text is decoded, then "
+                              "transcript.text.done (response_format json or text)"},
     "include[]": {"type": "array", "items": {"type": "string", "enum": list(INCLUDE_VALUES)},
                   "description": "ignored: " + IGNORED_FIELDS["include[]"]},
     "chunking_strategy": {"type": "string", "enum": [CHUNKING_AUTO],
@@ -143,6 +148,14 @@ TRITON_STATUS = {
     "DEADLINE_EXCEEDED": (504, "timeout", "the transcription took too long: "),
 }
 OTHER_TRITON_STATUS = (500, "server_error", "the transcription failed: ")
+# The gRPC status each fault's response has (`serving.responses.error_response`).
+STREAM_FAULT_STATUS = {
+    Fault.CLIENT: "INVALID_ARGUMENT",
+    Fault.CANCELLED: "CANCELLED",
+    Fault.OVERLOADED: "UNAVAILABLE",
+    Fault.UNAVAILABLE: "UNAVAILABLE",
+    Fault.SERVER: "INTERNAL",
+}
 
 
 def error_from_triton(error: InferenceServerException, triton: ServerAddress | None = None) -> ApiError:
@@ -153,9 +166,11 @@ def error_from_triton(error: InferenceServerException, triton: ServerAddress | N
     unreachable = None if triton is None else connection_failure(triton, error)
     if unreachable is not None:
         return http_error(503, f"cannot reach Triton: {unreachable}", code="service_unavailable")
-    name = str(error.status() or "").rsplit(".", 1)[-1]
+    message = triton_message(error.message() or str(error))
+    # A gRPC stream's error has no status: its message says whose fault it was.
+    name = str(error.status() or STREAM_FAULT_STATUS[fault_of_message(message)]).rsplit(".", 1)[-1]
     status, code, preface = TRITON_STATUS.get(name, OTHER_TRITON_STATUS)
-    return http_error(status, preface + triton_message(error.message() or str(error)), code=code)
+    return http_error(status, preface + message, code=code)
 
 
 # ------------------------------------------------------------- the request
@@ -172,6 +187,7 @@ class AudioRequest:
     prompt: str | None = None
     temperature: float = 0.0
     granularities: tuple[str, ...] = field(default=())
+    stream: bool = False  # answer with server-sent events (`transcript_events`)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", Task(self.task))
@@ -237,6 +253,7 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
                 param=name, code="unknown_parameter",
             )
     _check_ignored_fields(form)
+    stream = _stream(form)
     model = _text(form, "model", required=True)
     if model not in model_ids:
         raise InvalidRequest(
@@ -257,6 +274,13 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
             400, "timestamp_granularities[] needs response_format 'verbose_json'",
             param="timestamp_granularities[]", code="invalid_value",
         )
+    if stream and response_format not in STREAM_FORMATS:
+        raise InvalidRequest(
+            400, f"stream=true sends the text as it is decoded (transcript.text.delta events): response_format "
+            f"must be one of {[f.value for f in STREAM_FORMATS]}, got {response_format.value!r}; leave stream "
+            "unset or false for the whole transcript in this format",
+            param="response_format", code="unsupported_value",
+        )
     language = _text(form, "language")
     return AudioRequest(
         model=model,
@@ -266,6 +290,7 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
         prompt=_text(form, "prompt"),
         temperature=temperature,
         granularities=granularities,
+        stream=stream,
     )
 
 
@@ -292,18 +317,16 @@ def _text(form: Mapping[str, Any], name: str, required: bool = False) -> str | N
     return value
 
 
-def _check_ignored_fields(form: Mapping[str, Any]) -> None:
-    """The fields that change nothing here must still be what OpenAI's API takes;
-    `stream` true is refused, as transcripts are not streamed yet."""
+def _stream(form: Mapping[str, Any]) -> bool:
     stream = (_text(form, "stream") or "false").lower()
     if stream not in ("true", "false"):
         raise InvalidRequest(400, f"stream must be true or false, got {stream!r}", param="stream",
                              code="invalid_value")
-    if stream == "true":
-        raise InvalidRequest(
-            400, "stream=true is not supported yet: this server answers with the whole transcript; "
-            "leave stream unset or false", param="stream", code="unsupported_value",
-        )
+    return stream == "true"
+
+
+def _check_ignored_fields(form: Mapping[str, Any]) -> None:
+    """The fields that change nothing here must still be what OpenAI's API takes."""
     for value in form.get("include[]", []):
         if value not in INCLUDE_VALUES:
             raise InvalidRequest(400, f"include[] may hold {list(INCLUDE_VALUES)}, got {value!r}",

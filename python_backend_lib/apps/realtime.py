@@ -25,16 +25,16 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from python_backend_lib.apps import realtime_protocol as protocol
+from python_backend_lib.apps.live_transcriber import Transcriber
 from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text, words_of
 from python_backend_lib.apps.realtime_protocol import ProtocolError, SessionSettings
-from python_backend_lib.apps.triton_calls import Transcriber
 from python_backend_lib.apps.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
 from python_backend_lib.core.geometry import SAMPLE_RATE
-from python_backend_lib.serving import tensor_names
 
 if TYPE_CHECKING:
-    import tritonclient.grpc.aio
     from starlette.websockets import WebSocket
+
+    from python_backend_lib.apps.triton_calls import TritonCalls
 
 DEFAULT_MAX_SESSIONS = 100
 # A hypothesis once the turn has this much audio, then each time it has grown by HYPOTHESIS_STEP_S
@@ -61,8 +61,6 @@ class RealtimeOptions:
     model_ids: tuple[str, ...]
     detector: Callable[[], SpeechProbability]
     max_sessions: int = DEFAULT_MAX_SESSIONS
-    triton_model: str = tensor_names.ENSEMBLE_NAME
-    timeout_s: float | None = None
     api_key: str | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
@@ -87,9 +85,8 @@ class SessionSlots:
         self.taken -= 1
 
 
-async def serve(websocket: WebSocket, client: tritonclient.grpc.aio.InferenceServerClient,
-                options: RealtimeOptions, slots: SessionSlots) -> None:
-    """One WebSocket connection, from the handshake to its close."""
+async def serve(websocket: WebSocket, calls: TritonCalls, options: RealtimeOptions, slots: SessionSlots) -> None:
+    """One WebSocket connection, from the handshake to its close; `calls`: the gateway's to Triton."""
     offered = list(websocket.scope.get("subprotocols", []))
     if options.api_key is not None and not _authorized(websocket.headers.get("authorization"), offered,
                                                        options.api_key):
@@ -107,7 +104,7 @@ async def serve(websocket: WebSocket, client: tritonclient.grpc.aio.InferenceSer
                                                "try again later", code="session_limit_reached"), CLOSE_TRY_LATER)
         return
     try:
-        await Session(websocket, Transcriber(client, options.triton_model, options.timeout_s), options).run()
+        await Session(websocket, Transcriber(calls), options).run()
     finally:
         slots.release()
 

@@ -38,6 +38,22 @@ class Failure(NamedTuple):
     fault: Fault
 
 
+# How each fault's message begins but the client's (`describe_failure`; an Overloaded
+# says it itself). A gRPC stream (stream_infer) carries a failed response's message
+# without its code: `fault_of_message` reads the fault back from these.
+FAULT_PREFIXES = {
+    Fault.CANCELLED: "cancelled: ",
+    Fault.OVERLOADED: "server overloaded: ",
+    Fault.UNAVAILABLE: "server unavailable: ",
+    Fault.SERVER: "internal error: ",
+}
+# Triton's own messages for a full queue, and for a model process that failed.
+TRITON_FAULT_PREFIXES = {
+    "Exceeds maximum queue size": Fault.OVERLOADED,
+    "Failed to process the request": Fault.SERVER,
+}
+
+
 def describe_failure(error: BaseException) -> Failure:
     """Whose fault `error` is, and what the client is told: never a traceback.
 
@@ -47,12 +63,24 @@ def describe_failure(error: BaseException) -> Failure:
     if isinstance(error, RequestError):
         return Failure(str(error), Fault.CLIENT)
     if isinstance(error, CancelledError):
-        return Failure(f"cancelled: {error}", Fault.CANCELLED)
+        return Failure(f"{FAULT_PREFIXES[Fault.CANCELLED]}{error}", Fault.CANCELLED)
     if isinstance(error, Overloaded):
         return Failure(str(error), Fault.OVERLOADED)
     if isinstance(error, ServerUnavailable):
-        return Failure(f"server unavailable: {error}; retry on another server", Fault.UNAVAILABLE)
-    return Failure(f"internal error: {type(error).__name__}: {error}", Fault.SERVER)
+        return Failure(f"{FAULT_PREFIXES[Fault.UNAVAILABLE]}{error}; retry on another server", Fault.UNAVAILABLE)
+    return Failure(f"{FAULT_PREFIXES[Fault.SERVER]}{type(error).__name__}: {error}", Fault.SERVER)
+
+
+def fault_of_message(message: str) -> Fault:
+    """Whose fault a failed response was, from its message alone (without Triton's "in
+    ensemble ..." preface): the inverse of `describe_failure`, for a gRPC stream's errors."""
+    for fault, prefix in FAULT_PREFIXES.items():
+        if message.startswith(prefix):
+            return fault
+    for prefix, fault in TRITON_FAULT_PREFIXES.items():
+        if prefix in message:
+            return fault
+    return Fault.CLIENT
 
 
 def error_response(pb_utils: Any, error: BaseException) -> Any:

@@ -98,6 +98,8 @@ class ModelSettings:
     log_mel_output: how preprocessing's GPU instances hand LOG_MEL on.
     cpu_only_inputs: Triton moves every input to the host first (its
         FORCE_CPU_ONLY_INPUT_TENSORS, "yes" unless the config says "no").
+    decoupled: the config's model_transaction_policy is decoupled: a request may
+        get several responses (the streamed path's `whisper_stream`).
     """
 
     name: str
@@ -110,6 +112,7 @@ class ModelSettings:
     decode_threads: int | None = None
     log_mel_output: LogMelOutput = DEFAULT_LOG_MEL_OUTPUT
     cpu_only_inputs: bool = True
+    decoupled: bool = False
 
     @classmethod
     def from_triton(cls, model_config: str, environ: Mapping[str, str] = os.environ) -> ModelSettings:
@@ -166,6 +169,7 @@ class ModelSettings:
             decode_threads=number("decode_threads", int, 1),
             log_mel_output=one_of("log_mel_output", {o.value: o for o in LogMelOutput}, DEFAULT_LOG_MEL_OUTPUT),
             cpu_only_inputs=one_of(CPU_ONLY_INPUTS, YES_NO, True),
+            decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
         )
 
     def thread_count(self) -> int:

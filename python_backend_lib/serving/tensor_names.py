@@ -27,3 +27,9 @@ LANGUAGE_PROBABILITY = "LANGUAGE_PROBABILITY"  # FP64 [1]: of the detection, NaN
 
 # postprocessing: whisper's outputs and SAMPLES -> TEXT, SEGMENTS, FORMATTED.
 POSTPROCESSING_NAME = "postprocessing"
+
+# The streamed path (gRPC stream_infer only): `transcribe`'s inputs and outputs, a response
+# with the transcript so far each time more is decoded, the last one (final flag) whole.
+STREAM_ENSEMBLE_NAME = "transcribe_stream"
+# whisper's code, decoupled: whisper's outputs and SAMPLES, each time more windows are settled.
+WHISPER_STREAM_NAME = "whisper_stream"

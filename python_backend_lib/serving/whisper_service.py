@@ -14,6 +14,15 @@ their own (`cancellation.CancellationWatcher`), and the request limit is kept
 by a `RequestLedger`. A request whose parameters hold only `cancel` is no
 recording: its id goes on the server's `CancelBoard`, and it is answered at once
 with no outputs.
+
+Decoupled (the `whisper_stream` model of the streamed path, `settings.decoupled`),
+a request is also answered while it is decoded: each time more windows are
+settled (`LongFormJob`'s progress), a response with the record so far, then the
+whole record (or the error) with the final flag, always last. Every response
+carries SAMPLES too, since an ensemble hands the next step only tensors of the
+same response. Each response holds everything so far, not only what is new, so
+that a response overtaken on its way (postprocessing runs several instances)
+loses nothing.
 """
 
 from __future__ import annotations
@@ -22,15 +31,18 @@ import gc
 import logging
 import os
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 
+from python_backend_lib.core.decoded import DecodedRecording
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.devices.placement import single_threaded_host
 from python_backend_lib.devices.transfers import through_pinned
@@ -67,8 +79,13 @@ class _Request:
     """One admitted request, until it is answered."""
 
     sender: Any
+    samples: int = 0  # the recording's length, sent with every response when decoupled
     entry: Entry | None = None  # None: refused before admission
     watch: Watch | None = None
+    # Decoupled: the responses' order. Windows already sent, and whether the final one went.
+    sending: threading.Lock = field(default_factory=threading.Lock)
+    sent_windows: int = 0
+    closed: bool = False
 
 
 @dataclass(eq=False)
@@ -143,12 +160,15 @@ class WhisperService:
         for item, log_mel in zip(admitted, features):
             try:
                 item.pending.watch = self.watcher.watch(item.request.is_cancelled, item.parameters.request_id)
+                item.pending.samples = item.log_mel.samples
+                progress = partial(self._progressed, item.pending) if self.settings.decoupled else None
                 self.pipeline.start(
                     log_mel,
                     item.log_mel.samples,
                     item.parameters.transcription,
                     on_done=lambda outcome, pending=item.pending: self._finished(pending, outcome),
                     is_cancelled=item.pending.watch.cancelled,
+                    on_progress=progress,
                 )  # RequestError at once for options that do not fit the checkpoint
             except Exception as error:
                 self._finished(item.pending, error)
@@ -183,25 +203,49 @@ class WhisperService:
         """The engine's callback (or execute's, for a refusal): answer on a responder thread."""
         self._responders.submit(self._answer, pending, outcome)
 
+    def _progressed(self, pending: _Request, record: DecodedRecording) -> None:
+        """Decoupled: the engine's report of the windows settled so far; sent on a responder thread."""
+        self._responders.submit(self._send_progress, pending, record)
+
+    def _send_progress(self, pending: _Request, record: DecodedRecording) -> None:
+        """A response with the record so far, unless a later one (or the final one) went first."""
+        with pending.sending:
+            if pending.closed or len(record.windows) <= pending.sent_windows:
+                return
+            try:
+                response = tensors_response(self.pb_utils, self._outputs(pending, record))
+                pending.sender.send(response, flags=0)
+                pending.sent_windows = len(record.windows)
+            except Exception:  # the final response still comes, and says what failed
+                log.warning("could not send a partial response", exc_info=True)
+
+    def _outputs(self, pending: _Request, record: DecodedRecording) -> dict[str, np.ndarray]:
+        arrays = to_tensors(record).by_name()
+        if self.settings.decoupled:
+            arrays[tensor_names.SAMPLES] = np.array([pending.samples], dtype=np.int64)
+        return arrays
+
     def _answer(self, pending: _Request, outcome: Any) -> None:
-        """The request's only response."""
+        """The request's only response, or a decoupled request's final one."""
         if pending.watch is not None:
             self.watcher.forget(pending.watch)
         try:
             if isinstance(outcome, BaseException):
                 response = error_response(self.pb_utils, outcome)
             else:
-                response = tensors_response(self.pb_utils, to_tensors(outcome).by_name())
+                response = tensors_response(self.pb_utils, self._outputs(pending, outcome))
         except Exception as error:  # a result that cannot be written still gets an answer
             outcome, response = error, error_response(self.pb_utils, error)
         self.ledger.leave(pending.entry, outcome)
         self._send(pending, response)
 
     def _send(self, pending: _Request, response: Any) -> None:
-        try:
-            pending.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
-        except Exception:  # the client is gone, or Triton is stopping: nobody left to tell
-            log.warning("could not send a response", exc_info=True)
+        with pending.sending:  # after any partial response in progress, and the last
+            pending.closed = True
+            try:
+                pending.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            except Exception:  # the client is gone, or Triton is stopping: nobody left to tell
+                log.warning("could not send a response", exc_info=True)
 
     def close(self) -> None:
         """Answer what is in flight, then stop the threads (Triton's `finalize`)."""

@@ -16,7 +16,10 @@ log-probability), and skipping windows that are silent (no-speech probability
 high and log-probability low).
 
 A `LongFormJob` is a small state machine whose transitions run in engine
-callbacks, so it never blocks the engine thread.
+callbacks, so it never blocks the engine thread. Given `on_progress`, it also
+reports the recording decoded so far whenever its settled beginning grows (the
+windows from the start with no gap left before them): the streamed path's
+partial transcripts, made by the same rules as the whole one.
 """
 
 from __future__ import annotations
@@ -109,10 +112,12 @@ class LongFormJob:
         on_done: Callable[[DecodedRecording | BaseException], None],
         is_cancelled: Callable[[], bool] | None = None,
         align: Align | None = None,
+        on_progress: Callable[[DecodedRecording], None] | None = None,
     ) -> None:
         """mel: the recording's log-mel (`audio.features.features_for`), whole or without
         its padding (`without_padding`: the windows are padded with its last frame);
-        samples: the recording's length."""
+        samples: the recording's length. on_progress: called (on the engine thread) with
+        the settled windows so far each time there are more of them, before `on_done`."""
         if options.word_timestamps and align is None:
             raise RequestError("word timestamps need a checkpoint with alignment heads")
         self.submit = submit
@@ -123,6 +128,7 @@ class LongFormJob:
         self.samples = samples
         self.options = options
         self.on_done = on_done
+        self.on_progress = on_progress
         self.is_cancelled = is_cancelled
         self.content = geometry.content_frames(samples)
         if options.mode is LongFormMode.BATCHED:
@@ -136,6 +142,8 @@ class LongFormJob:
         self._after_first_window = () if language_known else self.chunks[1:]
         self._lock = threading.Lock()
         self._accepted: dict[int, DecodedWindow] = {}  # by seek
+        self._follows: dict[int, int] = {}  # accepted seek -> where the next window of the recording starts
+        self._settled = 0  # windows from the start with no gap before them, last reported
         self._previous: list[int] = self._initial_prompt()
         self._pending = 0  # windows submitted or about to be, not yet handled
         self._failed = False
@@ -235,6 +243,8 @@ class LongFormJob:
             decoded = dataclasses.replace(decoded, token_times=times, token_probabilities=probabilities)
         with self._lock:
             self._accepted[seek] = decoded
+            # Past its chunk's end the recording goes on at the next chunk's start, which is that end.
+            self._follows[seek] = min(seek + split.advance, chunk.end)
         if self.options.mode is LongFormMode.SEQUENTIAL:
             self._condition_on(split.segments, result)
         later = [WindowAt(chunk, seek + split.advance)] if seek + split.advance < chunk.end else []
@@ -264,12 +274,41 @@ class LongFormJob:
             self._decode(window)
         if done:
             self._finish()
+        else:  # the last window's report is `on_done`'s
+            self._report_progress()
 
     def _initial_prompt(self) -> list[int]:
         """openai-whisper conditions later windows on the initial prompt too, until
         the first reset."""
         prompt = self.options.decoding.prompt
         return self.tokenizer.encode(" " + prompt.strip()) if prompt and prompt.strip() else []
+
+    # -- progress
+
+    def _report_progress(self) -> None:
+        """Hand `on_progress` the settled windows when there are more of them than last
+        time: in BATCHED mode a later chunk's windows wait until every one before them is in.
+        Never the whole recording: `on_done` reports that."""
+        if self.on_progress is None:
+            return
+        with self._lock:
+            settled, at = [], 0
+            while at in self._accepted:
+                settled.append(self._accepted[at])
+                at = self._follows[at]
+            if len(settled) <= self._settled or self._failed or self._finished:
+                return
+            self._settled = len(settled)
+        self.on_progress(self._record(settled))
+
+    def _record(self, windows: list[DecodedWindow]) -> DecodedRecording:
+        return DecodedRecording(
+            windows=tuple(windows),
+            samples=self.samples,
+            # English-only checkpoints know their language even when no window was decoded.
+            language=self.language if self.config.multilingual else "en",
+            language_probability=self.language_probability,
+        )
 
     # -- the end
 
@@ -285,12 +324,4 @@ class LongFormJob:
             if self._failed or self._finished:
                 return
             self._finished = True
-        self.on_done(
-            DecodedRecording(
-                windows=tuple(self._accepted[seek] for seek in sorted(self._accepted)),
-                samples=self.samples,
-                # English-only checkpoints know their language even when no window was decoded.
-                language=self.language if self.config.multilingual else "en",
-                language_probability=self.language_probability,
-            )
-        )
+        self.on_done(self._record([self._accepted[seek] for seek in sorted(self._accepted)]))

@@ -162,11 +162,14 @@ class Pipeline:
         options: TranscribeOptions,
         on_done: Callable[[DecodedRecording | BaseException], None],
         is_cancelled: Callable[[], bool] | None = None,
+        on_progress: Callable[[DecodedRecording], None] | None = None,
     ) -> None:
         """Start decoding a recording of `samples` samples from its log-mel on the
         engine's device (`features`, whole or `without_padding`); `on_done` gets its
         `DecodedRecording` or the error, on the engine thread (`assemble` makes the
-        transcript). Raises RequestError at once for options that do not fit the checkpoint.
+        transcript), and `on_progress`, if given, the windows decoded so far whenever
+        more of them are settled (`LongFormJob`). Raises RequestError at once for
+        options that do not fit the checkpoint.
         """
         if self.tokenizer is None:
             raise RequestError(f"checkpoint {self.config.source!r} has no tokenizer: it can decode but not transcribe")
@@ -181,6 +184,7 @@ class Pipeline:
                 on_done,
                 is_cancelled,
                 self.aligner.align if self.aligner else None,
+                on_progress,
             ).start()
 
     def assemble(self, recording: DecodedRecording) -> Transcript:
