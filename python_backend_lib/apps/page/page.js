@@ -86,7 +86,7 @@ async function readEvents(reply, onEvent) {
 
 // ------------------------------------------------------------ the microphone
 
-let live = null; // { socket, context, stream } while the microphone is on
+let live = null; // { socket, stream, context } while the microphone is on (the last two once they are)
 
 function base64(buffer) {
   const bytes = new Uint8Array(buffer);
@@ -141,6 +141,7 @@ async function startMicrophone() {
     socket.onopen = resolve;
     socket.onerror = () => reject(new Error("could not open the live session"));
   });
+  live = { socket };
   socket.onmessage = onServerEvent;
   socket.onclose = (event) => {
     if (live && live.socket === socket) stopMicrophone(`Closed: ${event.reason || event.code}`);
@@ -157,11 +158,11 @@ async function startMicrophone() {
       } },
     },
   }));
-  const stream = await navigator.mediaDevices.getUserMedia({
+  const stream = (live.stream = await navigator.mediaDevices.getUserMedia({
     audio: { channelCount: 1, echoCancellation: false, noiseSuppression: false, autoGainControl: false },
-  });
+  }));
   // The browser resamples the microphone to the context's rate: 24 kHz, as the session takes it.
-  const context = new AudioContext({ sampleRate: INPUT_RATE });
+  const context = (live.context = new AudioContext({ sampleRate: INPUT_RATE }));
   await context.audioWorklet.addModule("/page/pcm-worklet.js");
   const capture = new AudioWorkletNode(context, "pcm16-capture");
   capture.port.onmessage = (message) => {
@@ -172,7 +173,6 @@ async function startMicrophone() {
   const silent = context.createGain(); // keeps the graph pulling audio, playing nothing
   silent.gain.value = 0;
   context.createMediaStreamSource(stream).connect(capture).connect(silent).connect(context.destination);
-  live = { socket, context, stream };
   $("mic-button").textContent = "Stop the microphone";
   setStatus(status, "Listening.");
 }
@@ -181,8 +181,8 @@ function stopMicrophone(reason = "Stopped.") {
   if (!live) return;
   const { socket, context, stream } = live;
   live = null;
-  stream.getTracks().forEach((track) => track.stop());
-  context.close();
+  if (stream) stream.getTracks().forEach((track) => track.stop());
+  if (context) context.close();
   if (socket.readyState === WebSocket.OPEN) socket.close();
   $("mic-button").textContent = "Start the microphone";
   setStatus($("mic-status"), reason);
