@@ -73,18 +73,23 @@ class Recorder:
 
     socket: object
     events: list[dict] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)  # time.monotonic() when each event came
     sent_all_at: int | None = None  # how many events had come when the last audio was sent
 
     async def next(self, kind: str | None = None) -> dict:
         while True:
             event = json.loads(await asyncio.wait_for(self.socket.recv(), EVENT_TIMEOUT_S))
-            self.events.append(event)
+            self.add(event)
             if kind is None or event["type"] == kind:
                 return event
 
     async def until(self, kind: str, count: int = 1) -> None:
         while sum(e["type"] == kind for e in self.events) < count:
             await self.next()
+
+    def add(self, event: dict) -> None:
+        self.events.append(event)
+        self.times.append(time.monotonic())
 
     def of(self, kind: str) -> list[dict]:
         return [e for e in self.events if e["type"] == kind]
@@ -101,7 +106,7 @@ async def stream(recorder: Recorder, audio: np.ndarray, speed: float = 1.0) -> N
         due = start + (index + 1) * CHUNK_S / speed
         while (wait := due - time.monotonic()) > 0:
             with contextlib.suppress(asyncio.TimeoutError):
-                recorder.events.append(json.loads(await asyncio.wait_for(recorder.socket.recv(), wait)))
+                recorder.add(json.loads(await asyncio.wait_for(recorder.socket.recv(), wait)))
     recorder.sent_all_at = len(recorder.events)
 
 
@@ -135,9 +140,15 @@ def test_a_committed_turn_shows_text_while_speaking_and_ends_with_the_offline_tr
             await socket.send(json.dumps(MANUAL))
             updated = await recorder.next("session.updated")
             assert updated["session"]["audio"]["input"]["turn_detection"] is None
+            started = time.monotonic()
             await stream(recorder, audio)
+            committed = time.monotonic()
             await socket.send(json.dumps({"type": "input_audio_buffer.commit"}))
             await recorder.until(COMPLETED)
+            first_delta = recorder.times[[e["type"] for e in recorder.events].index(DELTA)]
+            print(f"first delta {first_delta - started:.1f} s after the audio began; "
+                  f"{sum(e['type'] == DELTA for e in recorder.events[:recorder.sent_all_at])} deltas while it was sent "
+                  f"({committed - started:.1f} s); completed {recorder.times[-1] - committed:.1f} s after the commit")
             return recorder
 
     recorder = asyncio.run(session())
