@@ -407,6 +407,22 @@ def test_triton_errors_map_to_http_statuses(status, http, code):
     assert error.body()["error"]["type"] == ("invalid_request_error" if http < 500 else "server_error")
 
 
+@pytest.mark.parametrize(
+    ("message", "http"),
+    [
+        ("in ensemble 'transcribe_stream', not a decodable audio file: no audio or video format FFmpeg reads", 400),
+        ("in ensemble 'transcribe_stream', server overloaded: 32 requests in flight; retry later", 503),
+        ("in ensemble 'transcribe_stream', internal error: RuntimeError: CUDA out of memory", 500),
+    ],
+)
+def test_a_streamed_errors_status_comes_from_its_message(message, http):
+    """gRPC's stream_infer carries an error's message without its status."""
+    from tritonclient.utils import InferenceServerException
+
+    error = error_from_triton(InferenceServerException(message), streamed=True)
+    assert error.status == http and not error.message.startswith("in ensemble")
+
+
 def test_whose_fault_decides_the_status():
     assert isinstance(InvalidRequest(404, "no such model"), RequestError)
     assert api_error(RequestError("audio is empty")).status == 400

@@ -158,17 +158,22 @@ STREAM_FAULT_STATUS = {
 }
 
 
-def error_from_triton(error: InferenceServerException, triton: ServerAddress | None = None) -> ApiError:
+def error_from_triton(
+    error: InferenceServerException, triton: ServerAddress | None = None, streamed: bool = False
+) -> ApiError:
     """Triton's error as the client should see it: its message (without Triton's
     "in ensemble ..." prefix), OpenAI's status; when Triton at `triton` could not be
     reached, a 503 that says why. error.status() is gRPC's status name, such as
-    "StatusCode.INVALID_ARGUMENT"."""
+    "StatusCode.INVALID_ARGUMENT"; `streamed`: an error of gRPC's stream_infer, which
+    carries none, so that its message tells whose fault it was (`fault_of_message`)."""
     unreachable = None if triton is None else connection_failure(triton, error)
     if unreachable is not None:
         return http_error(503, f"cannot reach Triton: {unreachable}", code="service_unavailable")
     message = triton_message(error.message() or str(error))
-    # A gRPC stream's error has no status: its message says whose fault it was.
-    name = str(error.status() or STREAM_FAULT_STATUS[fault_of_message(message)]).rsplit(".", 1)[-1]
+    status = error.status()
+    if status is None and streamed:  # a gRPC stream's error has no status: its message says whose fault it was
+        status = STREAM_FAULT_STATUS[fault_of_message(message)]
+    name = str(status or "").rsplit(".", 1)[-1]
     status, code, preface = TRITON_STATUS.get(name, OTHER_TRITON_STATUS)
     return http_error(status, preface + message, code=code)
 

@@ -84,7 +84,7 @@ async def replies_of(stream: AsyncIterator[tuple[Any, Any]], triton: ServerAddre
     asked for TEXT and FORMATTED in verbose_json; errors as the client should see them."""
     async for result, error in stream:
         if error is not None:
-            yield StreamedReply(None, None, error_from_triton(error, triton), final=True)
+            yield StreamedReply(None, None, error_from_triton(error, triton, streamed=True), final=True)
             return
         response = result.get_response()
         has_outputs = bool(response.outputs)
