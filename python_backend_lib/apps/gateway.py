@@ -14,6 +14,10 @@ Endpoints, as OpenAI's audio API has them:
   `stream` (transcriptions: true answers with OpenAI's server-sent events,
   from Triton's streamed path: `transcript_events`);
 - GET /v1/models and /v1/models/{id}: the model ids this gateway answers to;
+- WebSocket /v1/realtime?intent=transcription: OpenAI's Realtime transcription
+  session, live audio in and text out as it is spoken (`realtime`), at most
+  `--max-live-sessions` at once;
+- GET /: a page to try it, in a browser (`page/`);
 - GET /health: 200 when Triton and its models are ready, else 503;
 - GET /docs: the API's interactive page (Swagger UI, served from the
   swagger-ui-bundle-v2 package: it works without the internet).
@@ -44,9 +48,11 @@ import sys
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clients.connection import AddressError, Protocol, ServerAddress, parse_address
+from python_backend_lib.apps import realtime
 from python_backend_lib.apps.openai_api import (
     DEFAULT_MODEL_ID,
     MEDIA_TYPES,
@@ -59,6 +65,7 @@ from python_backend_lib.apps.openai_api import (
     request_body,
     unauthorized,
 )
+from python_backend_lib.apps.speech_detector import speech_detectors
 from python_backend_lib.apps.transcript_events import MEDIA_TYPE as EVENTS_MEDIA_TYPE
 from python_backend_lib.apps.transcript_events import stream_events
 from python_backend_lib.core.errors import RequestError
@@ -76,6 +83,8 @@ OWNER = "whisper-triton"
 API_KEY_ENV = "WHISPER_TRITON_API_KEY"
 PROTECTED_PREFIX = "/v1/"  # what the API key guards: the API, not /health or /docs
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's script and style, from the installed package
+PAGE_FOLDER = Path(__file__).parent / "page"  # the page at /, its script and style
+PAGE_ASSETS = "/page"
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +103,7 @@ class GatewaySettings:
     timeout_s: float | None = None
     triton_model: str = tensor_names.ENSEMBLE_NAME
     api_key: str | None = field(default=None, repr=False)  # None: no key asked for
+    max_live_sessions: int = realtime.DEFAULT_MAX_SESSIONS
     triton: ServerAddress = field(init=False)
 
     def __post_init__(self) -> None:
@@ -104,6 +114,8 @@ class GatewaySettings:
             raise ValueError(f"max_file_bytes must be positive, got {self.max_file_bytes}")
         if self.api_key is not None and not self.api_key.strip():
             raise ValueError("the API key is empty")
+        if self.max_live_sessions < 1:
+            raise ValueError(f"the live session limit must be at least 1, got {self.max_live_sessions}")
 
 
 # ---------------------------------------------------------------- the app
@@ -116,9 +128,9 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     command starts quickly; this module has no `from __future__ import
     annotations`, as FastAPI reads the handlers' annotations as objects.
     """
-    from fastapi import FastAPI, Request
+    from fastapi import FastAPI, Request, WebSocket
     from fastapi.openapi.docs import get_swagger_ui_html
-    from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
+    from fastapi.responses import FileResponse, HTMLResponse, JSONResponse, Response, StreamingResponse
     from fastapi.staticfiles import StaticFiles
     from starlette.exceptions import HTTPException
     from swagger_ui_bundle import swagger_ui_path
@@ -139,6 +151,11 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     app = FastAPI(title="whisper-triton", description=__doc__.split("\n\n")[0], lifespan=lifespan,
                   docs_url=None, redoc_url=None)  # FastAPI's own pages load their scripts from a CDN
     app.mount(DOCS_ASSETS, StaticFiles(directory=swagger_ui_path), name="docs-assets")
+    app.mount(PAGE_ASSETS, StaticFiles(directory=PAGE_FOLDER), name="page")
+
+    @app.get("/", include_in_schema=False)
+    async def page() -> FileResponse:
+        return FileResponse(PAGE_FOLDER / "index.html")
 
     @app.get("/docs", include_in_schema=False)
     async def docs() -> HTMLResponse:
@@ -223,6 +240,14 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
         events = stream_events(first, replies, on_abandoned=lambda: calls.abandon(request_id, replies))
         return StreamingResponse(events, media_type=EVENTS_MEDIA_TYPE)
 
+    live_options = realtime.RealtimeOptions(model_ids=settings.model_ids, detector=speech_detectors(),
+                                            max_sessions=settings.max_live_sessions, api_key=settings.api_key)
+    live_slots = realtime.SessionSlots(settings.max_live_sessions)
+
+    @app.websocket("/v1/realtime")
+    async def live(websocket: WebSocket) -> None:
+        await realtime.serve(websocket, state["calls"], live_options, live_slots)
+
     @app.post("/v1/audio/transcriptions", openapi_extra=request_body(Task.TRANSCRIBE))
     async def transcriptions(request: Request) -> Response:
         return await handle(request, Task.TRANSCRIBE)
@@ -285,6 +310,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--timeout", type=float, metavar="SECONDS", help="per request to Triton (default: none)")
     parser.add_argument(
+        "--max-live-sessions", type=int, default=realtime.DEFAULT_MAX_SESSIONS, metavar="N",
+        help="live transcription sessions (/v1/realtime) at once; one more is refused (default: %(default)s)",
+    )
+    parser.add_argument(
         "--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
         help=f"refuse /v1 requests without `Authorization: Bearer KEY` (401); default: ${API_KEY_ENV}, "
         "else no key (anyone who reaches the port may transcribe)",
@@ -310,6 +339,7 @@ def run(args: argparse.Namespace) -> int:
             max_file_bytes=int(args.max_file_mb * BYTES_PER_MB),
             timeout_s=args.timeout,
             api_key=args.api_key,
+            max_live_sessions=args.max_live_sessions,
         )
     except AddressError as error:
         print(f"whisper-triton gateway: --triton-url: {error}", file=sys.stderr)

@@ -1,0 +1,63 @@
+"""Live sessions' transcriptions: 16 kHz audio through Triton's `transcribe` ensemble,
+as a WAV file, on the gateway's connection (`triton_calls`); a transcription whose
+session ends is cancelled on the server too. tritonclient is imported when a
+transcription is made, as `triton_calls` is: the `whisper-triton` command starts
+without it."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import wave
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from clients.api import new_request_id
+from python_backend_lib.apps.openai_api import AudioRequest
+from python_backend_lib.core.geometry import SAMPLE_RATE
+from python_backend_lib.core.options import Task
+from python_backend_lib.serving import tensor_names
+from python_backend_lib.text.formats import ResponseFormat
+
+if TYPE_CHECKING:
+    from python_backend_lib.apps.triton_calls import TritonCalls
+
+
+class Transcriber:
+    """Transcribes a live session's audio with the gateway's Triton calls."""
+
+    def __init__(self, calls: TritonCalls) -> None:
+        self.calls = calls
+
+    async def transcribe(self, audio: np.ndarray, model: str, language: str | None, prompt: str | None) -> str:
+        """The transcript's text; `model` is the session's (one of the gateway's model ids)."""
+        import tritonclient.grpc.aio as triton
+
+        request = AudioRequest(model=model, task=Task.TRANSCRIBE, response_format=ResponseFormat.TEXT,
+                               language=language, prompt=prompt)
+        tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+        tensor.set_data_from_numpy(np.array([[wav_bytes(audio)]], dtype=np.object_))
+        request_id = new_request_id()
+        call = asyncio.ensure_future(self.calls.client.infer(
+            self.calls.model, [tensor], outputs=[triton.InferRequestedOutput(tensor_names.FORMATTED)],
+            parameters={**request.triton_parameters(), "request_id": request_id}, client_timeout=self.calls.timeout_s,
+        ))  # fmt: skip
+        try:
+            result = await call
+        except asyncio.CancelledError:
+            await self.calls.cancel(request_id)
+            raise
+        return result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0].decode("utf-8").strip()
+
+
+def wav_bytes(audio: np.ndarray) -> bytes:
+    """16 kHz float samples as a 16-bit mono WAV file."""
+    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    buffer = io.BytesIO()
+    with wave.open(buffer, "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(SAMPLE_RATE)
+        out.writeframes(pcm.tobytes())
+    return buffer.getvalue()

@@ -1,0 +1,342 @@
+"""A live transcription session over a WebSocket: OpenAI's Realtime API with
+`intent=transcription`, as the gateway serves it at /v1/realtime.
+
+The client streams 24 kHz pcm16 (`input_audio_buffer.append`); it is resampled
+to Whisper's 16 kHz as it comes. Turns are cut by `server_vad` turn detection
+(`turn_detection`) or by the client's `input_audio_buffer.commit`. While a turn
+grows, hypotheses of its audio so far are transcribed through Triton, and the
+words two consecutive hypotheses agree on are sent as deltas (`local_agreement`);
+when the turn ends, its whole audio is transcribed once more, as a file would
+be, and that is the `completed` transcript. Every transcription is an ordinary
+request to Triton's `transcribe` ensemble, so live sessions share the engine
+with batch requests; a session that ends cancels its requests in flight.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from python_backend_lib.apps import realtime_protocol as protocol
+from python_backend_lib.apps.live_transcriber import Transcriber
+from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text, words_of
+from python_backend_lib.apps.realtime_protocol import ProtocolError, SessionSettings
+from python_backend_lib.apps.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
+from python_backend_lib.core.geometry import SAMPLE_RATE
+
+if TYPE_CHECKING:
+    from starlette.websockets import WebSocket
+
+    from python_backend_lib.apps.triton_calls import TritonCalls
+
+DEFAULT_MAX_SESSIONS = 100
+# A hypothesis once the turn has this much audio, then each time it has grown by HYPOTHESIS_STEP_S
+# (one at a time per turn: a slow server gets fewer, longer ones).
+FIRST_HYPOTHESIS_S = 1.0
+HYPOTHESIS_STEP_S = 0.5
+MIN_COMMIT_S = 0.1  # OpenAI refuses to commit less than 100 ms of audio
+# How much audio before the present a server_vad turn can reach back for its prefix padding.
+RECENT_S = 2.0
+# WebSocket close codes (RFC 6455): policy violation, and "try again later".
+CLOSE_POLICY = 1008
+CLOSE_TRY_LATER = 1013
+INSECURE_KEY_PROTOCOL = "openai-insecure-api-key."  # how a browser, which cannot set headers, sends the key
+SUBPROTOCOL = "realtime"
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RealtimeOptions:
+    """model_ids: the transcription models a session may name; max_sessions: live sessions
+    at once, one more is refused; detector: makes a session's speech detector."""
+
+    model_ids: tuple[str, ...]
+    detector: Callable[[], SpeechProbability]
+    max_sessions: int = DEFAULT_MAX_SESSIONS
+    api_key: str | None = field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        if self.max_sessions < 1:
+            raise ValueError(f"the live session limit must be at least 1, got {self.max_sessions}")
+
+
+@dataclass
+class SessionSlots:
+    """How many live sessions run, against the limit."""
+
+    limit: int
+    taken: int = 0
+
+    def take(self) -> bool:
+        if self.taken >= self.limit:
+            return False
+        self.taken += 1
+        return True
+
+    def release(self) -> None:
+        self.taken -= 1
+
+
+async def serve(websocket: WebSocket, calls: TritonCalls, options: RealtimeOptions, slots: SessionSlots) -> None:
+    """One WebSocket connection, from the handshake to its close; `calls`: the gateway's to Triton."""
+    offered = list(websocket.scope.get("subprotocols", []))
+    if options.api_key is not None and not _authorized(websocket.headers.get("authorization"), offered,
+                                                       options.api_key):
+        await websocket.close(CLOSE_POLICY, "incorrect or missing API key")  # before accepting: HTTP 403
+        return
+    await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    intent = websocket.query_params.get("intent")
+    if intent != protocol.INTENT:
+        await _refuse(websocket, ProtocolError(f"this endpoint serves transcription sessions: connect to "
+                                               f"/v1/realtime?intent={protocol.INTENT} (got intent={intent!r})",
+                                               code="invalid_intent", param="intent"), CLOSE_POLICY)
+        return
+    if not slots.take():
+        await _refuse(websocket, ProtocolError(f"the server is at its limit of {slots.limit} live sessions: "
+                                               "try again later", code="session_limit_reached"), CLOSE_TRY_LATER)
+        return
+    try:
+        await Session(websocket, Transcriber(calls), options).run()
+    finally:
+        slots.release()
+
+
+def _authorized(header: str | None, offered: Sequence[str], key: str) -> bool:
+    given = [header.removeprefix("Bearer ")] if header and header.startswith("Bearer ") else []
+    given += [p.removeprefix(INSECURE_KEY_PROTOCOL) for p in offered if p.startswith(INSECURE_KEY_PROTOCOL)]
+    return any(secrets.compare_digest(g.encode(), key.encode()) for g in given)
+
+
+async def _refuse(websocket: WebSocket, error: ProtocolError, code: int) -> None:
+    await websocket.send_text(json.dumps(protocol.error_event(error)))
+    await websocket.close(code, error.code)
+
+
+# ------------------------------------------------------------- a session
+
+
+@dataclass(eq=False)  # each turn is itself: sessions keep them in sets
+class Turn:
+    """One item: a turn's audio, growing until it is committed."""
+
+    item_id: str
+    start: int  # its first sample in the session's 16 kHz timeline
+    chunks: list[np.ndarray] = field(default_factory=list)
+    samples: int = 0
+    closed: bool = False
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    task: asyncio.Task | None = None
+
+    def add(self, audio: np.ndarray) -> None:
+        self.chunks.append(audio)
+        self.samples += len(audio)
+        self.changed.set()
+
+    def audio(self) -> np.ndarray:
+        whole = np.concatenate(self.chunks) if self.chunks else np.zeros(0, np.float32)
+        self.chunks = [whole]
+        return whole
+
+    def close(self, samples: int | None = None) -> None:
+        """No more audio; `samples`: cut the turn to this many."""
+        if samples is not None and samples < self.samples:
+            self.chunks, self.samples = [self.audio()[:samples]], samples
+        self.closed = True
+        self.changed.set()
+
+
+class Session:
+    """The events of one connection, and the turns they make."""
+
+    def __init__(self, websocket: WebSocket, transcriber: Transcriber, options: RealtimeOptions) -> None:
+        import soxr
+
+        self.websocket, self.transcriber, self.options = websocket, transcriber, options
+        self.id = protocol.new_id("sess")
+        self.settings = SessionSettings(model=options.model_ids[0])
+        self.new_resampler = lambda: soxr.ResampleStream(protocol.INPUT_RATE, SAMPLE_RATE, 1, dtype="float32")
+        self.resampler = self.new_resampler()
+        self.position = 0  # samples of 16 kHz audio so far
+        self.recent = np.zeros(0, np.float32)  # the last RECENT_S of it, for prefix padding
+        self.turn: Turn | None = None  # the open turn
+        self.detector = self._turn_detector()
+        self.finishing: set[Turn] = set()  # committed turns still being transcribed
+        self.previous_item_id: str | None = None
+        self.send_lock = asyncio.Lock()
+        self.closed = False
+
+    async def run(self) -> None:
+        await self.send(protocol.server_event("session.created", session=self.settings.ga(self.id)))
+        try:
+            while True:
+                message = await self.websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                try:
+                    await self.handle(message.get("text") if message.get("text") is not None else message["bytes"])
+                except ProtocolError as error:
+                    await self.send(protocol.error_event(error))
+        finally:
+            self.closed = True
+            for turn in [*self.finishing, *([self.turn] if self.turn else [])]:
+                if turn.task is not None:
+                    turn.task.cancel()
+            tasks = [t.task for t in [*self.finishing, *([self.turn] if self.turn else [])] if t.task]
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def handle(self, message: str | bytes) -> None:
+        event = protocol.parse_event(message)
+        kind = event["type"]
+        try:
+            if kind in (protocol.SESSION_UPDATE, protocol.BETA_SESSION_UPDATE):
+                await self.update(event)
+            elif kind == protocol.APPEND:
+                await self.append(protocol.pcm16_samples(event))
+            elif kind == protocol.COMMIT:
+                await self.commit()
+            else:
+                await self.clear()
+        except ProtocolError as error:
+            error.event_id = error.event_id or event.get("event_id")
+            raise
+
+    async def update(self, event: dict[str, Any]) -> None:
+        settings = protocol.updated_settings(self.settings, event, self.options.model_ids)
+        vad_changed = settings.turn_detection != self.settings.turn_detection
+        self.settings = settings
+        if vad_changed:
+            self.detector = self._turn_detector()
+        if event["type"] == protocol.SESSION_UPDATE:
+            await self.send(protocol.server_event("session.updated", session=settings.ga(self.id)))
+        else:
+            await self.send(protocol.server_event("transcription_session.updated", session=settings.beta(self.id)))
+
+    def _turn_detector(self) -> TurnDetector | None:
+        vad = self.settings.turn_detection
+        floor = self.turn.start if self.turn is not None else self.position
+        return None if vad is None else TurnDetector(vad, self.options.detector(), position=self.position,
+                                                     floor=floor)
+
+    async def append(self, samples: np.ndarray) -> None:
+        await self.add_audio(self.resampler.resample_chunk(samples))
+
+    async def add_audio(self, audio: np.ndarray) -> None:
+        self.position += len(audio)
+        self.recent = np.concatenate([self.recent, audio])[-int(RECENT_S * SAMPLE_RATE):]
+        if self.turn is not None:
+            self.turn.add(audio)
+        elif self.detector is None and len(audio):
+            self.open_turn(self.position - len(audio), audio)
+        if self.detector is None:
+            return
+        for event in self.detector.feed(audio):
+            if isinstance(event, SpeechStarted):
+                if self.turn is None:
+                    start = max(event.start, self.position - len(self.recent))
+                    self.open_turn(start, self.recent[len(self.recent) - (self.position - start):])
+                    await self.send(protocol.server_event(
+                        "input_audio_buffer.speech_started", item_id=self.turn.item_id,
+                        audio_start_ms=start * 1000 // SAMPLE_RATE,
+                    ))  # fmt: skip
+            elif self.turn is not None:
+                item_id = self.turn.item_id
+                await self.send(protocol.server_event("input_audio_buffer.speech_stopped", item_id=item_id,
+                                                      audio_end_ms=event.end * 1000 // SAMPLE_RATE))
+                await self.close_turn(event.end - self.turn.start)
+
+    async def commit(self) -> None:
+        # Everything sent so far belongs to the turn: the resampler gives up what it holds back.
+        tail = self.resampler.resample_chunk(np.zeros(0, np.float32), last=True)
+        self.resampler = self.new_resampler()
+        await self.add_audio(tail)
+        if self.turn is None or self.turn.samples < MIN_COMMIT_S * SAMPLE_RATE:
+            have = 0 if self.turn is None else self.turn.samples * 1000 // SAMPLE_RATE
+            raise ProtocolError(f"buffer too small: a commit needs at least {MIN_COMMIT_S * 1000:g} ms of audio, "
+                                f"the input audio buffer has {have} ms", code="input_audio_buffer_commit_empty")
+        if self.detector is not None:
+            self.detector.reset_floor(self.position)
+        await self.close_turn()
+
+    async def clear(self) -> None:
+        self.resampler = self.new_resampler()  # what it holds back goes too
+        if self.turn is not None:
+            if self.turn.task is not None:
+                self.turn.task.cancel()
+            self.turn = None
+        if self.detector is not None:
+            self.detector.reset_floor(self.position)
+        await self.send(protocol.server_event("input_audio_buffer.cleared"))
+
+    def open_turn(self, start: int, audio: np.ndarray) -> None:
+        self.turn = Turn(protocol.new_id("item"), start)
+        self.turn.add(audio)
+        self.turn.task = asyncio.create_task(self.transcribe_turn(self.turn, self.settings))
+
+    async def close_turn(self, samples: int | None = None) -> None:
+        turn, self.turn = self.turn, None
+        turn.close(samples)
+        self.finishing.add(turn)
+        turn.task.add_done_callback(lambda _: self.finishing.discard(turn))
+        await self.send(protocol.server_event("input_audio_buffer.committed", item_id=turn.item_id,
+                                              previous_item_id=self.previous_item_id))
+        self.previous_item_id = turn.item_id
+
+    async def transcribe_turn(self, turn: Turn, settings: SessionSettings) -> None:
+        """Deltas while the turn grows, then its completed transcript."""
+        agreement, decoded = LocalAgreement(), 0
+        try:
+            while not turn.closed:
+                grown = turn.samples - decoded
+                if turn.samples >= FIRST_HYPOTHESIS_S * SAMPLE_RATE and grown >= HYPOTHESIS_STEP_S * SAMPLE_RATE:
+                    decoded = turn.samples
+                    hypothesis = await self._hypothesis(turn.audio()[:decoded], settings)
+                    if hypothesis is not None and not turn.closed:
+                        await self._delta(turn, agreement, agreement.insert(words_of(hypothesis)))
+                else:
+                    turn.changed.clear()
+                    await turn.changed.wait()
+            audio = turn.audio()
+            transcript = await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+            await self._delta(turn, agreement, agreement.finish(words_of(transcript)))
+            await self.send(protocol.completed_event(turn.item_id, transcript, len(audio) / SAMPLE_RATE))
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # the turn fails, the session goes on
+            log.exception("the transcription of live item %s failed", turn.item_id)
+            await self.send(protocol.server_event(
+                "conversation.item.input_audio_transcription.failed", item_id=turn.item_id, content_index=0,
+                error={"type": "server_error", "code": "transcription_failed", "message": str(error), "param": None},
+            ))  # fmt: skip
+
+    async def _hypothesis(self, audio: np.ndarray, settings: SessionSettings) -> str | None:
+        """A transcript of the turn so far; None if the server could not give one (the next try may)."""
+        from tritonclient.utils import InferenceServerException
+
+        try:
+            return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+        except InferenceServerException as error:
+            log.warning("a live hypothesis failed: %s", error)
+            return None
+
+    async def _delta(self, turn: Turn, agreement: LocalAgreement, words: list[str]) -> None:
+        if words:
+            first = len(agreement.committed) == len(words)
+            await self.send(protocol.delta_event(turn.item_id, delta_text(words, first)))
+
+    async def send(self, event: dict[str, Any]) -> None:
+        if self.closed:
+            return
+        async with self.send_lock:
+            try:
+                await self.websocket.send_text(json.dumps(event, ensure_ascii=False))
+            except Exception as error:  # the client has gone (how depends on the server): the session ends
+                log.debug("live session %s: could not send %s: %s", self.id, event["type"], error)
+                self.closed = True
