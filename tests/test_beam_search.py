@@ -14,7 +14,7 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints import weights
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.beams import Candidate, rank
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.transcription.pipeline import Pipeline
@@ -108,6 +108,33 @@ def test_best_of_samples_are_rows_and_the_answer_is_one_of_them(pipe, waveforms)
     result = pipe.decode([waveforms["jfk.wav"]], DecodingOptions(temperature=0.6, best_of=4))[0]
     assert result.temperature == 0.6 and result.finished
     assert "ask not what your country" in pipe.tokenizer.decode([t for t in result.tokens if t < 50256]).lower()
+    assert pipe.engine.batch.free_slots == SLOTS
+
+
+def test_the_fallback_searches_with_beams_then_samples(pipe, waveforms):
+    """Temperature fallback (here forced: no window is likely enough) decodes with
+    beam_size rows at temperature 0 and best_of rows above it, as openai-whisper's
+    transcribe does; the window kept is the last temperature's."""
+    rows_at: dict[float, int] = {}
+
+    def observe(rows, logits):
+        for temperature in {r.options.temperature for r in rows}:
+            count = sum(r.options.temperature == temperature for r in rows)
+            rows_at[temperature] = max(rows_at.get(temperature, 0), count)
+
+    options = TranscribeOptions(
+        decoding=DecodingOptions(timestamps=True, beam_size=2, best_of=3, max_new_tokens=40),
+        temperature_increment=0.5,
+        logprob_threshold=0.0,
+        compression_ratio_threshold=None,
+    )
+    pipe.engine.batch.logit_observer = observe
+    try:
+        transcript = pipe.transcribe(waveforms["jfk.wav"], options)
+    finally:
+        pipe.engine.batch.logit_observer = None
+    assert rows_at == {0.0: 2, 0.5: 3, 1.0: 3}
+    assert transcript.windows[0].temperature == 1.0
     assert pipe.engine.batch.free_slots == SLOTS
 
 

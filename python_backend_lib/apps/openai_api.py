@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from clients.connection import ServerAddress, connection_failure, triton_message
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import Task
+from python_backend_lib.core.options import DecodingOptions, Task
 from python_backend_lib.text.formats import Document, ResponseFormat
 
 if TYPE_CHECKING:
@@ -37,13 +37,16 @@ MEDIA_TYPES = {
     ResponseFormat.VERBOSE_JSON: "application/json",
 }
 OPENAI_FORMATS = tuple(f.value for f in MEDIA_TYPES)  # OpenAI's formats; not our tsv
-# The form fields of each endpoint, as OpenAI's API has them for whisper-1; any
-# other is refused, so that a misspelt or unsupported option is not silently ignored.
-# Taken and ignored, as `IGNORED_FIELDS` says why; `stream` true is refused.
+# Our fields beyond OpenAI's: faster-whisper's and openai-whisper's search options, with their number types.
+SEARCH_FIELDS = {"beam_size": int, "best_of": int, "patience": float, "length_penalty": float}
+# The form fields of each endpoint, as OpenAI's API has them for whisper-1 (and
+# SEARCH_FIELDS); any other is refused, so that a misspelt or unsupported option is
+# not silently ignored. Taken and ignored, as `IGNORED_FIELDS` says why; `stream` true is refused.
 FORM_FIELDS = {
     Task.TRANSCRIBE: ("file", "model", "language", "prompt", "response_format", "temperature",
-                      "timestamp_granularities[]", "stream", "include[]", "chunking_strategy"),
-    Task.TRANSLATE: ("file", "model", "prompt", "response_format", "temperature", "timestamp_granularities[]"),
+                      "timestamp_granularities[]", "stream", "include[]", "chunking_strategy", *SEARCH_FIELDS),
+    Task.TRANSLATE: ("file", "model", "prompt", "response_format", "temperature", "timestamp_granularities[]",
+                     *SEARCH_FIELDS),
 }
 IGNORED_FIELDS = {
     # OpenAI gives token log probabilities only for its gpt-4o models, never for whisper-1.
@@ -74,6 +77,11 @@ FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
                   "description": "ignored: " + IGNORED_FIELDS["include[]"]},
     "chunking_strategy": {"type": "string", "enum": [CHUNKING_AUTO],
                           "description": "ignored: " + IGNORED_FIELDS["chunking_strategy"]},
+    "beam_size": {"type": "integer", "minimum": 1, "description": "beam search at temperature 0 (default: greedy)"},
+    "best_of": {"type": "integer", "minimum": 1, "description": "above temperature 0, the best of this many samples"},
+    "patience": {"type": "number", "description": "beam search ends after round(beam_size * patience) candidates"},
+    "length_penalty": {"type": "number", "minimum": 0, "maximum": 1,
+                       "description": "rank by log-probability / ((5 + length) / 6) ** alpha (default: / length)"},
 }
 
 
@@ -172,6 +180,7 @@ class AudioRequest:
     prompt: str | None = None
     temperature: float = 0.0
     granularities: tuple[str, ...] = field(default=())
+    search: Mapping[str, float] = field(default_factory=dict)  # SEARCH_FIELDS given, checked
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", Task(self.task))
@@ -207,7 +216,7 @@ class AudioRequest:
             parameters["language"] = self.language
         if self.prompt is not None:
             parameters["prompt"] = self.prompt
-        return parameters
+        return {**parameters, **self.search}
 
     def shape(self, formatted: str) -> str:
         """The response body from the FORMATTED output (in `triton_format`):
@@ -266,7 +275,28 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
         prompt=_text(form, "prompt"),
         temperature=temperature,
         granularities=granularities,
+        search=_search(form),
     )
+
+
+def _search(form: Mapping[str, Any]) -> dict[str, float]:
+    """The search fields given, as numbers the decoding options accept."""
+    search: dict[str, float] = {}
+    for name, kind in SEARCH_FIELDS.items():
+        if (text := _text(form, name)) is None:
+            continue
+        try:
+            search[name] = kind(text)
+        except ValueError:
+            wanted = "an integer" if kind is int else "a number"
+            raise InvalidRequest(400, f"{name} must be {wanted}, got {text!r}", param=name,
+                                 code="invalid_value") from None
+    try:
+        DecodingOptions(**search)
+    except RequestError as error:
+        param = next((name for name in search if str(error).startswith(name)), None)
+        raise InvalidRequest(400, str(error), param=param, code="invalid_value") from None
+    return search
 
 
 def _field_name(name: str) -> str:
