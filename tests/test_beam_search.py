@@ -15,6 +15,7 @@ from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints import weights
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.beams import Candidate, rank
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.transcription.pipeline import Pipeline
@@ -84,6 +85,30 @@ def test_beams_share_the_batch_with_greedy_rows(pipe, waveforms):
     together = [_submit(pipe, w, o) for w, o in requests]
     assert [f.result(timeout=120).tokens for f in together] == alone
     assert pipe.engine.batch.free_slots == SLOTS
+
+
+def test_a_step_that_fails_after_beams_moved_fails_the_search_alone(pipe, waveforms, monkeypatch):
+    """A step raises after its beams took each other's K/V: that search cannot be
+    rewound, so it gets the error; the greedy rows of the step are rewound and
+    retried, and read what they read alone."""
+    clips = list(waveforms.values())[:2]
+    solo = [pipe.decode([w], DecodingOptions())[0].tokens for w in clips]
+    original = DecodeBatch._advance
+    calls = {"n": 0}
+
+    def flaky(self, rows, tokens, logprobs, followed):
+        if rows and self._beam_rows and calls["n"] < 1 and any(len(r.generated) > 3 for r in rows):
+            calls["n"] += 1
+            raise RuntimeError("a bug while handling a step")
+        return original(self, rows, tokens, logprobs, followed)
+
+    monkeypatch.setattr(DecodeBatch, "_advance", flaky)
+    beam = _submit(pipe, clips[0], DecodingOptions(beam_size=3))
+    greedy = [_submit(pipe, w, DecodingOptions()) for w in clips]
+    with pytest.raises(RuntimeError, match="a bug while handling a step"):
+        beam.result(timeout=120)
+    assert [f.result(timeout=120).tokens for f in greedy] == solo
+    assert calls["n"] == 1 and pipe.engine.batch.free_slots == SLOTS
 
 
 def test_a_cancelled_beam_search_frees_every_beam(pipe, waveforms):

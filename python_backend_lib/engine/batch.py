@@ -102,6 +102,7 @@ class DecodeBatch:
         self.dtype = next(model.parameters()).dtype
         self.rules = LogitRules(config, self.device)
         self.timestamp_begin = config.special.timestamp_begin
+        self.eot = config.special.eot
         self.rows: list[Row] = []
         self.logit_observer: LogitObserver | None = None  # for tests and tracing
         self.counts = StepCounts()
@@ -133,8 +134,7 @@ class DecodeBatch:
         try:
             slots += [self.pool.allocate() for a in admissions for _ in range(beams.rows_needed(a.options))]
             owned = beams.owned_slots(slots, [a.options for a in admissions])
-            heads = [own[0] for own in owned]
-            if self.encoder_graphs is not None and self.encoder_graphs.fits(len(heads)):
+            if (heads := [own[0] for own in owned]) and self.encoder_graphs is not None and self.encoder_graphs.fits(len(heads)):
                 self.encoder_graphs.run(mel, heads)
             else:
                 audio = self.model.encode(mel, self.attention)
@@ -326,7 +326,7 @@ class DecodeBatch:
         if self.logit_observer is not None:
             self.logit_observer(rows, logits)
         tokens = [step.tokens[i] for i, _ in choosing]
-        return done + self._advance(rows, tokens, [step.logprobs[i] for i, _ in choosing], followed, logits)
+        return done + self._advance_all(rows, tokens, [step.logprobs[i] for i, _ in choosing], followed, logits)
 
     def _step_eager(self, rows: list[Row]) -> list[Finished]:
         """Every row's pending tokens at once, through the attention backend."""
@@ -347,22 +347,25 @@ class DecodeBatch:
         temperatures = [r.options.temperature for r in rows]
         hot = torch.tensor(temperatures, device=self.device) if any(t > 0 for t in temperatures) else None
         chosen, logprobs = sample(logits, hot)
-        return self._advance(rows, chosen.tolist(), logprobs.tolist(), set(), logits)
+        return self._advance_all(rows, chosen.tolist(), logprobs.tolist(), set(), logits)
 
-    def _advance(
-        self, rows: list[Row], tokens: list[int], logprobs: list[float], followed: set[Row], logits: torch.Tensor | None
-    ) -> list[Finished]:
+    def _advance_all(self, rows, tokens, logprobs, followed: set[Row], logits: torch.Tensor | None) -> list[Finished]:
+        """`_advance` the rows but beams, which choose from their filtered `logits`
+        ([rows, vocab]) together (`engine.beams`); the beam searches that ended leave."""
+        if not self._beam_rows or not (searching := [k for k, r in enumerate(rows) if r.group and r.group.lockstep]):
+            return self._advance(rows, tokens, logprobs, followed)
+        ended = beams.advance_beams([rows[k] for k in searching], logits[searching], self.pool, self.eot)
+        for group, _ in ended:
+            self.drop(group.tag)
+        alone = [k for k, r in enumerate(rows) if not (r.group and r.group.lockstep)]
+        picks = [rows[k] for k in alone], [tokens[k] for k in alone], [logprobs[k] for k in alone]
+        return [(group.tag, result) for group, result in ended] + self._advance(*picks, followed)
+
+    def _advance(self, rows: list[Row], tokens: list[int], logprobs: list[float], followed: set[Row]) -> list[Finished]:
         """Append each row's chosen token; retire the rows that finished. A row in
-        `followed` feeds its token in the step launched already: nothing is pending.
-        Beams choose from their filtered `logits` ([rows, vocab]) instead (`engine.beams`)."""
-        eot = self.config.special.eot
+        `followed` feeds its token in the step launched already: nothing is pending."""
+        eot = self.eot
         finished: list[Finished] = []
-        if self._beam_rows and (searching := [k for k, r in enumerate(rows) if isinstance(r.group, beams.BeamGroup)]):
-            for group, result in beams.advance_beams([rows[k] for k in searching], logits[searching], self.pool, eot):
-                self.drop(group.tag)
-                finished.append((group.tag, result))
-            alone = [k for k, r in enumerate(rows) if not isinstance(r.group, beams.BeamGroup)]
-            rows, tokens, logprobs = [rows[k] for k in alone], [tokens[k] for k in alone], [logprobs[k] for k in alone]
         done = []
         for row, token, logprob in zip(rows, tokens, logprobs):
             if token == eot:
@@ -386,11 +389,10 @@ def decode(batch: DecodeBatch, requests: Sequence[tuple[torch.Tensor, DecodingOp
     """Decode (features, options, prompt) requests to completion, admitting as
     many at a time as the batch has free slots."""
     queue = [Admission(i, *request) for i, request in enumerate(requests)]
-    if any(beams.rows_needed(a.options) > batch.pool.shape.n_slots for a in queue):
-        raise ValueError(f"a request needs more rows than the batch's {batch.pool.shape.n_slots} slots")
     results: dict[int, DecodingResult] = {}
     while queue or batch.rows:
-        n = beams.admissible([a.options for a in queue], batch.free_slots)
+        # Into an empty batch one at least: a request with more rows than slots raises there.
+        n = beams.admissible([a.options for a in queue], batch.free_slots) or (0 if batch.rows else 1)
         batch.admit(queue[:n])
         queue = queue[n:]
         results.update(batch.step())
