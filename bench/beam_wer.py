@@ -13,12 +13,15 @@ Systems: our library (`Pipeline.transcribe`, float32) with beam_size=5, best_of=
 best_of=5 in float32 (`--compute-type` to change). Everything else is each
 library's default, which are the same: timestamps on, temperature fallback
 (0.0, 0.2, ..., 1.0) with thresholds 2.4 / -1.0 / 0.6, conditioning on the
-previous text, patience 1 and length_penalty 1 (faster-whisper's; ours is set to it).
+previous text, patience 1, and candidates ranked by log-probability over length
+(faster-whisper's length_penalty=1, CTranslate2's length ** 1; ours unset, openai-whisper's).
 
 Errors are corpus rates: edits summed over the clips over the reference's
 length, in words (WER) and in characters without spaces (CER; the one that means
 something for Japanese and Chinese), after lower-casing and dropping punctuation
-(`bench.transcripts.words`). Writes `<out>/beam-wer.json` and `<out>/beam-wer.md`.
+(`bench.transcripts.words`; English also with numbers spelt out as the tests'
+references read them, `tests.reference.normalize`). Writes `<out>/beam-wer.json`
+and `<out>/beam-wer.md`.
 """
 
 from __future__ import annotations
@@ -36,7 +39,9 @@ from typing import Callable
 from bench.provenance import REPO_ROOT, provenance
 from bench.transcripts import words
 
-SEARCH = dict(beam_size=5, best_of=5, patience=1.0, length_penalty=1.0)  # faster-whisper's defaults
+# faster-whisper's defaults; its length_penalty=1 divides by the length, as ours does unset.
+SEARCH = dict(beam_size=5, best_of=5, patience=1.0)
+FASTER_WHISPER_SEARCH = dict(SEARCH, length_penalty=1.0)
 ENGLISH = REPO_ROOT / "tests" / "data" / "audio"
 MULTILINGUAL = (REPO_ROOT / "tests" / "data" / "multilingual", REPO_ROOT.parent / "shared" / "audio" / "multilingual")
 LONG_FORM = "sonnet1_longform.wav"
@@ -87,13 +92,20 @@ def edits(reference: list[str], hypothesis: list[str]) -> int:
     return row[-1]
 
 
+def english_words(text: str) -> list[str]:
+    from tests.reference import normalize
+
+    return normalize(text)
+
+
 def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], str], say) -> Scored:
     texts, word_edits, n_words, char_edits, n_chars = [], 0, 0, 0, 0
     start = time.perf_counter()
     for clip in clips:
         text = transcribe(clip)
         texts.append(text)
-        ref, hyp = words(clip.reference), words(text)
+        split = english_words if clip.language == "en" else words
+        ref, hyp = split(clip.reference), split(text)
         word_edits, n_words = word_edits + edits(ref, hyp), n_words + len(ref)
         ref_chars, hyp_chars = list("".join(ref)), list("".join(hyp))
         char_edits, n_chars = char_edits + edits(ref_chars, hyp_chars), n_chars + len(ref_chars)
@@ -125,7 +137,7 @@ def faster_whisper(source: str, compute_type: str, threads: int) -> Callable[[Cl
 
     def transcribe(clip: Clip) -> str:
         language = clip.language if source == "default" else None
-        segments, _ = model.transcribe(io.BytesIO(clip.path.read_bytes()), language=language, **SEARCH)
+        segments, _ = model.transcribe(io.BytesIO(clip.path.read_bytes()), language=language, **FASTER_WHISPER_SEARCH)
         return "".join(segment.text for segment in segments).strip()
 
     return transcribe
@@ -156,8 +168,10 @@ def report(record: dict) -> str:
             lines.append(f"| {result['set']} | {result['checkpoint']} | {s['clips']} | {s['system']} | "
                          f"{s['wer']:.3f} | {s['cer']:.3f} | {s['seconds']} |")
     lines += ["", "Options beside the search: each library's defaults, which agree (timestamps, temperature "
-              "fallback 0.0 to 1.0 by 0.2, thresholds 2.4 / -1.0 / 0.6, previous text), length_penalty 1 and "
-              "patience 1 for both beam searches. Transcripts are in the JSON record.", ""]
+              "fallback 0.0 to 1.0 by 0.2, thresholds 2.4 / -1.0 / 0.6, previous text), patience 1, and "
+              "candidates ranked by log-probability over length (faster-whisper's length_penalty=1, "
+              "ours unset). English words are normalised as the tests' references (numbers spelt out). "
+              "Transcripts are in the JSON record.", ""]
     return "\n".join(lines)
 
 
@@ -175,7 +189,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.set_num_threads(args.threads)
     record = {"command": "python -m bench.beam_wer " + " ".join(argv if argv is not None else sys.argv[1:]),
               "run": provenance(),
-              "threads": args.threads, "search": SEARCH, "sets": []}
+              "threads": args.threads, "search": {"ours": SEARCH, "faster-whisper": FASTER_WHISPER_SEARCH},
+              "sets": []}
     record["sets"].append(run_set("english", "default", english_clips()[: args.english], args, say))
     record["sets"].append(run_set("multilingual", "base", multilingual_clips(args.per_language), args, say))
     args.out.mkdir(parents=True, exist_ok=True)
