@@ -156,6 +156,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--prompt", "--initial-prompt", "--initial_prompt", metavar="TEXT", help="text to condition the decoding on (names, spelling)")
     decoding.add_argument("--temperature", type=float, metavar="T", help="first sampling temperature (default: 0, greedy)")
     decoding.add_argument("--temperature-increment", "--temperature_increment_on_fallback", type=float, metavar="T", help="added on each fallback (default: 0.2; 0: none)")
+    decoding.add_argument("--beam-size", "--beam_size", type=int, metavar="N", help="beam search with N beams at temperature 0 (default: greedy)")
+    decoding.add_argument("--best-of", "--best_of", type=int, metavar="N", help="above temperature 0, keep the best of N samples (default: 1)")
+    decoding.add_argument("--patience", type=float, metavar="P", help="beam search ends after round(N * P) candidates (default: 1)")
+    decoding.add_argument(
+        "--length-penalty", "--length_penalty", type=float, metavar="ALPHA",
+        help="rank candidates by log-probability / ((5 + length) / 6) ** ALPHA (default: / length)",
+    )
     decoding.add_argument(
         "--no-condition-on-previous-text", action="store_false", dest="condition_on_previous_text", default=None,
         help="do not prompt each window with the text before it",
@@ -195,6 +202,7 @@ PARAMETER_FLAGS = (
     "language", "task", "timestamps", "prompt", "long_form", "temperature", "temperature_increment",
     "condition_on_previous_text", "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold",
     "hallucination_silence_threshold", "vad_filter", "vad_parameters",
+    "beam_size", "best_of", "patience", "length_penalty",
 )
 
 

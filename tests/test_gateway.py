@@ -26,6 +26,7 @@ from conftest import (
 from python_backend_lib.apps.gateway import API_KEY_ENV, GatewaySettings, create_app
 from python_backend_lib.apps.openai_api import (
     FORM_FIELDS,
+    SEARCH_FIELDS,
     ApiError,
     AudioRequest,
     InvalidRequest,
@@ -362,7 +363,7 @@ def test_form_fields_become_triton_parameters():
     ("form", "task", "field"),
     [
         ({"model": ["whisper-1"], "language": ["de"]}, Task.TRANSLATE, "language"),  # translations are into English
-        ({"model": ["whisper-1"], "beam_size": ["5"]}, Task.TRANSCRIBE, "beam_size"),
+        ({"model": ["whisper-1"], "beam_width": ["5"]}, Task.TRANSCRIBE, "beam_width"),
         ({"model": ["whisper-1"], "timestamp_granularities": ["word"]}, Task.TRANSCRIBE, "timestamp_granularities"),
     ],
 )
@@ -371,6 +372,57 @@ def test_unknown_form_fields_are_refused_by_name(form, task, field):
         parse_form(form, task, ("whisper-1",))
     assert (caught.value.status, caught.value.param, caught.value.code) == (400, field, "unknown_parameter")
     assert caught.value.message.startswith(f"unknown field {field!r}; this endpoint takes file, model")
+
+
+def test_search_fields_become_triton_parameters():
+    form = {"model": ["whisper-1"], "beam_size": ["5"], "patience": ["1.5"], "length_penalty": ["0.6"],
+            "best_of": ["3"]}
+    for task in Task:
+        parameters = parse_form(form, task, ("whisper-1",)).triton_parameters()
+        assert {k: parameters[k] for k in SEARCH_FIELDS} == {"beam_size": 5, "best_of": 3, "patience": 1.5,
+                                                             "length_penalty": 0.6}
+        assert isinstance(parameters["beam_size"], int) and isinstance(parameters["patience"], float)
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("beam_size", "five", "beam_size must be an integer, got 'five'"),
+        ("beam_size", "1.5", "beam_size must be an integer"),
+        ("beam_size", "0", "beam_size must be an integer from 1 to 16"),
+        ("best_of", "99", "best_of must be an integer from 1 to 16"),
+        ("patience", "-1", "patience must be a number above 0"),
+        ("length_penalty", "2", "length_penalty must be a number from 0 to 1"),
+    ],
+)
+def test_bad_search_fields_are_refused_by_name(field, value, message):
+    with pytest.raises(ApiError) as caught:
+        parse_form({"model": ["whisper-1"], field: [value]}, Task.TRANSCRIBE, ("whisper-1",))
+    assert (caught.value.status, caught.value.param, caught.value.code) == (400, field, "invalid_value")
+    assert caught.value.message.startswith(message)
+
+
+@pytest.fixture(scope="module")
+def library():
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    pipeline = Pipeline.load("default", device="cpu")
+    yield pipeline
+    pipeline.close()
+
+
+def test_beam_search_through_the_gateway_is_the_librarys(client, library):
+    """beam_size=5 over HTTP (the real server, tiny.en): the library's beam search
+    result, which on this clip is not the greedy one."""
+    from python_backend_lib.core.options import DecodingOptions
+
+    served = transcribe(client, response_format="verbose_json", extra_body={"beam_size": 5})
+    expected = library.transcribe(JFK.read_bytes(), DecodingOptions(timestamps=True, beam_size=5))
+    greedy = library.transcribe(JFK.read_bytes(), DecodingOptions(timestamps=True))
+    assert [s.tokens for s in served.segments] == [list(s.tokens) for s in expected.segments]
+    assert served.text == expected.text != greedy.text
+    with pytest.raises(openai.BadRequestError, match="beam_size must be an integer from 1 to 16"):
+        transcribe(client, extra_body={"beam_size": 40})
 
 
 def test_words_alone_drop_the_segments():

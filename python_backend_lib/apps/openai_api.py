@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from clients.connection import ServerAddress, connection_failure, triton_message
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import Task
+from python_backend_lib.core.options import DecodingOptions, Task
 from python_backend_lib.serving.responses import Fault, fault_of_message
 from python_backend_lib.text.formats import Document, ResponseFormat
 
@@ -38,6 +38,8 @@ MEDIA_TYPES = {
     ResponseFormat.VERBOSE_JSON: "application/json",
 }
 OPENAI_FORMATS = tuple(f.value for f in MEDIA_TYPES)  # OpenAI's formats; not our tsv
+# Our fields beyond OpenAI's: faster-whisper's and openai-whisper's search options, with their number types.
+SEARCH_FIELDS = {"beam_size": int, "best_of": int, "patience": float, "length_penalty": float}
 # The form fields of each endpoint, as OpenAI's API has them for whisper-1; any
 # other is refused, so that a misspelt or unsupported option is not silently ignored.
 # Taken and ignored, as `IGNORED_FIELDS` says why.
@@ -47,8 +49,9 @@ OPENAI_FIELDS = {
     Task.TRANSLATE: ("file", "model", "prompt", "response_format", "temperature", "timestamp_granularities[]"),
 }
 # faster-whisper's options beyond OpenAI's fields, taken by both endpoints and sent
-# on as the request parameters of the same names (README, "Voice activity").
-EXTENSION_FIELDS = ("vad_filter", "vad_parameters", "hallucination_silence_threshold")
+# on as the request parameters of the same names (README, "Beam search and best_of",
+# "Voice activity").
+EXTENSION_FIELDS = (*SEARCH_FIELDS, "vad_filter", "vad_parameters", "hallucination_silence_threshold")
 FORM_FIELDS = {task: (*fields, *EXTENSION_FIELDS) for task, fields in OPENAI_FIELDS.items()}
 IGNORED_FIELDS = {
     # OpenAI gives token log probabilities only for its gpt-4o models, never for whisper-1.
@@ -90,6 +93,11 @@ FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
     "hallucination_silence_threshold": {
         "type": "number", "minimum": 0,
         "description": "with word timestamps: drop doubtful text with this many seconds of silence around it"},
+    "beam_size": {"type": "integer", "minimum": 1, "description": "beam search at temperature 0 (default: greedy)"},
+    "best_of": {"type": "integer", "minimum": 1, "description": "above temperature 0, the best of this many samples"},
+    "patience": {"type": "number", "description": "beam search ends after round(beam_size * patience) candidates"},
+    "length_penalty": {"type": "number", "minimum": 0, "maximum": 1,
+                       "description": "rank by log-probability / ((5 + length) / 6) ** alpha (default: / length)"},
 }
 
 
@@ -207,6 +215,7 @@ class AudioRequest:
     vad_parameters: str | None = None
     hallucination_silence_threshold: float | None = None
     stream: bool = False  # answer with server-sent events (`transcript_events`)
+    search: Mapping[str, float] = field(default_factory=dict)  # SEARCH_FIELDS given, checked
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", Task(self.task))
@@ -248,7 +257,7 @@ class AudioRequest:
             parameters["vad_parameters"] = self.vad_parameters
         if self.hallucination_silence_threshold is not None:
             parameters["hallucination_silence_threshold"] = self.hallucination_silence_threshold
-        return parameters
+        return {**parameters, **self.search}
 
     def shape(self, formatted: str) -> str:
         """The response body from the FORMATTED output (in `triton_format`):
@@ -319,6 +328,7 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
         vad_parameters=_text(form, "vad_parameters"),
         hallucination_silence_threshold=_number(form, "hallucination_silence_threshold"),
         stream=stream,
+        search=_search(form),
     )
 
 
@@ -338,6 +348,26 @@ def _number(form: Mapping[str, Any], name: str) -> float | None:
         return float(value)
     except ValueError:
         raise InvalidRequest(400, f"{name} must be a number, got {value!r}", param=name, code="invalid_value") from None
+
+
+def _search(form: Mapping[str, Any]) -> dict[str, float]:
+    """The search fields given, as numbers the decoding options accept."""
+    search: dict[str, float] = {}
+    for name, kind in SEARCH_FIELDS.items():
+        if (text := _text(form, name)) is None:
+            continue
+        try:
+            search[name] = kind(text)
+        except ValueError:
+            wanted = "an integer" if kind is int else "a number"
+            raise InvalidRequest(400, f"{name} must be {wanted}, got {text!r}", param=name,
+                                 code="invalid_value") from None
+    try:
+        DecodingOptions(**search)
+    except RequestError as error:
+        param = next((name for name in search if str(error).startswith(name)), None)
+        raise InvalidRequest(400, str(error), param=param, code="invalid_value") from None
+    return search
 
 
 def _field_name(name: str) -> str:

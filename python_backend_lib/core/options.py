@@ -28,6 +28,8 @@ MAX_TEMPERATURE = 1.0
 DEFAULT_COMPRESSION_RATIO_THRESHOLD = 2.4
 DEFAULT_LOGPROB_THRESHOLD = -1.0
 DEFAULT_NO_SPEECH_THRESHOLD = 0.6
+# Each beam (or best_of sample) is a row of the engine's batch, with its own KV slot.
+MAX_BEAM_SIZE = 16
 
 
 Choice = TypeVar("Choice", bound=enum.Enum)
@@ -64,6 +66,15 @@ class DecodingOptions:
     min_new_tokens: <|endoftext|> is suppressed until this many tokens exist
         (as in transformers; benchmarks use it to force decode lengths).
     temperature: 0 is greedy; above 0 samples from softmax(logits / t).
+    beam_size: at temperature 0, beam search with this many beams (None or 1: greedy).
+    best_of: above temperature 0, draw this many samples and keep the best (None or 1: one).
+    patience: beam search stops once round(beam_size * patience) candidates
+        have ended (None: 1.0).
+    length_penalty: how candidates are ranked (beams and best_of samples alike):
+        None divides the summed log-probability by the length; a number alpha
+        divides it by ((5 + length) / 6) ** alpha instead.
+    Beams apply at temperature 0 and samples above it, so the temperature
+    fallback switches from one to the other (openai-whisper's and faster-whisper's rule).
     """
 
     task: Task = Task.TRANSCRIBE
@@ -76,9 +87,14 @@ class DecodingOptions:
     temperature: float = 0.0
     suppress_blank: bool = True
     max_initial_timestamp: float = DEFAULT_MAX_INITIAL_TIMESTAMP_S
+    beam_size: int | None = None
+    best_of: int | None = None
+    patience: float | None = None
+    length_penalty: float | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", choice(Task, self.task, "task"))
+        _check_search(self)
         if self.language is not None:
             if not isinstance(self.language, str) or not self.language.strip():
                 raise RequestError(
@@ -113,6 +129,32 @@ class DecodingOptions:
             )
         if self.prompt is not None and not isinstance(self.prompt, str):
             raise RequestError(f"prompt must be text, got {type(self.prompt).__name__}")
+
+
+def _check_search(options: DecodingOptions) -> None:
+    """beam_size, best_of, patience and length_penalty, each None or in range."""
+    for name in ("beam_size", "best_of"):
+        value = getattr(options, name)
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_BEAM_SIZE
+        ):
+            raise RequestError(f"{name} must be an integer from 1 to {MAX_BEAM_SIZE}, got {value!r}")
+    patience = options.patience
+    if patience is not None:
+        if isinstance(patience, bool) or not isinstance(patience, (int, float)) or not (
+            math.isfinite(patience) and 0 < patience <= MAX_BEAM_SIZE
+        ):
+            raise RequestError(f"patience must be a number above 0 and at most {MAX_BEAM_SIZE}, got {patience!r}")
+        if round((options.beam_size or 1) * patience) < 1:
+            raise RequestError(
+                f"patience {patience!r} leaves no candidate for beam_size {options.beam_size!r}: "
+                "round(beam_size * patience) must be at least 1"
+            )
+    penalty = options.length_penalty
+    if penalty is not None and (
+        isinstance(penalty, bool) or not isinstance(penalty, (int, float)) or not 0.0 <= penalty <= 1.0
+    ):
+        raise RequestError(f"length_penalty must be a number from 0 to 1 (or unset for length), got {penalty!r}")
 
 
 @dataclass(frozen=True)

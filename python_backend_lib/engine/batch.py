@@ -24,14 +24,15 @@ import torch
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.devices.transfers import to_device
+from python_backend_lib.engine import beams
 from python_backend_lib.engine.attention import AttentionBackend
 from python_backend_lib.engine.eager import eager_pass
 from python_backend_lib.engine.graph_io import GraphStep
 from python_backend_lib.engine.kv_cache import KVSlotPool
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import Launched, Part, mark_launched, plan_step
-from python_backend_lib.engine.prompt import Prompt, task_tokens
-from python_backend_lib.engine.rows import Admission, Row, RowState, SilenceCheck, silence_flags, silent_result
+from python_backend_lib.engine.prompt import Prompt, start_of_transcript
+from python_backend_lib.engine.rows import Admission, Row, RowState, SilenceCheck, new_row, silence_flags, silent_result
 from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
 
 if TYPE_CHECKING:
@@ -101,11 +102,13 @@ class DecodeBatch:
         self.dtype = next(model.parameters()).dtype
         self.rules = LogitRules(config, self.device)
         self.timestamp_begin = config.special.timestamp_begin
+        self.eot = config.special.eot
         self.rows: list[Row] = []
         self.logit_observer: LogitObserver | None = None  # for tests and tracing
         self.counts = StepCounts()
         self._in_flight: Launched | None = None  # a graph step launched, its results not yet handled
         self._unheard: dict[Row, None] = {}  # rows whose silence check has not been read, oldest first
+        self._beam_rows = 0  # rows of beam groups in the batch: while none, greedy steps never look for them
 
     @property
     def free_slots(self) -> int:
@@ -127,35 +130,28 @@ class DecodeBatch:
         features = torch.stack([a.features.to(self.device, non_blocking=True) for a in admissions])
         silence = silence_flags([a.content_frames for a in admissions], features)
         mel = features.to(self.dtype)
-        slots = [self.pool.allocate() for _ in admissions]
+        slots: list[int] = []  # the requests' slots, one per row (beams and samples are rows too)
         try:
-            if self.encoder_graphs is not None and self.encoder_graphs.fits(len(slots)):
-                self.encoder_graphs.run(mel, slots)
+            slots += [self.pool.allocate() for a in admissions for _ in range(beams.rows_needed(a.options))]
+            owned = beams.owned_slots(slots, [a.options for a in admissions])
+            if (heads := [own[0] for own in owned]) and self.encoder_graphs is not None and self.encoder_graphs.fits(len(heads)):
+                self.encoder_graphs.run(mel, heads)
             else:
                 audio = self.model.encode(mel, self.attention)
-                self.pool.write_cross(to_device(np.array(slots), self.device), self.model.cross_kv(audio))
+                self.pool.write_cross(to_device(np.array(heads), self.device), self.model.cross_kv(audio))
+            beams.share_audio(self.pool, owned)
         except BaseException:  # e.g. out of memory: the slots hold nothing yet
             for slot in slots:
                 self.pool.release(slot)
             raise
-        text_ctx = self.config.dims.n_text_ctx
-        for i, (admission, slot) in enumerate(zip(admissions, slots)):
-            room = text_ctx - len(admission.prompt.tokens)
-            limit = admission.options.max_new_tokens or room
-            self.rows.append(
-                Row(
-                    tag=admission.tag,
-                    options=admission.options,
-                    prompt=admission.prompt,
-                    slot=slot,
-                    max_new_tokens=min(limit, room),
-                    pending=list(admission.prompt.tokens),
-                    language=admission.prompt.language,
-                    silence=SilenceCheck(silence, i) if admission.content_frames is not None else None,
-                )
-            )
-            if self.rows[-1].silence is not None:
-                self._unheard[self.rows[-1]] = None
+        for i, (admission, own) in enumerate(zip(admissions, owned)):
+            rows = [new_row(admission, slot, self.config.dims.n_text_ctx) for slot in own]
+            if isinstance(beams.form_group(admission.tag, rows, admission.options), beams.BeamGroup):
+                self._beam_rows += len(rows)
+            if admission.content_frames is not None:  # one check answers for the group
+                rows[0].silence = SilenceCheck(silence, i)
+                self._unheard[rows[0]] = None
+            self.rows += rows
 
     def _answer_silent(self, wait: bool, among: Sequence[Row] | None = None) -> list[Finished]:
         """Read the silence checks not read yet (those done, unless `wait`; of the rows
@@ -169,28 +165,30 @@ class DecodeBatch:
                 row.silence = None
                 del self._unheard[row]
         for row in silent:
-            self._retire(row)
+            self.drop(row.tag)
         return [(row.tag, silent_result(row.options, row.prompt)) for row in silent]
 
     def drop(self, tag: Any) -> bool:
-        """Remove a request (cancelled by its client) and free its slot."""
-        for row in self.rows:
-            if row.tag is tag:
-                self._retire(row)
-                return True
-        return False
+        """Remove a request (cancelled by its client) and free its slots (all its beams or samples)."""
+        rows = [row for row in self.rows if row.tag is tag]
+        for row in rows:
+            self._retire(row)
+        return bool(rows)
 
     def _retire(self, row: Row) -> None:
         """Remove a row and free its slot (a step in flight may still write there: one stream orders it first)."""
         self.rows.remove(row)
         self._unheard.pop(row, None)
         self.pool.release(row.slot)
+        if isinstance(row.group, beams.BeamGroup):
+            self._beam_rows -= 1
 
     def reset(self) -> None:
         """Forget every row and the step in flight; every slot is free."""
         self._in_flight = None
         self.rows.clear()
         self._unheard.clear()
+        self._beam_rows = 0
         self.pool.reset()
 
     def checkpoint(self) -> list[RowState]:
@@ -202,18 +200,21 @@ class DecodeBatch:
         before = {part.row: part.before for part in self._in_flight.parts} if self._in_flight else {}
         return [before.get(row) or RowState.of(row) for row in self.rows]
 
-    def rewind(self, saved: Sequence[RowState]) -> None:
+    def rewind(self, saved: Sequence[RowState]) -> list[Any]:
         """Put the rows still in the batch back as `checkpoint` saw them, the step in
         flight abandoned; the steps that raised may then run again (they rewrite the
-        same KV positions). Rows that finished inside them have left with their results."""
+        same KV positions). Rows that finished inside them have left with their results.
+        Beam searches that moved K/V between their beams since cannot be put back:
+        they leave the batch, and their tags are returned (to be answered with the error)."""
         if self._in_flight is not None:
             self._in_flight = None
             if self.device.type == "cuda":
                 torch.cuda.synchronize(self.device)  # nothing of it still writes
         present = set(self.rows)
-        for state in saved:
-            if state.row in present:
-                state.restore()
+        lost = [state.row.tag for state in saved if state.row in present and not state.restore()]
+        for tag in dict.fromkeys(lost):
+            self.drop(tag)
+        return list(dict.fromkeys(lost))
 
     def drain(self) -> list[Finished]:
         """Handle the step in flight, if any; returns the requests that finished there."""
@@ -235,6 +236,8 @@ class DecodeBatch:
             return self._step_overlapped()
         done = self.drain() + self._answer_silent(wait=True)
         present = set(self.rows)
+        if rows is not None and self._beam_rows:
+            rows = beams.with_beam_mates(rows)
         if not (rows := [r for r in (self.rows if rows is None else rows) if r in present]):
             return done
         try:
@@ -294,7 +297,7 @@ class DecodeBatch:
         return done
 
     def _launch(self, parts: list[Part], prepared) -> Launched:
-        pending = self.graphs.launch(prepared, keep_logits=self.logit_observer is not None)
+        pending = self.graphs.launch(prepared, keep_logits=self.logit_observer is not None or self._beam_rows > 0)
         mark_launched(parts)
         self.counts.graph_replays += 1
         return Launched(parts, prepared.inputs.tokens.copy(), prepared.inputs.facts.copy(), pending)
@@ -308,7 +311,7 @@ class DecodeBatch:
         present = set(self.rows)
         live = [(i, p) for i, p in enumerate(launched.parts) if p.row in present]
         starting = [(i, p) for i, p in live if p.at_start]
-        waiting = self._start_of_transcript(
+        waiting = start_of_transcript(self.config,
             [p.row for _, p in starting],
             [step.no_speech[i] for i, _ in starting],
             [step.languages[i] for i, _ in starting] if step.languages is not None else None,
@@ -317,40 +320,20 @@ class DecodeBatch:
         if not choosing:
             return done
         rows = [p.row for _, p in choosing]
+        logits = None
+        if self.logit_observer is not None or self._beam_rows:
+            logits = step.logits[torch.tensor([i for i, _ in choosing], device=step.logits.device)]
         if self.logit_observer is not None:
-            self.logit_observer(rows, step.logits[torch.tensor([i for i, _ in choosing], device=step.logits.device)])
+            self.logit_observer(rows, logits)
         tokens = [step.tokens[i] for i, _ in choosing]
-        return done + self._advance(rows, tokens, [step.logprobs[i] for i, _ in choosing], followed)
+        return done + self._advance_all(rows, tokens, [step.logprobs[i] for i, _ in choosing], followed, logits)
 
     def _step_eager(self, rows: list[Row]) -> list[Finished]:
         """Every row's pending tokens at once, through the attention backend."""
         passed = eager_pass(self.model, self.config, self.attention, rows)
-        waiting = self._start_of_transcript([rows[i] for i in passed.fresh], passed.no_speech, passed.languages)
+        waiting = start_of_transcript(self.config, [rows[i] for i in passed.fresh], passed.no_speech, passed.languages)
         choosing = [i for i, r in enumerate(rows) if r not in waiting]
         return self._choose([rows[i] for i in choosing], passed.logits[choosing])
-
-    def _start_of_transcript(
-        self, rows: list[Row], no_speech: list[float], languages: list[tuple[int, float]] | None
-    ) -> set[Row]:
-        """Record the no-speech probability of rows whose <|startoftranscript|> was
-        just fed, and detect the language of those that asked; return the rows
-        that choose no token now (they feed their language and task tokens next).
-
-        languages: each row's likeliest language at <|startoftranscript|> (its index
-            among the language tokens) and its probability; None on English-only checkpoints.
-        """
-        waiting: set[Row] = set()
-        codes = self.config.special.language_codes
-        for k, row in enumerate(rows):
-            if row.prompt.detect_language and row.language is None:
-                index, confidence = languages[k]
-                row.language, row.language_probability = codes[index], confidence
-                row.pending = task_tokens(self.config, row.language, row.options.task, row.options.timestamps)
-                waiting.add(row)
-        for row, probability in zip(rows, no_speech):
-            row.prefilled = True
-            row.no_speech_prob = probability
-        return waiting
 
     def _choose(self, rows: list[Row], logits: torch.Tensor) -> list[Finished]:
         """Apply the rules to eager logits and choose each row's token."""
@@ -364,12 +347,25 @@ class DecodeBatch:
         temperatures = [r.options.temperature for r in rows]
         hot = torch.tensor(temperatures, device=self.device) if any(t > 0 for t in temperatures) else None
         chosen, logprobs = sample(logits, hot)
-        return self._advance(rows, chosen.tolist(), logprobs.tolist(), followed=set())
+        return self._advance_all(rows, chosen.tolist(), logprobs.tolist(), set(), logits)
+
+    def _advance_all(self, rows, tokens, logprobs, followed: set[Row], logits: torch.Tensor | None) -> list[Finished]:
+        """`_advance` the rows but beams, which choose from their filtered `logits`
+        ([rows, vocab]) together (`engine.beams`); the beam searches that ended leave."""
+        if not self._beam_rows or not (searching := [k for k, r in enumerate(rows) if r.group and r.group.lockstep]):
+            return self._advance(rows, tokens, logprobs, followed)
+        ended = beams.advance_beams([rows[k] for k in searching], logits[searching], self.pool, self.eot)
+        for group, _ in ended:
+            self.drop(group.tag)
+        alone = [k for k, r in enumerate(rows) if not (r.group and r.group.lockstep)]
+        picks = [rows[k] for k in alone], [tokens[k] for k in alone], [logprobs[k] for k in alone]
+        return [(group.tag, result) for group, result in ended] + self._advance(*picks, followed)
 
     def _advance(self, rows: list[Row], tokens: list[int], logprobs: list[float], followed: set[Row]) -> list[Finished]:
         """Append each row's chosen token; retire the rows that finished. A row in
         `followed` feeds its token in the step launched already: nothing is pending."""
-        eot = self.config.special.eot
+        eot = self.eot
+        finished: list[Finished] = []
         done = []
         for row, token, logprob in zip(rows, tokens, logprobs):
             if token == eot:
@@ -383,7 +379,10 @@ class DecodeBatch:
                 row.pending = [token]
         for row, completed in done:
             self._retire(row)
-        return [(row.tag, row.result(completed)) for row, completed in done]
+            result = row.result(completed) if row.group is None else row.group.end(row, completed)
+            if result is not None:  # a sample's group answers when its last sample ends
+                finished.append((row.tag, result))
+        return finished
 
 
 def decode(batch: DecodeBatch, requests: Sequence[tuple[torch.Tensor, DecodingOptions, Prompt]]) -> list[DecodingResult]:
@@ -392,7 +391,8 @@ def decode(batch: DecodeBatch, requests: Sequence[tuple[torch.Tensor, DecodingOp
     queue = [Admission(i, *request) for i, request in enumerate(requests)]
     results: dict[int, DecodingResult] = {}
     while queue or batch.rows:
-        n = min(len(queue), batch.free_slots)
+        # Into an empty batch one at least: a request with more rows than slots raises there.
+        n = beams.admissible([a.options for a in queue], batch.free_slots) or (0 if batch.rows else 1)
         batch.admit(queue[:n])
         queue = queue[n:]
         results.update(batch.step())

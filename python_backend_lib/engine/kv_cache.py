@@ -112,6 +112,21 @@ class KVSlotPool:
             self.cross_k[layer].index_copy_(0, slots, k.to(self.cross_k[layer].dtype))
             self.cross_v[layer].index_copy_(0, slots, v.to(self.cross_v[layer].dtype))
 
+    def copy_cross(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
+        """Give `targets` the cross-attention K/V of `sources` (slot ids, [k] each): one
+        request's audio for each of its beams or samples."""
+        for layer in range(self.shape.n_layers):
+            for kv in (self._cross_k[layer], self._cross_v[layer]):
+                kv.index_copy_(0, targets, kv.index_select(0, sources))
+
+    def copy_self(self, sources: torch.Tensor, targets: torch.Tensor, positions: int) -> None:
+        """Give `targets` the self-attention K/V of `sources` at the first `positions`
+        (slot ids, [k] each; a slot may be both): beams taking other beams' text."""
+        for layer in range(self.shape.n_layers):
+            for kv in (self.self_k[layer], self.self_v[layer]):
+                head = kv[:, :positions]
+                head.index_copy_(0, targets, head.index_select(0, sources))
+
     def self_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's self-attention K and V seen as pages: [(S + 1) * 28, PAGE_SIZE, heads, head_dim]."""
         return _as_pages(self.self_k[layer]), _as_pages(self.self_v[layer])

@@ -21,6 +21,8 @@ What that asks of each row, relative to the step t in flight:
 - A row that detects its language at t does not know its next tokens (its
   language and task) before t's results are read: it skips t+1.
 - A row feeding its prompt feeds the next prompt token.
+- A beam (`engine.beams`) skips t+1: its next token is known once every beam's
+  picks at t are ranked on the host.
 So a row's tokens come from the same kernels on the same inputs as in a step
 planned after the one before it: the results are those of the synchronous path.
 """
@@ -117,6 +119,8 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
     for row in rows:
         index, part = in_flight.get(row, (None, None))
         if part is not None and part.chooses:
+            if row.group is not None and row.group.lockstep:
+                continue  # a beam's next token depends on every beam's picks there (`engine.beams`)
             if len(row.generated) + 1 >= row.max_new_tokens:
                 continue  # done at the step in flight
             follows, token = index, -1  # the token comes at launch

@@ -18,6 +18,7 @@ from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
 
 if TYPE_CHECKING:
+    from python_backend_lib.engine.rows import Row
     from python_backend_lib.text.tokenizer import Tokenizer
 
 
@@ -89,3 +90,27 @@ def task_tokens(config: ModelConfig, language: str, task: Task, timestamps: bool
     if not timestamps:
         tokens.append(special.no_timestamps)
     return tokens
+
+
+def start_of_transcript(
+    config: ModelConfig, rows: list[Row], no_speech: list[float], languages: list[tuple[int, float]] | None
+) -> set[Row]:
+    """Record the no-speech probability of rows whose <|startoftranscript|> was
+    just fed, and detect the language of those that asked; return the rows
+    that choose no token now (they feed their language and task tokens next).
+
+    languages: each row's likeliest language at <|startoftranscript|> (its index
+        among the language tokens) and its probability; None on English-only checkpoints.
+    """
+    waiting: set[Row] = set()
+    codes = config.special.language_codes
+    for k, row in enumerate(rows):
+        if row.prompt.detect_language and row.language is None:
+            index, confidence = languages[k]
+            row.language, row.language_probability = codes[index], confidence
+            row.pending = task_tokens(config, row.language, row.options.task, row.options.timestamps)
+            waiting.add(row)
+    for row, probability in zip(rows, no_speech):
+        row.prefilled = True
+        row.no_speech_prob = probability
+    return waiting

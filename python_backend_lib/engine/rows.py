@@ -8,7 +8,7 @@ compared by identity: the batch, the graphs and the engine all hold the same obj
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -19,6 +19,9 @@ from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.devices.transfers import ToHost, to_device
 from python_backend_lib.engine.prompt import Prompt
 from python_backend_lib.engine.rules import RuleFacts
+
+if TYPE_CHECKING:
+    from python_backend_lib.engine.beams import RowGroup
 
 # Rows of a [N_RULE_FACTS, rows] facts table (`RuleFacts` field order).
 AT_BEGIN, LAST_IS_TIMESTAMP, PENULTIMATE_IS_TIMESTAMP, LAST_TIMESTAMP, END_ALLOWED = (
@@ -105,6 +108,7 @@ class Row:
     language_probability: float | None = None
     prefilled: bool = False  # the logits at <|startoftranscript|> have been read
     silence: SilenceCheck | None = None  # whether its window holds digital silence, until read
+    group: RowGroup | None = None  # the beams or samples it decodes with (`engine.beams`); None: alone
     _scan: _TimestampScan = field(default=_TimestampScan(None, 0, -1), repr=False)
 
     def rule_facts(self, timestamp_begin: int) -> RuleFacts:
@@ -142,6 +146,15 @@ class Row:
         )
 
 
+def new_row(admission: Admission, slot: int, text_ctx: int) -> Row:
+    """A row decoding `admission` in `slot`, its prompt pending; it may generate
+    what the 448 positions leave after the prompt, or max_new_tokens if fewer."""
+    room = text_ctx - len(admission.prompt.tokens)
+    limit = min(admission.options.max_new_tokens or room, room)
+    prompt = admission.prompt
+    return Row(admission.tag, admission.options, prompt, slot, limit, list(prompt.tokens), language=prompt.language)
+
+
 def follow_facts(facts: np.ndarray, tokens: np.ndarray, timestamp_begin: int) -> np.ndarray:
     """The rule facts of rows at their next step, from their facts at this one
     ([N_RULE_FACTS, k]) and the tokens they chose here ([k]): what `Row.rule_facts`
@@ -163,6 +176,7 @@ class RowState(NamedTuple):
     row: Row
     pending: list[int]  # kept by reference: a step replaces a row's pending list, never edits it
     cached: int
+    generated: list[int]  # by reference: a beam that takes another's tokens gets a new list
     n_generated: int
     sum_logprob: float
     prefilled: bool
@@ -177,6 +191,7 @@ class RowState(NamedTuple):
             row,
             row.pending,
             row.cached,
+            row.generated,
             len(row.generated),
             row.sum_logprob,
             row.prefilled,
@@ -185,10 +200,15 @@ class RowState(NamedTuple):
             row.language_probability,
         )
 
-    def restore(self) -> None:
-        """Put the row back as it was; the step may then run again (it rewrites the same KV positions)."""
+    def restore(self) -> bool:
+        """Put the row back as it was; the step may then run again (it rewrites the same
+        KV positions). False, and the row unchanged, when it cannot be: a beam that took
+        another beam's tokens since has its K/V too."""
         row = self.row
+        if row.generated is not self.generated:
+            return False
         row.pending, row.cached, row.prefilled = self.pending, self.cached, self.prefilled
         row.sum_logprob, row.no_speech_prob = self.sum_logprob, self.no_speech_prob
         row.language, row.language_probability = self.language, self.language_probability
         del row.generated[self.n_generated :]
+        return True

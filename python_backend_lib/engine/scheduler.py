@@ -32,12 +32,13 @@ from typing import Callable
 
 import torch
 
-from python_backend_lib.core.errors import ServerUnavailable
+from python_backend_lib.core.errors import RequestError, ServerUnavailable
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
+from python_backend_lib.engine.beams import admissible, rows_needed, with_beam_mates
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import Admission, RowState
 from python_backend_lib.text.tokenizer import Tokenizer
@@ -148,6 +149,10 @@ class Engine:
         if tuple(features.shape) != expected:
             raise ValueError(f"features must have shape {list(expected)}, got {list(features.shape)}")
         prompt = initial_tokens(self.config, options, self.tokenizer)
+        if (needed := rows_needed(options)) > self.slots:
+            raise RequestError(
+                f"beam_size/best_of {needed} needs {needed} decoding slots; this server has {self.slots}"
+            )
         admission = Admission(_Job(on_done, is_cancelled), features, options, prompt, content_frames)
         with self._lock:
             if self._closing:
@@ -240,7 +245,7 @@ class Engine:
         return stop or self._closing
 
     def _admit(self, pending: list[Admission]) -> None:
-        n = min(len(pending), self.batch.free_slots, self.options.max_admit)
+        n = admissible([a.options for a in pending[: self.options.max_admit]], self.batch.free_slots)
         if n == 0:
             return
         waited = time.monotonic() - pending[0].tag.submitted_at
@@ -276,10 +281,10 @@ class Engine:
         if now - self._cancel_checked_at < CANCEL_CHECK_INTERVAL_S:
             return
         self._cancel_checked_at = now
-        for row in list(self.batch.rows):
-            if row.tag.cancelled():
-                self.batch.drop(row.tag)
-                self._answer(row.tag, CancelledError("request cancelled"))
+        for job in dict.fromkeys(row.tag for row in self.batch.rows):  # a beam search's rows share one
+            if job.cancelled():
+                self.batch.drop(job)
+                self._answer(job, CancelledError("request cancelled"))
 
     def _step(self) -> None:
         if not self.batch.rows:
@@ -300,11 +305,17 @@ class Engine:
         alone; only the rows that fail alone get an error (and leave the batch)."""
         self.stats.failed_steps += 1
         log.warning("a decoder step over %d requests failed; retrying them one by one", len(saved), exc_info=error)
-        self.batch.rewind(saved)
+        for job in self.batch.rewind(saved):
+            self._answer(job, error)
         finished: list[Finished] = []
+        stepped: set = set()
         for row in list(self.batch.rows):
+            if row in stepped or row not in self.batch.rows:
+                continue
+            unit = with_beam_mates([row])  # a beam search steps with all its beams
+            stepped.update(unit)
             try:
-                finished += self.batch.step([row])
+                finished += self.batch.step(unit)
             except StepFailed as failure:  # cannot happen for one row, but keep what finished
                 finished += failure.finished
                 self._fail_row(row, failure.cause)
@@ -320,7 +331,7 @@ class Engine:
     def _fail_everything(self, error: BaseException) -> None:
         """Answer every window the engine holds with `error` and empty the batch.
         Never raises: it runs when something already went wrong."""
-        jobs = [row.tag for row in self.batch.rows] + [a.tag for a in self._pending]
+        jobs = list(dict.fromkeys(row.tag for row in self.batch.rows)) + [a.tag for a in self._pending]
         try:
             self.batch.reset()
         except BaseException:

@@ -6,8 +6,8 @@ whole object here, so an unknown key or a value of the wrong type is rejected
 by the first model that sees it, with a `RequestError` naming the key.
 
 Types are those tritonclient sends: `bool`, `int`, `str` (and `float` for
-`temperature`, `temperature_increment` and the three quality thresholds). Strings are never reinterpreted:
-`"true"` is not a bool.
+`temperature`, `temperature_increment`, the three quality thresholds, `patience`
+and `length_penalty`). Strings are never reinterpreted: `"true"` is not a bool.
 
 Two keys name requests rather than shape them: `request_id`, the client's own
 name for a request (a uuid4), and `cancel`, which turns a request to the
@@ -91,6 +91,10 @@ _DECODING_KEYS: dict[str, tuple[type, ...]] = {
     "max_new_tokens": (int,),
     "temperature": (int, float),
     "min_new_tokens": (int,),
+    "beam_size": (int,),
+    "best_of": (int,),
+    "patience": (int, float),
+    "length_penalty": (int, float),
 }
 # Request key -> TranscribeOptions field.
 _TRANSCRIBE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {

@@ -1,0 +1,204 @@
+"""Beam search's error rates against faster-whisper's, same weights, same options, side by side.
+
+    python -m bench.beam_wer --out docs/benchmarks/beam-wer
+
+Two sets, each decoded by every system in one run:
+- english: the packaged tiny.en on the clips of tests/data/audio (manifest.tsv,
+  the long-form sonnet left out), language "en";
+- multilingual: the packaged base (`--checkpoint base`) on tests/data/multilingual
+  and ../shared/audio/multilingual, the language detected.
+Systems: our library (`Pipeline.transcribe`, float32) with beam_size=5, best_of=5
+(faster-whisper's defaults) and greedily (the server's default), and faster-whisper
+`WhisperModel.transcribe` on the same CTranslate2 folder with beam_size=5,
+best_of=5 in float32 (`--compute-type` to change). Everything else is each
+library's default, which are the same: timestamps on, temperature fallback
+(0.0, 0.2, ..., 1.0) with thresholds 2.4 / -1.0 / 0.6, conditioning on the
+previous text, patience 1, and candidates ranked by log-probability over length
+(faster-whisper's length_penalty=1, CTranslate2's length ** 1; ours unset, openai-whisper's).
+
+Errors are corpus rates: edits summed over the clips over the reference's
+length, in words (WER) and in characters without spaces (CER; the one that means
+something for Japanese and Chinese), after lower-casing and dropping punctuation
+(`bench.transcripts.words`; English also with numbers spelt out as the tests'
+references read them, `tests.reference.normalize`). Writes `<out>/beam-wer.json`
+and `<out>/beam-wer.md`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import io
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Callable
+
+from bench.provenance import REPO_ROOT, provenance
+from bench.transcripts import words
+
+# faster-whisper's defaults; its length_penalty=1 divides by the length, as ours does unset.
+SEARCH = dict(beam_size=5, best_of=5, patience=1.0)
+FASTER_WHISPER_SEARCH = dict(SEARCH, length_penalty=1.0)
+ENGLISH = REPO_ROOT / "tests" / "data" / "audio"
+MULTILINGUAL = (REPO_ROOT / "tests" / "data" / "multilingual", REPO_ROOT.parent / "shared" / "audio" / "multilingual")
+LONG_FORM = "sonnet1_longform.wav"
+
+
+@dataclass(frozen=True)
+class Clip:
+    path: Path
+    language: str
+    reference: str
+
+
+@dataclass(frozen=True)
+class Scored:
+    system: str
+    clips: int
+    wer: float
+    cer: float
+    seconds: float
+    transcripts: list[str]
+
+
+def english_clips() -> list[Clip]:
+    with open(ENGLISH / "manifest.tsv", newline="") as f:
+        rows = list(csv.DictReader(f, delimiter="\t"))
+    return [Clip(ENGLISH / r["file"], "en", r["transcript"]) for r in rows if r["file"] != LONG_FORM]
+
+
+def multilingual_clips(per_language: int) -> list[Clip]:
+    clips: list[Clip] = []
+    for folder in MULTILINGUAL:
+        if not (folder / "manifest.tsv").exists():
+            continue
+        with open(folder / "manifest.tsv", newline="") as f:
+            rows = list(csv.DictReader(f, delimiter="\t"))
+        for r in rows:
+            if sum(c.language == r["language"] for c in clips) < per_language:
+                clips.append(Clip(folder / r["file"], r["language"], r["reference_text"]))
+    return clips
+
+
+def edits(reference: list[str], hypothesis: list[str]) -> int:
+    row = list(range(len(hypothesis) + 1))
+    for i, r in enumerate(reference, start=1):
+        diagonal, row[0] = row[0], i
+        for j, h in enumerate(hypothesis, start=1):
+            diagonal, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, diagonal + (r != h))
+    return row[-1]
+
+
+def english_words(text: str) -> list[str]:
+    from tests.reference import normalize
+
+    return normalize(text)
+
+
+def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], str], say) -> Scored:
+    texts, word_edits, n_words, char_edits, n_chars = [], 0, 0, 0, 0
+    start = time.perf_counter()
+    for clip in clips:
+        text = transcribe(clip)
+        texts.append(text)
+        split = english_words if clip.language == "en" else words
+        ref, hyp = split(clip.reference), split(text)
+        word_edits, n_words = word_edits + edits(ref, hyp), n_words + len(ref)
+        ref_chars, hyp_chars = list("".join(ref)), list("".join(hyp))
+        char_edits, n_chars = char_edits + edits(ref_chars, hyp_chars), n_chars + len(ref_chars)
+        say(f"  {system} {clip.path.name}: {text[:70]!r}")
+    seconds = time.perf_counter() - start
+    return Scored(system, len(clips), word_edits / n_words, char_edits / n_chars, round(seconds, 1), texts)
+
+
+def ours(source: str, search: dict | None) -> tuple[Callable[[Clip], str], Callable[[], None]]:
+    from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    pipeline = Pipeline.load(source, device="cpu")
+
+    def transcribe(clip: Clip) -> str:
+        language = clip.language if source == "default" else None
+        decoding = DecodingOptions(timestamps=True, language=language, **(search or {}))
+        return pipeline.transcribe(clip.path.read_bytes(), TranscribeOptions(decoding=decoding)).text.strip()
+
+    return transcribe, pipeline.close
+
+
+def faster_whisper(source: str, compute_type: str, threads: int) -> Callable[[Clip], str]:
+    from faster_whisper import WhisperModel
+
+    from python_backend_lib.checkpoints.packaged import packaged_folder
+
+    model = WhisperModel(str(packaged_folder(source)), device="cpu", compute_type=compute_type, cpu_threads=threads)
+
+    def transcribe(clip: Clip) -> str:
+        language = clip.language if source == "default" else None
+        segments, _ = model.transcribe(io.BytesIO(clip.path.read_bytes()), language=language, **FASTER_WHISPER_SEARCH)
+        return "".join(segment.text for segment in segments).strip()
+
+    return transcribe
+
+
+def run_set(name: str, source: str, clips: list[Clip], args, say) -> dict:
+    say(f"{name}: {len(clips)} clips, checkpoint {source}")
+    scored = []
+    for label, search in (("ours beam_size=5 best_of=5 float32", SEARCH), ("ours greedy float32", None)):
+        transcribe, close = ours(source, search)
+        try:
+            scored.append(score(label, clips, transcribe, say))
+        finally:
+            close()
+    label = f"faster-whisper beam_size=5 best_of=5 {args.compute_type}"
+    scored.append(score(label, clips, faster_whisper(source, args.compute_type, args.threads), say))
+    return {"set": name, "checkpoint": source, "clips": [str(c.path.relative_to(REPO_ROOT.parent)) for c in clips],
+            "references": [c.reference for c in clips], "systems": [asdict(s) for s in scored]}
+
+
+def report(record: dict) -> str:
+    lines = ["# Beam search: error rates beside faster-whisper's", "",
+             f"Command: `{record['command']}`  ", f"Commit: {record['run']['commit']} (dirty: "
+             f"{record['run']['dirty']}), {record['run']['date']}; CPU, {record['threads']} threads.", "",
+             "| set | checkpoint | clips | system | WER | CER | seconds |", "| --- | --- | --- | --- | --- | --- | --- |"]
+    for result in record["sets"]:
+        for s in result["systems"]:
+            lines.append(f"| {result['set']} | {result['checkpoint']} | {s['clips']} | {s['system']} | "
+                         f"{s['wer']:.3f} | {s['cer']:.3f} | {s['seconds']} |")
+    lines += ["", "Options beside the search: each library's defaults, which agree (timestamps, temperature "
+              "fallback 0.0 to 1.0 by 0.2, thresholds 2.4 / -1.0 / 0.6, previous text), patience 1, and "
+              "candidates ranked by log-probability over length (faster-whisper's length_penalty=1, "
+              "ours unset). English words are normalised as the tests' references (numbers spelt out). "
+              "Transcripts are in the JSON record.", ""]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--compute-type", default="float32", help="faster-whisper's (float32 or int8)")
+    parser.add_argument("--threads", type=int, default=2, help="faster-whisper's cpu_threads")
+    parser.add_argument("--english", type=int, default=12, help="English clips (tiny.en)")
+    parser.add_argument("--per-language", type=int, default=1, help="multilingual clips per language (base)")
+    args = parser.parse_args(argv)
+    say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    import torch
+
+    torch.set_num_threads(args.threads)
+    record = {"command": "python -m bench.beam_wer " + " ".join(argv if argv is not None else sys.argv[1:]),
+              "run": provenance(),
+              "threads": args.threads, "search": {"ours": SEARCH, "faster-whisper": FASTER_WHISPER_SEARCH},
+              "sets": []}
+    record["sets"].append(run_set("english", "default", english_clips()[: args.english], args, say))
+    record["sets"].append(run_set("multilingual", "base", multilingual_clips(args.per_language), args, say))
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "beam-wer.json").write_text(json.dumps(record, indent=1, ensure_ascii=False, default=str) + "\n")
+    (args.out / "beam-wer.md").write_text(report(record))
+    print(report(record))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

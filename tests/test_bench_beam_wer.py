@@ -1,0 +1,24 @@
+"""bench.beam_wer's clip sets and error counting (the run itself is a benchmark, not a test)."""
+
+from __future__ import annotations
+
+from bench.beam_wer import LONG_FORM, edits, english_clips, english_words, multilingual_clips
+
+
+def test_edits_count_insertions_deletions_and_substitutions():
+    assert edits(list("kitten"), list("sitting")) == 3
+    assert edits([], ["a"]) == 1 and edits(["a"], []) == 1 and edits(["a", "b"], ["a", "b"]) == 0
+
+
+def test_the_english_set_is_the_short_clips_with_their_transcripts():
+    clips = english_clips()
+    assert clips and all(c.path.exists() and c.reference and c.language == "en" for c in clips)
+    assert LONG_FORM not in {c.path.name for c in clips}
+    assert english_words("29340.") == english_words("two nine three four zero")
+
+
+def test_the_multilingual_set_takes_so_many_clips_per_language():
+    clips = multilingual_clips(per_language=1)
+    languages = [c.language for c in clips]
+    assert len(languages) == len(set(languages)) >= 4 and "en" not in languages
+    assert all(c.path.exists() and c.reference for c in clips)
