@@ -15,7 +15,7 @@ import pytest
 
 from clients.api import TranscriptOutputs
 from clients.streaming import TranscriptStream, verbose_line
-from python_backend_lib.apps.openai_api import ApiError
+from python_backend_lib.apps.openai_errors import ApiError
 from python_backend_lib.apps.transcript_events import StreamedReply, TextDeltas, stream_events
 from python_backend_lib.text.formats import TimedText, segments_to_json
 

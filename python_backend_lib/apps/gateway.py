@@ -29,7 +29,7 @@ it gets a 401; /health and /docs stay open.
 Each request becomes one gRPC call to Triton's `transcribe` ensemble (the
 async tritonclient, so one process serves many requests at once), asking
 for its FORMATTED output in the requested format. The form and the errors
-are `openai_api`'s. Errors have OpenAI's shape,
+are `openai_api`'s and `openai_errors`'s. Errors have OpenAI's shape,
 `{"error": {"message", "type", "param", "code"}}`: 400 for a bad request
 (Triton's INVALID_ARG included: audio it cannot decode, a language the
 checkpoint does not know, translation on an English-only checkpoint), 404 for
@@ -53,18 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 from clients.connection import AddressError, Protocol, ServerAddress, parse_address
 from python_backend_lib.apps import realtime
-from python_backend_lib.apps.openai_api import (
-    DEFAULT_MODEL_ID,
-    MEDIA_TYPES,
-    ApiError,
-    AudioRequest,
-    InvalidRequest,
-    api_error,
-    http_error,
-    parse_form,
-    request_body,
-    unauthorized,
-)
+from python_backend_lib.apps.openai_api import DEFAULT_MODEL_ID, MEDIA_TYPES, AudioRequest, parse_form, request_body
+from python_backend_lib.apps.openai_errors import ApiError, InvalidRequest, api_error, http_error, unauthorized
 from python_backend_lib.apps.speech_detector import speech_detectors
 from python_backend_lib.apps.transcript_events import MEDIA_TYPE as EVENTS_MEDIA_TYPE
 from python_backend_lib.apps.transcript_events import stream_events

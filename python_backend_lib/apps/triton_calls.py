@@ -22,7 +22,7 @@ from tritonclient.utils import InferenceServerException
 
 from clients.api import CANCEL_INPUTS, new_request_id
 from clients.connection import ServerAddress
-from python_backend_lib.apps.openai_api import error_from_triton
+from python_backend_lib.apps.openai_errors import error_from_triton
 from python_backend_lib.apps.transcript_events import StreamedReply, replies_of
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.parameters import CANCEL_KEY
