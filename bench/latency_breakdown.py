@@ -29,7 +29,6 @@ from pathlib import Path
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.stats import percentile_summary
 from bench.triton_trace import Timeline, markdown, read_trace, timeline
-from python_backend_lib.apps.triton_output import trace_files
 
 
 @dataclass
@@ -184,8 +183,7 @@ def served_part(checkpoint: str, job, args, say) -> dict:
 
     log = STATE_DIR / "latency-breakdown-server.log"
     trace_file = STATE_DIR / "latency-breakdown-trace.json"
-    for old in trace_files(trace_file):
-        old.unlink()
+    trace_file.unlink(missing_ok=True)
     (stats,) = one_clip_rounds(checkpoint, job, log, args.served_seconds, rounds=1, trace_file=trace_file)
     say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
     line = timeline(read_trace(trace_file), "transcribe", last_s=args.served_seconds)

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.stats import percentile_summary
-from python_backend_lib.apps.triton_output import trace_files
 
 # The front end's first timestamp once the request is read: GRPC_WAITREAD_START is
 # when the server began waiting for it, which includes the client's idle time.
@@ -68,13 +67,9 @@ class Trace:
 
 
 def read_trace(path: Path) -> dict[int, Trace]:
-    """The trace files Triton wrote for `serve --trace-file path` -> their traces by id
-    (a trace's records come one event at a time, possibly across files)."""
-    files = trace_files(path)
-    if not files:
-        raise FileNotFoundError(f"Triton wrote no trace file at {path} (nor {path}.0, ...)")
+    """Triton's trace file -> its traces by id (a trace's records come one event at a time)."""
     traces: dict[int, Trace] = collections.defaultdict(Trace)
-    for record in (r for file in files for r in json.loads(file.read_text())):
+    for record in json.loads(path.read_text()):
         trace = traces[record["id"]]
         if "model_name" in record:
             trace.model, trace.parent = record["model_name"], record.get("parent_id")

@@ -48,12 +48,3 @@ def test_a_served_run_reads_tritons_trace_of_the_ensemble_and_both_models(tmp_pa
     # The client waited for all of it: its median latency covers the server's timeline.
     assert at["gRPC sent the answer"] <= served["latency_ms"]["p50"]
     assert "## The served request, by Triton's trace" in (tmp_path / "latency-breakdown.md").read_text()
-
-
-def test_tritons_numbered_trace_files_are_read_in_order_then_the_last_one(tmp_path):
-    from python_backend_lib.apps.triton_output import trace_files
-
-    path = tmp_path / "trace.json"
-    for name in ("trace.json.10", "trace.json.2", "trace.json.0", "trace.json", "trace.json.gz", "other.json.1"):
-        (tmp_path / name).write_text("[]")
-    assert [p.name for p in trace_files(path)] == ["trace.json.0", "trace.json.2", "trace.json.10", "trace.json"]

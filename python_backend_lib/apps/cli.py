@@ -111,7 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         metavar="PATH",
         help="write Triton's timestamps of traced requests (each model's queue and compute, the ensemble's, "
-        "gRPC's) to PATH.0, PATH.1, ... every 100 traced requests, and the rest to PATH when the server stops",
+        "gRPC's) to this JSON file when the server stops",
     )
     serve.add_argument(
         "--trace-rate",

@@ -69,8 +69,7 @@ class ServerSettings:
     metrics_port: int = DEFAULT_METRICS_PORT
     log_verbose: int = 0
     # Triton's own per-request timestamps (its "triton" trace mode), written to this file
-    # and its numbered siblings (`triton_output.trace_files`); one request in trace_rate is
-    # traced. None: no trace.
+    # when the server stops; one request in trace_rate is traced. None: no trace.
     trace_file: Path | None = None
     trace_rate: int = 1000
     # The GPUs the whisper model runs on, one engine each: CUDA_VISIBLE_DEVICES for

@@ -152,20 +152,6 @@ class QuietWatch:
         return 0.0 if self.last is None or self.last.busy > 0 else self.seen - self.since
 
 
-# Triton writes a trace file of every this many traces (FILE.0, FILE.1, ...) instead of one
-# file at exit: a stop that runs past Triton's exit timeout would lose them all.
-TRACES_PER_FILE = 100
-
-
 def trace_flags(path: Path, rate: int) -> tuple[str, ...]:
-    """Triton's "triton" trace mode, timestamps only, one request in `rate`, written
-    TRACES_PER_FILE traces a file (`trace_files` lists them)."""
-    return (f"--trace-config=triton,file={path}", "--trace-config=level=TIMESTAMPS", f"--trace-config=rate={rate}",
-            f"--trace-config=log-frequency={TRACES_PER_FILE}")
-
-
-def trace_files(path: Path) -> list[Path]:
-    """The files Triton wrote for `serve --trace-file path`: path.0, path.1, ... in order,
-    and the last traces in `path` itself once the server stopped."""
-    numbered = sorted(path.parent.glob(f"{path.name}.*"), key=lambda p: (len(p.suffix), p.suffix))
-    return [p for p in numbered if p.suffix[1:].isdigit()] + ([path] if path.exists() else [])
+    """Triton's "triton" trace mode, timestamps only, one request in `rate`; the file is written when it stops."""
+    return (f"--trace-config=triton,file={path}", "--trace-config=level=TIMESTAMPS", f"--trace-config=rate={rate}")
