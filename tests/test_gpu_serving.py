@@ -145,7 +145,8 @@ def test_two_gpus_share_the_requests_exactly_and_a_fault_on_one_stays_there(tmp_
         # One request at a time, each alone in its engine's batch, as the library ran them:
         # every answer equals the library's, whichever GPU took it.
         alone = [(clip, transcribe(server.grpc_url, clip.read_bytes())) for clip in CLIPS for _ in range(ROUNDS)]
-        wrong = [(clip.name, answer) for clip, answer in alone if answer != library_texts[clip.name]]
+        wrong = [(clip.name, answer if isinstance(answer, str) else f"{answer.status()}: {answer.message()}")
+                 for clip, answer in alone if answer != library_texts[clip.name]]
         assert not wrong, f"{len(wrong)} of {len(alone)} answers differ from the library's: {wrong[:3]}"
         counts = published(server.metrics_url, len(alone))
         assert counts.get(("0", "success"), 0) > 0 and counts.get(("1", "success"), 0) > 0, counts

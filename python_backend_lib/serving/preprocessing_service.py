@@ -181,5 +181,8 @@ def _spans_tensor(spans: tuple[SpeechSpan, ...]) -> np.ndarray:
 def _output(pb_utils: Any, name: str, log_mel: np.ndarray | torch.Tensor) -> Any:
     """LOG_MEL with the batch dimension of one request: a host array, or a GPU tensor through DLPack."""
     if isinstance(log_mel, torch.Tensor):
-        return pb_utils.Tensor.from_dlpack(name, log_mel[None])
+        # torch exports a CUDA tensor only from its own device, and this thread may start on
+        # another (a decoding thread of an instance on a host's second GPU).
+        with on_device(log_mel.device):
+            return pb_utils.Tensor.from_dlpack(name, log_mel[None])
     return pb_utils.Tensor(name, np.ascontiguousarray(log_mel[None]))
