@@ -185,7 +185,7 @@ def test_raw_pcm_equals_the_file(server, expected):
 @pytest.mark.parametrize(
     ("parameters", "audio", "message"),
     [
-        ({"beam_size": 5}, JFK.read_bytes(), "unknown request parameter 'beam_size'"),
+        ({"beam_width": 5}, JFK.read_bytes(), "unknown request parameter 'beam_width'"),
         ({"timestamps": "yes"}, JFK.read_bytes(), "'timestamps' must be bool"),
         ({}, b"certainly not audio", "not a decodable audio file"),
     ],
@@ -208,8 +208,8 @@ def test_a_bad_request_gets_a_clear_invalid_arg_and_the_server_stays_ready(
 
 
 def test_client_raises_the_servers_message(server):
-    with WhisperClient(server.http_url) as client, pytest.raises(TranscriptionError, match="'beam_size'"):
-        client.transcribe(JFK, beam_size=5)
+    with WhisperClient(server.http_url) as client, pytest.raises(TranscriptionError, match="'beam_width'"):
+        client.transcribe(JFK, beam_width=5)
 
 
 def words(text: str) -> list[str]:
