@@ -116,7 +116,7 @@ def realtime_url(gateway: str) -> str:
 
 # Deltas are committed from hypotheses of the audio so far, the transcript is the whole
 # turn decoded offline: a word heard on part of the audio may read otherwise on all of it
-# (in a full run on 2 cores: "and so am fellow" committed, "and so my fellow" in the transcript).
+# (the helper's run: "and so am fellow" committed, "and so my fellow" in the transcript).
 MAX_DELTA_WORD_ERRORS = 0.1
 
 
