@@ -24,14 +24,13 @@ From the 15 recordings this gives 96 clips, 0.5 to 29.9 s, mean 5.48 s
 from __future__ import annotations
 
 import csv
-import io
-import wave
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
 
 import numpy as np
 
+from python_backend_lib.apps.live_transcriber import wav_bytes
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.core.geometry import SAMPLE_RATE
 
@@ -160,15 +159,3 @@ def load_clips(audio_dir: Path = AUDIO_DIR) -> list[ClipAudio]:
 def nearest(clips: list[ClipAudio], duration_s: float) -> ClipAudio:
     """The clip whose length is nearest `duration_s` (the first of equals)."""
     return min(clips, key=lambda c: abs(c.clip.duration_s - duration_s))
-
-
-def wav_bytes(waveform: np.ndarray) -> bytes:
-    """16-bit mono WAV at SAMPLE_RATE, as a client would upload it."""
-    pcm = (np.clip(waveform, -1.0, 1.0) * 32767).round().astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(SAMPLE_RATE)
-        out.writeframes(pcm.tobytes())
-    return buffer.getvalue()
