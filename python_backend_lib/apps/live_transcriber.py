@@ -1,5 +1,6 @@
 """Live sessions' transcriptions: 16 kHz audio through Triton's `transcribe` ensemble,
-as a WAV file, on the gateway's connection (`triton_calls`); a transcription whose
+as a WAV file, on the gateway's connection (`triton_calls`), with word timestamps
+(which `local_agreement` lines hypotheses up by); a transcription whose
 session ends is cancelled on the server too. tritonclient is imported when a
 transcription is made, as `triton_calls` is: the `whisper-triton` command starts
 without it."""
@@ -9,19 +10,29 @@ from __future__ import annotations
 import asyncio
 import io
 import wave
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from clients.api import new_request_id
-from python_backend_lib.apps.openai_api import AudioRequest
+from python_backend_lib.apps.openai_api import WORD, AudioRequest
 from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.core.options import Task
+from python_backend_lib.core.segments import Word
 from python_backend_lib.serving import tensor_names
-from python_backend_lib.text.formats import ResponseFormat
+from python_backend_lib.text.formats import Document, ResponseFormat
 
 if TYPE_CHECKING:
     from python_backend_lib.apps.triton_calls import TritonCalls
+
+
+@dataclass(frozen=True)
+class LiveTranscript:
+    """A transcript of a live turn's audio so far: its text, and its words with their times."""
+
+    text: str
+    words: tuple[Word, ...]
 
 
 class Transcriber:
@@ -30,12 +41,14 @@ class Transcriber:
     def __init__(self, calls: TritonCalls) -> None:
         self.calls = calls
 
-    async def transcribe(self, audio: np.ndarray, model: str, language: str | None, prompt: str | None) -> str:
-        """The transcript's text; `model` is the session's (one of the gateway's model ids)."""
+    async def transcribe(
+        self, audio: np.ndarray, model: str, language: str | None, prompt: str | None
+    ) -> LiveTranscript:
+        """`model` is the session's (one of the gateway's model ids)."""
         import tritonclient.grpc.aio as triton
 
-        request = AudioRequest(model=model, task=Task.TRANSCRIBE, response_format=ResponseFormat.TEXT,
-                               language=language, prompt=prompt)
+        request = AudioRequest(model=model, task=Task.TRANSCRIBE, response_format=ResponseFormat.VERBOSE_JSON,
+                               language=language, prompt=prompt, granularities=(WORD,))
         tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[wav_bytes(audio)]], dtype=np.object_))
         request_id = new_request_id()
@@ -48,7 +61,8 @@ class Transcriber:
         except asyncio.CancelledError:
             await self.calls.cancel(request_id)
             raise
-        return result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0].decode("utf-8").strip()
+        document = Document.from_verbose_json(result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0])
+        return LiveTranscript(text=document.text.strip(), words=document.words)
 
 
 def wav_bytes(audio: np.ndarray) -> bytes:

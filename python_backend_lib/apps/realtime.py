@@ -5,9 +5,10 @@ The client streams 24 kHz pcm16 (`input_audio_buffer.append`); it is resampled
 to Whisper's 16 kHz as it comes. Turns are cut by `server_vad` turn detection
 (`turn_detection`) or by the client's `input_audio_buffer.commit`. While a turn
 grows, hypotheses of its audio so far are transcribed through Triton, and the
-words two consecutive hypotheses agree on are sent as deltas (`local_agreement`);
-when the turn ends, its whole audio is transcribed once more, as a file would
-be, and that is the `completed` transcript. Every transcription is an ordinary
+words two consecutive hypotheses agree on, and are sure of, are sent as deltas
+(`local_agreement`); when the turn ends, its whole audio is transcribed once
+more, as a file would be, and that is the `completed` transcript (the last delta
+is its words past the committed ones). Every transcription is an ordinary
 request to Triton's `transcribe` ensemble, so live sessions share the engine
 with batch requests; a session that ends cancels its requests in flight.
 """
@@ -25,11 +26,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from python_backend_lib.apps import realtime_protocol as protocol
-from python_backend_lib.apps.live_transcriber import Transcriber
-from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text, words_of
+from python_backend_lib.apps.live_transcriber import LiveTranscript, Transcriber
+from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text
 from python_backend_lib.apps.realtime_protocol import ProtocolError, SessionSettings
 from python_backend_lib.apps.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
 from python_backend_lib.core.geometry import SAMPLE_RATE
+from python_backend_lib.core.segments import Word
 
 if TYPE_CHECKING:
     from starlette.websockets import WebSocket
@@ -299,14 +301,14 @@ class Session:
                     decoded = turn.samples
                     hypothesis = await self._hypothesis(turn.audio()[:decoded], settings)
                     if hypothesis is not None and not turn.closed:
-                        await self._delta(turn, agreement, agreement.insert(words_of(hypothesis)))
+                        await self._delta(turn, agreement, agreement.insert(hypothesis.words))
                 else:
                     turn.changed.clear()
                     await turn.changed.wait()
             audio = turn.audio()
             transcript = await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
-            await self._delta(turn, agreement, agreement.finish(words_of(transcript)))
-            await self.send(protocol.completed_event(turn.item_id, transcript, len(audio) / SAMPLE_RATE))
+            await self._delta(turn, agreement, agreement.finish(transcript.words))
+            await self.send(protocol.completed_event(turn.item_id, transcript.text, len(audio) / SAMPLE_RATE))
         except asyncio.CancelledError:
             raise
         except Exception as error:  # the turn fails, the session goes on
@@ -316,7 +318,7 @@ class Session:
                 error={"type": "server_error", "code": "transcription_failed", "message": str(error), "param": None},
             ))  # fmt: skip
 
-    async def _hypothesis(self, audio: np.ndarray, settings: SessionSettings) -> str | None:
+    async def _hypothesis(self, audio: np.ndarray, settings: SessionSettings) -> LiveTranscript | None:
         """A transcript of the turn so far; None if the server could not give one (the next try may)."""
         from tritonclient.utils import InferenceServerException
 
@@ -326,7 +328,7 @@ class Session:
             log.warning("a live hypothesis failed: %s", error)
             return None
 
-    async def _delta(self, turn: Turn, agreement: LocalAgreement, words: list[str]) -> None:
+    async def _delta(self, turn: Turn, agreement: LocalAgreement, words: list[Word]) -> None:
         if words:
             first = len(agreement.committed) == len(words)
             await self.send(protocol.delta_event(turn.item_id, delta_text(words, first)))
