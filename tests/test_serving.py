@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import CancelledError
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -335,17 +338,63 @@ def test_the_fault_hooks_are_off_unless_their_variables_are_set():
         pipeline.close()
 
 
-def test_the_parent_watch_acts_once_the_parent_is_gone(monkeypatch):
-    from python_backend_lib.serving import parent_watch
+# A model's process: starts its parent watch, says so, then blocks in C holding the interpreter
+# lock (PyDLL keeps it), as a stub thread waiting on a dead tritonserver does.
+STUCK_MODEL = """
+import ctypes, sys
+from python_backend_lib.serving.parent_watch import ParentWatch
+watch = ParentWatch(interval_s=0.1)
+print(watch.watcher.pid, flush=True)
+ctypes.PyDLL(None).sleep(120)
+"""
+# Its tritonserver: starts it with its output on pipes that end with the server (as Triton
+# does: a watcher that wrote there would die of SIGPIPE), passes on what it prints, and
+# waits to be killed.
+SERVER = """
+import subprocess, sys, time
+model = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+print(model.pid, model.stdout.readline().strip(), flush=True)
+time.sleep(120)
+"""
 
-    orphaned = threading.Event()
-    watch = parent_watch.ParentWatch(interval_s=0.01, on_orphaned=orphaned.set)
-    assert not orphaned.wait(0.1)  # the parent is still there
-    # An orphan is adopted by init or a subreaper: another parent than the one at start
-    # (not always 1: a test run in the background may itself have init as its parent).
-    monkeypatch.setattr(parent_watch.os, "getppid", lambda: watch.parent + 1)
-    assert orphaned.wait(5)
+
+def _gone(pid: int) -> bool:
+    """Ended: no process, or a zombie waiting for init to reap it."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def _wait_gone(pid: int, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while not _gone(pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return _gone(pid)
+
+
+def test_the_parent_watch_ends_an_orphan_whose_threads_are_all_stuck():
+    server = subprocess.Popen([sys.executable, "-c", SERVER, STUCK_MODEL], stdout=subprocess.PIPE, text=True)
+    try:
+        model, watcher = (int(pid) for pid in server.stdout.readline().split())
+        time.sleep(0.5)
+        assert not _gone(model), "the watch ended a model whose server is there"
+        server.kill()
+        server.wait()
+        assert _wait_gone(model, 5.0), "the orphaned model process still runs"
+        assert _wait_gone(watcher, 5.0), "the watcher outlived the process it watched"
+    finally:
+        server.kill()
+
+
+def test_a_closed_parent_watch_leaves_no_process_behind():
+    from python_backend_lib.serving.parent_watch import ParentWatch
+
+    watch = ParentWatch(interval_s=0.1)
+    assert not _gone(watch.watcher.pid)
     watch.close()
+    assert watch.watcher.poll() is not None
+    assert not _gone(os.getpid())
 
 
 def test_a_cancel_posted_on_the_board_reaches_the_watch_of_that_id(tmp_path):

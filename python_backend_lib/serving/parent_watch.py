@@ -1,53 +1,67 @@
 """Ends a model's process once tritonserver is gone.
 
 Triton runs each Python model in a stub process of its own, which is meant to
-exit when it finds its parent dead. Triton 2.51's whisper stub does not, once it
-has served a request: killed with `kill -9`, or stopped by its exit timeout
+exit when it finds its parent dead. Triton 2.51's whisper stubs do not, once they
+have served a request: killed with `kill -9`, or stopped by its exit timeout
 before it unloaded the whisper model (clients holding connections open delay
 that), tritonserver leaves the whisper stub running, with the weights, the KV
 slots and on a GPU its memory, for good; a GPU instance of preprocessing would keep
 its GPU memory too, and on a busy host the postprocessing stubs outlived it by seconds.
-Every model runs this watch: it asks every `interval_s`
-whether the process that started this one is still its parent and, once it is
-not, ends the process: there is nobody left to answer.
+
+The watch cannot be a thread of the stub: a thread publishing a metric to the
+dead tritonserver waits for its answer forever holding the interpreter lock,
+and every other thread of the stub stops with it (seen in the whisper_stream
+stub, py-spy: `WhisperMetrics.publish` in pthread_cond_wait, the watch thread
+waiting for the lock). So each model starts a small shell process that asks
+every `interval_s` whether the model's process still has the parent it had, and
+once it has not, kills it: there is nobody left to answer. The watcher ends by
+itself when the model's process does.
 """
 
 from __future__ import annotations
 
-import logging
 import os
-import threading
-from typing import Callable
-
-log = logging.getLogger(__name__)
+import signal
+import subprocess
 
 CHECK_INTERVAL_S = 1.0
-ORPHANED_EXIT_STATUS = 1
 
-
-def _exit_now() -> None:
-    os._exit(ORPHANED_EXIT_STATUS)  # no cleanup: it would wait on a parent that is gone
+# $1: the model's process, $2: its parent, $3: seconds between checks. Reads the parent from
+# /proc (procps may be missing); ends quietly once the process has gone on its own. It says
+# nothing: its output is the model's, a pipe to the dead tritonserver, and writing there
+# would end it by SIGPIPE before the kill.
+WATCHER_SCRIPT = """
+parent_of() { sed -n 's/^PPid:[[:space:]]*//p' "/proc/$1/status" 2>/dev/null; }
+while [ "$(parent_of "$1")" = "$2" ]; do sleep "$3"; done
+if [ -e "/proc/$1" ]; then kill -KILL "$1"; fi
+"""
 
 
 class ParentWatch:
-    """Calls `on_orphaned` (default: end the process at once) once this process's
-    parent is no longer the one it had when the watch started."""
+    """Kills this process (or `pid`) once its parent is no longer the one it had when the
+    watch started. `close` ends the watch (call it from `finalize`)."""
 
-    def __init__(self, interval_s: float = CHECK_INTERVAL_S, on_orphaned: Callable[[], None] = _exit_now) -> None:
-        self.parent = os.getppid()
-        self.interval_s = interval_s
-        self.on_orphaned = on_orphaned
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="parent-watch", daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(self.interval_s):
-            if os.getppid() != self.parent:
-                log.error("tritonserver (process %d) is gone; this model's process ends", self.parent)
-                self.on_orphaned()
-                return
+    def __init__(self, interval_s: float = CHECK_INTERVAL_S, pid: int | None = None) -> None:
+        self.pid = pid if pid is not None else os.getpid()
+        self.parent = _parent_of(self.pid)
+        # A session of its own: a signal to the model's process group does not end the watch.
+        self.watcher = subprocess.Popen(
+            ["/bin/sh", "-c", WATCHER_SCRIPT, "parent-watch", str(self.pid), str(self.parent), f"{interval_s:g}"],
+            stdin=subprocess.DEVNULL, start_new_session=True,
+        )  # fmt: skip
 
     def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=self.interval_s + 1)
+        if self.watcher.poll() is None:
+            self.watcher.send_signal(signal.SIGTERM)
+            try:
+                self.watcher.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.watcher.kill()
+                self.watcher.wait()
+
+
+def _parent_of(pid: int) -> int:
+    if pid == os.getpid():
+        return os.getppid()
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("PPid:"))
