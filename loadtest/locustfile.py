@@ -1,7 +1,9 @@
-"""Locust users that send the test clips to Triton's `transcribe` model.
+"""Locust users that send the test clips to Triton's `transcribe` model, and live sessions.
 
 Two users, one per protocol, each with its own tritonclient connection:
-`GrpcTranscribeUser` (request type "grpc") and `HttpTranscribeUser` ("http").
+`GrpcTranscribeUser` (request type "grpc") and `HttpTranscribeUser` ("http");
+`LiveUser` ("live") streams clips to the gateway's live sessions instead
+(`loadtest.live_user`).
 Each picks a clip at random from `tests/data/audio/manifest.tsv`, sends it as
 one [1, 1] BYTES request, and reports the request to locust under the name
 "transcribe <length class>" (<5s, 5-30s, >30s). A request fails when Triton
@@ -13,7 +15,8 @@ returns an error or when a speech clip comes back without text.
 Options (also as environment variables): --triton-http (LOCUST_TRITON_HTTP),
 --triton-grpc (LOCUST_TRITON_GRPC), --audio-dir (LOCUST_AUDIO_DIR),
 --max-clip-seconds (LOCUST_MAX_CLIP_SECONDS), --request-timeout
-(LOCUST_REQUEST_TIMEOUT), --summary-json (LOCUST_SUMMARY_JSON).
+(LOCUST_REQUEST_TIMEOUT), --summary-json (LOCUST_SUMMARY_JSON), --gateway-url
+(LOCUST_GATEWAY_URL, for the live users).
 """
 
 from __future__ import annotations
@@ -42,10 +45,12 @@ grpc_gevent.init_gevent()
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtest.clips import DEFAULT_AUDIO_DIR, Clip, RequestStats, Summary, load_clips, request_name  # noqa: E402
+from loadtest.live_user import LiveTranscriptionUser  # noqa: E402
 from python_backend_lib.serving import tensor_names  # noqa: E402
 
 DEFAULT_HTTP_URL = "localhost:8000"
 DEFAULT_GRPC_URL = "localhost:8001"
+DEFAULT_GATEWAY_URL = "http://localhost:9000/v1"
 DEFAULT_MAX_CLIP_S = 60.0
 DEFAULT_REQUEST_TIMEOUT_S = 120.0
 
@@ -68,6 +73,8 @@ def add_arguments(parser) -> None:
                        help="Triton's HTTP address, host:port")
     group.add_argument("--triton-grpc", env_var="LOCUST_TRITON_GRPC", default=DEFAULT_GRPC_URL,
                        help="Triton's gRPC address, host:port")
+    group.add_argument("--gateway-url", env_var="LOCUST_GATEWAY_URL", default=DEFAULT_GATEWAY_URL,
+                       help="the gateway's base URL, for the live users")
     group.add_argument("--audio-dir", env_var="LOCUST_AUDIO_DIR", default=str(DEFAULT_AUDIO_DIR),
                        help="folder with the clips and their manifest.tsv")
     group.add_argument("--max-clip-seconds", env_var="LOCUST_MAX_CLIP_SECONDS", type=float,
@@ -207,3 +214,9 @@ class HttpTranscribeUser(TranscribeUser):
         ]
         result = self.client.infer(tensor_names.ENSEMBLE_NAME, [audio_input], outputs=outputs)
         return first_row(result, tensor_names.TEXT), first_row(result, tensor_names.SEGMENTS)
+
+
+class LiveUser(LiveTranscriptionUser):
+    def clips(self) -> tuple[Clip, ...]:
+        options = self.environment.parsed_options
+        return clips_from(options.audio_dir, options.max_clip_seconds)

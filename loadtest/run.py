@@ -27,7 +27,7 @@ from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR, Summary
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
-USER_CLASSES = {"grpc": "GrpcTranscribeUser", "http": "HttpTranscribeUser"}
+USER_CLASSES = {"grpc": "GrpcTranscribeUser", "http": "HttpTranscribeUser", "live": "LiveUser"}
 # After --run-time, users get this long to finish the request in flight.
 STOP_TIMEOUT_S = 60
 EXIT_ON_FAILURE = 3  # distinct from locust's own 1 (failed requests) and 2 (bad usage)
@@ -47,6 +47,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--spawn-rate", type=float, default=2.0, help="users started per second")
     parser.add_argument("--run-time", default="30s", help="how long to send requests, e.g. 20s, 2m")
     parser.add_argument("--csv-prefix", type=Path, default=Path("out/loadtest/run"), help="report files' prefix")
+    parser.add_argument("--gateway-url", default="http://localhost:9000/v1",
+                        help="the gateway's base URL, for --protocols live (its Realtime sessions)")
     parser.add_argument("--audio-dir", type=Path, default=DEFAULT_AUDIO_DIR, help="clips and their manifest.tsv")
     parser.add_argument("--max-clip-seconds", type=float, default=60.0, help="leave out longer clips")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request fails")
@@ -91,6 +93,7 @@ def locust_command(args: argparse.Namespace) -> list[str]:
         "--exit-code-on-error", "1",
         "--triton-http", args.http_url,
         "--triton-grpc", args.grpc_url,
+        "--gateway-url", args.gateway_url,
         "--audio-dir", str(args.audio_dir),
         "--max-clip-seconds", str(args.max_clip_seconds),
         "--request-timeout", str(args.request_timeout),

@@ -156,7 +156,7 @@ def test_a_short_run_against_the_server_passes(server: RunningServer, tmp_path):
     assert completed.returncode == 0, output
     assert summary is not None, output
     assert summary.total.failures == 0 and not summary.errors, output
-    for protocol in run.USER_CLASSES:
+    for protocol in ("grpc", "http"):
         sent = sum(row.requests for row in summary.rows if row.request_type == protocol)
         assert sent > 0, f"no {protocol} request completed:\n{output}"
     assert Path(f"{prefix}_stats.csv").is_file() and Path(f"{prefix}.html").is_file()
@@ -170,6 +170,24 @@ def test_a_short_run_against_the_server_passes(server: RunningServer, tmp_path):
     assert origin["command"].startswith("python -m loadtest.run ")
     page = (tmp_path / "record.md").read_text()
     assert origin["commit"][:12] in page and f"| Aggregated | {summary.total.requests} | 0 |" in page
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_short_live_run_against_the_gateway_passes(gateway: str, tmp_path):
+    """Live users stream clips to the gateway's Realtime sessions and commit each turn."""
+    prefix = tmp_path / "live"
+    completed, summary = run_loadtest(
+        prefix, "--protocols=live", f"--gateway-url={gateway}", "--users=2", "--spawn-rate=2", "--run-time=20s",
+        "--max-clip-seconds=12",
+    )  # fmt: skip
+    output = completed.stdout[-4000:] + completed.stderr[-4000:]
+    assert completed.returncode == 0, output
+    assert summary is not None and summary.total.failures == 0 and not summary.errors, output
+    rows = {row.name: row for row in summary.rows}
+    assert {row.request_type for row in summary.rows} == {"live"}, output
+    assert set(rows) <= {"live first delta", "live completed"}, output
+    assert rows["live completed"].requests >= 2, output
 
 
 def test_without_locust_the_run_says_what_to_install(monkeypatch, capsys):

@@ -1,0 +1,408 @@
+"""Live sessions' latency: from the end of a spoken word to the delta that shows it.
+
+`--sessions` Realtime transcription sessions (/v1/realtime on the gateway) each
+stream the same speech, 24 kHz pcm16 in 100 ms chunks at the speed of speech,
+with server_vad turn detection: recordings of tests/data/audio with pauses
+between them (STREAM). The sessions start spread over one second.
+
+- Word latency: each recording is also transcribed as a file through the
+  gateway, with word timestamps: those words, placed where the recording sits
+  in the stream, are the reference. The words of a session's deltas are matched
+  to them in order (difflib); a word's latency is when the delta carrying it
+  came, less when its audio was sent (the stream's start plus the word's end).
+- Turn latency: from the end of a turn's speech (speech_stopped's
+  audio_end_ms) to its completed transcript.
+- Keeping up: whether the sessions sent their audio on time (the largest lag
+  of a chunk behind its due time) and whether latency grew along the stream
+  (p50 of the first and of the second half of the words).
+- `--batch-concurrency N` adds batch load beside the sessions: N gRPC clients
+  sending the same recordings to `transcribe` one after another; their RTFx is
+  measured alone first, for as long as the stream, then beside the sessions.
+
+The server is started here (`--checkpoint`, as `whisper-triton serve` takes it)
+with a gateway in front, unless `--gateway` and `--triton-grpc` name running ones.
+
+    python -m bench.live_latency --out docs/benchmarks/live-cpu
+    python -m bench.live_latency --sessions 100 --batch-concurrency 64 --out DIR   # on a GPU
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import contextlib
+import difflib
+import json
+import random
+import subprocess
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import soundfile
+import soxr
+
+from bench.clips import AUDIO_DIR
+from bench.provenance import commit_info, machine_info
+from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
+from python_backend_lib.apps.live_transcriber import wav_bytes
+from python_backend_lib.apps.local_agreement import comparison_key
+
+RATE = 24_000  # what the Realtime API takes
+CHUNK_S = 0.1
+PAUSE_S = 1.5  # between recordings: server_vad cuts a turn after 0.7 s of it
+STREAM = ("jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav",
+          "sense_and_sensibility_01_austen_64kb-0920.wav", "sense_and_sensibility_01_austen_64kb-0890.wav",
+          "input_2_16k.wav", "sense_and_sensibility_01_austen_64kb-0930.wav")
+VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 700}
+MODEL = "whisper-1"
+EVENT_TIMEOUT_S = 300.0
+STARTUP_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class ReferenceWord:
+    key: str  # local_agreement.comparison_key
+    end_s: float  # in the stream
+
+
+@dataclass(frozen=True)
+class Stream:
+    pcm: np.ndarray  # 24 kHz int16
+    words: tuple[ReferenceWord, ...]
+
+    @property
+    def seconds(self) -> float:
+        return len(self.pcm) / RATE
+
+
+def stream_audio() -> tuple[np.ndarray, list[tuple[str, float, np.ndarray]]]:
+    """The stream at 24 kHz (float), and each recording: its name, its start in the stream, its 16 kHz audio."""
+    pieces, placed, position = [np.zeros(int(PAUSE_S * RATE), np.float32)], [], PAUSE_S
+    for name in STREAM:
+        audio, rate = soundfile.read(AUDIO_DIR / name, dtype="float32")
+        placed.append((name, position, audio))
+        resampled = soxr.resample(audio, rate, RATE)
+        pieces += [resampled, np.zeros(int(PAUSE_S * RATE), np.float32)]
+        position += len(resampled) / RATE + PAUSE_S
+    return np.concatenate(pieces), placed
+
+
+def reference_stream(gateway: str) -> Stream:
+    """The stream, and its words timed by transcribing each recording as a file."""
+    import openai
+
+    audio, placed = stream_audio()
+    words = []
+    with openai.OpenAI(base_url=gateway, api_key="unused", max_retries=0, timeout=600) as client:
+        for name, start_s, recording in placed:
+            reply = client.audio.transcriptions.create(
+                model=MODEL, file=(name, wav_bytes(recording)), response_format="verbose_json",
+                timestamp_granularities=["word"], language="en",
+            )  # fmt: skip
+            words += [ReferenceWord(comparison_key(w.word), start_s + w.end) for w in reply.words]
+    pcm = (np.clip(audio, -1, 1) * 32767).round().astype("<i2")
+    return Stream(pcm, tuple(w for w in words if w.key))
+
+
+# ------------------------------------------------------------- one session
+
+
+@dataclass
+class SessionResult:
+    word_latencies_s: list[float] = field(default_factory=list)  # in the order of the stream's words
+    matched: int = 0
+    reference_words: int = 0
+    first_delta_s: float | None = None  # after the stream began
+    turn_latencies_s: list[float] = field(default_factory=list)  # speech end to completed
+    turns: int = 0
+    max_send_lag_s: float = 0.0
+    errors: list[str] = field(default_factory=list)
+
+
+async def live_session(url: str, stream: Stream, delay_s: float) -> SessionResult:
+    from websockets.asyncio.client import connect
+
+    await asyncio.sleep(delay_s)
+    result = SessionResult(reference_words=len(stream.words))
+    deltas: list[tuple[float, str]] = []  # (arrival, text)
+    stopped: dict[str, float] = {}  # item -> its speech's end, in the stream (s)
+    completed: dict[str, float] = {}  # item -> arrival
+    async with connect(url, max_size=None, open_timeout=60) as socket:
+        await socket.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
+            "input": {"format": {"type": "audio/pcm", "rate": RATE},
+                      "transcription": {"model": MODEL, "language": "en"}, "turn_detection": VAD}}}}))
+
+        async def receive() -> None:
+            async for message in socket:
+                event, now = json.loads(message), time.monotonic()
+                kind = event["type"]
+                if kind == "conversation.item.input_audio_transcription.delta":
+                    deltas.append((now, event["delta"]))
+                elif kind == "input_audio_buffer.speech_stopped":
+                    stopped[event["item_id"]] = event["audio_end_ms"] / 1000
+                elif kind == "conversation.item.input_audio_transcription.completed":
+                    completed[event["item_id"]] = now
+                elif kind in ("error", "conversation.item.input_audio_transcription.failed"):
+                    result.errors.append(json.dumps(event)[:300])
+
+        receiver = asyncio.create_task(receive())
+        step = int(CHUNK_S * RATE)
+        started = time.monotonic()
+        for index, offset in enumerate(range(0, len(stream.pcm), step)):
+            due = started + index * CHUNK_S
+            await asyncio.sleep(max(0.0, due - time.monotonic()))
+            result.max_send_lag_s = max(result.max_send_lag_s, time.monotonic() - due)
+            chunk = stream.pcm[offset:offset + step].tobytes()
+            await socket.send(json.dumps({"type": "input_audio_buffer.append",
+                                          "audio": base64.b64encode(chunk).decode()}))
+        deadline = time.monotonic() + EVENT_TIMEOUT_S
+        while (len(completed) < len(stopped) or not stopped) and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        receiver.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await receiver
+    result.turns = len(stopped)
+    result.turn_latencies_s = [completed[item] - (started + end) for item, end in stopped.items() if item in completed]
+    if deltas:
+        result.first_delta_s = deltas[0][0] - started
+    said = [(arrival, comparison_key(word)) for arrival, text in deltas for word in text.split()]
+    said = [(arrival, key) for arrival, key in said if key]
+    matcher = difflib.SequenceMatcher(a=[k for _, k in said], b=[w.key for w in stream.words], autojunk=False)
+    for block in matcher.get_matching_blocks():
+        for k in range(block.size):
+            arrival = said[block.a + k][0]
+            result.word_latencies_s.append(arrival - (started + stream.words[block.b + k].end_s))
+    result.matched = len(result.word_latencies_s)
+    return result
+
+
+# ------------------------------------------------------------- batch load beside
+
+
+@dataclass
+class BatchLoad:
+    audio_s: float = 0.0
+    requests: int = 0
+    errors: int = 0
+
+
+async def batch_load(triton_grpc: str, concurrency: int, seconds: float) -> BatchLoad:
+    """`concurrency` clients sending the stream's recordings to `transcribe` for `seconds`."""
+    import tritonclient.grpc.aio as triton
+
+    from python_backend_lib.serving import tensor_names
+
+    _, placed = stream_audio()
+    files = [(wav_bytes(audio), len(audio) / 16_000) for _, _, audio in placed]
+    load, stop = BatchLoad(), time.monotonic() + seconds
+    client = triton.InferenceServerClient(triton_grpc)
+
+    async def one_client(index: int) -> None:
+        turn = index
+        while time.monotonic() < stop:
+            data, duration = files[turn % len(files)]
+            turn += 1
+            tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+            tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+            try:
+                await client.infer("transcribe", [tensor], parameters={"response_format": "text"})
+            except Exception:  # counted and reported: the load goes on
+                load.errors += 1
+                continue
+            if time.monotonic() < stop:
+                load.audio_s += duration
+                load.requests += 1
+
+    try:
+        await asyncio.gather(*(one_client(i) for i in range(concurrency)))
+    finally:
+        await client.close()
+    return load
+
+
+# ------------------------------------------------------------- the run
+
+
+@dataclass(frozen=True)
+class Summary:
+    sessions: int
+    batch_concurrency: int
+    stream_s: float
+    words: int  # reference words, all sessions
+    matched: int
+    word_latency_p50_s: float | None
+    word_latency_p90_s: float | None
+    word_latency_max_s: float | None
+    first_half_p50_s: float | None
+    second_half_p50_s: float | None
+    first_delta_p50_s: float | None
+    turns: int
+    turn_latency_p50_s: float | None
+    turn_latency_max_s: float | None
+    max_send_lag_s: float
+    errors: int
+    batch_rtfx_alone: float | None = None
+    batch_rtfx_beside: float | None = None
+
+
+def _quantile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+def summarize(results: list[SessionResult], stream: Stream, batch_concurrency: int) -> Summary:
+    latencies = [x for r in results for x in r.word_latencies_s]
+    halves = [(x, i < len(r.word_latencies_s) / 2) for r in results for i, x in enumerate(r.word_latencies_s)]
+    turns = [x for r in results for x in r.turn_latencies_s]
+    firsts = [r.first_delta_s for r in results if r.first_delta_s is not None]
+    return Summary(
+        sessions=len(results), batch_concurrency=batch_concurrency, stream_s=round(stream.seconds, 2),
+        words=sum(r.reference_words for r in results), matched=sum(r.matched for r in results),
+        word_latency_p50_s=_quantile(latencies, 0.5), word_latency_p90_s=_quantile(latencies, 0.9),
+        word_latency_max_s=_quantile(latencies, 1.0),
+        first_half_p50_s=_quantile([x for x, first in halves if first], 0.5),
+        second_half_p50_s=_quantile([x for x, first in halves if not first], 0.5),
+        first_delta_p50_s=_quantile(firsts, 0.5), turns=sum(r.turns for r in results),
+        turn_latency_p50_s=_quantile(turns, 0.5), turn_latency_max_s=_quantile(turns, 1.0),
+        max_send_lag_s=round(max(r.max_send_lag_s for r in results), 3), errors=sum(len(r.errors) for r in results),
+    )
+
+
+async def measure(
+    gateway: str, triton_grpc: str, stream: Stream, sessions: int, batch_concurrency: int
+) -> tuple[Summary, list[float]]:
+    """The summary, and every matched word's latency."""
+    url = gateway.replace("http://", "ws://") + "/realtime?intent=transcription"
+    alone = None
+    if batch_concurrency:
+        print(f"batch load alone: {batch_concurrency} clients for {stream.seconds:.0f} s", flush=True)
+        alone = await batch_load(triton_grpc, batch_concurrency, stream.seconds)
+    print(f"{sessions} live session(s) streaming {stream.seconds:.0f} s of speech"
+          + (f", {batch_concurrency} batch clients beside" if batch_concurrency else ""), flush=True)
+    jobs = [live_session(url, stream, random.Random(i).uniform(0, 1.0) if sessions > 1 else 0.0)
+            for i in range(sessions)]
+    beside = None
+    if batch_concurrency:
+        *results, beside = await asyncio.gather(*jobs, batch_load(triton_grpc, batch_concurrency, stream.seconds))
+    else:
+        results = await asyncio.gather(*jobs)
+    summary = summarize(list(results), stream, batch_concurrency)
+    if alone is not None and beside is not None:
+        summary = Summary(**{**asdict(summary), "batch_rtfx_alone": round(alone.audio_s / stream.seconds, 1),
+                             "batch_rtfx_beside": round(beside.audio_s / stream.seconds, 1)})
+    for result in results:
+        for error in result.errors[:3]:
+            print("  error:", error, flush=True)
+    return summary, [x for r in results for x in r.word_latencies_s]
+
+
+@contextlib.contextmanager
+def gateway_process(triton_grpc: str, log: Path):
+    port = free_port()
+    with log.open("w") as out:
+        process = subprocess.Popen([*whisper_triton(), "gateway", f"--triton-url={triton_grpc}", f"--port={port}",
+                                    f"--model-id={MODEL}", "--max-live-sessions=1000"],
+                                   stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}/v1"
+    try:
+        import urllib.request
+
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/models", timeout=1):
+                    break
+            except OSError:
+                if time.monotonic() > deadline or process.poll() is not None:
+                    raise RuntimeError(f"the gateway did not start:\n{log.read_text()[-2000:]}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def markdown(rows: list[Summary], header: str) -> str:
+    lines = [header, "",
+             "| sessions | batch clients | words matched | word → delta p50 | p90 | max | first half p50 | "
+             "second half p50 | first delta p50 | turn end → completed p50 | max | send lag max | errors | "
+             "batch RTFx alone → beside |", "|" + "---|" * 14]
+    for r in rows:
+        batch = f"{r.batch_rtfx_alone} → {r.batch_rtfx_beside}" if r.batch_rtfx_alone is not None else "–"
+        lines.append(
+            f"| {r.sessions} | {r.batch_concurrency} | {r.matched}/{r.words} | **{r.word_latency_p50_s} s** | "
+            f"{r.word_latency_p90_s} s | {r.word_latency_max_s} s | {r.first_half_p50_s} s | {r.second_half_p50_s} s | "
+            f"{r.first_delta_p50_s} s | {r.turn_latency_p50_s} s | {r.turn_latency_max_s} s | {r.max_send_lag_s} s | "
+            f"{r.errors} | {batch} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--sessions", type=int, nargs="+", default=[1], help="session counts to measure, in turn")
+    parser.add_argument("--batch-concurrency", type=int, default=0)
+    parser.add_argument("--checkpoint", help="as `whisper-triton serve --checkpoint` takes it (default: packaged)")
+    parser.add_argument("--gateway", help="a running gateway's base URL (http://HOST:PORT/v1)")
+    parser.add_argument("--triton-grpc", help="the gateway's Triton (HOST:PORT), with --gateway")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        if args.gateway:
+            gateway, triton_grpc = args.gateway, args.triton_grpc
+        else:
+            command = ServeCommand(checkpoint=args.checkpoint)
+            print(f"starting {command.display}", flush=True)
+            stack.enter_context(ServerProcess(command, args.out / "serve.log", STARTUP_TIMEOUT_S))
+            triton_grpc = command.grpc_url
+            gateway = stack.enter_context(gateway_process(triton_grpc, args.out / "gateway.log"))
+        stream = reference_stream(gateway)
+        print(f"reference: {len(stream.words)} words in {stream.seconds:.1f} s of stream", flush=True)
+        rows, latencies = [], []
+        for sessions in args.sessions:
+            summary, measured = asyncio.run(measure(gateway, triton_grpc, stream, sessions, args.batch_concurrency))
+            rows.append(summary)
+            latencies.append(measured)
+            print(markdown(rows[-1:], ""), flush=True)
+    commit, machine = commit_info(), machine_info()
+    record = {"commit": commit.commit, "dirty": commit.dirty, "machine": machine,
+              "recorded": time.strftime("%Y-%m-%d %H:%M"), "checkpoint": args.checkpoint or "packaged tiny.en",
+              "stream": list(STREAM), "rows": [asdict(r) for r in rows]}
+    (args.out / "live.json").write_text(json.dumps(record, indent=1))
+    where = machine["gpu"] or f"{machine['cpu']}, {machine['cpu_count']} cores"
+    header = (f"# Live sessions: word end to delta\n\n{record['recorded']}, commit `{commit.commit}`, {where}; "
+              f"{record['checkpoint']}. Stream: {', '.join(STREAM)}, {PAUSE_S:g} s apart, server_vad. "
+              f"Command: `python -m bench.live_latency --out {args.out} --sessions "
+              f"{' '.join(map(str, args.sessions))}" + (f" --batch-concurrency {args.batch_concurrency}"
+                                                         if args.batch_concurrency else "") + "`.")
+    (args.out / "README.md").write_text(markdown(rows, header) + "\n![word end to delta](live.png)\n")
+    plot(rows, latencies, args.out / "live.png")
+    print(markdown(rows, header))
+
+
+def plot(rows: list[Summary], latencies: list[list[float]], path: Path) -> None:
+    """The share of words shown within each delay, per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 4))
+    for row, values in zip(rows, latencies):
+        ordered = np.sort(values)
+        label = f"{row.sessions} session(s)" + (f", {row.batch_concurrency} batch" if row.batch_concurrency else "")
+        axis.plot(ordered, np.arange(1, len(ordered) + 1) / max(len(ordered), 1), label=label)
+    axis.set(xlabel="word end to its delta (s)", ylabel="share of words", title="Live sessions: word latency")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
+if __name__ == "__main__":
+    main()
