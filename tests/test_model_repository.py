@@ -49,9 +49,6 @@ ENSEMBLE_STEPS = {
     names.STREAM_ENSEMBLE_NAME: [names.PREPROCESSING_NAME, names.WHISPER_STREAM_NAME, names.POSTPROCESSING_NAME],
 }
 DECOUPLED_MODELS = {names.STREAM_ENSEMBLE_NAME, names.WHISPER_STREAM_NAME}
-# vad_filter's speech spans do not reach postprocessing on the streamed path (whisper_stream
-# refuses vad_filter: tests/test_streaming.py), so there they are left unmapped.
-VAD_TENSORS = {names.SPEECH_SPANS, names.RECORDING_SAMPLES}
 # Every model reads the checkpoint: its log-mel's bins, its engine, its tokenizer.
 CHECKPOINT_MODELS = [names.PREPROCESSING_NAME, names.WHISPER_NAME, names.POSTPROCESSING_NAME, names.WHISPER_STREAM_NAME]
 # Where each model runs: preprocessing and whisper on every visible GPU (or on the CPU
@@ -249,9 +246,8 @@ def test_ensemble_steps_connect_every_tensor_once(ensemble):
         inputs, outputs = PYTHON_MODELS[model]
         input_map = {one(m, "key"): one(m, "value") for m in step["input_map"]}
         output_map = {one(m, "key"): one(m, "value") for m in step["output_map"]}
-        unmapped = VAD_TENSORS if ensemble == names.STREAM_ENSEMBLE_NAME else set()
-        assert set(input_map) == set(inputs) - unmapped, f"{model}: every input mapped"
-        assert set(output_map) == set(outputs) - unmapped, f"{model}: every output mapped"
+        assert set(input_map) == set(inputs), f"{model}: every input mapped"
+        assert set(output_map) == set(outputs), f"{model}: every output mapped"
         for tensor, value in input_map.items():
             assert value in available, f"{model} reads {value!r} before any step writes it"
             assert available[value] == inputs[tensor], f"{model}.{tensor}: data type"

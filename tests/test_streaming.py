@@ -7,13 +7,16 @@ The reference is the batch path: the same file through `transcribe`."""
 from __future__ import annotations
 
 import dataclasses
+import io
 import struct
 import subprocess
 import threading
 
 import grpc
+import numpy as np
 import openai
 import pytest
+import soundfile
 from conftest import AUDIO_DIR, RunningServer, whisper_triton_command
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 
@@ -131,9 +134,27 @@ def test_a_stream_ends_with_the_final_flag_after_a_cancel(server):
     assert "cancelled" in messages[-1].error_message and is_final(messages[-1].infer_response.parameters)
 
 
-def test_vad_filter_is_refused_on_the_streamed_path_by_name(grpc_client):
-    with pytest.raises(TranscriptionError, match="vad_filter is not offered on the streamed path"):
-        list(grpc_client.stream(JFK, vad_filter=True))
+def test_vad_filter_streams_the_batch_answer_on_the_recordings_timeline(grpc_client):
+    """Speech between faint noise: streamed with vad_filter, the segments are the batch
+    answer's, timed on the whole recording (preprocessing's spans reach postprocessing
+    through whisper_stream's responses), not on the speech alone."""
+    rng = np.random.default_rng(7)
+    noise = [(rng.standard_normal(round(seconds * 16_000)) * 0.003).astype(np.float32) for seconds in (6.0, 9.0, 4.0)]
+    jfk, _ = soundfile.read(JFK, dtype="float32")
+    forward, _ = soundfile.read(AUDIO_DIR / "goforward.wav", dtype="float32")
+    audio = np.concatenate([noise[0], jfk, noise[1], forward, noise[2]])
+    data = io.BytesIO()
+    soundfile.write(data, audio, 16_000, format="WAV", subtype="PCM_16")
+    options = {"response_format": "verbose_json", "vad_filter": True}
+    batch = grpc_client.outputs(data.getvalue(), **options)
+    updates = list(grpc_client.stream(data.getvalue(), **options))
+    assert updates[-1].final
+    last = updates[-1].outputs
+    assert (last.text, last.segments) == (batch.text, batch.segments)
+    assert_same_document(Document.from_verbose_json(last.formatted), Document.from_verbose_json(batch.formatted))
+    segments = Document.from_verbose_json(last.formatted).segments
+    forward_starts = 6.0 + len(jfk) / 16_000 + 9.0
+    assert segments[0].start >= 6.0 - 1.0 and segments[-1].start >= forward_starts - 1.0, segments
 
 
 def test_the_clients_stream_raises_the_servers_error(grpc_client, server):

@@ -19,10 +19,11 @@ Decoupled (the `whisper_stream` model of the streamed path, `settings.decoupled`
 a request is also answered while it is decoded: each time more windows are
 settled (`LongFormJob`'s progress), a response with the record so far, then the
 whole record (or the error) with the final flag, always last. Every response
-carries SAMPLES too, since an ensemble hands the next step only tensors of the
-same response. Each response holds everything so far, not only what is new, so
-that a response overtaken on its way (postprocessing runs several instances)
-loses nothing.
+carries SAMPLES too, and vad_filter's SPEECH_SPANS and RECORDING_SAMPLES when
+they came, since an ensemble hands the next step only tensors of the same
+response. Each response holds everything so far, not only what is new, so that
+a response overtaken on its way (postprocessing runs several instances) loses
+nothing.
 """
 
 from __future__ import annotations
@@ -80,6 +81,7 @@ class _Request:
 
     sender: Any
     samples: int = 0  # the recording's length, sent with every response when decoupled
+    passed_on: dict[str, np.ndarray] = field(default_factory=dict)  # decoupled: inputs every response repeats
     entry: Entry | None = None  # None: refused before admission
     watch: Watch | None = None
     # Decoupled: the responses' order. Windows already sent, and whether the final one went.
@@ -132,11 +134,6 @@ class WhisperService:
             pending = _Request(request.get_response_sender())
             try:
                 parameters = parse_request_parameters(request.parameters())
-                if self.settings.decoupled and parameters.vad is not None:
-                    # The streamed ensemble hands postprocessing only this model's responses,
-                    # without preprocessing's SPEECH_SPANS: times would stay on the speech alone.
-                    raise RequestError("vad_filter is not offered on the streamed path (transcribe_stream) yet: "
-                                       "send the request to transcribe")
                 if parameters.cancel is not None:
                     self.board.post(parameters.cancel)
                     self._responders.submit(self._send, pending, self.pb_utils.InferenceResponse(output_tensors=[]))
@@ -166,6 +163,8 @@ class WhisperService:
             try:
                 item.pending.watch = self.watcher.watch(item.request.is_cancelled, item.parameters.request_id)
                 item.pending.samples = item.log_mel.samples
+                if self.settings.decoupled:
+                    item.pending.passed_on = self._passed_on(item.request)
                 progress = partial(self._progressed, item.pending) if self.settings.decoupled else None
                 self.pipeline.start(
                     log_mel,
@@ -224,10 +223,21 @@ class WhisperService:
             except Exception:  # the final response still comes, and says what failed
                 log.warning("could not send a partial response", exc_info=True)
 
+    def _passed_on(self, request: Any) -> dict[str, np.ndarray]:
+        """The optional inputs a decoupled response repeats for postprocessing: vad_filter's,
+        without the request's batch dimension, as the other outputs are written."""
+        arrays = {}
+        for name in (tensor_names.SPEECH_SPANS, tensor_names.RECORDING_SAMPLES):
+            tensor = self.pb_utils.get_input_tensor_by_name(request, name)
+            if tensor is not None:
+                arrays[name] = tensor.as_numpy()[0]
+        return arrays
+
     def _outputs(self, pending: _Request, record: DecodedRecording) -> dict[str, np.ndarray]:
         arrays = to_tensors(record).by_name()
         if self.settings.decoupled:
             arrays[tensor_names.SAMPLES] = np.array([pending.samples], dtype=np.int64)
+            arrays.update(pending.passed_on)
         return arrays
 
     def _answer(self, pending: _Request, outcome: Any) -> None:
