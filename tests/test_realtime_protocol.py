@@ -91,3 +91,30 @@ def test_the_api_key_comes_as_a_bearer_header_or_a_browsers_subprotocol():
     assert not _authorized(None, ["realtime"], "s3cret")
     assert not _authorized("Bearer other", ["openai-insecure-api-key.other"], "s3cret")
     assert not _authorized("s3cret", [], "s3cret")  # without "Bearer "
+
+
+def test_a_hypothesis_in_flight_is_cancelled_when_its_turn_ends():
+    """The turn's final transcription must not wait behind a hypothesis nobody needs."""
+    import asyncio
+
+    from python_backend_lib.apps.realtime import Session, Turn
+
+    async def scenario() -> tuple[object, object, bool]:
+        finished = Turn("item_a", 0)
+        quick = await Session._unless_ended(finished, asyncio.sleep(0, result="hypothesis"))
+        cancelled = asyncio.Event()
+
+        async def slow() -> str:
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                cancelled.set()
+                raise
+            return "too late"
+
+        turn = Turn("item_b", 0)
+        asyncio.get_running_loop().call_later(0.05, turn.close)
+        late = await asyncio.wait_for(Session._unless_ended(turn, slow()), 5)
+        return quick, late, cancelled.is_set()
+
+    assert asyncio.run(scenario()) == ("hypothesis", None, True)

@@ -16,10 +16,11 @@ with batch requests; a session that ends cancels its requests in flight.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -134,7 +135,8 @@ class Turn:
     chunks: list[np.ndarray] = field(default_factory=list)
     samples: int = 0
     closed: bool = False
-    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)  # more audio, or closed
+    ended: asyncio.Event = field(default_factory=asyncio.Event)  # closed
     task: asyncio.Task | None = None
 
     def add(self, audio: np.ndarray) -> None:
@@ -153,6 +155,7 @@ class Turn:
             self.chunks, self.samples = [self.audio()[:samples]], samples
         self.closed = True
         self.changed.set()
+        self.ended.set()
 
 
 class Session:
@@ -299,7 +302,7 @@ class Session:
                 grown = turn.samples - decoded
                 if turn.samples >= FIRST_HYPOTHESIS_S * SAMPLE_RATE and grown >= HYPOTHESIS_STEP_S * SAMPLE_RATE:
                     decoded = turn.samples
-                    hypothesis = await self._hypothesis(turn.audio()[:decoded], settings)
+                    hypothesis = await self._unless_ended(turn, self._hypothesis(turn.audio()[:decoded], settings))
                     if hypothesis is not None and not turn.closed:
                         await self._delta(turn, agreement, agreement.insert(hypothesis.words))
                 else:
@@ -317,6 +320,26 @@ class Session:
                 "conversation.item.input_audio_transcription.failed", item_id=turn.item_id, content_index=0,
                 error={"type": "server_error", "code": "transcription_failed", "message": str(error), "param": None},
             ))  # fmt: skip
+
+    @staticmethod
+    async def _unless_ended(turn: Turn, hypothesis: Awaitable[LiveTranscript | None]) -> LiveTranscript | None:
+        """The hypothesis, or None if the turn ends first: it is cancelled (on the server too),
+        so that the turn's final transcription does not wait behind it."""
+        task = asyncio.ensure_future(hypothesis)
+        ended = asyncio.ensure_future(turn.ended.wait())
+        try:
+            await asyncio.wait({task, ended}, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # the session ends: the hypothesis goes with it
+            task.cancel()
+            raise
+        finally:
+            ended.cancel()
+        if task.done():
+            return task.result()
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        return None
 
     async def _hypothesis(self, audio: np.ndarray, settings: SessionSettings) -> LiveTranscript | None:
         """A transcript of the turn so far; None if the server could not give one (the next try may)."""
