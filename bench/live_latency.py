@@ -32,8 +32,10 @@ import argparse
 import asyncio
 import base64
 import contextlib
+import dataclasses
 import difflib
 import json
+import os
 import random
 import subprocess
 import time
@@ -246,6 +248,7 @@ class Summary:
     errors: int
     batch_rtfx_alone: float | None = None
     batch_rtfx_beside: float | None = None
+    load_average: tuple[float, float] | None = None  # the host's 1-minute load average before and after
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -286,15 +289,16 @@ async def measure(
           + (f", {batch_concurrency} batch clients beside" if batch_concurrency else ""), flush=True)
     jobs = [live_session(url, stream, random.Random(i).uniform(0, 1.0) if sessions > 1 else 0.0)
             for i in range(sessions)]
-    beside = None
+    beside, load_before = None, os.getloadavg()[0]
     if batch_concurrency:
         *results, beside = await asyncio.gather(*jobs, batch_load(triton_grpc, batch_concurrency, stream.seconds))
     else:
         results = await asyncio.gather(*jobs)
-    summary = summarize(list(results), stream, batch_concurrency)
+    summary = dataclasses.replace(summarize(list(results), stream, batch_concurrency),
+                                  load_average=(round(load_before, 2), round(os.getloadavg()[0], 2)))
     if alone is not None and beside is not None:
-        summary = Summary(**{**asdict(summary), "batch_rtfx_alone": round(alone.audio_s / stream.seconds, 1),
-                             "batch_rtfx_beside": round(beside.audio_s / stream.seconds, 1)})
+        summary = dataclasses.replace(summary, batch_rtfx_alone=round(alone.audio_s / stream.seconds, 1),
+                                      batch_rtfx_beside=round(beside.audio_s / stream.seconds, 1))
     for result in results:
         for error in result.errors[:3]:
             print("  error:", error, flush=True)
@@ -331,14 +335,14 @@ def markdown(rows: list[Summary], header: str) -> str:
     lines = [header, "",
              "| sessions | batch clients | words matched | word → delta p50 | p90 | max | first half p50 | "
              "second half p50 | first delta p50 | turn end → completed p50 | max | send lag max | errors | "
-             "batch RTFx alone → beside |", "|" + "---|" * 14]
+             "batch RTFx alone → beside | load average before → after |", "|" + "---|" * 15]
     for r in rows:
         batch = f"{r.batch_rtfx_alone} → {r.batch_rtfx_beside}" if r.batch_rtfx_alone is not None else "–"
         lines.append(
             f"| {r.sessions} | {r.batch_concurrency} | {r.matched}/{r.words} | **{r.word_latency_p50_s} s** | "
             f"{r.word_latency_p90_s} s | {r.word_latency_max_s} s | {r.first_half_p50_s} s | {r.second_half_p50_s} s | "
             f"{r.first_delta_p50_s} s | {r.turn_latency_p50_s} s | {r.turn_latency_max_s} s | {r.max_send_lag_s} s | "
-            f"{r.errors} | {batch} |")
+            f"{r.errors} | {batch} | {r.load_average[0]} → {r.load_average[1]} |")
     return "\n".join(lines) + "\n"
 
 
