@@ -22,14 +22,23 @@ import warnings
 import torch
 from torch import nn
 
+from python_backend_lib.core.quantization import Quantization, device_problem
+
 # Integer range of the symmetric weights: -127..127, so that negating one never overflows.
 WEIGHT_LEVELS = 127
 ENGINE = "fbgemm"
 
 
-def can_quantize(device: torch.device) -> bool:
-    """Whether this PyTorch has the int8 kernels that `pack` needs, on `device`."""
-    return device.type == "cpu" and ENGINE in torch.backends.quantized.supported_engines
+def problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why a model on `device` in `dtype` cannot run its linear layers in int8, or None."""
+    off_cpu = device_problem(Quantization.INT8, str(device))
+    if off_cpu is not None:
+        return off_cpu
+    if ENGINE not in torch.backends.quantized.supported_engines:
+        return f"int8 quantization needs PyTorch's {ENGINE} kernels, which this build of PyTorch lacks"
+    if dtype != torch.float32:
+        return f"int8 quantization keeps the rest of the model in float32, not {dtype}"
+    return None
 
 
 def pack(weight: torch.Tensor, bias: torch.Tensor | None) -> torch.ScriptObject:

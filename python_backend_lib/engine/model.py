@@ -17,7 +17,7 @@ from torch import nn
 
 from python_backend_lib.checkpoints.weights import Checkpoint
 from python_backend_lib.core.model_facts import ModelDims
-from python_backend_lib.core.quantization import Quantization, device_problem
+from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.engine import cpu_int8, cpu_linear
 from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 
@@ -161,11 +161,7 @@ class Whisper(nn.Module):
         quantization: Quantization = Quantization.NONE,
     ) -> "Whisper":
         """ValueError for a `quantization` that cannot run on `device` or with `dtype`."""
-        problem = device_problem(quantization, str(device))
-        if problem is None and quantization is Quantization.INT8 and not cpu_int8.can_quantize(device):
-            problem = f"this PyTorch has no {cpu_int8.ENGINE} int8 kernels"
-        if problem is None and quantization is Quantization.INT8 and dtype != torch.float32:
-            problem = f"int8 quantization keeps the rest of the model in float32, not {dtype}"
+        problem = cpu_int8.problem(device, dtype) if quantization is Quantization.INT8 else None
         if problem is not None:
             raise ValueError(problem)
         with torch.device("meta"):
