@@ -330,6 +330,9 @@ class Results:
 
     def add(self, section: str, measurement: Measurement) -> None:
         self.data[section].append(measurement.record(self.references))
+        self.save()
+
+    def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.data, indent=1))
 
@@ -425,6 +428,7 @@ def main(argv: list[str] | None = None) -> None:
                     results.add("measurements", measure(system, setting, repeat, transcribe, recordings, run_args,
                                                         servers.get(system)))  # fmt: skip
             results.data["server_ready_s"] = {system: round(server.ready_s, 1) for system, server in servers.items()}
+            results.save()
     finally:
         for close in closers:
             close()
