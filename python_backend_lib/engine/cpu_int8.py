@@ -6,6 +6,10 @@ input on the fly (one scale and zero point for the whole input, from its range),
 multiplies in int8 with int32 sums and returns float32 with the bias added:
 PyTorch's dynamic quantization, without its module-swapping machinery.
 
+The input's scale is the whole batch's: a row's result depends on the rows beside
+it (float32's does not), so the same recording may come out differently in
+another batch.
+
 The inputs use 7 bits, not 8 (`reduce_range`): on processors without VNNI,
 FBGEMM's AVX2 kernel adds pairs of u8 x s8 products in 16 bits, which full-range
 inputs can overflow.
