@@ -1,4 +1,4 @@
-"""CPU benchmark: the served path against faster-whisper int8, side by side, on the shared clips.
+"""CPU benchmark: the served path, float32 and int8, against faster-whisper int8, side by side, on the shared clips.
 
     python -m bench.cpu --out docs/benchmarks
 
@@ -7,6 +7,8 @@ WAV files, audio decoding included, with timestamps on and greedy decoding
 (temperature fallback as each ships it), `--rounds` times over, from
 `--concurrency` client threads:
 - served: `whisper-triton serve` as shipped (packaged tiny.en), gRPC `transcribe`;
+- served int8: the same, started with `--quantize int8` (both servers run
+  throughout; the one not measured is idle);
 - faster-whisper: the same CTranslate2 folder the packaged checkpoint is, int8,
   `WhisperModel.transcribe` (beam_size=1) and `BatchedInferencePipeline`, its
   thread counts and batch size tuned first (one round per setting);
@@ -54,6 +56,8 @@ FW_BATCH_SIZES = (1, 2, 4, 8, 16)
 FW_DEFAULT_BATCH = 8
 # Triton's Python-backend stubs, told apart by the model file they run.
 SERVED_MODELS = ("preprocessing", "whisper")
+# The served systems: `whisper-triton serve` with these flags.
+SERVED_SYSTEMS = {"served": (), "served int8": ("--quantize", "int8")}
 
 
 _STARTED = time.perf_counter()
@@ -188,14 +192,15 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def served(log_path: Path, environment: dict[str, str], instances: dict[str, Instances] | None = None) -> Iterator[Served]:
-    """`whisper-triton serve` with the packaged checkpoint on free ports; the packaged
-    repository, or a copy of it with other instance counts."""
+def served(log_path: Path, environment: dict[str, str], instances: dict[str, Instances] | None = None,
+           flags: tuple[str, ...] = ()) -> Iterator[Served]:  # fmt: skip
+    """`whisper-triton serve` with the packaged checkpoint on free ports and `flags`; the
+    packaged repository, or a copy of it with other instance counts."""
     from clients.api import Protocol, WhisperClient
 
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
     command = [sys.executable, "-m", "python_backend_lib.apps.cli", "serve",
-               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}"]  # fmt: skip
+               f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", *flags]  # fmt: skip
     if instances:
         command += ["--model-repository", str(repository_with_instances(instances, log_path.parent / "cpu-repository"))]
     say(f"served: starting {' '.join(command[2:])} (log: {log_path})")
@@ -325,6 +330,9 @@ class Results:
 
     def add(self, section: str, measurement: Measurement) -> None:
         self.data[section].append(measurement.record(self.references))
+        self.save()
+
+    def save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.path.write_text(json.dumps(self.data, indent=1))
 
@@ -365,6 +373,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=REPEATS, help="measurements per system, taking turns")
     parser.add_argument("--concurrency", type=int, default=CONCURRENCY, help="client threads (served, library)")
     parser.add_argument("--no-library", action="store_true", help="skip the in-process library")
+    parser.add_argument("--no-int8", action="store_true", help="skip the server started with --quantize int8")
     parser.add_argument("--server-env", action="append", default=[], metavar="NAME=VALUE",
                         help="extra environment for the server (e.g. to try thread settings)")  # fmt: skip
     add_instances_option(parser)
@@ -380,7 +389,8 @@ def main(argv: list[str] | None = None) -> None:
         "date": time.strftime("%Y-%m-%d %H:%M"), "command": " ".join(["python -m bench.cpu", *(argv or sys.argv[1:])]),
         **commit(), "machine": machine(), "clips": [{"file": c.file, "duration_s": c.duration} for c in references.values()],
         "audio_s_per_round": audio, "rounds": args.rounds, "repeats": args.repeats, "concurrency": args.concurrency,
-        "decoding": {"served and library": "greedy, timestamps, temperature fallback 0.0-1.0 by 0.2 (openai-whisper's)",
+        "decoding": {"served, served int8 and library": "greedy, timestamps, temperature fallback 0.0-1.0 by 0.2 "
+                                                        "(openai-whisper's)",
                      "faster-whisper": f"{FW_OPTIONS} and faster-whisper's defaults otherwise",
                      "faster-whisper batched": "as faster-whisper, its pipeline's defaults: VAD on, no fallback"},
         "server_changes": changes,
@@ -398,10 +408,17 @@ def main(argv: list[str] | None = None) -> None:
         transcribe, close = library_transcriber(None)
         systems.append(("library", f"Pipeline.transcribe, {args.concurrency} threads", transcribe))
         closers.append(close)
+    servers: dict[str, Served] = {}
     try:
-        with served(args.out / "cpu-serve.log", environment, instances) as server:
-            served_setting = "whisper-triton serve, gRPC, " + (", ".join(changes) if changes else "as shipped")
-            systems.insert(0, ("served", served_setting, server.transcriber()))
+        with contextlib.ExitStack() as stack:
+            changes_text = ", ".join(changes) if changes else "as shipped"
+            for position, (system, flags) in enumerate(SERVED_SYSTEMS.items()):
+                if flags and args.no_int8:
+                    continue
+                log = args.out / f"cpu-serve{'-' + '-'.join(f.strip('-') for f in flags) if flags else ''}.log"
+                servers[system] = stack.enter_context(served(log, environment, instances, flags))
+                setting = " ".join(["whisper-triton serve", *flags]) + f", gRPC, {changes_text}"
+                systems.insert(position, (system, setting, servers[system].transcriber()))
             for _, _, transcribe in systems:  # warm-up: connections, first allocations
                 run_load(transcribe, recordings[:4], 1, args.concurrency)
             for repeat in range(1, args.repeats + 1):
@@ -409,8 +426,9 @@ def main(argv: list[str] | None = None) -> None:
                     concurrency = best.get(system, (0, args.concurrency))[1]
                     run_args = argparse.Namespace(**{**vars(args), "concurrency": concurrency})
                     results.add("measurements", measure(system, setting, repeat, transcribe, recordings, run_args,
-                                                        server if system == "served" else None))  # fmt: skip
-            results.data["server_ready_s"] = round(server.ready_s, 1)
+                                                        servers.get(system)))  # fmt: skip
+            results.data["server_ready_s"] = {system: round(server.ready_s, 1) for system, server in servers.items()}
+            results.save()
     finally:
         for close in closers:
             close()

@@ -1,4 +1,4 @@
-"""`bench.cpu`'s JSON as Markdown and a plot: the side-by-side table, the ratio, where the CPU time went.
+"""`bench.cpu`'s JSON as Markdown and a plot: the side-by-side table, the ratios, where the CPU time went.
 
     python -m bench.cpu_report docs/benchmarks/cpu.json [--out docs/benchmarks]
 """
@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from reference import normalize
 
 FASTER_WHISPER = ("faster-whisper", "faster-whisper batched")
+SERVED = ("served", "served int8")  # float32, as shipped, and `--quantize int8`
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,9 @@ def summaries(records: list[dict]) -> list[Summary]:
     return [Summary.of(group) for group in systems.values()]
 
 
-def ratio(found: list[Summary]) -> tuple[float, Summary, Summary] | None:
-    """Served median RTFx over the best faster-whisper median, and the two summaries."""
-    served = next((s for s in found if s.system == "served"), None)
+def ratio(found: list[Summary], system: str = "served") -> tuple[float, Summary, Summary] | None:
+    """A served system's median RTFx over the best faster-whisper median, and the two summaries."""
+    served = next((s for s in found if s.system == system), None)
     rivals = [s for s in found if s.system in FASTER_WHISPER]
     if served is None or not rivals:
         return None
@@ -106,7 +107,7 @@ def render(data: dict) -> str:
     found = summaries(data["measurements"])
     machine = data["machine"]
     out = [
-        "# CPU: served tiny.en against faster-whisper int8",
+        "# CPU: served tiny.en, float32 and int8, against faster-whisper int8",
         "",
         f"{data['date']}, commit `{data['commit'][:12]}`{' (uncommitted changes)' if data['dirty'] else ''}, "
         f"{machine['cpu']}, {machine['cores']} cores; torch {machine.get('torch')}, ctranslate2 "
@@ -120,18 +121,18 @@ def render(data: dict) -> str:
     ]
     if data.get("server_changes"):
         out += [f"Served with these changes to the shipped settings: {', '.join(data['server_changes'])}.", ""]
-    outcome = ratio(found)
-    if outcome:
-        value, served, best = outcome
-        out += [f"**Served / faster-whisper best ({best.system}, {best.setting}): {value:.2f}** "
-                f"(RTFx {served.median_rtfx:.2f} / {best.median_rtfx:.2f}).", ""]  # fmt: skip
+    for system in SERVED:
+        outcome = ratio(found, system)
+        if outcome:
+            value, served, best = outcome
+            out += [f"**{system.capitalize()} / faster-whisper best ({best.system}, {best.setting}): {value:.2f}** "
+                    f"(RTFx {served.median_rtfx:.2f} / {best.median_rtfx:.2f}).", ""]  # fmt: skip
     headers = ["system", "setting", "RTFx", "RTFx range", "wall s", "CPU s", "CPU s per audio s", "WER", "load avg"]
     out += [table(headers, [s.row(audio) for s in found]), "", "![RTFx of each system](cpu.png)", ""]
     out += ["Decoding: " + "; ".join(f"{k}: {v}" for k, v in data["decoding"].items()) + ".", ""]
     out += ["## Do the transcripts agree?", "", *agreement(found), ""]
-    served = next((s for s in found if s.system == "served"), None)
-    if served:
-        out += ["## Served: CPU time by process", "", process_split(served), ""]
+    for served in (s for s in found if s.system in SERVED):
+        out += [f"## {served.system.capitalize()}: CPU time by process", "", process_split(served), ""]
     out += ["## faster-whisper settings tried (one round each)", "",
             table(["system", "setting", "RTFx", "CPU s", "load avg"],
                   [[r["system"], r["setting"], r["rtfx"], round(r["cpu_s"], 1), r["load_before"]]
@@ -149,9 +150,9 @@ def plot(data: dict, path: Path) -> None:
     found = summaries(data["measurements"])
     medians = [s.median_rtfx for s in found]
     spread = [[m - min(s.rtfx) for s, m in zip(found, medians)], [max(s.rtfx) - m for s, m in zip(found, medians)]]
-    fig, axes = plt.subplots(figsize=(8, 4.2))
+    fig, axes = plt.subplots(figsize=(9, 4.2))
     bars = axes.bar([s.system for s in found], medians, yerr=spread, capsize=6,
-                    color=["tab:blue" if s.system == "served" else "tab:gray" for s in found])  # fmt: skip
+                    color=["tab:blue" if s.system in SERVED else "tab:gray" for s in found])  # fmt: skip
     axes.bar_label(bars, labels=[f"{m:.1f}" for m in medians], label_type="center", color="white")
     axes.set_ylabel("RTFx (audio s / wall s), median and range")
     machine = data["machine"]

@@ -1,4 +1,4 @@
-"""bench.cpu's arithmetic: word errors over the clips, the served / faster-whisper ratio and its report."""
+"""bench.cpu's arithmetic: word errors over the clips, the served / faster-whisper ratios and its report."""
 
 from __future__ import annotations
 
@@ -30,12 +30,14 @@ def _record(system: str, repeat: int, wall_s: float) -> dict:
 def test_the_ratio_is_served_median_over_the_best_faster_whisper_median():
     records = [
         *(_record("served", i, wall) for i, wall in enumerate((10.0, 20.0, 12.5))),  # RTFx 10, 5, 8: median 8
+        *(_record("served int8", i, wall) for i, wall in enumerate((5.0, 4.0, 5.0))),  # 20, 25, 20: median 20
         *(_record("faster-whisper", i, wall) for i, wall in enumerate((5.0, 6.25, 8.0))),  # 20, 16, 12.5: median 16
         *(_record("faster-whisper batched", i, wall) for i, wall in enumerate((10.0, 10.0, 10.0))),  # 10
     ]
     value, served, best = ratio(summaries(records))
     assert (served.median_rtfx, best.system, best.median_rtfx) == (8.0, "faster-whisper", 16.0)
     assert value == 0.5
+    assert ratio(summaries(records), "served int8")[0] == 1.25
     data = {
         "date": "2026-01-01 00:00", "commit": "0123456789abcdef", "dirty": False, "command": "python -m bench.cpu",
         "machine": {"cpu": "test CPU", "cores": 2}, "clips": [{"file": "a.wav"}, {"file": "b.wav"}],
@@ -44,6 +46,8 @@ def test_the_ratio_is_served_median_over_the_best_faster_whisper_median():
     }  # fmt: skip
     report = render(data)
     assert "Served / faster-whisper best (faster-whisper, faster-whisper setting): 0.50" in report
+    assert "Served int8 / faster-whisper best (faster-whisper, faster-whisper setting): 1.25" in report
+    assert "## Served int8: CPU time by process" in report
     assert "the same words on 2 of 2 clips" in report
 
 

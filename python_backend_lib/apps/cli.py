@@ -12,7 +12,8 @@ from pathlib import Path
 from python_backend_lib.apps import gateway, server
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 from python_backend_lib.checkpoints import packaged
-from python_backend_lib.serving.settings import CHECKPOINT_ENV
+from python_backend_lib.core.quantization import Quantization
+from python_backend_lib.serving.settings import CHECKPOINT_ENV, QUANTIZE_ENV
 
 # The banner's first line: the server is ready (and `whisper-triton serve`'s tests wait for it).
 READY_LINE = "whisper-triton is ready."
@@ -152,6 +153,14 @@ def build_parser() -> argparse.ArgumentParser:
         "(instead of falling back to the slower PyTorch attention)",
     )
     serve.add_argument(
+        "--quantize",
+        type=_quantization,
+        metavar="{" + ",".join(q.value for q in Quantization) + "}",
+        help="how the whisper engines' linear layers multiply: none (the shipped config's, exact: the "
+        "checkpoint's weights as they are) or int8, on the CPU only (--gpus none where there are GPUs): "
+        f"faster, its words close to float32's but not always the same (sets {QUANTIZE_ENV})",
+    )
+    serve.add_argument(
         "--startup-timeout",
         type=float,
         default=server.DEFAULT_STARTUP_TIMEOUT_S,
@@ -183,6 +192,7 @@ def serve_command(args: argparse.Namespace) -> int:
         trace_rate=args.trace_rate,
         gpus=args.gpus,
         require_gpu_engine=args.require_gpu_engine,
+        quantization=args.quantize,
         engines=args.engines,
         mps=MPS_CHOICES[args.mps],
     )
@@ -256,6 +266,15 @@ def _engine_count(text: str) -> int | None:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected auto or a number of engines of at least 1; got {text!r}")
     return int(text)
+
+
+def _quantization(text: str) -> Quantization:
+    try:
+        return Quantization(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected {' or '.join(q.value for q in Quantization)}; got {text!r}"
+        ) from None
 
 
 def _positive_int(text: str) -> int:

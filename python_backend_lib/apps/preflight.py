@@ -14,6 +14,7 @@ from pathlib import Path
 
 from python_backend_lib.apps import repository
 from python_backend_lib.checkpoints import packaged
+from python_backend_lib.core.quantization import CPU_ONLY, Quantization
 
 
 def numpy_problem() -> str | None:
@@ -38,6 +39,23 @@ def checkpoint_problem(source: str | None) -> str | None:
     if not Path(source).expanduser().is_dir():
         return f"cannot load checkpoint {source!r}: no such folder"
     return None
+
+
+def quantization_problem(quantization: Quantization | None, model_repository: Path, gpus: int) -> str | None:
+    """`--quantize int8` where the whisper model would run on GPUs: each engine would refuse
+    to load, after Triton started. A whisper model placed on the CPU (KIND_CPU) is served."""
+    if quantization not in CPU_ONLY or gpus == 0:
+        return None
+    config = repository.whisper_config(model_repository)
+    try:
+        if config.exists() and repository.read_instance_group(config.read_text()).kind == "KIND_CPU":
+            return None
+    except ValueError:  # several instance groups: the engines on a GPU say so themselves
+        return None
+    return (
+        f"--quantize {quantization.value} runs on the CPU only, and this server would run its whisper "
+        f"engines on {gpus} GPU{'s' * (gpus > 1)}: add --gpus none to serve on the CPU"
+    )
 
 
 def packaged_checkpoint_problem(

@@ -27,6 +27,7 @@ from python_backend_lib.apps import preflight, repository, shm_regions, triton_e
 from python_backend_lib.apps.mps import MpsDaemon, MpsError, daemon_for
 from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
+from python_backend_lib.core.quantization import Quantization
 
 # python_backend_lib/, two folders up from this file (apps/server.py).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -76,6 +77,9 @@ class ServerSettings:
     # Triton ("0,1"; "" for none, the CPU); None: every GPU this process sees.
     gpus: str | None = None
     require_gpu_engine: bool = False  # refuse to start on a GPU without FlashInfer and CUDA graphs
+    # How the whisper engines' linear layers multiply (int8: on the CPU only); None: each
+    # model's config.pbtxt (or the inherited environment) decides.
+    quantization: Quantization | None = None
     # Whisper engines (instances) per GPU, or on the CPU without one; None: auto (`repository`).
     engines: int | None = None
     # Run the GPUs' model processes under CUDA MPS, a daemon of this server's own (`apps.mps`):
@@ -203,6 +207,8 @@ class TritonServer:
         ports = {"--http-port": self.settings.http_port, "--grpc-port": self.settings.grpc_port,
                  "--metrics-port": self.settings.metrics_port}
         problems = (preflight.numpy_problem(), preflight.checkpoint_problem(self.settings.checkpoint),
+                    preflight.quantization_problem(self.settings.quantization, self.settings.model_repository,
+                                                   triton_output.visible_gpus(self.settings.gpus)),
                     *(preflight.port_problem(port, flag) for flag, port in ports.items()))
         for problem in filter(None, problems):
             raise ServerError(problem)

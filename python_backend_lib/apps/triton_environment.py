@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from python_backend_lib.core.cache import cache_root
-from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
+from python_backend_lib.serving.settings import CHECKPOINT_ENV, QUANTIZE_ENV, REQUIRE_GPU_ENGINE_ENV
 
 if TYPE_CHECKING:
     from python_backend_lib.apps.server import ServerSettings
@@ -22,12 +22,14 @@ if TYPE_CHECKING:
 
 def server_environment(installation: TritonInstallation, settings: ServerSettings) -> dict[str, str]:
     """tritonserver's environment: this Python first on PATH, the wheel's libraries, the
-    checkpoint, the GPUs and whether the GPU engine is required."""
+    checkpoint, the GPUs, whether the GPU engine is required and the quantization."""
     env = dict(os.environ)
     if settings.gpus is not None:
         env["CUDA_VISIBLE_DEVICES"] = settings.gpus
     if settings.require_gpu_engine:
         env[REQUIRE_GPU_ENGINE_ENV] = "1"
+    if settings.quantization is not None:
+        env[QUANTIZE_ENV] = settings.quantization.value
     checkpoint = settings.checkpoint
     env["PATH"] = os.pathsep.join([str(_python3_directory()), env.get("PATH", "")])
     if installation.library_path:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from python_backend_lib.checkpoints.weights import Checkpoint
+from python_backend_lib.core.quantization import DEFAULT_QUANTIZATION, Quantization
 from python_backend_lib.engine.attention import SdpaAttention
 from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.faults import FaultPlan, FaultyDecodeBatch
@@ -70,6 +71,8 @@ class EngineSetup:
         False: with PyTorch's operations (about 80 more kernels a step; for comparisons).
     require_gpu_engine: on a CUDA device, refuse to start without FlashInfer and
         CUDA graphs instead of falling back to SDPA.
+    quantization: how the linear layers multiply (`core.quantization`); int8 on the
+        CPU only (ValueError elsewhere).
     faults: test-only faults to inject (`engine.faults`); none by default.
     """
 
@@ -80,6 +83,7 @@ class EngineSetup:
     kv_memory_fraction: float = DEFAULT_KV_MEMORY_FRACTION
     engines_on_device: int = 1
     require_gpu_engine: bool = False
+    quantization: Quantization = DEFAULT_QUANTIZATION
     faults: FaultPlan = FaultPlan()
 
 
@@ -121,7 +125,7 @@ def build_batch(
         torch.set_num_threads(max(1, torch.get_num_threads() // setup.engines_on_device))
     try:
         start = time.perf_counter()
-        model = Whisper.from_checkpoint(checkpoint, device=device, dtype=dtype)
+        model = Whisper.from_checkpoint(checkpoint, device=device, dtype=dtype, quantization=setup.quantization)
         times.timed("weights", start)
         if slots is None:
             slots = (

@@ -8,13 +8,17 @@ projection tied to the token embedding.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from python_backend_lib.checkpoints.weights import Checkpoint
 from python_backend_lib.core.model_facts import ModelDims
-from python_backend_lib.engine import cpu_linear
+from python_backend_lib.core.quantization import Quantization
+from python_backend_lib.engine import cpu_int8, cpu_linear
 from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 
 
@@ -143,16 +147,31 @@ class Whisper(nn.Module):
         self.dims = dims
         self.encoder = Encoder(dims)
         self.decoder = Decoder(dims)
-        self.packed_output: torch.Tensor | None = None  # the tied projection, packed by `pack_for_cpu`
+        # hidden [N, width] -> logits [N, vocab]: the tied projection as `pack_for_cpu`
+        # or `quantize_for_cpu` prepared it; None: a product with the embedding.
+        self.cpu_output: Callable[[torch.Tensor], torch.Tensor] | None = None
 
     @classmethod
-    def from_checkpoint(cls, checkpoint: Checkpoint, *, device: torch.device, dtype: torch.dtype) -> "Whisper":
+    def from_checkpoint(
+        cls,
+        checkpoint: Checkpoint,
+        *,
+        device: torch.device,
+        dtype: torch.dtype,
+        quantization: Quantization = Quantization.NONE,
+    ) -> "Whisper":
+        """ValueError for a `quantization` that cannot run on `device` or with `dtype`."""
+        problem = cpu_int8.problem(device, dtype) if quantization is Quantization.INT8 else None
+        if problem is not None:
+            raise ValueError(problem)
         with torch.device("meta"):
             model = cls(checkpoint.config.dims)
         state = {k: v for k, v in checkpoint.state_dict.items() if k != "proj_out.weight"}
         model.load_state_dict(state, strict=True, assign=True)
         model = model.to(device=device, dtype=dtype).eval()
-        if cpu_linear.can_pack(device, dtype):
+        if quantization is Quantization.INT8:
+            model.quantize_for_cpu()
+        elif cpu_linear.can_pack(device, dtype):
             model.pack_for_cpu()
         if device.type == "cuda":  # a decoder step launches two matrix products fewer per layer
             for layer in model.decoder.layers:
@@ -162,7 +181,14 @@ class Whisper(nn.Module):
     def pack_for_cpu(self) -> None:
         """Run every linear layer, and the output projection, through oneDNN (`cpu_linear`)."""
         cpu_linear.pack_linears(self)
-        self.packed_output = cpu_linear.pack(self.decoder.embed_tokens.weight)
+        packed = cpu_linear.pack(self.decoder.embed_tokens.weight)
+        self.cpu_output = partial(cpu_linear.packed_linear, packed=packed, bias=None)
+
+    def quantize_for_cpu(self) -> None:
+        """Run every linear layer, and the output projection, in int8 (`cpu_int8`)."""
+        cpu_int8.quantize_linears(self)
+        packed = cpu_int8.pack(self.decoder.embed_tokens.weight, None)
+        self.cpu_output = partial(cpu_int8.int8_linear, packed=packed)
 
     def encode(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         return self.encoder(mel, attention)
@@ -172,13 +198,13 @@ class Whisper(nn.Module):
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, width] -> logits [N, vocab] in float32 (tied output projection)."""
-        if self.packed_output is not None:
-            return cpu_linear.packed_linear(hidden, self.packed_output, None).float()
+        if self.cpu_output is not None:
+            return self.cpu_output(hidden).float()
         return self.raw_logits(hidden).float()
 
     def raw_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden [N, width] -> logits [N, vocab] in the model's dtype, for kernels that
-        read them as float32 themselves (`step_kernels`); not on the packed CPU path."""
+        read them as float32 themselves (`step_kernels`); not on the CPU's prepared paths."""
         return hidden @ self.decoder.embed_tokens.weight.T
 
     def decode_step(

@@ -14,11 +14,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from python_backend_lib.core.quantization import DEFAULT_QUANTIZATION, Quantization
 from python_backend_lib.serving.admission import AdmissionPolicy
 
 # Overrides every model's `checkpoint` parameter; `whisper-triton serve --checkpoint` sets it.
 CHECKPOINT_ENV = "WHISPER_TRITON_CHECKPOINT"
 DEFAULT_CHECKPOINT = "default"  # the packaged tiny.en
+# Overrides the whisper models' `quantize` parameter; `whisper-triton serve --quantize` sets it.
+QUANTIZE_ENV = "WHISPER_TRITON_QUANTIZE"
 # The `parameters { key: ... }` a model's config.pbtxt may set (all string values there).
 CONFIG_PARAMETERS = (
     "checkpoint",
@@ -27,6 +30,7 @@ CONFIG_PARAMETERS = (
     "kv_slots",
     "kv_memory_fraction",
     "decode_threads",
+    "quantize",
     "log_mel_output",
     "FORCE_CPU_ONLY_INPUT_TENSORS",  # Triton's Python backend reads it too: "no" lets GPU inputs arrive on the GPU
 )
@@ -95,6 +99,8 @@ class ModelSettings:
         `kv_slots` is None; None: the library's default.
     decode_threads: threads decoding audio at once (preprocessing); None: one
         per CPU this process may run on.
+    quantization: how the engine's linear layers multiply (`core.quantization`):
+        the config's `quantize`, or QUANTIZE_ENV's; int8 on the CPU only.
     log_mel_output: how preprocessing's GPU instances hand LOG_MEL on.
     cpu_only_inputs: Triton moves every input to the host first (its
         FORCE_CPU_ONLY_INPUT_TENSORS, "yes" unless the config says "no").
@@ -110,6 +116,7 @@ class ModelSettings:
     kv_slots: int | None = None
     kv_memory_fraction: float | None = None
     decode_threads: int | None = None
+    quantization: Quantization = DEFAULT_QUANTIZATION
     log_mel_output: LogMelOutput = DEFAULT_LOG_MEL_OUTPUT
     cpu_only_inputs: bool = True
     decoupled: bool = False
@@ -148,13 +155,16 @@ class ModelSettings:
                 )
             return value
 
-        def one_of(key: str, choices: Mapping[str, object], default: object) -> object:
-            text = values.get(key, "")
+        def one_of(key: str, choices: Mapping[str, object], default: object, environ_key: str | None = None) -> object:
+            """The parameter `key`, or the variable `environ_key` where that is set."""
+            source, text = f"config parameter {key!r}", values.get(key, "")
+            if environ_key and environ.get(environ_key, "").strip():
+                source, text = f"environment variable {environ_key}", environ[environ_key].strip()
             if text in ("", AUTO):
                 return default
             if text not in choices:
                 allowed = f"{AUTO!r} or one of {sorted(choices)}"
-                raise ValueError(f"model {name!r}: config parameter {key!r} must be {allowed}, got {text!r}")
+                raise ValueError(f"model {name!r}: {source} must be {allowed}, got {text!r}")
             return choices[text]
 
         max_audio_seconds = number("max_audio_seconds", float, 1.0)
@@ -167,6 +177,7 @@ class ModelSettings:
             kv_slots=number("kv_slots", int, 1),
             kv_memory_fraction=number("kv_memory_fraction", float, 0.01, 0.95),
             decode_threads=number("decode_threads", int, 1),
+            quantization=one_of("quantize", {q.value: q for q in Quantization}, DEFAULT_QUANTIZATION, QUANTIZE_ENV),
             log_mel_output=one_of("log_mel_output", {o.value: o for o in LogMelOutput}, DEFAULT_LOG_MEL_OUTPUT),
             cpu_only_inputs=one_of(CPU_ONLY_INPUTS, YES_NO, True),
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),

@@ -45,6 +45,7 @@ import torch
 
 from python_backend_lib.core.decoded import DecodedRecording
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.quantization import device_problem
 from python_backend_lib.devices.placement import single_threaded_host
 from python_backend_lib.devices.transfers import through_pinned
 from python_backend_lib.serving import tensor_names
@@ -290,16 +291,24 @@ def load_pipeline(
     as its settings and the environment (`REQUIRE_GPU_ENGINE_ENV`, the fault prompts) ask;
     `engines` instances share the device (`engines_on_device`).
 
-    Raises loading.GpuMemoryError, saying what to change, when it does not fit on the GPU.
+    Raises loading.GpuMemoryError, saying what to change, when it does not fit on the GPU,
+    and ValueError for a quantization that cannot run on `device`.
     """
-    from python_backend_lib.engine.loading import DEFAULT_KV_MEMORY_FRACTION, EngineSetup
+    from python_backend_lib.engine.loading import DEFAULT_KV_MEMORY_FRACTION, EngineSetup, default_device
     from python_backend_lib.transcription.pipeline import Pipeline
 
+    problem = device_problem(settings.quantization, str(device or default_device()))
+    if problem is not None:
+        raise ValueError(
+            f"model {settings.name!r}: {problem}; serve it on the CPU (`whisper-triton serve --gpus none`, "
+            "or kind: KIND_CPU in its config.pbtxt), or set quantize to none"
+        )
     setup = EngineSetup(
         slots=settings.kv_slots,
         kv_memory_fraction=settings.kv_memory_fraction or DEFAULT_KV_MEMORY_FRACTION,
         engines_on_device=engines,
         require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
+        quantization=settings.quantization,
         faults=fault_plan(device, environ),
     )
     # preprocessing computes the log-mels: no captured log-mel here.

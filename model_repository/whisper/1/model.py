@@ -50,7 +50,7 @@ class TritonPythonModel:
         )
         pb_utils.Logger.log_info(
             f"whisper {args['model_instance_name']} on {pipeline.device} (one of {engines} engines there) "
-            f"with {pipeline.attention_backend.value}, "
+            f"with {pipeline.attention_backend.value}, {self.settings.quantization.value} quantization, "
             f"{pipeline.engine.slots} slots; started in {pipeline.load_times.describe()}"
         )
 
