@@ -25,6 +25,7 @@ DECODED = {
     names.LANGUAGE_PROBABILITY: "TYPE_FP64",
 }
 TRANSCRIPT = {names.TEXT: "TYPE_STRING", names.SEGMENTS: "TYPE_STRING", names.FORMATTED: "TYPE_STRING"}
+VAD = {names.SPEECH_SPANS: "TYPE_INT64", names.RECORDING_SAMPLES: "TYPE_INT64"}  # vad_filter's, preprocessing's
 PYTHON_MODELS = {
     names.PREPROCESSING_NAME: (
         {names.AUDIO: "TYPE_STRING"},
@@ -36,10 +37,11 @@ PYTHON_MODELS = {
         {**DECODED, names.SAMPLES: "TYPE_INT64", names.SPEECH_SPANS: "TYPE_INT64", names.RECORDING_SAMPLES: "TYPE_INT64"},
         TRANSCRIPT,
     ),
-    # Decoupled: every response repeats SAMPLES, as the ensemble hands postprocessing only one response's tensors.
+    # Decoupled: every response repeats SAMPLES and vad_filter's tensors, as the ensemble hands
+    # postprocessing only one response's tensors.
     names.WHISPER_STREAM_NAME: (
-        {names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64"},
-        {**DECODED, names.SAMPLES: "TYPE_INT64"},
+        {names.LOG_MEL: "TYPE_FP32", names.SAMPLES: "TYPE_INT64", **VAD},
+        {**DECODED, names.SAMPLES: "TYPE_INT64", **VAD},
     ),
 }
 ENSEMBLE = ({names.AUDIO: "TYPE_STRING"}, TRANSCRIPT)
