@@ -15,9 +15,10 @@ between them (STREAM). The sessions start spread over one second.
 - Keeping up: whether the sessions sent their audio on time (the largest lag
   of a chunk behind its due time) and whether latency grew along the stream
   (p50 of the first and of the second half of the words).
-- `--batch-concurrency N` adds batch load beside the sessions: N gRPC clients
-  sending the same recordings to `transcribe` one after another; their RTFx is
-  measured alone first, for as long as the stream, then beside the sessions.
+- `--batch-concurrency N` adds a last row: the last session count again, with
+  batch load beside the sessions: N gRPC clients sending the same recordings to
+  `transcribe` one after another; their RTFx is measured alone first, for as
+  long as the stream, then beside the sessions.
 
 The server is started here (`--checkpoint`, as `whisper-triton serve` takes it)
 with a gateway in front, unless `--gateway` and `--triton-grpc` name running ones.
@@ -170,15 +171,19 @@ async def live_session(url: str, stream: Stream, delay_s: float) -> SessionResul
     result.turn_latencies_s = [completed[item] - (started + end) for item, end in stopped.items() if item in completed]
     if deltas:
         result.first_delta_s = deltas[0][0] - started
-    said = [(arrival, comparison_key(word)) for arrival, text in deltas for word in text.split()]
-    said = [(arrival, key) for arrival, key in said if key]
-    matcher = difflib.SequenceMatcher(a=[k for _, k in said], b=[w.key for w in stream.words], autojunk=False)
-    for block in matcher.get_matching_blocks():
-        for k in range(block.size):
-            arrival = said[block.a + k][0]
-            result.word_latencies_s.append(arrival - (started + stream.words[block.b + k].end_s))
+    result.word_latencies_s = word_latencies(deltas, stream.words, started)
     result.matched = len(result.word_latencies_s)
     return result
+
+
+def word_latencies(deltas: list[tuple[float, str]], words: tuple[ReferenceWord, ...], started: float) -> list[float]:
+    """For each reference word a delta carried (matched in order), when that delta came less
+    when the word's end was sent: `started` plus its place in the stream."""
+    said = [(arrival, comparison_key(word)) for arrival, text in deltas for word in text.split()]
+    said = [(arrival, key) for arrival, key in said if key]
+    matcher = difflib.SequenceMatcher(a=[k for _, k in said], b=[w.key for w in words], autojunk=False)
+    return [said[block.a + k][0] - (started + words[block.b + k].end_s)
+            for block in matcher.get_matching_blocks() for k in range(block.size)]
 
 
 # ------------------------------------------------------------- batch load beside
@@ -350,7 +355,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--sessions", type=int, nargs="+", default=[1], help="session counts to measure, in turn")
-    parser.add_argument("--batch-concurrency", type=int, default=0)
+    parser.add_argument("--batch-concurrency", type=int, default=0,
+                        help="a last row: the last session count beside this many batch clients")
     parser.add_argument("--checkpoint", help="as `whisper-triton serve --checkpoint` takes it (default: packaged)")
     parser.add_argument("--gateway", help="a running gateway's base URL (http://HOST:PORT/v1)")
     parser.add_argument("--triton-grpc", help="the gateway's Triton (HOST:PORT), with --gateway")
@@ -368,8 +374,11 @@ def main() -> None:
         stream = reference_stream(gateway)
         print(f"reference: {len(stream.words)} words in {stream.seconds:.1f} s of stream", flush=True)
         rows, latencies = [], []
-        for sessions in args.sessions:
-            summary, measured = asyncio.run(measure(gateway, triton_grpc, stream, sessions, args.batch_concurrency))
+        plan = [(sessions, 0) for sessions in args.sessions]
+        if args.batch_concurrency:
+            plan.append((args.sessions[-1], args.batch_concurrency))
+        for sessions, batch in plan:
+            summary, measured = asyncio.run(measure(gateway, triton_grpc, stream, sessions, batch))
             rows.append(summary)
             latencies.append(measured)
             print(markdown(rows[-1:], ""), flush=True)

@@ -17,6 +17,8 @@
 #                 differences measured against float16 logit noise (needs install, the weights)
 #   latency       bench.latency_breakdown --model tiny --served: where one 5 s clip's time goes at
 #                 concurrency 1 (the engine's parts, the GPU's kernels, the served path beside it; needs the weights)
+#   live          bench.live_latency: live sessions' word end to delta, one session then LIVE_SESSIONS
+#                 (default 100), with LIVE_BATCH (default 64) batch clients beside (needs install, the weights)
 #   bench         bench.gpu: transformers against the engine, step times, memory
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
 #                 (transformers in a second run, with the image's numpy 2, kept aside at install, first on PYTHONPATH)
@@ -186,6 +188,14 @@ if has latency; then
     status=$?
     say "latency exit $status"
     [[ $status == 0 ]] || tail -c 20000 $WHISPER_BENCH_STATE/latency-breakdown-server.log > "$OUT/latency-server.log"
+fi
+
+# 4d. Live sessions: word end to delta, alone and beside batch load (needs install and the weights).
+if has live; then
+    say "live (budget $(($(left) - 10)) s)"
+    timeout $(($(left) - 10)) $PY -m bench.live_latency --sessions 1 ${LIVE_SESSIONS:-100} \
+        --batch-concurrency ${LIVE_BATCH:-64} --out "$OUT/live"
+    say "live exit $?"
 fi
 
 # 5. Offline benchmark: transformers against the engine, step times, memory.

@@ -1,0 +1,28 @@
+"""bench.live_latency's arithmetic: which delta carried which spoken word, and the summary."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench.live_latency import ReferenceWord, SessionResult, Stream, summarize, word_latencies
+
+
+def test_each_word_is_timed_by_the_delta_that_carried_it():
+    words = tuple(ReferenceWord(key, end) for key, end in [("and", 1.0), ("so", 1.5), ("my", 2.0), ("fellow", 2.5)])
+    # "am I" for "my": those two words match nothing; the others are timed from the stream's start (100.0).
+    deltas = [(102.0, "And so,"), (104.0, " am I fellow")]
+    assert word_latencies(deltas, words, started=100.0) == pytest.approx([1.0, 0.5, 1.5])
+
+
+def test_the_summary_reads_halves_turns_and_the_slowest_send():
+    stream = Stream(pcm=np.zeros(24_000 * 4, "<i2"), words=(ReferenceWord("a", 1.0),) * 4)
+    results = [SessionResult(word_latencies_s=[1.0, 2.0, 3.0, 4.0], matched=4, reference_words=4, first_delta_s=2.0,
+                             turn_latencies_s=[0.5], turns=1, max_send_lag_s=0.01),
+               SessionResult(word_latencies_s=[1.0, 1.0], matched=2, reference_words=4, first_delta_s=3.0,
+                             turn_latencies_s=[1.5], turns=1, max_send_lag_s=0.2)]
+    summary = summarize(results, stream, batch_concurrency=0)
+    assert (summary.sessions, summary.words, summary.matched, summary.turns) == (2, 8, 6, 2)
+    assert summary.stream_s == 4.0 and summary.max_send_lag_s == 0.2
+    assert summary.first_half_p50_s == 1.0 and summary.second_half_p50_s == 3.0  # [1, 2, 1] and [3, 4, 1]
+    assert summary.turn_latency_max_s == 1.5 and summary.word_latency_max_s == 4.0
