@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from python_backend_lib.core.quantization import Quantization, device_problem
+from python_backend_lib.engine.cpu_linear import replace_linears
 
 # Integer range of the symmetric weights: -127..127, so that negating one never overflows.
 WEIGHT_LEVELS = 127
@@ -88,11 +89,4 @@ class Int8Linear(nn.Module):
 
 def quantize_linears(module: nn.Module) -> int:
     """Replace every nn.Linear inside `module` by an Int8Linear; how many were replaced."""
-    replaced = 0
-    for name, child in list(module.named_children()):
-        if isinstance(child, nn.Linear):
-            setattr(module, name, Int8Linear(child))
-            replaced += 1
-        else:
-            replaced += quantize_linears(child)
-    return replaced
+    return replace_linears(module, Int8Linear)

@@ -15,6 +15,8 @@ Packing is for float32 on the CPU only; elsewhere the model stays as it is.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -61,13 +63,18 @@ class PackedLinear(nn.Module):
         return packed_linear(x, self.packed, self.bias)
 
 
-def pack_linears(module: nn.Module) -> int:
-    """Replace every nn.Linear inside `module` by a PackedLinear; how many were replaced."""
+def replace_linears(module: nn.Module, replacement: Callable[[nn.Linear], nn.Module]) -> int:
+    """Replace every nn.Linear inside `module` by `replacement(linear)`; how many were replaced."""
     replaced = 0
     for name, child in list(module.named_children()):
         if isinstance(child, nn.Linear):
-            setattr(module, name, PackedLinear(child))
+            setattr(module, name, replacement(child))
             replaced += 1
         else:
-            replaced += pack_linears(child)
+            replaced += replace_linears(child, replacement)
     return replaced
+
+
+def pack_linears(module: nn.Module) -> int:
+    """Replace every nn.Linear inside `module` by a PackedLinear; how many were replaced."""
+    return replace_linears(module, PackedLinear)
