@@ -31,7 +31,7 @@ from python_backend_lib.core.segments import Word
 
 # On real hypotheses of growing prefixes of seven recordings (tiny.en, docs/benchmarks/live-agreement),
 # committing at any probability let 5% of committed words be misreadings at a 0.25-0.5 s cadence;
-# at 0.5, 1%; at 0.6 none, with twice the delay.
+# at 0.5, 0 to 1.6% there (2.4% at most at slower cadences); at 0.6 none, with twice the delay.
 MIN_PROBABILITY = 0.5
 # Word timings of two hypotheses differ by a few tens of milliseconds: a committed word read again
 # can end just past where it was committed. Up to this many words at the joint are compared as text.
