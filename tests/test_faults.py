@@ -127,11 +127,39 @@ def scrape(server: RunningServer) -> dict[str, float]:
     return samples
 
 
+# Counters that move whenever a request finishes anywhere in the server.
+FINISHED_COUNTERS = ("nv_inference_request_success", "nv_inference_request_failure", "whisper_requests_total")
+# A request given up by gRPC alone still runs to its end (server#6739), and may still be
+# in preprocessing while the whisper model reports nothing in flight.
+SETTLE_TIMEOUT_S = 120.0
+
+
 def settled(server: RunningServer) -> dict[str, float]:
-    """The metrics once nothing is in flight and the last answers have been published."""
-    wait_for(server, lambda s: s["whisper_requests_in_flight"] == 0)
-    time.sleep(2 * PUBLISH_INTERVAL_S + 0.5)
-    return scrape(server)
+    """The metrics once the server has been quiet for two of the whisper model's publish
+    intervals: nothing pending or in flight, and no request finished meanwhile. One read
+    of zero in flight is not enough: the count is published once an interval, so it may
+    predate requests that reached the model since."""
+    quiet_for = 2 * PUBLISH_INTERVAL_S + 0.5
+    deadline = time.monotonic() + SETTLE_TIMEOUT_S
+    samples = scrape(server)
+    quiet_since = time.monotonic()
+    while True:
+        latest = scrape(server)
+        if not is_idle(latest) or finished(latest) != finished(samples):
+            quiet_since = time.monotonic()
+        samples = latest
+        if time.monotonic() - quiet_since >= quiet_for or time.monotonic() > deadline:
+            return samples
+        time.sleep(0.25)
+
+
+def is_idle(samples: dict[str, float]) -> bool:
+    pending = (value for name, value in samples.items() if name.startswith("nv_inference_pending_request_count"))
+    return samples["whisper_requests_in_flight"] == 0 and not any(pending)
+
+
+def finished(samples: dict[str, float]) -> dict[str, float]:
+    return {name: value for name, value in samples.items() if name.startswith(FINISHED_COUNTERS)}
 
 
 def wait_for(server: RunningServer, condition, timeout: float = METRICS_SETTLE_S) -> dict[str, float]:

@@ -149,7 +149,6 @@ def test_a_storm_of_grpc_cancels_leaves_the_server_serving(server, tmp_path):
     assert len(answers) == STORM + 8, f"{len(answers)} of {STORM + 8} answered"
     assert all(error is not None for error in answers[:STORM])  # cancelled, every one
     assert is_ready(server)
-    wait_for(server, lambda s: s["whisper_requests_in_flight"] == 0, timeout=120)
     after = settled(server)
     assert after["whisper_requests_in_flight"] == after["whisper_running_batch_size"] == 0
     assert after[CANCELLED] >= before[CANCELLED] + STORM // 2
