@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from long_recording import speech_seconds, uncovered_seconds
-from reference import DATA, hf_model_from_state, normalize, word_error_rate
+from reference import DATA, hf_model, hf_model_from_state, normalize, word_error_rate
 
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
@@ -65,6 +65,35 @@ def test_sonnet_is_transcribed_whole_and_in_time(pipe, mode, timestamps):
     assert normalize(" ".join(s.text for s in transcript.segments)) == normalize(transcript.text)
     # No speech is left out: every second of it lies in (or within a second of) a segment.
     assert uncovered_seconds(speech_seconds(decode_audio(SONNET.read_bytes())), transcript.segments) == []
+
+
+@pytest.mark.slow
+def test_sonnet_equals_transformers_long_form_generate(pipe):
+    """Past 30 s, windows follow Whisper's seeking as transformers' long-form
+    `generate` does (conditioned on the previous text, no fallback on either
+    side), on its own features: every segment, times and text, is the same. The
+    last window is the one that tells the padding apart: transformers pads it
+    with zeros of the normalised log-mel, where silence would end the last
+    segment 0.28 s later."""
+    from transformers import WhisperFeatureExtractor
+
+    hf = hf_model(pipe.config.directory)
+    waveform = decode_audio(SONNET.read_bytes())
+    extractor = WhisperFeatureExtractor(feature_size=pipe.n_mels)
+    inputs = extractor(waveform, sampling_rate=geometry.SAMPLE_RATE, return_tensors="pt", truncation=False,
+                       padding="longest", return_attention_mask=True)
+    with torch.no_grad():
+        out = hf.generate(inputs.input_features, attention_mask=inputs.attention_mask, return_timestamps=True,
+                          condition_on_prev_tokens=True, return_segments=True, return_dict_in_generate=True)
+    eot = pipe.config.special.eot
+    expected = [(round(float(s["start"]), 2), round(float(s["end"]), 2),
+                 pipe.tokenizer.decode([t for t in s["tokens"].tolist() if t < eot]).strip())
+                for s in out["segments"][0]]
+    options = TranscribeOptions(decoding=DecodingOptions(timestamps=True), temperature_increment=0.0,
+                                compression_ratio_threshold=None, logprob_threshold=None, no_speech_threshold=None)
+    ours = pipe.transcribe(SONNET.read_bytes(), options)
+    assert [(round(s.start, 2), round(s.end, 2), s.text.strip()) for s in ours.segments] == expected
+    assert len(expected) >= 5 and expected[-1][1] > 50.0
 
 
 @pytest.mark.parametrize("mode", list(LongFormMode))

@@ -117,7 +117,7 @@ class LongFormJob:
         on_progress: Callable[[DecodedRecording], None] | None = None,
     ) -> None:
         """mel: the recording's log-mel (`audio.features.features_for`), whole or without
-        its padding (`without_padding`: the windows are padded with its last frame);
+        its padding (`without_padding`; `_window` says how windows are padded);
         samples: the recording's length. on_progress: called (on the engine thread) with
         the settled windows so far each time there are more of them, before `on_done`."""
         if options.word_timestamps and align is None:
@@ -168,16 +168,24 @@ class LongFormJob:
 
     def _window(self, chunk: Chunk, seek: int) -> tuple[torch.Tensor, int]:
         """The 3,000 frames decoded from `seek`, and how many of them hold the
-        chunk's audio. Past the end of the audio the window holds its padding
-        (silence), as openai-whisper and transformers pad it: the features' own,
-        or, where they travelled without it, their last frame repeated (the same
-        values); past a chunk's cut inside the audio it holds silence too, so the
-        model does not see, and half-transcribe, the next chunk's first words."""
+        chunk's audio. Past the end of the audio, the window is padded as
+        transformers pads it: a recording of up to 30 s is one window padded
+        with silence (short-form `generate`: the features' own padding, or,
+        where they travelled without it, their last frame repeated, the same
+        values); a longer recording's last window is padded with zeros of the
+        normalised log-mel (long-form `generate`, as openai-whisper's and
+        faster-whisper's `transcribe` pad it too). Past a chunk's cut inside the
+        audio the window holds silence, so the model does not see, and
+        half-transcribe, the next chunk's first words."""
         frames = _frames(chunk, seek)
         window = self.mel[:, seek : seek + geometry.N_FRAMES]
         if window.shape[-1] < geometry.N_FRAMES:
             padding = self.mel[:, -1:].expand(-1, geometry.N_FRAMES - window.shape[-1])
             window = torch.cat([window, padding], dim=1)
+        audio_frames = self.content - seek
+        if self.samples > geometry.N_SAMPLES and audio_frames < geometry.N_FRAMES:
+            window = window.clone()
+            window[:, audio_frames:] = 0.0
         if chunk.end < self.content:
             window = window.clone()
             window[:, frames:] = self.mel[:, self.content : self.content + 1]  # a padding frame: silence
