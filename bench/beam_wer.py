@@ -9,7 +9,9 @@ Two sets, each decoded by every system in one run:
 - multilingual: the packaged base (`--checkpoint base`) on tests/data/multilingual
   and ../shared/audio/multilingual, the language detected.
 Systems: our library (`Pipeline.transcribe`, float32) with beam_size=5, best_of=5
-(faster-whisper's defaults) and greedily (the server's default), and faster-whisper
+(faster-whisper's defaults), once with each `window_padding` (transformers', the
+default, and openai-whisper's, which faster-whisper's windows have too), and
+greedily (the server's default), and faster-whisper
 `WhisperModel.transcribe` on the same CTranslate2 folder with beam_size=5,
 best_of=5 in float32 (`--compute-type` to change). Everything else is each
 library's default, which are the same: timestamps on, temperature fallback
@@ -114,7 +116,7 @@ def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], str], say
     return Scored(system, len(clips), word_edits / n_words, char_edits / n_chars, round(seconds, 1), texts)
 
 
-def ours(source: str, search: dict | None) -> tuple[Callable[[Clip], str], Callable[[], None]]:
+def ours(source: str, search: dict | None, padding: str = "transformers") -> tuple[Callable[[Clip], str], Callable[[], None]]:
     from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
     from python_backend_lib.transcription.pipeline import Pipeline
 
@@ -123,7 +125,8 @@ def ours(source: str, search: dict | None) -> tuple[Callable[[Clip], str], Calla
     def transcribe(clip: Clip) -> str:
         language = clip.language if source == "default" else None
         decoding = DecodingOptions(timestamps=True, language=language, **(search or {}))
-        return pipeline.transcribe(clip.path.read_bytes(), TranscribeOptions(decoding=decoding)).text.strip()
+        options = TranscribeOptions(decoding=decoding, window_padding=padding)
+        return pipeline.transcribe(clip.path.read_bytes(), options).text.strip()
 
     return transcribe, pipeline.close
 
@@ -146,8 +149,12 @@ def faster_whisper(source: str, compute_type: str, threads: int) -> Callable[[Cl
 def run_set(name: str, source: str, clips: list[Clip], args, say) -> dict:
     say(f"{name}: {len(clips)} clips, checkpoint {source}")
     scored = []
-    for label, search in (("ours beam_size=5 best_of=5 float32", SEARCH), ("ours greedy float32", None)):
-        transcribe, close = ours(source, search)
+    for label, search, padding in (
+        ("ours beam_size=5 best_of=5 float32", SEARCH, "transformers"),
+        ("ours beam_size=5 best_of=5 window_padding=openai-whisper float32", SEARCH, "openai-whisper"),
+        ("ours greedy float32", None, "transformers"),
+    ):
+        transcribe, close = ours(source, search, padding)
         try:
             scored.append(score(label, clips, transcribe, say))
         finally:

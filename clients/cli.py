@@ -49,7 +49,7 @@ from clients.outputs import ALL, CHOICES, STDIN, Input, StdoutDocument, output_f
 from clients.progress import ERASE_LINE, ProgressLine, SpeedRecord, audio_seconds
 from clients.streaming import verbose_line
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import LongFormMode
+from python_backend_lib.core.options import LongFormMode, WindowPadding
 from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.text.formats import Document, SubtitleOptions
 
@@ -171,6 +171,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--logprob-threshold", "--logprob_threshold", type=float, metavar="X", help="fallback below this log-probability (default: -1)")
     decoding.add_argument("--no-speech-threshold", "--no_speech_threshold", type=float, metavar="P", help="silence above this probability (default: 0.6)")
     decoding.add_argument(
+        "--window-padding", choices=[p.value for p in WindowPadding],
+        help="past the end of the audio: as transformers pads it (the default) or as openai-whisper and faster-whisper do",
+    )
+    decoding.add_argument(
         "--hallucination-silence-threshold", "--hallucination_silence_threshold", type=float, metavar="S",
         help="with --word-timestamps: drop doubtful text with at least S seconds of silence around it",
     )
@@ -201,7 +205,7 @@ def _positive_int(text: str) -> int:
 PARAMETER_FLAGS = (
     "language", "task", "timestamps", "prompt", "long_form", "temperature", "temperature_increment",
     "condition_on_previous_text", "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold",
-    "hallucination_silence_threshold", "vad_filter", "vad_parameters",
+    "hallucination_silence_threshold", "window_padding", "vad_filter", "vad_parameters",
     "beam_size", "best_of", "patience", "length_penalty",
 )
 

@@ -76,6 +76,24 @@ def test_beam_search_equals_openai_whisper(pipe, openai, waveforms, clip, search
     assert ours.no_speech_prob == pytest.approx(theirs.no_speech_prob, abs=1e-4)
 
 
+@pytest.mark.parametrize("clip", ["cards_002.wav", "jfk.wav"])
+def test_openai_whisper_padding_transcribes_as_openai_whisper_does(pipe, openai, clip):
+    """window_padding="openai-whisper" pads a short clip's window with zeros of the
+    normalised log-mel, as openai-whisper's `transcribe` pads every window: with
+    beam search and fallback as there (faster-whisper's defaults), the transcript
+    and its segments are openai-whisper's. cards_002 is where the paddings part:
+    padded with silence, as transformers pads it, it reads differently."""
+    audio = (DATA / clip).read_bytes()
+    theirs = whisper.transcribe(openai, decode_audio(audio), language="en", beam_size=5, best_of=5, fp16=False,
+                                verbose=None)
+    decoding = DecodingOptions(language="en", timestamps=True, beam_size=5, best_of=5)
+    ours = pipe.transcribe(audio, TranscribeOptions(decoding=decoding, window_padding="openai-whisper"))
+    assert ours.text.strip() == theirs["text"].strip()
+    assert [(s.start, s.end) for s in ours.segments] == [(s["start"], s["end"]) for s in theirs["segments"]]
+    if clip == "cards_002.wav":
+        assert pipe.transcribe(audio, TranscribeOptions(decoding=decoding)).text.strip() != ours.text.strip()
+
+
 def test_beams_share_the_batch_with_greedy_rows(pipe, waveforms):
     """Beam searches and greedy requests decoded together, more rows than slots
     (some wait for slots to free up), give what each gives alone."""

@@ -11,7 +11,7 @@ from python_backend_lib.audio.decode import (
     pcm_to_waveform,
 )
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import DecodingOptions, LongFormMode, Task, TranscribeOptions
+from python_backend_lib.core.options import DecodingOptions, LongFormMode, Task, TranscribeOptions, WindowPadding
 from python_backend_lib.serving.parameters import InputFormat, RequestParameters, parse_request_parameters
 from python_backend_lib.text.formats import ResponseFormat
 
@@ -42,6 +42,7 @@ def test_every_documented_parameter_is_parsed():
             "compression_ratio_threshold": 2,
             "logprob_threshold": -0.5,
             "no_speech_threshold": 0.9,
+            "window_padding": "openai-whisper",
             "response_format": "srt",
             "input_format": "pcm_f32le",
             "sample_rate": 8000,
@@ -70,6 +71,7 @@ def test_every_documented_parameter_is_parsed():
             compression_ratio_threshold=2,
             logprob_threshold=-0.5,
             no_speech_threshold=0.9,
+            window_padding=WindowPadding.OPENAI_WHISPER,
         ),
         response_format=ResponseFormat.SRT,
         input_format=InputFormat.PCM_F32LE,
@@ -124,6 +126,7 @@ def test_every_format_decodes_with_timestamps_unless_told_otherwise(response_for
         ({"min_new_tokens": 1.5}, "'min_new_tokens' must be int, got float"),
         ({"min_new_tokens": 500}, "min_new_tokens must be an integer from 0 to max_new_tokens"),
         ({"long_form": "parallel"}, "long_form must be one of"),
+        ({"window_padding": "silence"}, "window_padding must be one of .'transformers', 'openai-whisper'., got 'silence'"),
         ({"temperature_increment": 2}, "temperature_increment must be from 0 to 1"),
         ({"temperature_increment": True}, "'temperature_increment' must be int or float, got bool"),
         ({"response_format": "diarized_json"}, "'response_format' must be one of"),

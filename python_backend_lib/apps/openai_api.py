@@ -6,6 +6,7 @@ Pure: no FastAPI and no Triton client here, so it is tested without a server.
 
 from __future__ import annotations
 
+import enum
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -14,7 +15,7 @@ from typing import Any
 
 from python_backend_lib.apps.openai_errors import InvalidRequest
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import DecodingOptions, Task
+from python_backend_lib.core.options import DecodingOptions, Task, WindowPadding
 from python_backend_lib.text.formats import Document, ResponseFormat
 
 DEFAULT_MODEL_ID = "whisper-1"  # what OpenAI's examples ask for
@@ -43,7 +44,7 @@ OPENAI_FIELDS = {
 # faster-whisper's options beyond OpenAI's fields, taken by both endpoints and sent
 # on as the request parameters of the same names (README, "Beam search and best_of",
 # "Voice activity").
-EXTENSION_FIELDS = (*SEARCH_FIELDS, "vad_filter", "vad_parameters", "hallucination_silence_threshold")
+EXTENSION_FIELDS = (*SEARCH_FIELDS, "vad_filter", "vad_parameters", "hallucination_silence_threshold", "window_padding")
 FORM_FIELDS = {task: (*fields, *EXTENSION_FIELDS) for task, fields in OPENAI_FIELDS.items()}
 IGNORED_FIELDS = {
     # OpenAI gives token log probabilities only for its gpt-4o models, never for whisper-1.
@@ -85,6 +86,10 @@ FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
     "hallucination_silence_threshold": {
         "type": "number", "minimum": 0,
         "description": "with word timestamps: drop doubtful text with this many seconds of silence around it"},
+    "window_padding": {"type": "string", "enum": [p.value for p in WindowPadding],
+                       "default": WindowPadding.TRANSFORMERS.value,
+                       "description": "what a 30 s window holds past the end of the audio: as transformers or as "
+                                      "openai-whisper and faster-whisper pad it"},
     "beam_size": {"type": "integer", "minimum": 1, "description": "beam search at temperature 0 (default: greedy)"},
     "best_of": {"type": "integer", "minimum": 1, "description": "above temperature 0, the best of this many samples"},
     "patience": {"type": "number", "description": "beam search ends after round(beam_size * patience) candidates"},
@@ -117,6 +122,7 @@ class AudioRequest:
     vad_filter: bool = False
     vad_parameters: str | None = None
     hallucination_silence_threshold: float | None = None
+    window_padding: WindowPadding | None = None
     stream: bool = False  # answer with server-sent events (`transcript_events`)
     search: Mapping[str, float] = field(default_factory=dict)  # SEARCH_FIELDS given, checked
 
@@ -160,6 +166,8 @@ class AudioRequest:
             parameters["vad_parameters"] = self.vad_parameters
         if self.hallucination_silence_threshold is not None:
             parameters["hallucination_silence_threshold"] = self.hallucination_silence_threshold
+        if self.window_padding is not None:
+            parameters["window_padding"] = self.window_padding.value
         return {**parameters, **self.search}
 
     def shape(self, formatted: str) -> str:
@@ -230,6 +238,7 @@ def parse_form(form: Mapping[str, Any], task: Task, model_ids: Sequence[str]) ->
         vad_filter=_boolean(form, "vad_filter"),
         vad_parameters=_text(form, "vad_parameters"),
         hallucination_silence_threshold=_number(form, "hallucination_silence_threshold"),
+        window_padding=_choice(form, "window_padding", WindowPadding),
         stream=stream,
         search=_search(form),
     )
@@ -240,6 +249,17 @@ def _boolean(form: Mapping[str, Any], name: str) -> bool:
     if value not in ("true", "false"):
         raise InvalidRequest(400, f"{name} must be true or false, got {value!r}", param=name, code="invalid_value")
     return value == "true"
+
+
+def _choice(form: Mapping[str, Any], name: str, kind: type[enum.Enum]) -> Any:
+    """One of `kind`'s values, None when absent."""
+    value = _text(form, name)
+    if value is None:
+        return None
+    values = [member.value for member in kind]
+    if value not in values:
+        raise InvalidRequest(400, f"{name} must be one of {values}, got {value!r}", param=name, code="invalid_value")
+    return kind(value)
 
 
 def _number(form: Mapping[str, Any], name: str) -> float | None:

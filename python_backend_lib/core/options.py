@@ -182,6 +182,22 @@ class LongFormMode(str, enum.Enum):
     BATCHED = "batched"
 
 
+class WindowPadding(str, enum.Enum):
+    """What a window holds past the end of the audio (see `longform`).
+
+    TRANSFORMERS: as transformers' `generate` pads it, the exact default: a
+    recording of up to 30 s is padded with silence (the log-mel of zeros, as
+    its feature extractor pads the audio), a longer one's last window with
+    zeros of the normalised log-mel (long-form `generate`).
+    OPENAI_WHISPER: zeros of the normalised log-mel whatever the length, as
+    openai-whisper's and faster-whisper's `transcribe` pad every window; a
+    short clip then reads as it reads there.
+    """
+
+    TRANSFORMERS = "transformers"
+    OPENAI_WHISPER = "openai-whisper"
+
+
 @dataclass(frozen=True)
 class TranscribeOptions:
     """How to transcribe a whole recording (`longform.LongFormJob`).
@@ -203,6 +219,7 @@ class TranscribeOptions:
         doubtful words (`transcription.hallucination`) that has at least this
         many seconds of silence around it is dropped, and decoding seeks past
         the silence (openai-whisper's option); None: off.
+    window_padding: what a window holds past the end of the audio (`WindowPadding`).
     """
 
     decoding: DecodingOptions = DecodingOptions()
@@ -214,9 +231,11 @@ class TranscribeOptions:
     mode: LongFormMode = LongFormMode.SEQUENTIAL
     word_timestamps: bool = False
     hallucination_silence_threshold: float | None = None
+    window_padding: WindowPadding = WindowPadding.TRANSFORMERS
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", choice(LongFormMode, self.mode, "long_form"))
+        object.__setattr__(self, "window_padding", choice(WindowPadding, self.window_padding, "window_padding"))
         _check_threshold("hallucination_silence_threshold", self.hallucination_silence_threshold, low=0.0)
         if self.hallucination_silence_threshold is not None and not self.word_timestamps:
             # openai-whisper and faster-whisper ignore it then; saying so beats a silent no-op.

@@ -36,7 +36,13 @@ from python_backend_lib.core import geometry
 from python_backend_lib.core.decoded import DecodedRecording, DecodedWindow
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.model_facts import ModelConfig
-from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, TranscribeOptions
+from python_backend_lib.core.options import (
+    DecodingOptions,
+    DecodingResult,
+    LongFormMode,
+    TranscribeOptions,
+    WindowPadding,
+)
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.text.windows import window_segments
@@ -169,21 +175,23 @@ class LongFormJob:
     def _window(self, chunk: Chunk, seek: int) -> tuple[torch.Tensor, int]:
         """The 3,000 frames decoded from `seek`, and how many of them hold the
         chunk's audio. Past the end of the audio, the window is padded as
-        transformers pads it: a recording of up to 30 s is one window padded
-        with silence (short-form `generate`: the features' own padding, or,
-        where they travelled without it, their last frame repeated, the same
-        values); a longer recording's last window is padded with zeros of the
-        normalised log-mel (long-form `generate`, as openai-whisper's and
-        faster-whisper's `transcribe` pad it too). Past a chunk's cut inside the
-        audio the window holds silence, so the model does not see, and
-        half-transcribe, the next chunk's first words."""
+        `options.window_padding` says: by default as transformers pads it, a
+        recording of up to 30 s is one window padded with silence (short-form
+        `generate`: the features' own padding, or, where they travelled
+        without it, their last frame repeated, the same values), and a longer
+        recording's last window with zeros of the normalised log-mel
+        (long-form `generate`; openai-whisper and faster-whisper pad every
+        window so). Past a chunk's cut inside the audio the window holds
+        silence, so the model does not see, and half-transcribe, the next
+        chunk's first words."""
         frames = _frames(chunk, seek)
         window = self.mel[:, seek : seek + geometry.N_FRAMES]
         if window.shape[-1] < geometry.N_FRAMES:
             padding = self.mel[:, -1:].expand(-1, geometry.N_FRAMES - window.shape[-1])
             window = torch.cat([window, padding], dim=1)
         audio_frames = self.content - seek
-        if self.samples > geometry.N_SAMPLES and audio_frames < geometry.N_FRAMES:
+        zeros = self.samples > geometry.N_SAMPLES or self.options.window_padding is WindowPadding.OPENAI_WHISPER
+        if zeros and audio_frames < geometry.N_FRAMES:
             window = window.clone()
             window[:, audio_frames:] = 0.0
         if chunk.end < self.content:
