@@ -22,3 +22,5 @@ def test_the_multilingual_set_takes_so_many_clips_per_language():
     languages = [c.language for c in clips]
     assert len(languages) == len(set(languages)) >= 4 and "en" not in languages
     assert all(c.path.exists() and c.reference for c in clips)
+    names = [c.path.name for c in multilingual_clips(per_language=4)]
+    assert len(names) == len(set(names))  # a recording in both folders counts once
