@@ -23,8 +23,8 @@ Errors are corpus rates: edits summed over the clips over the reference's
 length, in words (WER) and in characters without spaces (CER; the one that means
 something for Japanese and Chinese), after lower-casing and dropping punctuation
 (`bench.transcripts.words`; English also with numbers spelt out as the tests'
-references read them, `tests.reference.normalize`). Writes `<out>/beam-wer.json`
-and `<out>/beam-wer.md`.
+references read them, `tests.reference.normalize`). Writes `<out>/beam-wer.json`,
+`<out>/beam-wer.md` and `<out>/beam-wer.png`.
 """
 
 from __future__ import annotations
@@ -183,6 +183,30 @@ def report(record: dict) -> str:
     return "\n".join(lines)
 
 
+def plot(record: dict, path: Path) -> None:
+    """Each set's word and character error rates, a bar per system."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = record["sets"]
+    figure, axes = plt.subplots(1, len(sets), figsize=(6 * len(sets), 4.4), squeeze=False)
+    for ax, result in zip(axes[0], sets):
+        systems = result["systems"]
+        width = 0.8 / len(systems)
+        for i, s in enumerate(systems):
+            bars = ax.bar([j + i * width for j in range(2)], [s["wer"], s["cer"]], width, label=s["system"])
+            ax.bar_label(bars, fmt="%.3f", fontsize=7)
+        ax.set_xticks([j + 0.4 - width / 2 for j in range(2)], ["WER", "CER"])
+        ax.set_title(f"{result['set']}: {result['checkpoint']}, {systems[0]['clips']} recordings")
+        ax.legend(fontsize=7, loc="upper right")
+    figure.suptitle(f"beam search beside faster-whisper, CPU, commit {record['run']['commit'][:7]} (lower is better)")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+    plt.close(figure)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
@@ -205,6 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "beam-wer.json").write_text(json.dumps(record, indent=1, ensure_ascii=False, default=str) + "\n")
     (args.out / "beam-wer.md").write_text(report(record))
+    plot(record, args.out / "beam-wer.png")
     print(report(record))
     return 0
 

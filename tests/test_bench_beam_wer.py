@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from bench.beam_wer import edits, english_clips, english_words, multilingual_clips
+from bench.beam_wer import edits, english_clips, english_words, multilingual_clips, plot, report
 
 
 def test_edits_count_insertions_deletions_and_substitutions():
@@ -24,3 +24,15 @@ def test_the_multilingual_set_takes_so_many_clips_per_language():
     assert all(c.path.exists() and c.reference for c in clips)
     names = [c.path.name for c in multilingual_clips(per_language=4)]
     assert len(names) == len(set(names))  # a recording in both folders counts once
+
+
+def test_the_report_and_plot_show_every_system_of_every_set(tmp_path):
+    systems = [{"system": name, "clips": 2, "wer": wer, "cer": wer / 2, "seconds": 1.0, "transcripts": ["a", "b"]}
+               for name, wer in (("ours beam_size=5", 0.1), ("faster-whisper beam_size=5", 0.2))]
+    record = {"command": "python -m bench.beam_wer", "threads": 2,
+              "run": {"commit": "0123456789abcdef", "dirty": False, "date": "today"},
+              "sets": [{"set": name, "checkpoint": "default", "systems": systems} for name in ("english", "multilingual")]}
+    table = report(record)
+    assert table.count("| ours beam_size=5 |") == 2 and "| 0.200 | 0.100 |" in table
+    plot(record, tmp_path / "beam-wer.png")
+    assert (tmp_path / "beam-wer.png").read_bytes().startswith(b"\x89PNG")
