@@ -12,6 +12,7 @@ temperature fallback (forced lengths are not "unlikely" text to decode again).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from bench.clips import ClipAudio
@@ -46,9 +47,11 @@ class Job:
                 "duration_s": clip.duration_s, "forced_tokens": self.check.expected_tokens}
 
 
-def real_jobs(clips: list[ClipAudio], eot: int) -> list[Job]:
-    """Requests as a client sends them; answers must be plausible transcripts."""
-    return [Job(c, dict(REQUEST_PARAMETERS), TranscriptCheck(eot, c.clip.duration_s)) for c in clips]
+def real_jobs(clips: list[ClipAudio], eot: int, parameters: Mapping[str, object] | None = None) -> list[Job]:
+    """Requests as a client sends them, with `parameters` added to each (beam search, say);
+    answers must be plausible transcripts."""
+    return [Job(c, {**REQUEST_PARAMETERS, **(parameters or {})}, TranscriptCheck(eot, c.clip.duration_s))
+            for c in clips]
 
 
 def forced_tokens(duration_s: float, tokens_per_second: float) -> int:

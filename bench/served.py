@@ -22,6 +22,10 @@ measured text tokens per second of audio, from this results file, times each
 clip's length); `tiny-random` does the same with tiny's shapes (a quick check
 of the forced-length path on a CPU).
 
+`--parameter beam_size=5` (repeatable) adds a request parameter to every request
+of a real-weight model, whose reference transcripts are then decoded with it
+too: beam search against greedy is two runs with their own `--results`.
+
 `--instances preprocessing=4` (repeatable; `whisper=1:cpu` also sets the kind)
 serves a copy of the repository with other instance groups, for the ceiling and
 the served path alike; the run records them.
@@ -54,10 +58,13 @@ from bench.repository_copy import add_instances_option, repository_with_instance
 from bench.server_process import ServeCommand, ServerProcess
 from bench.standin import canned_check, write_standin_repository
 from bench.stats import PointStats, saturation, sweep_done
+from bench.transcripts import REQUEST_PARAMETERS
 from bench.transformers_sweep import BATCH_SIZES, TransformersPlan, run_transformers
 from bench.triton_stats import model_stats, stats_delta
 from python_backend_lib.apps.mps import MpsDaemon
 from python_backend_lib.checkpoints.configs import load_config
+from python_backend_lib.core.errors import RequestError
+from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.settings import auto_instances_per_gpu
 
 PHASES = ("ceiling", "served", "engine", "transformers")
@@ -168,13 +175,14 @@ def latency_job(jobs: list[Job]) -> Job:
     return next(j for j in jobs if j.audio is short)
 
 
-def make_jobs(spec: ModelSpec, checkpoint: str, tokens_per_second: float | None, settings: Settings) -> list[Job]:
+def make_jobs(spec: ModelSpec, checkpoint: str, tokens_per_second: float | None, settings: Settings,
+              parameters: dict[str, object] | None = None) -> list[Job]:
     from python_backend_lib.checkpoints.configs import load_config
 
     eot = load_config(checkpoint).special.eot
     clips = [c for c in load_clips() if settings.max_clip_s is None or c.clip.duration_s <= settings.max_clip_s]
     clips = clips[:: settings.clip_stride]
-    return forced_jobs(clips, eot, tokens_per_second) if spec.random else real_jobs(clips, eot)
+    return forced_jobs(clips, eot, tokens_per_second) if spec.random else real_jobs(clips, eot, parameters)
 
 
 # ------------------------------------------------------------------ server phases
@@ -382,11 +390,32 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="engine processes of the engine phase (auto: as many as `serve` runs on one GPU)")
     parser.add_argument("--tokens-per-second", type=float,
                         help="forced lengths of random-weight models (default: tiny's, from the results file)")
+    parser.add_argument("--parameter", action="append", type=request_parameter, default=[], metavar="KEY=VALUE",
+                        help="a request parameter for every request (VALUE read as JSON, else as text), e.g. "
+                        "beam_size=5; real weights only")  # fmt: skip
     args = parser.parse_args(argv)
+    args.parameters = dict(args.parameter)
+    if args.parameters:
+        if MODELS[args.model].random:
+            parser.error("--parameter: random weights decode forced lengths greedily; use --model tiny")
+        try:
+            parse_request_parameters({**REQUEST_PARAMETERS, **args.parameters})
+        except RequestError as error:
+            parser.error(f"--parameter: {error}")
     args.results = args.results or STATE_DIR / "served.json"
     args.instances = dict(args.instances)
     args.deadline = time.monotonic() + args.budget_s
     return args
+
+
+def request_parameter(text: str) -> tuple[str, object]:
+    key, equals, value = text.partition("=")
+    if not key or not equals:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -400,7 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     results = Results(args.results, args.out)
     run = {"id": len(results.data["runs"]), "model": args.model, "phases": args.phases, "quick": args.quick,
            "settings": asdict(settings), "client_processes": args.clients, "gpus": args.gpus,
-           "instances": {model: asdict(group) for model, group in args.instances.items()}, **provenance()}
+           "instances": {model: asdict(group) for model, group in args.instances.items()},
+           "added_parameters": args.parameters, **provenance()}
     results.data["runs"].append(run)
     say(f"run {run['id']}: commit {run['commit']} (dirty: {run['dirty']}, checked by {run['checked_by']}), "
         f"{run['machine']['gpu'] or 'no GPU'}, {run['machine']['cpu_count']} CPUs")
@@ -410,7 +440,7 @@ def main(argv: list[str] | None = None) -> int:
     if spec.random:
         rate = args.tokens_per_second or tokens_per_second_from(results)
         model["forced_tokens_per_audio_s"] = rate
-    jobs = with_references(make_jobs(spec, checkpoint, rate, settings), checkpoint, args.device, say)
+    jobs = with_references(make_jobs(spec, checkpoint, rate, settings, args.parameters), checkpoint, args.device, say)
     model.update({"source": spec.source, "checkpoint": checkpoint, "random_weights": spec.random,
                   "request_parameters": "per clip" if spec.random else jobs[0].parameters,
                   "clips": [j.describe() for j in jobs]})

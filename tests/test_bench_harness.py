@@ -178,6 +178,24 @@ def test_jobs_ask_what_the_server_parses_into_the_librarys_options():
     assert forced.load_request().wav == clip.wav
 
 
+def test_added_parameters_reach_every_request_and_its_reference_options():
+    """`bench.served --parameter`: beam search for every request, and the library's
+    reference transcript decoded with it too (`bench.references` reads `Job.options`)."""
+    from bench.clips import load_clips
+    from bench.served import parse_args
+
+    args = parse_args(["--model", "tiny", "--out", "/tmp/x", "--parameter", "beam_size=5", "--parameter", "best_of=5",
+                       "--parameter", "long_form=batched"])
+    assert args.parameters == {"beam_size": 5, "best_of": 5, "long_form": "batched"}
+    job, = real_jobs(load_clips()[:1], EOT, args.parameters)
+    assert job.parameters == {**REQUEST_PARAMETERS, **args.parameters}
+    assert (job.options.decoding.beam_size, job.options.decoding.best_of) == (5, 5)
+    for bad in (["--model", "tiny", "--parameter", "beam_size=99"], ["--model", "large-v3", "--parameter", "beam_size=5"],
+                ["--model", "tiny", "--parameter", "beam_size"]):
+        with pytest.raises(SystemExit):
+            parse_args([*bad, "--out", "/tmp/x"])
+
+
 # ------------------------------------------------------------------ host readings
 
 
