@@ -15,7 +15,7 @@ from typing import Any
 
 from python_backend_lib.apps.openai_errors import InvalidRequest
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import DecodingOptions, Task, WindowPadding
+from python_backend_lib.core.options import DecodingOptions, Task, WindowPadding, choice
 from python_backend_lib.text.formats import Document, ResponseFormat
 
 DEFAULT_MODEL_ID = "whisper-1"  # what OpenAI's examples ask for
@@ -252,14 +252,14 @@ def _boolean(form: Mapping[str, Any], name: str) -> bool:
 
 
 def _choice(form: Mapping[str, Any], name: str, kind: type[enum.Enum]) -> Any:
-    """One of `kind`'s values, None when absent."""
+    """One of `kind`'s values (`core.options.choice`), None when absent."""
     value = _text(form, name)
     if value is None:
         return None
-    values = [member.value for member in kind]
-    if value not in values:
-        raise InvalidRequest(400, f"{name} must be one of {values}, got {value!r}", param=name, code="invalid_value")
-    return kind(value)
+    try:
+        return choice(kind, value, name)
+    except RequestError as error:
+        raise InvalidRequest(400, str(error), param=name, code="invalid_value") from None
 
 
 def _number(form: Mapping[str, Any], name: str) -> float | None:
