@@ -10,7 +10,9 @@ sends it) through the library's engine alone, one at a time, and reports:
 - from `torch.profiler`, every GPU kernel of a few requests: how long the GPU
   was busy per request, how many kernels one decoder step runs and what each costs.
 With `--served`, the same request through `whisper-triton serve` (gRPC,
-`transcribe`), so the Triton path's share is the difference. Writes
+`transcribe`), so the Triton path's share is the difference: each model's
+time queued and in `execute` from Triton's statistics, and the request's
+timeline from Triton's trace when the server stopped in time to write it. Writes
 OUT/latency-breakdown.md and .json, and a gzipped Chrome trace of the profiled requests.
 """
 
@@ -184,11 +186,30 @@ def served_part(checkpoint: str, job, args, say) -> dict:
     log = STATE_DIR / "latency-breakdown-server.log"
     trace_file = STATE_DIR / "latency-breakdown-trace.json"
     trace_file.unlink(missing_ok=True)
-    (stats,) = one_clip_rounds(checkpoint, job, log, args.served_seconds, rounds=1, trace_file=trace_file)
+    (measured,) = one_clip_rounds(checkpoint, job, log, args.served_seconds, rounds=1, trace_file=trace_file)
+    stats = measured.stats
     say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
-    line = timeline(read_trace(trace_file), "transcribe", last_s=args.served_seconds)
-    return {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms,
-            "trace": asdict(line)}  # fmt: skip
+    record = {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms,
+              "models": measured.models}  # fmt: skip
+    try:  # written only by a server that stopped within Triton's exit timeout
+        record["trace"] = asdict(timeline(read_trace(trace_file), "transcribe", last_s=args.served_seconds))
+    except FileNotFoundError:
+        record["trace_missing"] = f"Triton wrote no trace file at {trace_file} (see {log})"
+        say(record["trace_missing"])
+    return record
+
+
+def models_markdown(models: dict, client_p50_ms: float) -> list[str]:
+    """Triton's statistics of the measured window: each model's mean time queued and in execute()."""
+    lines = ["Triton's statistics over the measured window (`get_inference_statistics`), per request: "
+             "means, where the client's figure is a median.", "",
+             "| model | requests | batches | queued ms | execute ms |", "|---|---|---|---|---|"]  # fmt: skip
+    lines += [f"| {name} | {m['requests']} | {m['executions']} | {m['queue_ms']} | {m['execute_ms']} |"
+              for name, m in models.items()]  # fmt: skip
+    composing = sum(m["queue_ms"] + m["execute_ms"] for name, m in models.items() if name != "transcribe")
+    lines += ["", f"The composing models' queue and execute times add up to {composing:.2f} ms of the client's "
+              f"p50 {client_p50_ms} ms; the rest is the hops between them, the ensemble, the transport and the client."]  # fmt: skip
+    return lines
 
 
 def report(record: dict) -> str:
@@ -206,9 +227,14 @@ def report(record: dict) -> str:
         served = record["served"]
         lines.append(f"Served (gRPC, `transcribe`): p50 {served['latency_ms']['p50']} ms, "
                      f"p99 {served['latency_ms']['p99']} ms.")  # fmt: skip
+        if "models" in served:
+            lines += ["", "## The served request, by Triton's statistics", "",
+                      *models_markdown(served["models"], served["latency_ms"]["p50"])]  # fmt: skip
         if "trace" in served:
             line = Timeline.from_record(served["trace"])
             lines += ["", "## The served request, by Triton's trace", "", *markdown(line, served["latency_ms"]["p50"])]
+        elif "trace_missing" in served:
+            lines += ["", f"No trace: {served['trace_missing']}."]
     lines += ["", "## The engine thread, per request", "", "| part | calls | ms | ms per call |", "|---|---|---|---|"]
     lines += [
         f"| {label} | {v['calls']} | {v['ms']} | {v['ms_per_call']} |" for label, v in engine["engine_thread"].items()

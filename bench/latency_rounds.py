@@ -4,13 +4,15 @@
 
 Starts `whisper-triton serve` as shipped, warms it up, then measures `--rounds`
 windows of `--seconds` each and prints one line per round (requests/s, p50,
-p90, p99 in ms). `bench.served` measures the same point once, inside its run.
+p90, p99 in ms, and each model's mean time queued and in `execute` by Triton's
+statistics). `bench.served` measures the same point once, inside its run.
 """
 
 from __future__ import annotations
 
 import argparse
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 from bench.jobs import Job
@@ -18,20 +20,30 @@ from bench.load import LoadGenerator, PointPlan
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 from bench.stats import PointStats
+from bench.triton_stats import model_stats, stats_delta
+
+
+@dataclass(frozen=True)
+class Round:
+    stats: PointStats  # the client's view of the window
+    models: dict  # Triton's statistics over the window, per model (bench.triton_stats.stats_delta)
 
 
 def one_clip_rounds(
     checkpoint: str, job: Job, log: Path, seconds: float, rounds: int, trace_file: Path | None = None
-) -> Iterator[PointStats]:
+) -> Iterator[Round]:
     """Start `whisper-triton serve` as shipped, warm it up with `job`, then measure `rounds`
-    windows of `seconds`, one request at a time: each window's statistics as it ends.
+    windows of `seconds`, one request at a time: each window's statistics as it ends, the
+    client's and Triton's per model (which need no trace file, and so no clean stop).
     With trace_file, Triton traces every request into it (written once the server stops)."""
     command = ServeCommand(checkpoint, trace_file=trace_file)
     with ServerProcess(command, log, 300.0):
         with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
             load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
             for _ in range(rounds):
-                yield load.run(PointPlan(1, 0.0, seconds, 60.0)).stats
+                before = model_stats(command.grpc_url)
+                stats = load.run(PointPlan(1, 0.0, seconds, 60.0)).stats
+                yield Round(stats, stats_delta(before, model_stats(command.grpc_url)))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -47,11 +59,12 @@ def main(argv: list[str] | None = None) -> None:
     checkpoint = served_checkpoint(spec)
     jobs = make_jobs(spec, checkpoint, args.tokens_per_second, Settings())
     log = STATE_DIR / f"latency-{args.label or 'server'}.log"
-    for stats in one_clip_rounds(checkpoint, latency_job(jobs), log, args.seconds, args.rounds):
-        latency = stats.latency_ms
+    for measured in one_clip_rounds(checkpoint, latency_job(jobs), log, args.seconds, args.rounds):
+        latency = measured.stats.latency_ms
+        models = " ".join(f"{name} {m['queue_ms']}+{m['execute_ms']}" for name, m in measured.models.items())
         print(
-            f"{args.label} {stats.goodput_per_s:.1f} req/s p50 {latency['p50']} p90 {latency['p90']} "
-            f"p99 {latency['p99']}",
+            f"{args.label} {measured.stats.goodput_per_s:.1f} req/s p50 {latency['p50']} p90 {latency['p90']} "
+            f"p99 {latency['p99']} (ms queued+execute: {models})",
             flush=True,
         )
 

@@ -31,9 +31,10 @@ def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
 
 
 @pytest.mark.server
-def test_a_served_run_reads_tritons_trace_of_the_ensemble_and_both_models(tmp_path, monkeypatch):
+def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path, monkeypatch):
     """`--served` starts the real server with `--trace-file`: every measured request's timeline
-    has the ensemble's and both models' events, in the order a request goes through them."""
+    has the ensemble's and the models' events, in the order a request goes through them, and
+    Triton's statistics of the window count each request once in every model."""
     monkeypatch.setattr(latency_breakdown, "STATE_DIR", tmp_path / "state")
     main(["--model", "tiny-random", "--tokens-per-second", "2.732", "--device", "cpu", "--warmup", "1",
           "--requests", "1", "--profiled", "1", "--served", "--served-seconds", "2", "--out", str(tmp_path)])  # fmt: skip
@@ -47,4 +48,12 @@ def test_a_served_run_reads_tritons_trace_of_the_ensemble_and_both_models(tmp_pa
     assert at["whisper: execute starts"] < at["ensemble has the answer"] <= at["gRPC sent the answer"]
     # The client waited for all of it: its median latency covers the server's timeline.
     assert at["gRPC sent the answer"] <= served["latency_ms"]["p50"]
-    assert "## The served request, by Triton's trace" in (tmp_path / "latency-breakdown.md").read_text()
+    # Triton's statistics of the same window: every request went through the three models once.
+    models = served["models"]
+    assert {"transcribe", "preprocessing", "whisper", "postprocessing"} <= set(models)
+    for name in ("preprocessing", "whisper", "postprocessing"):
+        assert models[name]["requests"] == models["transcribe"]["requests"] >= 2
+        assert models[name]["failures"] == 0 and models[name]["execute_ms"] > 0
+    report = (tmp_path / "latency-breakdown.md").read_text()
+    assert "## The served request, by Triton's statistics" in report
+    assert "## The served request, by Triton's trace" in report
