@@ -17,6 +17,8 @@
 #                 differences measured against float16 logit noise (needs install, the weights)
 #   latency       bench.latency_breakdown --model tiny --served: where one 5 s clip's time goes at
 #                 concurrency 1 (the engine's parts, the GPU's kernels, the served path beside it; needs the weights)
+#   stream        bench.streamed_file: a file's first streamed segment against its whole transcript, one request
+#                 at a time, and each server process's GPU memory (needs install, the weights)
 #   live          bench.live_latency: live sessions' word end to delta, one session then LIVE_SESSIONS
 #                 (default 100), with LIVE_BATCH (default 64) batch clients beside (needs install, the weights)
 #   bench         bench.gpu: transformers against the engine, step times, memory
@@ -190,7 +192,15 @@ if has latency; then
     [[ $status == 0 ]] || tail -c 20000 $WHISPER_BENCH_STATE/latency-breakdown-server.log > "$OUT/latency-server.log"
 fi
 
-# 4d. Live sessions: word end to delta, alone and beside batch load (needs install and the weights).
+# 4d. A file's streamed transcript: first segment against the whole (needs install and the weights).
+if has stream; then
+    budget=$(($(left) - 10 < 240 ? $(left) - 10 : 240))  # the live phase after it needs most of a call
+    say "stream (budget $budget s)"
+    timeout $budget $PY -m bench.streamed_file --out "$OUT/stream"
+    say "stream exit $?"
+fi
+
+# 4e. Live sessions: word end to delta, alone and beside batch load (needs install and the weights).
 if has live; then
     say "live (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) $PY -m bench.live_latency --sessions 1 ${LIVE_SESSIONS:-100} \
