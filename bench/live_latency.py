@@ -48,6 +48,7 @@ import soundfile
 import soxr
 
 from bench.clips import AUDIO_DIR
+from bench.host import process_cpu_seconds
 from bench.provenance import commit_info, machine_info
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
 from python_backend_lib.apps.live_transcriber import wav_bytes
@@ -254,6 +255,8 @@ class Summary:
     batch_rtfx_alone: float | None = None
     batch_rtfx_beside: float | None = None
     load_average: tuple[float, float] | None = None  # the host's 1-minute load average before and after
+    hypothesis_every_s: float | None = None  # the gateway's --live-hypothesis-every (None: its default)
+    gateway_cores: float | None = None  # the gateway process's CPU time over the row's wall time
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -310,12 +313,19 @@ async def measure(
     return summary, [x for r in results for x in r.word_latencies_s]
 
 
+@dataclass(frozen=True)
+class Gateway:
+    url: str  # its base URL, http://HOST:PORT/v1
+    pid: int | None  # None: a gateway this run did not start
+
+
 @contextlib.contextmanager
-def gateway_process(triton_grpc: str, log: Path):
+def gateway_process(triton_grpc: str, log: Path, hypothesis_every_s: float | None = None):
     port = free_port()
+    cadence = [] if hypothesis_every_s is None else [f"--live-hypothesis-every={hypothesis_every_s:g}"]
     with log.open("w") as out:
         process = subprocess.Popen([*whisper_triton(), "gateway", f"--triton-url={triton_grpc}", f"--port={port}",
-                                    f"--model-id={MODEL}", "--max-live-sessions=1000"],
+                                    f"--model-id={MODEL}", "--max-live-sessions=1000", *cadence],
                                    stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
@@ -330,24 +340,30 @@ def gateway_process(triton_grpc: str, log: Path):
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError(f"the gateway did not start:\n{log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
-        yield url
+        yield Gateway(url, process.pid)
     finally:
         process.terminate()
         process.wait(timeout=30)
 
 
+def gateway_cpu_s(gateway: Gateway) -> float | None:
+    return None if gateway.pid is None else process_cpu_seconds(gateway.pid)
+
+
 def markdown(rows: list[Summary], header: str) -> str:
     lines = [header, "",
-             "| sessions | batch clients | words matched | word → delta p50 | p90 | max | first half p50 | "
-             "second half p50 | first delta p50 | turn end → completed p50 | max | send lag max | errors | "
-             "batch RTFx alone → beside | load average before → after |", "|" + "---|" * 15]
+             "| hypothesis every | sessions | batch clients | words matched | word → delta p50 | p90 | max | "
+             "first half p50 | second half p50 | first delta p50 | turn end → completed p50 | max | send lag max | "
+             "errors | batch RTFx alone → beside | load average before → after | gateway cores |", "|" + "---|" * 17]
     for r in rows:
         batch = f"{r.batch_rtfx_alone} → {r.batch_rtfx_beside}" if r.batch_rtfx_alone is not None else "–"
+        every = "default" if r.hypothesis_every_s is None else f"{r.hypothesis_every_s:g} s"
         lines.append(
-            f"| {r.sessions} | {r.batch_concurrency} | {r.matched}/{r.words} | **{r.word_latency_p50_s} s** | "
+            f"| {every} | {r.sessions} | {r.batch_concurrency} | {r.matched}/{r.words} | **{r.word_latency_p50_s} s** | "
             f"{r.word_latency_p90_s} s | {r.word_latency_max_s} s | {r.first_half_p50_s} s | {r.second_half_p50_s} s | "
             f"{r.first_delta_p50_s} s | {r.turn_latency_p50_s} s | {r.turn_latency_max_s} s | {r.max_send_lag_s} s | "
-            f"{r.errors} | {batch} | {r.load_average[0]} → {r.load_average[1]} |")
+            f"{r.errors} | {batch} | {r.load_average[0]} → {r.load_average[1]} | "
+            f"{'–' if r.gateway_cores is None else r.gateway_cores} |")
     return "\n".join(lines) + "\n"
 
 
@@ -360,28 +376,41 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="as `whisper-triton serve --checkpoint` takes it (default: packaged)")
     parser.add_argument("--gateway", help="a running gateway's base URL (http://HOST:PORT/v1)")
     parser.add_argument("--triton-grpc", help="the gateway's Triton (HOST:PORT), with --gateway")
+    parser.add_argument("--hypothesis-every", type=float, nargs="+", default=[None], metavar="SECONDS",
+                        help="the gateway's --live-hypothesis-every, a gateway for each in turn (the batch row "
+                             "runs with the first); default: the gateway's own")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         if args.gateway:
-            gateway, triton_grpc = args.gateway, args.triton_grpc
+            triton_grpc, cadences = args.triton_grpc, [None]
         else:
             command = ServeCommand(checkpoint=args.checkpoint)
             print(f"starting {command.display}", flush=True)
             stack.enter_context(ServerProcess(command, args.out / "serve.log", STARTUP_TIMEOUT_S))
-            triton_grpc = command.grpc_url
-            gateway = stack.enter_context(gateway_process(triton_grpc, args.out / "gateway.log"))
-        stream = reference_stream(gateway)
-        print(f"reference: {len(stream.words)} words in {stream.seconds:.1f} s of stream", flush=True)
-        rows, latencies = [], []
-        plan = [(sessions, 0) for sessions in args.sessions]
-        if args.batch_concurrency:
-            plan.append((args.sessions[-1], args.batch_concurrency))
-        for sessions, batch in plan:
-            summary, measured = asyncio.run(measure(gateway, triton_grpc, stream, sessions, batch))
-            rows.append(summary)
-            latencies.append(measured)
-            print(markdown(rows[-1:], ""), flush=True)
+            triton_grpc, cadences = command.grpc_url, args.hypothesis_every
+        rows, latencies, stream = [], [], None
+        for index, every in enumerate(cadences):
+            with contextlib.ExitStack() as gateway_stack:
+                if args.gateway:
+                    gateway = Gateway(args.gateway, None)
+                else:
+                    log = args.out / f"gateway-{index}.log"
+                    gateway = gateway_stack.enter_context(gateway_process(triton_grpc, log, every))
+                if stream is None:
+                    stream = reference_stream(gateway.url)
+                    print(f"reference: {len(stream.words)} words in {stream.seconds:.1f} s of stream", flush=True)
+                plan = [(sessions, 0) for sessions in args.sessions]
+                if args.batch_concurrency and index == 0:
+                    plan.append((args.sessions[-1], args.batch_concurrency))
+                for sessions, batch in plan:
+                    cpu_before, started = gateway_cpu_s(gateway), time.monotonic()
+                    summary, measured = asyncio.run(measure(gateway.url, triton_grpc, stream, sessions, batch))
+                    cpu_after, wall = gateway_cpu_s(gateway), time.monotonic() - started
+                    cores = None if None in (cpu_before, cpu_after) else round((cpu_after - cpu_before) / wall, 2)
+                    rows.append(dataclasses.replace(summary, hypothesis_every_s=every, gateway_cores=cores))
+                    latencies.append(measured)
+                    print(markdown(rows[-1:], ""), flush=True)
     commit, machine = commit_info(), machine_info()
     record = {"commit": commit.commit, "dirty": commit.dirty, "machine": machine,
               "recorded": time.strftime("%Y-%m-%d %H:%M"), "checkpoint": args.checkpoint or "packaged tiny.en",
@@ -392,7 +421,9 @@ def main() -> None:
               f"{record['checkpoint']}. Stream: {', '.join(STREAM)}, {PAUSE_S:g} s apart, server_vad. "
               f"Command: `python -m bench.live_latency --out {args.out} --sessions "
               f"{' '.join(map(str, args.sessions))}" + (f" --batch-concurrency {args.batch_concurrency}"
-                                                         if args.batch_concurrency else "") + "`.")
+                                                         if args.batch_concurrency else "")
+              + ("" if args.hypothesis_every == [None] else
+                 " --hypothesis-every " + " ".join(f"{x:g}" for x in args.hypothesis_every)) + "`.")
     (args.out / "README.md").write_text(markdown(rows, header) + "\n![word end to delta](live.png)\n")
     plot(rows, latencies, args.out / "live.png")
     print(markdown(rows, header))
@@ -409,6 +440,7 @@ def plot(rows: list[Summary], latencies: list[list[float]], path: Path) -> None:
     for row, values in zip(rows, latencies):
         ordered = np.sort(values)
         label = f"{row.sessions} session(s)" + (f", {row.batch_concurrency} batch" if row.batch_concurrency else "")
+        label += "" if row.hypothesis_every_s is None else f", every {row.hypothesis_every_s:g} s"
         axis.plot(ordered, np.arange(1, len(ordered) + 1) / max(len(ordered), 1), label=label)
     axis.set(xlabel="word end to its delta (s)", ylabel="share of words", title="Live sessions: word latency")
     axis.grid(alpha=0.3)

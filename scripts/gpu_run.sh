@@ -20,7 +20,8 @@
 #   stream        bench.streamed_file: a file's first streamed segment against its whole transcript, one request
 #                 at a time, and each server process's GPU memory (needs install, the weights)
 #   live          bench.live_latency: live sessions' word end to delta, one session then LIVE_SESSIONS
-#                 (default 100), with LIVE_BATCH (default 64) batch clients beside (needs install, the weights)
+#                 (default 100), with LIVE_BATCH (default 64) batch clients beside (needs install, the weights,
+#                 and the gateway's wheels: fastapi, uvicorn, websockets, openai...); LIVE_ARGS="..." adds arguments
 #   bench         bench.gpu: transformers against the engine, step times, memory
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
 #                 (transformers in a second run, with the image's numpy 2, kept aside at install, first on PYTHONPATH)
@@ -204,7 +205,7 @@ fi
 if has live; then
     say "live (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) $PY -m bench.live_latency --sessions 1 ${LIVE_SESSIONS:-100} \
-        --batch-concurrency ${LIVE_BATCH:-64} --out "$OUT/live"
+        --batch-concurrency ${LIVE_BATCH:-64} --out "$OUT/live" ${LIVE_ARGS:-}
     say "live exit $?"
 fi
 

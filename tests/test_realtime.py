@@ -22,7 +22,9 @@ import soundfile
 import soxr
 from conftest import AUDIO_DIR, RunningServer, _log_tail, _stop, free_port, whisper_triton_command
 from reference import clips, normalize
-from test_faults import settled, wait_for
+from test_faults import scrape, settled, wait_for
+
+from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 
 websockets = pytest.importorskip("websockets")
 openai = pytest.importorskip("openai")
@@ -368,3 +370,45 @@ def test_the_session_limit_refuses_one_more_and_a_client_that_leaves_frees_its_s
     after = wait_for(server, lambda s: s[CANCELLED] > before[CANCELLED] and s["whisper_requests_in_flight"] == 0)
     assert after[CANCELLED] == before[CANCELLED] + 1
     assert after["whisper_requests_in_flight"] == 0
+
+
+def test_the_hypothesis_cadence_is_the_gateways_option(server, tmp_path):
+    """With `--live-hypothesis-every 30`, a turn of 11 s grows by less than that: it gets no
+    hypothesis, and its only transcription is the final one at the commit, which brings every
+    word in one delta. (With the default, appending the same audio at once starts a hypothesis:
+    the session-limit test above waits for it.)"""
+    with own_gateway(server, tmp_path, "--live-hypothesis-every=30") as (base_url, log):
+        before = settled(server)
+        success = 'whisper_requests_total{outcome="success"}'
+
+        async def session() -> Recorder:
+            async with connect(realtime_url(base_url)) as socket:
+                recorder = Recorder(socket)
+                await recorder.next("session.created")
+                await socket.send(json.dumps(MANUAL))
+                await recorder.next("session.updated")
+                audio = pcm24("jfk.wav").tobytes()
+                await socket.send(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(audio).decode()}))
+                await asyncio.sleep(2 * PUBLISH_INTERVAL_S)
+                assert scrape(server)["whisper_requests_in_flight"] == 0, "a hypothesis was decoded"
+                await socket.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                await recorder.next(COMPLETED)
+                return recorder
+
+        recorder = asyncio.run(session())
+        after = settled(server)
+    (completed,) = recorder.of(COMPLETED)
+    deltas = [e["delta"] for e in recorder.of(DELTA)]
+    assert len(deltas) == 1 and normalize(deltas[0]) == normalize(completed["transcript"])
+    assert normalize(completed["transcript"]) == normalize(KNOWN["jfk.wav"])
+    assert after.get(success, 0) == before.get(success, 0) + 1
+    assert after.get(CANCELLED, 0) == before.get(CANCELLED, 0)  # no hypothesis was started and dropped
+
+
+def test_a_cadence_of_no_time_is_refused_when_the_gateway_starts():
+    completed = subprocess.run(whisper_triton_command() + ["gateway", "--live-hypothesis-every=0"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert completed.returncode == 2
+    assert completed.stderr == ("whisper-triton gateway: a live hypothesis every 0 s: give more than 0 s "
+                                "and at most 30 s (one 30 s window)\n")

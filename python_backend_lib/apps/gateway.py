@@ -94,6 +94,7 @@ class GatewaySettings:
     triton_model: str = tensor_names.ENSEMBLE_NAME
     api_key: str | None = field(default=None, repr=False)  # None: no key asked for
     max_live_sessions: int = realtime.DEFAULT_MAX_SESSIONS
+    live_hypothesis_every_s: float = realtime.HYPOTHESIS_STEP_S
     triton: ServerAddress = field(init=False)
 
     def __post_init__(self) -> None:
@@ -106,6 +107,7 @@ class GatewaySettings:
             raise ValueError("the API key is empty")
         if self.max_live_sessions < 1:
             raise ValueError(f"the live session limit must be at least 1, got {self.max_live_sessions}")
+        realtime.check_hypothesis_every(self.live_hypothesis_every_s)
 
 
 # ---------------------------------------------------------------- the app
@@ -231,7 +233,8 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
         return StreamingResponse(events, media_type=EVENTS_MEDIA_TYPE)
 
     live_options = realtime.RealtimeOptions(model_ids=settings.model_ids, detector=speech_detectors(),
-                                            max_sessions=settings.max_live_sessions, api_key=settings.api_key)
+                                            max_sessions=settings.max_live_sessions, api_key=settings.api_key,
+                                            hypothesis_every_s=settings.live_hypothesis_every_s)
     live_slots = realtime.SessionSlots(settings.max_live_sessions)
 
     @app.websocket("/v1/realtime")
@@ -304,6 +307,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="live transcription sessions (/v1/realtime) at once; one more is refused (default: %(default)s)",
     )
     parser.add_argument(
+        "--live-hypothesis-every", type=float, default=realtime.HYPOTHESIS_STEP_S, metavar="SECONDS",
+        help="a live turn is transcribed again each time it has grown by this much audio, one transcription at "
+        "a time per session: less shows words sooner and asks more of the server (default: %(default)s)",
+    )
+    parser.add_argument(
         "--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
         help=f"refuse /v1 requests without `Authorization: Bearer KEY` (401); default: ${API_KEY_ENV}, "
         "else no key (anyone who reaches the port may transcribe)",
@@ -330,6 +338,7 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             api_key=args.api_key,
             max_live_sessions=args.max_live_sessions,
+            live_hypothesis_every_s=args.live_hypothesis_every,
         )
     except AddressError as error:
         print(f"whisper-triton gateway: --triton-url: {error}", file=sys.stderr)

@@ -44,6 +44,7 @@ DEFAULT_MAX_SESSIONS = 100
 # (one at a time per turn: a slow server gets fewer, longer ones).
 FIRST_HYPOTHESIS_S = 1.0
 HYPOTHESIS_STEP_S = 0.5
+MAX_HYPOTHESIS_STEP_S = 30.0
 MIN_COMMIT_S = 0.1  # OpenAI refuses to commit less than 100 ms of audio
 # How much audio before the present a server_vad turn can reach back for its prefix padding.
 RECENT_S = 2.0
@@ -59,16 +60,26 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class RealtimeOptions:
     """model_ids: the transcription models a session may name; max_sessions: live sessions
-    at once, one more is refused; detector: makes a session's speech detector."""
+    at once, one more is refused; detector: makes a session's speech detector;
+    hypothesis_every_s: a turn's next hypothesis once it has grown by this much audio."""
 
     model_ids: tuple[str, ...]
     detector: Callable[[], SpeechProbability]
     max_sessions: int = DEFAULT_MAX_SESSIONS
     api_key: str | None = field(default=None, repr=False)
+    hypothesis_every_s: float = HYPOTHESIS_STEP_S
 
     def __post_init__(self) -> None:
         if self.max_sessions < 1:
             raise ValueError(f"the live session limit must be at least 1, got {self.max_sessions}")
+        check_hypothesis_every(self.hypothesis_every_s)
+
+
+def check_hypothesis_every(seconds: float) -> None:
+    """Raises ValueError for a hypothesis cadence that is no time at all, or longer than a window."""
+    if not 0 < seconds <= MAX_HYPOTHESIS_STEP_S:
+        raise ValueError(f"a live hypothesis every {seconds:g} s: give more than 0 s and at most "
+                         f"{MAX_HYPOTHESIS_STEP_S:g} s (one 30 s window)")
 
 
 @dataclass
@@ -299,8 +310,8 @@ class Session:
         agreement, decoded = LocalAgreement(), 0
         try:
             while not turn.closed:
-                grown = turn.samples - decoded
-                if turn.samples >= FIRST_HYPOTHESIS_S * SAMPLE_RATE and grown >= HYPOTHESIS_STEP_S * SAMPLE_RATE:
+                grown_s = (turn.samples - decoded) / SAMPLE_RATE
+                if turn.samples >= FIRST_HYPOTHESIS_S * SAMPLE_RATE and grown_s >= self.options.hypothesis_every_s:
                     decoded = turn.samples
                     hypothesis = await self._unless_ended(turn, self._hypothesis(turn.audio()[:decoded], settings))
                     if hypothesis is not None and not turn.closed:
