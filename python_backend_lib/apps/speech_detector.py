@@ -30,8 +30,8 @@ class SileroDetector:
     def __init__(self) -> None:
         self.stream = vad.VadStream()
 
-    def __call__(self, frame: np.ndarray) -> float:
-        return float(self.stream.push(frame)[0])
+    def __call__(self, frames: np.ndarray) -> np.ndarray:
+        return self.stream.push(frames.reshape(-1))
 
 
 class LoudnessDetector:
@@ -39,9 +39,9 @@ class LoudnessDetector:
 
     frame_samples = vad.FRAME_SAMPLES
 
-    def __call__(self, frame: np.ndarray) -> float:
-        level = 10 * np.log10(float(np.mean(np.square(frame, dtype=np.float64))) + 1e-12)
-        return float(np.clip((level - SPEECH_DBFS) / RANGE_DB + 0.5, 0.0, 1.0))
+    def __call__(self, frames: np.ndarray) -> np.ndarray:
+        level = 10 * np.log10(np.mean(np.square(frames, dtype=np.float64), axis=1) + 1e-12)
+        return np.clip((level - SPEECH_DBFS) / RANGE_DB + 0.5, 0.0, 1.0)
 
 
 def speech_detectors() -> Callable[[], SpeechProbability]:
