@@ -113,6 +113,21 @@ async def stream(recorder: Recorder, audio: np.ndarray, speed: float = 1.0) -> N
     recorder.sent_all_at = len(recorder.events)
 
 
+async def manual_session(socket) -> Recorder:
+    """A new session's recorder, once the session commits turns by hand (turn_detection null)."""
+    recorder = Recorder(socket)
+    await recorder.next("session.created")
+    await socket.send(json.dumps(MANUAL))
+    await recorder.next("session.updated")
+    return recorder
+
+
+async def append_at_once(socket, recording: str) -> None:
+    """A whole recording in one append."""
+    audio = base64.b64encode(pcm24(recording).tobytes()).decode()
+    await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
+
+
 def realtime_url(gateway: str) -> str:
     return gateway.replace("http://", "ws://") + "/realtime?intent=transcription"
 
@@ -276,10 +291,7 @@ def test_a_bad_event_gets_an_error_and_the_session_goes_on(gateway):
 def test_clear_drops_the_buffered_audio(gateway):
     async def session() -> Recorder:
         async with connect(realtime_url(gateway)) as socket:
-            recorder = Recorder(socket)
-            await recorder.next("session.created")
-            await socket.send(json.dumps(MANUAL))
-            await recorder.next("session.updated")
+            recorder = await manual_session(socket)
             await stream(recorder, pcm24("cards_003.wav"), speed=8.0)
             await socket.send(json.dumps({"type": "input_audio_buffer.clear"}))
             await recorder.next("input_audio_buffer.cleared")
@@ -332,16 +344,12 @@ def test_the_session_limit_refuses_one_more_and_a_client_that_leaves_frees_its_s
 
         async def sessions() -> None:
             first = await connect(url)
-            recorder = Recorder(first)
-            await recorder.next("session.created")
-            await first.send(json.dumps(MANUAL))
-            await recorder.next("session.updated")
+            await manual_session(first)
             event, code = await refused()
             assert event["type"] == "error" and event["error"]["code"] == "session_limit_reached"
             assert code == 1013
             # A recording at once: the client leaves while the server decodes a hypothesis of it.
-            audio = pcm24("jfk.wav").tobytes()
-            await first.send(json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(audio).decode()}))
+            await append_at_once(first, "jfk.wav")
             decoding = await asyncio.to_thread(wait_for, server, lambda s: s["whisper_requests_in_flight"] >= 1)
             assert decoding["whisper_requests_in_flight"] >= 1, "no hypothesis was decoded"
             first.transport.abort()  # gone without a closing handshake
@@ -383,13 +391,8 @@ def test_the_hypothesis_cadence_is_the_gateways_option(server, tmp_path):
 
         async def session() -> Recorder:
             async with connect(realtime_url(base_url)) as socket:
-                recorder = Recorder(socket)
-                await recorder.next("session.created")
-                await socket.send(json.dumps(MANUAL))
-                await recorder.next("session.updated")
-                audio = pcm24("jfk.wav").tobytes()
-                await socket.send(json.dumps({"type": "input_audio_buffer.append",
-                                              "audio": base64.b64encode(audio).decode()}))
+                recorder = await manual_session(socket)
+                await append_at_once(socket, "jfk.wav")
                 await asyncio.sleep(2 * PUBLISH_INTERVAL_S)
                 assert scrape(server)["whisper_requests_in_flight"] == 0, "a hypothesis was decoded"
                 await socket.send(json.dumps({"type": "input_audio_buffer.commit"}))
