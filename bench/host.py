@@ -100,6 +100,19 @@ class ServerProcesses:
                 record[role] = round(sum(sizes), 2)
         return record
 
+    def gpu_memory(self) -> dict:
+        """The GPU memory (GiB) its processes hold now, by role, as nvidia-smi lists its compute
+        processes; the processes it lists that are none of the server's (CUDA MPS's server, or PIDs
+        of another namespace: in a container nvidia-smi may list host PIDs); every GPU's memory in use."""
+        by_pid = gpu_memory_by_pid()
+        ours = {pid for pids in self.roles.values() for pid in pids}
+        return {
+            "by_role_gib": {role: round(sum(by_pid.get(pid, 0.0) for pid in pids), 3)
+                            for role, pids in self.roles.items() if any(pid in by_pid for pid in pids)},
+            "other_processes_gib": {pid: round(gib, 3) for pid, gib in by_pid.items() if pid not in ours},
+            "gpus_used_gib": [round(g.memory_used_gib, 3) for g in query_gpus() or []],
+        }  # fmt: skip
+
     def busy(self, before: dict[int, float | None], after: dict[int, float | None], seconds: float) -> dict:
         """Per role, between two `cpu_seconds` readings `seconds` apart: the cores its processes
         kept busy in all, and the busiest one's (1.0: a stub bound by its interpreter lock)."""
@@ -132,6 +145,23 @@ def query_gpus() -> list[GpuReading] | None:
         return readings or None
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
+
+
+def gpu_memory_by_pid() -> dict[int, float]:
+    """GiB of GPU memory per process, as nvidia-smi lists its compute processes; empty without it."""
+    try:
+        out = subprocess.run(
+            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+            capture_output=True, text=True, timeout=10, check=True,
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    memory: dict[int, float] = {}
+    for line in out.strip().splitlines():
+        pid, used = (field.strip() for field in line.split(","))
+        if pid.isdigit() and used.replace(".", "", 1).isdigit():
+            memory[int(pid)] = memory.get(int(pid), 0.0) + float(used) / MIB_PER_GIB
+    return memory
 
 
 class GpuSampler:

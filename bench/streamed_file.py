@@ -18,13 +18,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.clips import AUDIO_DIR
-from bench.host import MIB_PER_GIB, ServerProcesses, query_gpus
+from bench.host import ServerProcesses, query_gpus
 from bench.provenance import provenance
 from bench.server_process import ServeCommand, ServerProcess
 
@@ -87,38 +86,6 @@ def time_file(url: str, path: Path, repeats: int) -> FileTimes:
                      _ms(final_s), round(_ms(first_s) / batch_ms, 3), updates, equal)  # fmt: skip
 
 
-def gpu_memory_by_pid() -> dict[int, float]:
-    """GiB of GPU memory per process, as nvidia-smi lists its compute processes; empty without
-    one. In a container nvidia-smi may list host PIDs, or none: the record then says so."""
-    try:
-        out = subprocess.run(
-            ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-            capture_output=True, text=True, timeout=10, check=True,
-        ).stdout  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    memory = {}
-    for line in out.strip().splitlines():
-        pid, used = (field.strip() for field in line.split(","))
-        if pid.isdigit() and used.replace(".", "", 1).isdigit():
-            memory[int(pid)] = memory.get(int(pid), 0.0) + float(used) / MIB_PER_GIB
-    return memory
-
-
-def server_gpu_memory(grpc_port: int) -> dict:
-    """The server's GPU memory by role (each model's stubs, tritonserver), the processes
-    nvidia-smi lists that are none of the server's, and every GPU's memory in use."""
-    by_pid = gpu_memory_by_pid()
-    roles = ServerProcesses.find(grpc_port).roles
-    by_role = {role: round(sum(by_pid.get(pid, 0.0) for pid in pids), 3)
-               for role, pids in roles.items() if any(pid in by_pid for pid in pids)}  # fmt: skip
-    ours = {pid for pids in roles.values() for pid in pids}
-    others = {pid: round(gib, 3) for pid, gib in by_pid.items() if pid not in ours}
-    gpus = query_gpus() or []
-    return {"by_role_gib": by_role, "other_processes_gib": others,
-            "gpus_used_gib": [round(g.memory_used_gib, 3) for g in gpus]}  # fmt: skip
-
-
 def markdown(record: dict) -> str:
     made = record["provenance"]
     lines = [
@@ -172,7 +139,8 @@ def main(argv: list[str] | None = None) -> None:
         command = ServeCommand(args.checkpoint)
         with ServerProcess(command, args.out / "server.log", STARTUP_TIMEOUT_S):
             record["files"] = measure(command.grpc_url)
-            record["gpu_memory"] = server_gpu_memory(command.ports["grpc"]) if query_gpus() else None
+            if query_gpus():
+                record["gpu_memory"] = ServerProcesses.find(command.ports["grpc"]).gpu_memory()
     (args.out / "streamed-file.json").write_text(json.dumps(record, indent=1, default=str))
     (args.out / "README.md").write_text(markdown(record))
     print(markdown(record), flush=True)
