@@ -61,6 +61,20 @@ def process_cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
 
 
+def child_pids(pid: int) -> tuple[int, ...]:
+    """The processes whose parent is `pid` now (from each /proc/<pid>/stat)."""
+    children = []
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            if parent == pid:
+                children.append(int(entry.name))
+    return tuple(sorted(children))
+
+
 def process_memory_gib(pid: int) -> float | None:
     """A process's proportional set size (its private pages, and its share of the pages it
     shares, such as torch's libraries mapped by every stub), None once it is gone."""

@@ -16,9 +16,11 @@ between them (STREAM). The sessions start spread over one second.
   of a chunk behind its due time) and whether latency grew along the stream
   (p50 of the first and of the second half of the words).
 - `--batch-concurrency N` adds a last row: the last session count again, with
-  batch load beside the sessions: N gRPC clients sending the same recordings to
-  `transcribe` one after another; their RTFx is measured alone first, for as
-  long as the stream, then beside the sessions.
+  batch load beside the sessions: N gRPC clients, in a process of their own,
+  sending the same recordings to `transcribe` one after another; their RTFx is
+  measured alone first, for as long as the stream, then beside the sessions.
+- CPU: the gateway's processes' cores (`--gateway-workers`: how many it runs)
+  and this process's, the sessions' side, so that a row says which was busy.
 
 The server is started here (`--checkpoint`, as `whisper-triton serve` takes it)
 with a gateway in front, unless `--gateway` and `--triton-grpc` name running ones.
@@ -32,10 +34,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import dataclasses
 import difflib
 import json
+import multiprocessing
 import os
 import random
 import subprocess
@@ -48,7 +52,7 @@ import soundfile
 import soxr
 
 from bench.clips import AUDIO_DIR
-from bench.host import process_cpu_seconds
+from bench.host import child_pids, process_cpu_seconds
 from bench.provenance import commit_info, machine_info
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
 from python_backend_lib.apps.live_transcriber import wav_bytes
@@ -231,6 +235,18 @@ async def batch_load(triton_grpc: str, concurrency: int, seconds: float) -> Batc
     return load
 
 
+def _batch_load_here(triton_grpc: str, concurrency: int, seconds: float) -> BatchLoad:
+    return asyncio.run(batch_load(triton_grpc, concurrency, seconds))
+
+
+async def batch_load_apart(triton_grpc: str, concurrency: int, seconds: float) -> BatchLoad:
+    """`batch_load` in a process of its own, so that its clients and the live sessions do not
+    share one interpreter (and what this process measures is the sessions' side alone)."""
+    with concurrent.futures.ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return await asyncio.get_running_loop().run_in_executor(
+            pool, _batch_load_here, triton_grpc, concurrency, seconds)
+
+
 # ------------------------------------------------------------- the run
 
 
@@ -256,7 +272,10 @@ class Summary:
     batch_rtfx_beside: float | None = None
     load_average: tuple[float, float] | None = None  # the host's 1-minute load average before and after
     hypothesis_every_s: float | None = None  # the gateway's --live-hypothesis-every (None: its default)
-    gateway_cores: float | None = None  # the gateway process's CPU time over the row's wall time
+    gateway_cores: float | None = None  # the gateway's processes' CPU time over the row's wall time, in all
+    gateway_workers: int = 1  # the gateway's --workers
+    gateway_busiest_core: float | None = None  # the busiest gateway process's (1.0: bound by its interpreter lock)
+    client_cores: float | None = None  # this process's: the sessions' and batch clients' side
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -292,14 +311,15 @@ async def measure(
     alone = None
     if batch_concurrency:
         print(f"batch load alone: {batch_concurrency} clients for {stream.seconds:.0f} s", flush=True)
-        alone = await batch_load(triton_grpc, batch_concurrency, stream.seconds)
+        alone = await batch_load_apart(triton_grpc, batch_concurrency, stream.seconds)
     print(f"{sessions} live session(s) streaming {stream.seconds:.0f} s of speech"
           + (f", {batch_concurrency} batch clients beside" if batch_concurrency else ""), flush=True)
     jobs = [live_session(url, stream, random.Random(i).uniform(0, 1.0) if sessions > 1 else 0.0)
             for i in range(sessions)]
     beside, load_before = None, os.getloadavg()[0]
     if batch_concurrency:
-        *results, beside = await asyncio.gather(*jobs, batch_load(triton_grpc, batch_concurrency, stream.seconds))
+        *results, beside = await asyncio.gather(*jobs, batch_load_apart(triton_grpc, batch_concurrency,
+                                                                         stream.seconds))
     else:
         results = await asyncio.gather(*jobs)
     summary = dataclasses.replace(summarize(list(results), stream, batch_concurrency),
@@ -317,16 +337,17 @@ async def measure(
 class Gateway:
     url: str  # its base URL, http://HOST:PORT/v1
     pid: int | None  # None: a gateway this run did not start
+    workers: int = 1
 
 
 @contextlib.contextmanager
-def gateway_process(triton_grpc: str, log: Path, hypothesis_every_s: float | None = None):
+def gateway_process(triton_grpc: str, log: Path, hypothesis_every_s: float | None = None, workers: int = 1):
     port = free_port()
     cadence = [] if hypothesis_every_s is None else [f"--live-hypothesis-every={hypothesis_every_s:g}"]
     with log.open("w") as out:
         process = subprocess.Popen([*whisper_triton(), "gateway", f"--triton-url={triton_grpc}", f"--port={port}",
-                                    f"--model-id={MODEL}", "--max-live-sessions=1000", *cadence],
-                                   stdout=out, stderr=subprocess.STDOUT)
+                                    f"--model-id={MODEL}", "--max-live-sessions=1000", f"--workers={workers}",
+                                    *cadence], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         import urllib.request
@@ -340,21 +361,52 @@ def gateway_process(triton_grpc: str, log: Path, hypothesis_every_s: float | Non
                 if time.monotonic() > deadline or process.poll() is not None:
                     raise RuntimeError(f"the gateway did not start:\n{log.read_text()[-2000:]}") from None
                 time.sleep(0.2)
-        yield Gateway(url, process.pid)
+        yield Gateway(url, process.pid, workers)
     finally:
         process.terminate()
-        process.wait(timeout=30)
+        process.wait(timeout=60)
 
 
-def gateway_cpu_s(gateway: Gateway) -> float | None:
-    return None if gateway.pid is None else process_cpu_seconds(gateway.pid)
+def gateway_cpu_s(gateway: Gateway) -> dict[int, float | None]:
+    """CPU seconds so far of the gateway's process and, with workers, of each worker's."""
+    if gateway.pid is None:
+        return {}
+    pids = (gateway.pid, *child_pids(gateway.pid)) if gateway.workers > 1 else (gateway.pid,)
+    return {pid: process_cpu_seconds(pid) for pid in pids}
+
+
+@dataclass(frozen=True)
+class CpuUse:
+    gateway_cores: float | None
+    gateway_busiest_core: float | None
+    client_cores: float
+
+
+def cpu_use(before: dict[int, float | None], after: dict[int, float | None],
+            client_s: float, wall_s: float) -> CpuUse:
+    """Between two `gateway_cpu_s` readings `wall_s` apart, and this process's `client_s`."""
+    cores = [(after[p] - before[p]) / wall_s for p in before if before[p] is not None and after.get(p) is not None]
+    return CpuUse(round(sum(cores), 2) if cores else None, round(max(cores), 2) if cores else None,
+                  round(client_s / wall_s, 2))
+
+
+def _cores(total: float | None, busiest: float | None) -> str:
+    if total is None:
+        return "–"
+    return f"{total}" if busiest is None or busiest == total else f"{total} ({busiest})"
+
+
+def _own_cpu_s() -> float:
+    times = os.times()
+    return times.user + times.system
 
 
 def markdown(rows: list[Summary], header: str) -> str:
     lines = [header, "",
              "| hypothesis every | sessions | batch clients | words matched | word → delta p50 | p90 | max | "
              "first half p50 | second half p50 | first delta p50 | turn end → completed p50 | max | send lag max | "
-             "errors | batch RTFx alone → beside | load average before → after | gateway cores |", "|" + "---|" * 17]
+             "errors | batch RTFx alone → beside | load average before → after | gateway workers | "
+             "gateway cores (busiest process) | client cores |", "|" + "---|" * 19]
     for r in rows:
         batch = f"{r.batch_rtfx_alone} → {r.batch_rtfx_beside}" if r.batch_rtfx_alone is not None else "–"
         every = "default" if r.hypothesis_every_s is None else f"{r.hypothesis_every_s:g} s"
@@ -363,7 +415,8 @@ def markdown(rows: list[Summary], header: str) -> str:
             f"{r.word_latency_p90_s} s | {r.word_latency_max_s} s | {r.first_half_p50_s} s | {r.second_half_p50_s} s | "
             f"{r.first_delta_p50_s} s | {r.turn_latency_p50_s} s | {r.turn_latency_max_s} s | {r.max_send_lag_s} s | "
             f"{r.errors} | {batch} | {r.load_average[0]} → {r.load_average[1]} | "
-            f"{'–' if r.gateway_cores is None else r.gateway_cores} |")
+            f"{r.gateway_workers} | {_cores(r.gateway_cores, r.gateway_busiest_core)} | "
+            f"{'–' if r.client_cores is None else r.client_cores} |")
     return "\n".join(lines) + "\n"
 
 
@@ -379,6 +432,8 @@ def main() -> None:
     parser.add_argument("--hypothesis-every", type=float, nargs="+", default=[None], metavar="SECONDS",
                         help="the gateway's --live-hypothesis-every, a gateway for each in turn (the batch row "
                              "runs with the first); default: the gateway's own")
+    parser.add_argument("--gateway-workers", type=int, default=1, metavar="N",
+                        help="the gateway's --workers: processes that share its sessions (default: %(default)s)")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
@@ -396,7 +451,8 @@ def main() -> None:
                     gateway = Gateway(args.gateway, None)
                 else:
                     log = args.out / f"gateway-{index}.log"
-                    gateway = gateway_stack.enter_context(gateway_process(triton_grpc, log, every))
+                    gateway = gateway_stack.enter_context(gateway_process(triton_grpc, log, every,
+                                                                          args.gateway_workers))
                 if stream is None:
                     stream = reference_stream(gateway.url)
                     print(f"reference: {len(stream.words)} words in {stream.seconds:.1f} s of stream", flush=True)
@@ -404,11 +460,12 @@ def main() -> None:
                 if args.batch_concurrency and index == 0:
                     plan.append((args.sessions[-1], args.batch_concurrency))
                 for sessions, batch in plan:
-                    cpu_before, started = gateway_cpu_s(gateway), time.monotonic()
+                    cpu_before, client_before, started = gateway_cpu_s(gateway), _own_cpu_s(), time.monotonic()
                     summary, measured = asyncio.run(measure(gateway.url, triton_grpc, stream, sessions, batch))
-                    cpu_after, wall = gateway_cpu_s(gateway), time.monotonic() - started
-                    cores = None if None in (cpu_before, cpu_after) else round((cpu_after - cpu_before) / wall, 2)
-                    rows.append(dataclasses.replace(summary, hypothesis_every_s=every, gateway_cores=cores))
+                    use = cpu_use(cpu_before, gateway_cpu_s(gateway), _own_cpu_s() - client_before,
+                                  time.monotonic() - started)
+                    rows.append(dataclasses.replace(summary, hypothesis_every_s=every, gateway_workers=gateway.workers,
+                                                    **asdict(use)))
                     latencies.append(measured)
                     print(markdown(rows[-1:], ""), flush=True)
     commit, machine = commit_info(), machine_info()
@@ -423,7 +480,8 @@ def main() -> None:
               f"{' '.join(map(str, args.sessions))}" + (f" --batch-concurrency {args.batch_concurrency}"
                                                          if args.batch_concurrency else "")
               + ("" if args.hypothesis_every == [None] else
-                 " --hypothesis-every " + " ".join(f"{x:g}" for x in args.hypothesis_every)) + "`.")
+                 " --hypothesis-every " + " ".join(f"{x:g}" for x in args.hypothesis_every))
+              + (f" --gateway-workers {args.gateway_workers}" if args.gateway_workers != 1 else "") + "`.")
     (args.out / "README.md").write_text(markdown(rows, header) + "\n![word end to delta](live.png)\n")
     plot(rows, latencies, args.out / "live.png")
     print(markdown(rows, header))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.live_latency import ReferenceWord, SessionResult, Stream, summarize, word_latencies
+from bench.live_latency import CpuUse, ReferenceWord, SessionResult, Stream, cpu_use, summarize, word_latencies
 
 
 def test_each_word_is_timed_by_the_delta_that_carried_it():
@@ -26,3 +26,12 @@ def test_the_summary_reads_halves_turns_and_the_slowest_send():
     assert summary.stream_s == 4.0 and summary.max_send_lag_s == 0.2
     assert summary.first_half_p50_s == 1.0 and summary.second_half_p50_s == 3.0  # [1, 2, 1] and [3, 4, 1]
     assert summary.turn_latency_max_s == 1.5 and summary.word_latency_max_s == 4.0
+
+
+def test_the_gateways_cores_are_summed_over_its_processes_and_the_busiest_named():
+    # The parent idles; two workers ran 1.5 and 0.5 cores over 10 s; a worker that ended is left out.
+    before = {10: 1.0, 11: 2.0, 12: 3.0, 13: 4.0}
+    after = {10: 1.1, 11: 17.0, 12: 8.0, 13: None}
+    use = cpu_use(before, after, client_s=4.0, wall_s=10.0)
+    assert use == CpuUse(gateway_cores=2.01, gateway_busiest_core=1.5, client_cores=0.4)
+    assert cpu_use({}, {}, client_s=1.0, wall_s=10.0) == CpuUse(None, None, 0.1)  # a gateway not started here

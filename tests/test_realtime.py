@@ -9,12 +9,15 @@ import base64
 import contextlib
 import difflib
 import json
+import os
+import signal
 import subprocess
 import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,6 +27,8 @@ from conftest import AUDIO_DIR, RunningServer, _log_tail, _stop, free_port, whis
 from reference import clips, normalize
 from test_faults import scrape, settled, wait_for
 
+from bench.host import child_pids
+from python_backend_lib.apps.gateway_workers import STARTUP_S
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 
 websockets = pytest.importorskip("websockets")
@@ -306,9 +311,16 @@ def test_clear_drops_the_buffered_audio(gateway):
     assert {e["item_id"] for e in recorder.of(DELTA)} <= {completed["item_id"]}
 
 
+@dataclass(frozen=True)
+class OwnGateway:
+    url: str  # its base URL
+    log: Path
+    pid: int
+
+
 @contextlib.contextmanager
 def own_gateway(server: RunningServer, folder: Path, *arguments: str):
-    """A gateway of this test's own in front of the session server; yields its base URL and log."""
+    """A gateway of this test's own in front of the session server: yields an `OwnGateway`."""
     port = free_port()
     log = folder / "gateway.log"
     command = whisper_triton_command() + ["gateway", f"--triton-url={server.grpc_url}", f"--port={port}", *arguments]
@@ -325,15 +337,15 @@ def own_gateway(server: RunningServer, folder: Path, *arguments: str):
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 assert time.monotonic() < deadline, _log_tail(log)
                 time.sleep(0.2)
-        yield base_url, log
+        yield OwnGateway(base_url, log, process.pid)
     finally:
         _stop(process, "whisper-triton gateway", log)
 
 
 def test_the_session_limit_refuses_one_more_and_a_client_that_leaves_frees_its_slot(server, tmp_path):
     before = settled(server)
-    with own_gateway(server, tmp_path, "--max-live-sessions=1") as (base_url, log):
-        url = realtime_url(base_url)
+    with own_gateway(server, tmp_path, "--max-live-sessions=1") as gateway:
+        base_url, url = gateway.url, realtime_url(gateway.url)
 
         async def refused() -> tuple[dict, int]:
             async with connect(url) as socket:
@@ -380,13 +392,86 @@ def test_the_session_limit_refuses_one_more_and_a_client_that_leaves_frees_its_s
     assert after["whisper_requests_in_flight"] == 0
 
 
+def worker_pids(gateway_pid: int) -> set[int]:
+    """The worker processes of a gateway started with --workers: its spawned children (not
+    multiprocessing's resource tracker)."""
+    return {pid for pid in child_pids(gateway_pid)
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+
+
+def connection_owner(client_port: int, pids: set[int]) -> int:
+    """Which of `pids` holds the server's end of the TCP connection from our `client_port`."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if int(fields[2].rsplit(":", 1)[1], 16) == client_port:  # the remote end is ours
+                inodes.add(f"socket:[{fields[9]}]")
+    for pid in pids:
+        for fd in Path(f"/proc/{pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                if os.readlink(fd) in inodes:
+                    return pid
+    raise AssertionError(f"no worker of {sorted(pids)} holds the connection from port {client_port}")
+
+
+def test_gateway_workers_keep_one_session_limit_and_a_dead_one_is_replaced(server, tmp_path):
+    """--workers 2 --max-live-sessions 2: with a session on each worker, one more is refused
+    wherever it lands (the limit is the gateway's, not each worker's). A worker killed with
+    its session is started again, and that session's slot is free again."""
+    with own_gateway(server, tmp_path, "--workers=2", "--max-live-sessions=2") as gateway:
+        ready, url = time.monotonic(), realtime_url(gateway.url)
+        deadline = ready + 60
+        while len(workers := worker_pids(gateway.pid)) < 2:
+            assert time.monotonic() < deadline, _log_tail(gateway.log)
+            time.sleep(0.2)
+
+        async def opened() -> tuple[Any, dict]:
+            socket = await connect(url)
+            return socket, json.loads(await socket.recv())
+
+        async def sessions() -> None:
+            first, event = await opened()
+            assert event["type"] == "session.created"
+            first_owner = connection_owner(first.local_address[1], workers)
+            for _ in range(100):  # until a session lands on the other worker
+                second, event = await opened()
+                if event["type"] == "session.created" and connection_owner(second.local_address[1],
+                                                                           workers) != first_owner:
+                    break
+                await second.close()  # on the same worker, or refused while a closed one's slot was still held
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("every session went to the same worker")
+            for _ in range(4):
+                third, event = await opened()
+                assert event["type"] == "error" and event["error"]["code"] == "session_limit_reached"
+                await third.close()
+            # A worker that dies as it starts stops the gateway; one that served for a while is replaced.
+            await asyncio.sleep(max(0.0, ready + STARTUP_S + 1 - time.monotonic()))
+            os.kill(first_owner, signal.SIGKILL)
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(first.recv(), EVENT_TIMEOUT_S)
+            deadline = time.monotonic() + 60
+            while len(now := worker_pids(gateway.pid)) < 2 or first_owner in now:
+                assert time.monotonic() < deadline, "the killed worker was not replaced"
+                await asyncio.sleep(0.1)
+            again, event = await opened()  # the second session holds one slot of two
+            assert event["type"] == "session.created", event
+            await again.close()
+            await second.close()
+
+        asyncio.run(sessions())
+    assert "ended with exit code -9: starting another" in gateway.log.read_text()
+
+
 def test_the_hypothesis_cadence_is_the_gateways_option(server, tmp_path):
     """With `--live-hypothesis-every 30`, a turn of 11 s grows by less than that: it gets no
     hypothesis, and its only transcription is the final one at the commit, which brings every
     word in one delta. (With the default, appending the same audio at once starts a hypothesis:
     the session-limit test above waits for it.)"""
-    with own_gateway(server, tmp_path, "--live-hypothesis-every=30") as (base_url, log):
-        before = settled(server)
+    with own_gateway(server, tmp_path, "--live-hypothesis-every=30") as gateway:
+        base_url, before = gateway.url, settled(server)
         success = 'whisper_requests_total{outcome="success"}'
 
         async def session() -> Recorder:
@@ -415,3 +500,10 @@ def test_a_cadence_of_no_time_is_refused_when_the_gateway_starts():
     assert completed.returncode == 2
     assert completed.stderr == ("whisper-triton gateway: a live hypothesis every 0 s: give more than 0 s "
                                 "and at most 30 s (one 30 s window)\n")
+
+
+def test_a_worker_count_out_of_range_is_refused_when_the_gateway_starts():
+    completed = subprocess.run(whisper_triton_command() + ["gateway", "--workers=0"],
+                               capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert completed.returncode == 2
+    assert completed.stderr == "whisper-triton gateway: --workers must be between 1 and 64, got 0\n"

@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clients.connection import AddressError, Protocol, ServerAddress, parse_address
-from python_backend_lib.apps import realtime
+from python_backend_lib.apps import gateway_workers, realtime, session_slots
 from python_backend_lib.apps.openai_api import DEFAULT_MODEL_ID, MEDIA_TYPES, AudioRequest, parse_form, request_body
 from python_backend_lib.apps.openai_errors import ApiError, InvalidRequest, api_error, http_error, unauthorized
 from python_backend_lib.apps.speech_detector import speech_detectors
@@ -63,7 +63,10 @@ from python_backend_lib.core.options import Task
 from python_backend_lib.serving import tensor_names
 
 if TYPE_CHECKING:
+    import socket
+
     import fastapi
+    import uvicorn
 
 DEFAULT_PORT = 9000
 DEFAULT_TRITON_URL = "localhost:8001"
@@ -113,8 +116,11 @@ class GatewaySettings:
 # ---------------------------------------------------------------- the app
 
 
-def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAPI":
+def create_app(settings: GatewaySettings = GatewaySettings(),
+               live_slots: session_slots.SessionSlots | None = None) -> "fastapi.FastAPI":
     """The ASGI application (FastAPI); Triton is connected when it starts.
+    live_slots: the live session count this process keeps, against the limit that
+    several gateway processes share (`gateway_workers`); default: this process alone.
 
     FastAPI is imported here, not at the top, so that the `whisper-triton`
     command starts quickly; this module has no `from __future__ import
@@ -235,7 +241,8 @@ def create_app(settings: GatewaySettings = GatewaySettings()) -> "fastapi.FastAP
     live_options = realtime.RealtimeOptions(model_ids=settings.model_ids, detector=speech_detectors(),
                                             max_sessions=settings.max_live_sessions, api_key=settings.api_key,
                                             hypothesis_every_s=settings.live_hypothesis_every_s)
-    live_slots = realtime.SessionSlots(settings.max_live_sessions)
+    if live_slots is None:
+        live_slots = session_slots.SessionSlots(settings.max_live_sessions)
 
     @app.websocket("/v1/realtime")
     async def live(websocket: WebSocket) -> None:
@@ -312,6 +319,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "a time per session: less shows words sooner and asks more of the server (default: %(default)s)",
     )
     parser.add_argument(
+        "--workers", type=int, default=1, metavar="N",
+        help="gateway processes on the one port, each with its own cores: one runs about a hundred live "
+        "sessions on a core; --max-live-sessions stays the limit for them all (default: %(default)s)",
+    )
+    parser.add_argument(
         "--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
         help=f"refuse /v1 requests without `Authorization: Bearer KEY` (401); default: ${API_KEY_ENV}, "
         "else no key (anyone who reaches the port may transcribe)",
@@ -327,7 +339,8 @@ def _raise_stopped(signum: int, frame: object) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT or SIGTERM; 0 after a graceful stop."""
+    """Serve until SIGINT or SIGTERM, in one process or `--workers` (`gateway_workers`); 0 after a
+    graceful stop."""
     import uvicorn
 
     try:
@@ -340,22 +353,30 @@ def run(args: argparse.Namespace) -> int:
             max_live_sessions=args.max_live_sessions,
             live_hypothesis_every_s=args.live_hypothesis_every,
         )
+        gateway_workers.check_workers(args.workers)
     except AddressError as error:
         print(f"whisper-triton gateway: --triton-url: {error}", file=sys.stderr)
         return 2
     except ValueError as error:
         print(f"whisper-triton gateway: {error}", file=sys.stderr)
         return 2
-    server = uvicorn.Server(uvicorn.Config(create_app(settings), host=args.host, port=args.port, log_level="info"))
+    if args.workers > 1:
+        return gateway_workers.serve(settings, gateway_workers.Listen(args.host, args.port), args.workers)
+    serve_until_stopped(uvicorn.Server(uvicorn.Config(create_app(settings), host=args.host, port=args.port,
+                                                      log_level="info")))
+    return 0
+
+
+def serve_until_stopped(server: "uvicorn.Server", sockets: list["socket.socket"] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then return once uvicorn has stopped gracefully."""
     # uvicorn finishes the requests in flight on SIGINT or SIGTERM, restores the
     # handlers it found and raises the signal again: these turn it into a clean exit.
     signal.signal(signal.SIGTERM, _raise_stopped)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        server.run()
+        server.run(sockets=sockets)
     except (KeyboardInterrupt, _Stopped):
         pass
-    return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ from python_backend_lib.apps import realtime_protocol as protocol
 from python_backend_lib.apps.live_transcriber import LiveTranscript, Transcriber
 from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text
 from python_backend_lib.apps.realtime_protocol import ProtocolError, SessionSettings
+from python_backend_lib.apps.session_slots import SessionSlots
 from python_backend_lib.apps.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
 from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.core.segments import Word
@@ -82,23 +83,6 @@ def check_hypothesis_every(seconds: float) -> None:
     if not 0 < seconds <= MAX_HYPOTHESIS_STEP_S:
         raise ValueError(f"a live hypothesis every {seconds:g} s: give more than 0 s and at most "
                          f"{MAX_HYPOTHESIS_STEP_S:g} s (one 30 s window)")
-
-
-@dataclass
-class SessionSlots:
-    """How many live sessions run, against the limit."""
-
-    limit: int
-    taken: int = 0
-
-    def take(self) -> bool:
-        if self.taken >= self.limit:
-            return False
-        self.taken += 1
-        return True
-
-    def release(self) -> None:
-        self.taken -= 1
 
 
 async def serve(websocket: WebSocket, calls: TritonCalls, options: RealtimeOptions, slots: SessionSlots) -> None:
