@@ -26,6 +26,9 @@ With an API key (`--api-key`, or the WHISPER_TRITON_API_KEY environment
 variable), every /v1 request must carry `Authorization: Bearer <key>`, else
 it gets a 401; /health and /docs stay open.
 
+With `--workers N`, N gateway processes share the port and the live session
+limit (`gateway_workers`): one process runs about a hundred live sessions on a core.
+
 Each request becomes one gRPC call to Triton's `transcribe` ensemble (the
 async tritonclient, so one process serves many requests at once), asking
 for its FORMATTED output in the requested format. The form and the errors
