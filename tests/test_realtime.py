@@ -502,6 +502,49 @@ def test_a_cadence_of_no_time_is_refused_when_the_gateway_starts():
                                 "and at most 30 s (one 30 s window)\n")
 
 
+def test_gateway_workers_stop_when_their_parent_is_killed(tmp_path):
+    """No Triton needed: the workers serve /v1/models. With the parent gone (SIGKILL: it
+    cannot stop them), they stop by themselves and the port is free again."""
+    port, log = free_port(), tmp_path / "gateway.log"
+    command = whisper_triton_command() + ["gateway", "--triton-url=localhost:1", f"--port={port}", "--workers=2"]
+    with log.open("w") as log_file:
+        process = subprocess.Popen(command, stdout=log_file, stderr=subprocess.STDOUT)
+    workers: set[int] = set()
+    try:
+        deadline = time.monotonic() + 60
+        while len(workers := worker_pids(process.pid)) < 2 or not _answers(port):
+            assert process.poll() is None and time.monotonic() < deadline, _log_tail(log)
+            time.sleep(0.2)
+        process.kill()
+        process.wait()
+        deadline = time.monotonic() + 30
+        while any(Path(f"/proc/{pid}").exists() and _state(pid) != "Z" for pid in workers):
+            assert time.monotonic() < deadline, f"workers outlived their parent:\n{_log_tail(log)}"
+            time.sleep(0.2)
+        assert not _answers(port)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            process.kill()
+        for pid in workers:  # the parent's children no more: reparented once it died
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _answers(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1):
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
+def _state(pid: int) -> str:
+    """A process's state letter (Z: ended, not yet reaped), "" once it is gone."""
+    with contextlib.suppress(OSError):
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    return ""
+
+
 def test_a_worker_count_out_of_range_is_refused_when_the_gateway_starts():
     completed = subprocess.run(whisper_triton_command() + ["gateway", "--workers=0"],
                                capture_output=True, text=True, timeout=60)  # fmt: skip

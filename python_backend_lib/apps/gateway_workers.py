@@ -9,13 +9,14 @@ them. The live session limit stays one limit: each worker counts its sessions
 in an array the processes share (`session_slots.SessionSlots`). The parent starts a
 worker again when one dies, with its count reset, since its sessions went with
 it; on SIGTERM or SIGINT it stops them all, each finishing what it has in
-flight, as one gateway does.
+flight, as one gateway does. A worker whose parent was killed stops by itself.
 """
 
 from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
 import signal
 import socket
 import threading
@@ -35,6 +36,7 @@ WATCH_EVERY_S = 0.5
 # A worker that ends this soon after its start failed to start: starting it again would only repeat that.
 STARTUP_S = 5.0
 STOP_TIMEOUT_S = 30.0  # for the sessions and requests in flight to finish, after SIGTERM
+PARENT_CHECK_S = 1.0
 
 log = logging.getLogger(__name__)
 
@@ -111,6 +113,15 @@ def _worker(settings: GatewaySettings, listen: Listen, listener: socket.socket,
 
     from python_backend_lib.apps.gateway import create_app, serve_until_stopped
 
+    threading.Thread(target=_stop_without_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     slots = session_slots.SessionSlots(settings.max_live_sessions, counts, index)
     config = uvicorn.Config(create_app(settings, slots), host=listen.host, port=listen.port, log_level="info")
     serve_until_stopped(uvicorn.Server(config), sockets=[listener])
+
+
+def _stop_without_parent(parent: int) -> None:
+    """A worker whose parent is gone (killed with SIGKILL, it could not stop us) stops as on
+    SIGTERM, rather than hold the port with nobody to replace it or stop it."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_CHECK_S)
+    os.kill(os.getpid(), signal.SIGTERM)
