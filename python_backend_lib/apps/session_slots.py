@@ -40,10 +40,6 @@ class SessionSlots:
         self.counts = counts if counts is not None else session_counts()
         self.index = index
 
-    @property
-    def taken(self) -> int:
-        return sum(self.counts)
-
     def take(self) -> bool:
         with self.counts.get_lock():
             if sum(self.counts) >= self.limit:
