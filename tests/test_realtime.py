@@ -394,9 +394,13 @@ def test_the_session_limit_refuses_one_more_and_a_client_that_leaves_frees_its_s
 
 def worker_pids(gateway_pid: int) -> set[int]:
     """The worker processes of a gateway started with --workers: its spawned children (not
-    multiprocessing's resource tracker)."""
-    return {pid for pid in child_pids(gateway_pid)
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()}
+    multiprocessing's resource tracker), less any reaped since they were listed."""
+    workers = set()
+    for pid in child_pids(gateway_pid):
+        with contextlib.suppress(OSError):
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                workers.add(pid)
+    return workers
 
 
 def connection_owner(client_port: int, pids: set[int]) -> int:
