@@ -16,6 +16,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.processes import stat_fields, stub_processes, tritonserver_pid
+
 PROC = Path("/proc")
 PROC_STAT = PROC / "stat"
 GPU_SAMPLE_S = 0.5
@@ -54,25 +56,10 @@ def busy_cores(before: CpuTimes | None, after: CpuTimes | None, cores: int) -> f
 
 def process_cpu_seconds(pid: int) -> float | None:
     """User plus system CPU seconds of one process so far (/proc/<pid>/stat), None once it is gone."""
-    try:
-        fields = (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = stat_fields(pid)
+    if fields is None:
         return None
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime, stime: fields 14 and 15
-
-
-def child_pids(pid: int) -> tuple[int, ...]:
-    """The processes whose parent is `pid` now (from each /proc/<pid>/stat)."""
-    children = []
-    for entry in PROC.iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, ValueError, IndexError):
-                continue
-            if parent == pid:
-                children.append(int(entry.name))
-    return tuple(sorted(children))
 
 
 def process_memory_gib(pid: int) -> float | None:
@@ -95,8 +82,6 @@ class ServerProcesses:
 
     @classmethod
     def find(cls, grpc_port: int) -> ServerProcesses:
-        from loadtest.processes import stub_processes, tritonserver_pid
-
         roles: dict[str, tuple[int, ...]] = {"tritonserver": (tritonserver_pid(grpc_port),)}
         for stub in stub_processes(grpc_port):
             roles[stub.model] = (*roles.get(stub.model, ()), stub.pid)

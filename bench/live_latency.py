@@ -52,9 +52,10 @@ import soundfile
 import soxr
 
 from bench.clips import AUDIO_DIR
-from bench.host import child_pids, process_cpu_seconds
+from bench.host import process_cpu_seconds
 from bench.provenance import commit_info, machine_info
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
+from loadtest.processes import child_pids
 from python_backend_lib.apps.live_transcriber import wav_bytes
 from python_backend_lib.apps.local_agreement import comparison_key
 
@@ -368,11 +369,10 @@ def gateway_process(triton_grpc: str, log: Path, hypothesis_every_s: float | Non
 
 
 def gateway_cpu_s(gateway: Gateway) -> dict[int, float | None]:
-    """CPU seconds so far of the gateway's process and, with workers, of each worker's."""
+    """CPU seconds so far of the gateway's process and of its children (its workers)."""
     if gateway.pid is None:
         return {}
-    pids = (gateway.pid, *child_pids(gateway.pid)) if gateway.workers > 1 else (gateway.pid,)
-    return {pid: process_cpu_seconds(pid) for pid in pids}
+    return {pid: process_cpu_seconds(pid) for pid in (gateway.pid, *child_pids(gateway.pid))}
 
 
 @dataclass(frozen=True)

@@ -21,19 +21,37 @@ class StubProcess:
     pid: int
 
 
-def _cmdline(pid: int) -> list[str]:
+def cmdline(pid: int) -> list[str]:
+    """A process's arguments, [] once it is gone."""
     try:
         return (PROC / str(pid) / "cmdline").read_bytes().decode(errors="replace").split("\0")
     except OSError:  # gone meanwhile
         return []
 
 
-def _parent(pid: int) -> int | None:
+def stat_fields(pid: int) -> list[str] | None:
+    """The fields of /proc/<pid>/stat after "pid (comm)": the state letter first, then the
+    parent's pid ...; None once the process is gone."""
     try:
-        stat = (PROC / str(pid) / "stat").read_text()
+        return (PROC / str(pid) / "stat").read_text().rsplit(")", 1)[1].split()
     except OSError:
         return None
-    return int(stat.rsplit(")", 1)[1].split()[1])  # after "pid (comm) state": ppid
+
+
+def _parent(pid: int) -> int | None:
+    fields = stat_fields(pid)
+    return None if fields is None else int(fields[1])
+
+
+def state(pid: int) -> str:
+    """A process's state letter (Z: ended, not yet reaped by its parent), "" once it is gone."""
+    fields = stat_fields(pid)
+    return "" if fields is None else fields[0]
+
+
+def child_pids(pid: int) -> tuple[int, ...]:
+    """The processes whose parent is `pid` now."""
+    return tuple(sorted(child for child in _pids() if _parent(child) == pid))
 
 
 def _pids() -> list[int]:
@@ -44,7 +62,7 @@ def tritonserver_pid(grpc_port: int) -> int:
     """The tritonserver process listening on `grpc_port`; LookupError if none here."""
     flag = f"--grpc-port={grpc_port}"
     for pid in _pids():
-        arguments = _cmdline(pid)
+        arguments = cmdline(pid)
         if arguments and Path(arguments[0]).name == "tritonserver" and flag in arguments:
             return pid
     raise LookupError(f"no tritonserver with {flag} on this machine")
@@ -55,7 +73,7 @@ def stub_processes(grpc_port: int) -> list[StubProcess]:
     server = tritonserver_pid(grpc_port)
     stubs = []
     for pid in _pids():
-        arguments = _cmdline(pid)
+        arguments = cmdline(pid)
         if len(arguments) > 1 and Path(arguments[0]).name == STUB_NAME and _parent(pid) == server:
             stubs.append(StubProcess(model=Path(arguments[1]).parent.parent.name, pid=pid))
     return sorted(stubs, key=lambda stub: stub.model)

@@ -27,7 +27,7 @@ from conftest import AUDIO_DIR, RunningServer, _log_tail, _stop, free_port, whis
 from reference import clips, normalize
 from test_faults import scrape, settled, wait_for
 
-from bench.host import child_pids
+from loadtest.processes import child_pids, cmdline, state
 from python_backend_lib.apps.gateway_workers import STARTUP_S
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 
@@ -318,6 +318,15 @@ class OwnGateway:
     pid: int
 
 
+def _answers(port: int) -> bool:
+    """Whether a gateway on `port` answers /v1/models."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1):
+            return True
+    except (urllib.error.URLError, ConnectionError, TimeoutError):
+        return False
+
+
 @contextlib.contextmanager
 def own_gateway(server: RunningServer, folder: Path, *arguments: str):
     """A gateway of this test's own in front of the session server: yields an `OwnGateway`."""
@@ -329,14 +338,9 @@ def own_gateway(server: RunningServer, folder: Path, *arguments: str):
     base_url = f"http://127.0.0.1:{port}/v1"
     try:
         deadline = time.monotonic() + 60
-        while True:
-            assert process.poll() is None, _log_tail(log)
-            try:
-                with urllib.request.urlopen(f"{base_url}/models", timeout=1):
-                    break
-            except (urllib.error.URLError, ConnectionError, TimeoutError):
-                assert time.monotonic() < deadline, _log_tail(log)
-                time.sleep(0.2)
+        while not _answers(port):
+            assert process.poll() is None and time.monotonic() < deadline, _log_tail(log)
+            time.sleep(0.2)
         yield OwnGateway(base_url, log, process.pid)
     finally:
         _stop(process, "whisper-triton gateway", log)
@@ -395,12 +399,7 @@ def test_the_session_limit_refuses_one_more_and_a_client_that_leaves_frees_its_s
 def worker_pids(gateway_pid: int) -> set[int]:
     """The worker processes of a gateway started with --workers: its spawned children (not
     multiprocessing's resource tracker), less any reaped since they were listed."""
-    workers = set()
-    for pid in child_pids(gateway_pid):
-        with contextlib.suppress(OSError):
-            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                workers.add(pid)
-    return workers
+    return {pid for pid in child_pids(gateway_pid) if any("spawn_main" in a for a in cmdline(pid))}
 
 
 def connection_owner(client_port: int, pids: set[int]) -> int:
@@ -522,7 +521,7 @@ def test_gateway_workers_stop_when_their_parent_is_killed(tmp_path):
         process.kill()
         process.wait()
         deadline = time.monotonic() + 30
-        while any(Path(f"/proc/{pid}").exists() and _state(pid) != "Z" for pid in workers):
+        while any(state(pid) not in ("", "Z") for pid in workers):
             assert time.monotonic() < deadline, f"workers outlived their parent:\n{_log_tail(log)}"
             time.sleep(0.2)
         assert not _answers(port)
@@ -532,21 +531,6 @@ def test_gateway_workers_stop_when_their_parent_is_killed(tmp_path):
         for pid in workers:  # the parent's children no more: reparented once it died
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-
-
-def _answers(port: int) -> bool:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/v1/models", timeout=1):
-            return True
-    except (urllib.error.URLError, ConnectionError, TimeoutError):
-        return False
-
-
-def _state(pid: int) -> str:
-    """A process's state letter (Z: ended, not yet reaped), "" once it is gone."""
-    with contextlib.suppress(OSError):
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    return ""
 
 
 def test_a_worker_count_out_of_range_is_refused_when_the_gateway_starts():
