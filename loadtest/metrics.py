@@ -34,3 +34,27 @@ def whisper_gauge(metrics_url: str, name: str) -> float:
     if name not in samples:
         raise ValueError(f"no {name} at {metrics_url}")
     return samples[name]
+
+
+SAMPLE_LINE = re.compile(r'^(?P<name>whisper_\w+)\{(?P<labels>[^}]*)\} (?P<value>\S+)$')
+LABEL = re.compile(r'(\w+)="([^"]*)"')
+
+
+def per_instance(metrics_url: str, name: str, model: str = "whisper", **match: str) -> dict[str, float]:
+    """One whisper_* series per engine of `model` (Triton names its instances
+    <model>_<group>_<n>): "gpu<label>/<instance>" -> its value, for the samples of `name`
+    whose other labels include `match` (outcome="success", say). A load that looks
+    healthy summed over the engines can hide one engine that stopped answering."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
+        text = reply.read().decode()
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        sample = SAMPLE_LINE.match(line)
+        if sample is None or sample["name"] != name:
+            continue
+        labels = dict(LABEL.findall(sample["labels"]))
+        instance = labels.get("instance", "")
+        if instance.rsplit("_", 2)[0] == model and all(labels.get(k) == v for k, v in match.items()):
+            key = f"gpu{labels.get('gpu', '?')}/{instance}"  # Triton reuses instance names on every GPU
+            values[key] = values.get(key, 0.0) + float(sample["value"])
+    return values

@@ -33,6 +33,8 @@
 #                 weights); VARIANTS="..." (default: the carried .before checkout, log_mel_output host and device)
 #   scaling       bench.gpu_scaling: one server on GPU 0 against the same server on every GPU (needs install, the weights;
 #                 SCALING_ARGS="..." adds arguments)
+#   balance       bench.instance_balance: one long load point per server variant, every whisper instance's
+#                 answered requests, and py-spy's stacks of the stubs when one stalls (BALANCE_ARGS="..." adds arguments)
 #   slow          FlashInfer's fa3 prefill kernels: their tests and the encoder benchmark
 # Default: install tests bench slow.
 #
@@ -269,6 +271,15 @@ if has scaling; then
     say "scaling: --gpus 0 against --gpus $all (budget $budget s)"
     timeout $((budget + 10)) $PY -m bench.gpu_scaling --gpus 0 "$all" --out "$OUT" --budget-s $budget ${SCALING_ARGS:-}
     say "scaling exit $?"
+fi
+
+# 6c. Every whisper instance's share under one long load point per variant (needs install).
+if has balance; then
+    if [[ ! -f $INSTALLED ]]; then say "balance: not installed (the install phase)"; exit 1; fi
+    budget=$(($(left) - 15))
+    say "balance (budget $budget s)"
+    timeout $((budget + 10)) $PY -m bench.instance_balance --out "$OUT" --budget-s $budget ${BALANCE_ARGS:-}
+    say "balance exit $?"
 fi
 
 # 7. FlashInfer's fa3 prefill kernels (about 80 s of JIT): the prompt path

@@ -197,8 +197,14 @@ def test_the_cuda_memory_pool_holds_the_log_mels_only_when_they_travel_on_the_gp
     shutil.copytree(packaged_model_repository(), copy, ignore=shutil.ignore_patterns("__pycache__"))
     size = repository.WHISPER_QUEUE * repository.LOG_MEL_BYTES
     pools = (f"--cuda-memory-pool-byte-size=0:{size}", f"--cuda-memory-pool-byte-size=1:{size}")
-    assert repository.cuda_pool_flags(copy, gpus=2) == pools  # the shipped "auto": GPU memory
+    # The shipped "auto": GPU memory on one GPU; on several, host memory (the two-GPU stall).
+    assert repository.cuda_pool_flags(copy, gpus=1) == pools[:1]
+    assert repository.cuda_pool_flags(copy, gpus=2) == ()
     assert repository.cuda_pool_flags(copy, gpus=0) == ()
     config = copy / "preprocessing" / "config.pbtxt"
-    config.write_text(re.sub(r'(key: "log_mel_output"\s*value: \{ string_value: )"auto"', r'\1"host"', config.read_text()))
-    assert repository.cuda_pool_flags(copy, gpus=2) == ()
+    auto = r'(key: "log_mel_output"\s*value: \{ string_value: )"auto"'
+    shipped = config.read_text()
+    config.write_text(re.sub(auto, r'\1"host"', shipped))
+    assert repository.cuda_pool_flags(copy, gpus=1) == ()
+    config.write_text(re.sub(auto, r'\1"device"', shipped))  # asked for by name: as asked
+    assert repository.cuda_pool_flags(copy, gpus=2) == pools

@@ -34,6 +34,7 @@ from python_backend_lib.serving.settings import (
     LogMelOutput,
     ModelSettings,
     instance_device,
+    log_mel_handover,
 )
 from python_backend_lib.serving.whisper_service import load_pipeline
 from python_backend_lib.text.formats import Document
@@ -78,7 +79,11 @@ def test_the_preprocessing_and_whisper_choices_parse():
                                        "FORCE_CPU_ONLY_INPUT_TENSORS": {"string_value": "no"}})
     settings = ModelSettings.from_triton(config, environ={})
     assert settings.log_mel_output is LogMelOutput.DEVICE and not settings.cpu_only_inputs
-    assert ModelSettings.from_triton(triton_config(), environ={}).cpu_only_inputs
+    shipped = ModelSettings.from_triton(triton_config(), environ={})
+    assert shipped.cpu_only_inputs and shipped.log_mel_output is None  # "auto"
+    assert log_mel_handover(None, gpus=1) is LogMelOutput.DEVICE
+    assert log_mel_handover(None, gpus=2) is LogMelOutput.HOST  # never across GPUs (the two-GPU stall)
+    assert log_mel_handover(LogMelOutput.DEVICE, gpus=2) is LogMelOutput.DEVICE
     bad = triton_config(parameters={"log_mel_output": {"string_value": "pcie"}})
     with pytest.raises(ValueError, match=r"'log_mel_output' must be 'auto' or one of \['device', 'host'\], got 'pcie'"):
         ModelSettings.from_triton(bad, environ={})

@@ -26,10 +26,10 @@ from python_backend_lib.serving.settings import (
     AUTO,
     CHECKPOINT_ENV,
     DEFAULT_CHECKPOINT,
-    DEFAULT_LOG_MEL_OUTPUT,
     GpuInstances,
     LogMelOutput,
     auto_instances_per_gpu,
+    log_mel_handover,
 )
 
 # Settings start their line in config.pbtxt; comments may name them too.
@@ -81,12 +81,12 @@ def configured_checkpoint(config: str, environ: dict[str, str]) -> str:
     return config_parameter(config, "checkpoint") or DEFAULT_CHECKPOINT
 
 
-def log_mel_output(preprocessing_config: str) -> LogMelOutput | None:
+def log_mel_output(preprocessing_config: str, gpus: int) -> LogMelOutput | None:
     """How the preprocessing model of this config.pbtxt text hands LOG_MEL on from a GPU
-    ("auto": the default); None for a value it would refuse."""
+    on a server of `gpus` GPUs (`log_mel_handover`); None for a value it would refuse."""
     value = config_parameter(preprocessing_config, "log_mel_output") or AUTO
     try:
-        return DEFAULT_LOG_MEL_OUTPUT if value == AUTO else LogMelOutput(value)
+        return log_mel_handover(None if value == AUTO else LogMelOutput(value), gpus)
     except ValueError:
         return None
 
@@ -193,6 +193,6 @@ def cuda_pool_flags(repository: Path, gpus: int) -> tuple[str, ...]:
     """tritonserver's --cuda-memory-pool-byte-size for each of `gpus` GPUs, when the repository's
     preprocessing hands LOG_MEL on in GPU memory; none otherwise (the default pool)."""
     config = model_config(repository, tensor_names.PREPROCESSING_NAME)
-    if not config.exists() or log_mel_output(config.read_text()) is not LogMelOutput.DEVICE:
+    if not config.exists() or log_mel_output(config.read_text(), gpus) is not LogMelOutput.DEVICE:
         return ()
     return tuple(f"--cuda-memory-pool-byte-size={gpu}:{WHISPER_QUEUE * LOG_MEL_BYTES}" for gpu in range(gpus))

@@ -15,6 +15,7 @@ SPEECH_SPANS and RECORDING_SAMPLES tell postprocessing where it lies in the reco
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -33,7 +34,9 @@ from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.inputs import decode_request_audio, single_row
 from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.serving.responses import error_response
-from python_backend_lib.serving.settings import LogMelOutput, ModelSettings
+from python_backend_lib.serving.settings import LogMelOutput, ModelSettings, log_mel_handover
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -75,9 +78,19 @@ class LogMels:
     of up to 16 clips of up to 30 s (`audio.feature_graphs`), handed on as GPU tensors or
     copied to the host (`LogMelOutput`); on the CPU, one batched pass."""
 
-    def __init__(self, n_mels: int, device: str | torch.device, output: LogMelOutput) -> None:
+    def __init__(self, n_mels: int, device: str | torch.device, output: LogMelOutput | None) -> None:
+        """output: the `log_mel_output` setting; None: "auto", for the GPUs this server sees."""
         self.n_mels, self.device = n_mels, torch.device(device)
-        self.output = output if self.device.type == "cuda" else LogMelOutput.HOST
+        self.output = LogMelOutput.HOST
+        if self.device.type == "cuda":
+            gpus = torch.cuda.device_count()
+            self.output = log_mel_handover(output, gpus)
+            if self.output is LogMelOutput.DEVICE and gpus > 1:
+                log.warning(
+                    "log_mel_output 'device' on a server of %d GPUs: a LOG_MEL handed to a whisper instance "
+                    "on another GPU can leave that instance idle for good (docs/operating.md); 'auto' avoids it",
+                    gpus,
+                )
         self.graphs: FeatureGraphs | None = None
         if self.device.type == "cuda":
             self.graphs = FeatureGraphs(n_mels, self.device)

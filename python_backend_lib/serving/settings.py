@@ -32,6 +32,7 @@ CONFIG_PARAMETERS = (
     "decode_threads",
     "quantize",
     "log_mel_output",
+    "stall_timeout_s",
     "FORCE_CPU_ONLY_INPUT_TENSORS",  # Triton's Python backend reads it too: "no" lets GPU inputs arrive on the GPU
 )
 CPU_ONLY_INPUTS = "FORCE_CPU_ONLY_INPUT_TENSORS"
@@ -45,10 +46,22 @@ class LogMelOutput(str, enum.Enum):
     HOST = "host"  # copied to host memory first; `whisper` copies it to its GPU
 
 
-# What `log_mel_output` "auto" means: on one H100 under MPS the GPU tensor carried as
-# many requests as a host copy and took a 5 s clip alone about a millisecond sooner
-# (docs/benchmarks/mps-bb9e702).
-DEFAULT_LOG_MEL_OUTPUT = LogMelOutput.DEVICE
+
+
+def log_mel_handover(setting: LogMelOutput | None, gpus: int) -> LogMelOutput:
+    """How LOG_MEL travels from preprocessing to whisper on a server of `gpus` GPUs: as
+    `setting` says, or for "auto" (None) the GPU tensor on one GPU, host memory on several.
+
+    On one GPU the GPU tensor carries as many requests as a host copy and a 5 s clip
+    alone comes about a millisecond sooner (docs/benchmarks/mps-bb9e702). On several,
+    Triton 2.51 hands any preprocessing instance's output to any whisper instance, so
+    a GPU tensor often crosses to another GPU; a whisper instance that received one
+    then got no further request from Triton, its stub idle, for as long as the server
+    ran (the two-GPU stall, docs/operating.md). Host memory crosses nothing."""
+    if setting is not None:
+        return setting
+    return LogMelOutput.DEVICE if gpus <= 1 else LogMelOutput.HOST
+
 # Longer audio is refused, naming the limit: an hour of 16 kHz float32 is 230 MB.
 DEFAULT_MAX_AUDIO_SECONDS = 3600.0
 # Numeric parameters set to this (or left out) take the library's default.
@@ -76,6 +89,12 @@ FAULT_PROMPT_ENV = "WHISPER_TRITON_FAULT_PROMPT"
 # ... and with this prompt the engine's failure handling fails too, so the engine
 # loop itself fails, answers everything it holds and restarts.
 ENGINE_FAULT_PROMPT_ENV = "WHISPER_TRITON_ENGINE_FAULT_PROMPT"
+# For tests only: a decoder step holding a request with this prompt never returns,
+# as a stuck device call would (`engine.faults`), for the stall watch to find.
+STALL_PROMPT_ENV = "WHISPER_TRITON_STALL_PROMPT"
+# Seconds without progress that make a whisper instance stalled; over the config's
+# `stall_timeout_s` (`serving.stall_watch`).
+STALL_TIMEOUT_ENV = "WHISPER_TRITON_STALL_TIMEOUT_S"
 # With this set to a GPU's label (`device_label`), only the engines on that GPU
 # arm the fault prompts, to show that the other GPUs' requests are untouched.
 FAULT_GPU_ENV = "WHISPER_TRITON_FAULT_GPU"
@@ -101,11 +120,15 @@ class ModelSettings:
         per CPU this process may run on.
     quantization: how the engine's linear layers multiply (`core.quantization`):
         the config's `quantize`, or QUANTIZE_ENV's; int8 on the CPU only.
-    log_mel_output: how preprocessing's GPU instances hand LOG_MEL on.
+    log_mel_output: how preprocessing's GPU instances hand LOG_MEL on; None: "auto"
+        (`log_mel_handover`).
     cpu_only_inputs: Triton moves every input to the host first (its
         FORCE_CPU_ONLY_INPUT_TENSORS, "yes" unless the config says "no").
     decoupled: the config's model_transaction_policy is decoupled: a request may
         get several responses (the streamed path's `whisper_stream`).
+    stall_timeout_s: seconds without progress, while requests are held, after which
+        a whisper instance is stalled (STALL_TIMEOUT_ENV overrides it); None: the
+        device's default (`serving.stall_watch`).
     """
 
     name: str
@@ -117,9 +140,10 @@ class ModelSettings:
     kv_memory_fraction: float | None = None
     decode_threads: int | None = None
     quantization: Quantization = DEFAULT_QUANTIZATION
-    log_mel_output: LogMelOutput = DEFAULT_LOG_MEL_OUTPUT
+    log_mel_output: LogMelOutput | None = None
     cpu_only_inputs: bool = True
     decoupled: bool = False
+    stall_timeout_s: float | None = None
 
     @classmethod
     def from_triton(cls, model_config: str, environ: Mapping[str, str] = os.environ) -> ModelSettings:
@@ -178,9 +202,11 @@ class ModelSettings:
             kv_memory_fraction=number("kv_memory_fraction", float, 0.01, 0.95),
             decode_threads=number("decode_threads", int, 1),
             quantization=one_of("quantize", {q.value: q for q in Quantization}, DEFAULT_QUANTIZATION, QUANTIZE_ENV),
-            log_mel_output=one_of("log_mel_output", {o.value: o for o in LogMelOutput}, DEFAULT_LOG_MEL_OUTPUT),
+            log_mel_output=one_of("log_mel_output", {o.value: o for o in LogMelOutput}, None),
             cpu_only_inputs=one_of(CPU_ONLY_INPUTS, YES_NO, True),
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),
+            stall_timeout_s=float(environ[STALL_TIMEOUT_ENV]) if environ.get(STALL_TIMEOUT_ENV)
+            else number("stall_timeout_s", float, 1.0),
         )
 
     def thread_count(self) -> int:
