@@ -4,6 +4,7 @@ without changing each other's results."""
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import CancelledError, Future
 
 import pytest
@@ -181,6 +182,33 @@ def test_an_engine_that_keeps_failing_gives_up_and_refuses_at_once():
         with pytest.raises(EngineUnavailable, match="unhealthy"):
             pipeline.engine.submit(feature, DecodingOptions(), lambda _: None)
     finally:
+        pipeline.close()
+
+
+def test_a_stuck_step_stops_the_turns_and_a_stalled_engine_refuses_at_once():
+    """A step that never returns (the stall prompt) leaves `turns` standing, which is
+    what the stall watch reads; `stall` then makes the engine refuse new windows at
+    once, naming why, though its thread is still stuck."""
+    setup = EngineSetup(slots=SLOTS, faults=FaultPlan(stall_prompt="hang"))
+    pipeline = Pipeline.load("default", device="cpu", setup=setup)
+    engine = pipeline.engine
+    try:
+        feature = window_features(decode_audio(clips()[0].read())[: geometry.N_SAMPLES], pipeline.n_mels)
+        _submit(pipeline, feature, DecodingOptions()).result(timeout=60)
+        stuck = _submit(pipeline, feature, DecodingOptions(prompt="hang"))
+        deadline = time.monotonic() + 60
+        while engine.batch.stalls == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        turns = engine.turns
+        time.sleep(0.5)
+        assert engine.batch.stalls == 1 and engine.turns == turns and not stuck.done()
+        assert engine.healthy
+        engine.stall("no progress for 60 s")
+        assert not engine.healthy
+        with pytest.raises(EngineUnavailable, match="unhealthy and refuses new work: no progress for 60 s"):
+            engine.submit(feature, DecodingOptions(), lambda _: None)
+    finally:
+        setup.faults.released.set()
         pipeline.close()
 
 

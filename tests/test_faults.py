@@ -16,6 +16,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -53,7 +54,9 @@ from python_backend_lib.engine.scheduler import MAX_CONSECUTIVE_RESTARTS
 from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 from python_backend_lib.serving.parent_watch import CHECK_INTERVAL_S
-from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV
+from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, STALL_PROMPT_ENV, STALL_TIMEOUT_ENV
+from python_backend_lib.serving.stall_watch import CHECK_INTERVAL_S as STALL_CHECK_S
+from python_backend_lib.serving.stall_watch import Beat, StallClock
 
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
@@ -256,8 +259,75 @@ def test_an_engine_that_keeps_failing_is_refused_fast_reported_and_the_server_ex
         status = launched.process.wait(timeout=STOP_GRACE_S + 30)
     log = server.log.read_text()
     assert status == 1, _log_tail(server.log)
-    assert "a whisper engine failed repeatedly and refuses new requests" in log
+    assert "a whisper engine failed repeatedly or stalled, and refuses new requests" in log
     assert f"the engine failed {MAX_CONSECUTIVE_RESTARTS} times in a row and gives up" in log
+
+
+def test_a_stall_is_held_work_without_progress_for_the_bound():
+    clock = StallClock(bound_s=10.0, now=0.0)
+    assert clock.stalled_for(Beat(progress=5, held=2), now=1.0) is None  # the first reading starts the clock
+    assert clock.stalled_for(Beat(progress=5, held=2), now=10.9) is None
+    assert clock.stalled_for(Beat(progress=5, held=2), now=11.0) == 10.0
+    assert clock.stalled_for(Beat(progress=6, held=2), now=12.0) is None  # progress restarts it
+    assert clock.stalled_for(Beat(progress=6, held=2), now=21.0) is None
+    assert clock.stalled_for(Beat(progress=6, held=0), now=30.0) is None  # idle is never a stall
+    assert clock.stalled_for(Beat(progress=6, held=1), now=39.0) is None  # ... and restarts it too
+    assert clock.stalled_for(Beat(progress=6, held=1), now=40.0) == 10.0
+
+
+STALL_PROMPT = "this request's decoder step never returns"
+STALL_BOUND_S = 5.0
+
+
+@pytest.mark.server
+def test_a_stalled_engine_fails_what_it_holds_within_its_bound_and_the_server_exits(tmp_path):
+    """A decoder step that never returns (the test-only stall prompt: as a stuck device
+    call would) leaves no thread of the engine to answer. Within the stall bound every
+    request the instance holds, the stuck one and one that came after it, fails with
+    INTERNAL naming the instance and where its engine thread stands; the metrics say
+    stalled; and `whisper-triton serve` exits with status 1, every thread's stack in
+    its log, so that the server is replaced (the launcher stops Triton at once, so new
+    requests are refused by the engine in test_engine.py's test instead)."""
+    environ = {STALL_PROMPT_ENV: STALL_PROMPT, STALL_TIMEOUT_ENV: str(STALL_BOUND_S)}
+    with launch_server(tmp_path, environ) as launched:
+        server = launched.server
+        assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
+        # The launcher stops Triton within seconds of the verdict: its metrics are read meanwhile.
+        stalled_seen = threading.Event()
+
+        def read_metrics() -> None:
+            while launched.process.poll() is None and not stalled_seen.is_set():
+                try:
+                    samples = scrape(server)
+                    if samples.get("whisper_engine_stalled") == 1 and samples.get("whisper_engine_healthy") == 0:
+                        stalled_seen.set()
+                except (urllib.error.URLError, ConnectionError, KeyError):
+                    pass
+                time.sleep(0.2)
+
+        reader = threading.Thread(target=read_metrics, daemon=True)
+        reader.start()
+        with ThreadPoolExecutor(2) as pool:
+            started = time.monotonic()
+            stuck = pool.submit(transcribe, server.grpc_url, "grpc", CARDS, prompt=STALL_PROMPT)
+            time.sleep(1.0)
+            behind = pool.submit(transcribe, server.http_url, "http", JFK)
+            answers = [stuck.result(), behind.result()]
+            seconds = time.monotonic() - started
+        for answer, protocol in zip(answers, ("grpc", "http")):
+            assert isinstance(answer, InferenceServerException), answer
+            assert answer.status() == INTERNAL[protocol], answer
+            message = answer.message()
+            assert "whisper instance whisper_0_0 on cpu made no progress for" in message, message
+            assert "while holding 2 requests; its engine thread is at faults.py" in message, message
+        assert seconds < STALL_BOUND_S + 2 * STALL_CHECK_S + 10.0, f"answered after {seconds:.1f} s"
+        status = launched.process.wait(timeout=GIVE_UP_TO_NOT_READY_S + STOP_GRACE_S + 30)
+    reader.join(timeout=10)
+    assert stalled_seen.is_set(), "the metrics never said whisper_engine_stalled 1 and whisper_engine_healthy 0"
+    log = server.log.read_text()
+    assert status == 1, _log_tail(server.log)
+    assert "a whisper engine failed repeatedly or stalled, and refuses new requests" in log
+    assert "Every thread's stack" in log and "thread whisper-engine" in log
 
 
 def model_processes_gone(stubs: list, timeout: float) -> bool:

@@ -210,7 +210,7 @@ def serve_command(args: argparse.Namespace) -> int:
         status = triton.wait_while_healthy()
         if status is None:  # an engine gave up: stop, so that Docker or Kubernetes replaces this server
             print(
-                "whisper-triton: a whisper engine failed repeatedly and refuses new requests "
+                "whisper-triton: a whisper engine failed repeatedly or stalled, and refuses new requests "
                 "(see the log above); stopping so that this server can be replaced",
                 file=sys.stderr,
                 flush=True,

@@ -108,7 +108,7 @@ class Activity:
 
     busy: requests held by the whisper model plus requests queued in any model.
     answered: requests answered so far (successes and failures, all models).
-    unhealthy_engines: whisper engines (one per GPU) that gave up after failing repeatedly.
+    unhealthy_engines: whisper engines that gave up after failing repeatedly, or stalled.
     """
 
     busy: float

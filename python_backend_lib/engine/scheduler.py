@@ -15,6 +15,9 @@ Every submitted window gets exactly one answer:
 - After `MAX_CONSECUTIVE_RESTARTS` restarts without one good step in between
   the engine is unhealthy: it refuses new windows at once (`EngineUnavailable`)
   and says so (`healthy`), so that the server can be replaced.
+- A thread that never returns (a stuck device call) cannot raise: a watcher
+  that sees `turns` stand still while work is held calls `stall`, which makes
+  the engine unhealthy the same way (`serving.stall_watch`).
 """
 
 from __future__ import annotations
@@ -124,6 +127,9 @@ class Engine:
         self._lock = threading.Lock()  # submit against close and start
         self._cancel_checked_at = 0.0
         self._stepped = False  # a step succeeded since the loop last (re)started
+        # Loop turns completed: a watcher that sees it stand still while the engine holds
+        # work knows the engine thread is stuck (`serving.stall_watch`).
+        self.turns = 0
         # Stop the thread before the interpreter tears down, even if nobody calls close():
         # a thread still inside torch at exit aborts the process.
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -227,6 +233,7 @@ class Engine:
             self._admit(pending)
             self._drop_cancelled()
             self._step()
+            self.turns += 1
 
     def _collect(self, pending: list[Admission], block: bool) -> bool:
         """Move submitted windows to `pending`; True once close() was called."""
@@ -339,6 +346,19 @@ class Engine:
         self._pending.clear()
         for job in jobs:
             self._answer(job, error)
+
+    @property
+    def thread(self) -> threading.Thread | None:
+        """The engine thread, once the first window started it."""
+        return self._thread
+
+    def stall(self, reason: str) -> None:
+        """Mark the engine unhealthy from another thread: its own thread is stuck. New
+        windows are refused at once (`EngineUnavailable`); the windows it holds are the
+        caller's to answer, since the stuck thread will not."""
+        with self._lock:
+            if self._unhealthy is None:
+                self._unhealthy = reason
 
     def _give_up(self, error: BaseException) -> None:
         """Mark the engine unhealthy and refuse whatever still arrives."""

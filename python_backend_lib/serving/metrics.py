@@ -75,7 +75,8 @@ class WhisperMetrics:
     """Publishes the engine's and the ledger's numbers as Prometheus metrics.
 
     pb_utils: `triton_python_backend_utils` (or anything with its `MetricFamily` API).
-    engine: the `Engine` whose batch is watched; ledger: the whisper model's `RequestLedger`.
+    engine: the `Engine` whose batch is watched; ledger: the whisper model's `RequestLedger`;
+    stall_watch: the instance's `StallWatch`, whose verdict `whisper_engine_stalled` tells.
     gpu: this instance's `gpu` label (`device_label`); instance: its `instance` label, Triton's
         name for it (whisper_0_1): each engine, several on one GPU too, has its own series.
     backend: what decodes (`loading.AttentionBackendName` value), published as an info metric.
@@ -86,6 +87,7 @@ class WhisperMetrics:
         pb_utils: Any,
         engine: Any,
         ledger: RequestLedger,
+        stall_watch: Any = None,
         *,
         gpu: str,
         instance: str,
@@ -94,6 +96,7 @@ class WhisperMetrics:
     ) -> None:
         self.engine = engine
         self.ledger = ledger
+        self.stall_watch = stall_watch
         self.interval_s = interval_s
         family = _Families(pb_utils, gpu=gpu, instance=instance)
         self._requests = {
@@ -137,7 +140,12 @@ class WhisperMetrics:
             "Times the engine loop failed, answered every window it held with an error, and started again",
         )
         self._healthy = family.gauge(
-            "whisper_engine_healthy", "1 while the engine serves; 0 once it gave up after failing repeatedly"
+            "whisper_engine_healthy",
+            "1 while the engine serves; 0 once it gave up after failing repeatedly, or stalled",
+        )
+        self._stalled = family.gauge(
+            "whisper_engine_stalled",
+            "1 once the engine made no progress for its bound while holding requests (they failed); else 0",
         )
         backend_info = family.gauge(
             "whisper_attention_backend",
@@ -191,6 +199,7 @@ class WhisperMetrics:
         self._running.set(self.engine.running)
         self._waiting.set(self.engine.waiting)
         self._healthy.set(1 if self.engine.healthy else 0)
+        self._stalled.set(1 if self.stall_watch is not None and self.stall_watch.fired else 0)
 
     def close(self) -> None:
         """Publish once more, stop the thread, and let go of every metric while the stub

@@ -60,9 +60,11 @@ from python_backend_lib.serving.settings import (
     FAULT_GPU_ENV,
     FAULT_PROMPT_ENV,
     REQUIRE_GPU_ENGINE_ENV,
+    STALL_PROMPT_ENV,
     ModelSettings,
     device_label,
 )
+from python_backend_lib.serving.stall_watch import Beat, EngineStalled, StallWatch, stall_bound_s, thread_stacks, where
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,9 @@ RESPONDER_THREADS = 4
 # and two pollers in one interpreter. Python's default switch interval (5 ms) would
 # let a responder hold the GIL for a whole decoder step while the engine waits.
 GIL_SWITCH_INTERVAL_S = 0.0005
+# A stall answers each held request on the watch's thread; a responder stuck inside
+# Triton's send may hold a request's lock: it is skipped after this long.
+STALL_SEND_WAIT_S = 5.0
 
 
 @dataclass(eq=False)
@@ -105,11 +110,18 @@ class WhisperService:
     """The whisper model's requests: start them, answer each exactly once."""
 
     def __init__(
-        self, pb_utils: Any, settings: ModelSettings, pipeline: Any, engines: int = 1, board: CancelBoard | None = None
+        self,
+        pb_utils: Any,
+        settings: ModelSettings,
+        pipeline: Any,
+        engines: int = 1,
+        board: CancelBoard | None = None,
+        instance: str = "whisper",
     ) -> None:
         """engines: instances of the model in all, which share Triton's queue (`engines_sharing_queue`).
         board: where cancels by request id are posted; default: the board of the
-        tritonserver that started this process, shared by its whisper instances."""
+        tritonserver that started this process, shared by its whisper instances.
+        instance: Triton's name for this instance, which a stall's error names."""
         self.pb_utils = pb_utils
         self.settings = settings
         self.pipeline = pipeline
@@ -119,6 +131,13 @@ class WhisperService:
         self.board = board or CancelBoard(board_folder(os.getppid()))
         self.watcher = CancellationWatcher(self.board)
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
+        self.instance = f"{instance} on {device_label(pipeline.device)}"
+        # What the stall watch reads: requests admitted and not answered, execute calls in
+        # progress, answers sent (with the engine's loop turns, its signs of progress).
+        self._held: dict[_Request, None] = {}
+        self._held_lock = threading.Lock()
+        self._executing = 0
+        self._sent = 0
         # GPU inputs are copied on a stream of their own and waited for there, not behind the engine's steps.
         self._copies = torch.cuda.Stream(pipeline.device) if on_gpu else None
         if on_gpu:
@@ -127,9 +146,19 @@ class WhisperService:
         # What loading made (the model, the tokenizer's tables) lives as long as the
         # process: frozen, the collector's full passes skip it and stay short.
         gc.freeze()
+        self.stall_watch = StallWatch(self._beat, self._stalled, stall_bound_s(on_gpu, settings.stall_timeout_s))
 
     def start(self, requests: list[Any]) -> None:
         """Start every request of one `execute` call; the answers come later."""
+        with self._held_lock:
+            self._executing += 1
+        try:
+            self._start(requests)
+        finally:
+            with self._held_lock:
+                self._executing -= 1
+
+    def _start(self, requests: list[Any]) -> None:
         checked: list[_Checked] = []
         for request in requests:
             pending = _Request(request.get_response_sender())
@@ -151,6 +180,8 @@ class WhisperService:
                 if i in broken:
                     raise RequestError(f"{tensor_names.LOG_MEL} contains NaN or infinite values")
                 item.pending.entry = self.ledger.enter(deadline)  # Overloaded (UNAVAILABLE): no room by the deadline
+                with self._held_lock:
+                    self._held[item.pending] = None
                 admitted.append(item)
             except Exception as error:
                 self._finished(item.pending, error)
@@ -241,8 +272,8 @@ class WhisperService:
             arrays.update(pending.passed_on)
         return arrays
 
-    def _answer(self, pending: _Request, outcome: Any) -> None:
-        """The request's only response, or a decoupled request's final one."""
+    def _answer(self, pending: _Request, outcome: Any, wait_s: float = -1) -> None:
+        """The request's only response, or a decoupled request's final one (`_send`'s wait_s)."""
         if pending.watch is not None:
             self.watcher.forget(pending.watch)
         try:
@@ -253,18 +284,50 @@ class WhisperService:
         except Exception as error:  # a result that cannot be written still gets an answer
             outcome, response = error, error_response(self.pb_utils, error)
         self.ledger.leave(pending.entry, outcome)
-        self._send(pending, response)
+        self._send(pending, response, wait_s)
 
-    def _send(self, pending: _Request, response: Any) -> None:
-        with pending.sending:  # after any partial response in progress, and the last
+    def _send(self, pending: _Request, response: Any, wait_s: float = -1) -> None:
+        """The final response, once: a request answered already (by a stall) stays answered.
+        wait_s: how long to wait for a partial response in progress (-1: as long as it takes)."""
+        if not pending.sending.acquire(timeout=wait_s):  # after any partial response in progress
+            log.warning("a response in progress did not finish in %.0f s: not answered again", wait_s)
+            return
+        try:
+            if pending.closed:
+                return
             pending.closed = True
             try:
                 pending.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:  # the client is gone, or Triton is stopping: nobody left to tell
                 log.warning("could not send a response", exc_info=True)
+        finally:
+            pending.sending.release()
+            with self._held_lock:
+                self._held.pop(pending, None)
+                self._sent += 1
+
+    def _beat(self) -> Beat:
+        with self._held_lock:
+            return Beat(progress=self.pipeline.engine.turns + self._sent, held=len(self._held) + self._executing)
+
+    def _stalled(self, seconds: float) -> None:
+        """The stall watch's verdict: fail every held request, and refuse new ones from now on."""
+        engine = self.pipeline.engine
+        with self._held_lock:
+            held = list(self._held)
+        reason = (
+            f"whisper instance {self.instance} made no progress for {seconds:.0f} s while holding "
+            f"{len(held)} requests; its engine thread is at {where(engine.thread)}"
+        )
+        log.error("%s. Every thread's stack:\n%s", reason, thread_stacks())
+        engine.stall(reason)
+        error = EngineStalled(f"{reason}. The instance refuses new requests; the server stops to be replaced")
+        for pending in held:  # on this thread: the responders may be the ones stuck
+            self._answer(pending, error, wait_s=STALL_SEND_WAIT_S)
 
     def close(self) -> None:
         """Answer what is in flight, then stop the threads (Triton's `finalize`)."""
+        self.stall_watch.close()
         self.pipeline.close()
         self._responders.shutdown(wait=True)
         self.watcher.close()
@@ -281,6 +344,7 @@ def fault_plan(device: str | None, environ: Mapping[str, str] = os.environ) -> A
     return FaultPlan(
         step_prompt=environ.get(FAULT_PROMPT_ENV) or None,
         engine_prompt=environ.get(ENGINE_FAULT_PROMPT_ENV) or None,
+        stall_prompt=environ.get(STALL_PROMPT_ENV) or None,
     )
 
 

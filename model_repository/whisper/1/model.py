@@ -9,6 +9,7 @@ instance is one engine on the device Triton names (KIND_AUTO: a GPU, or the CPU
 on a host without one); instances on one device split its KV memory or its cores.
 """
 
+import os
 import sys
 from pathlib import Path
 
@@ -39,17 +40,22 @@ class TritonPythonModel:
         pipeline = load_pipeline(self.settings, device=device, engines=engines)
         if pipeline.tokenizer is None:
             raise ValueError(f"checkpoint {self.settings.checkpoint!r} has no tokenizer.json")
-        self.service = WhisperService(pb_utils, self.settings, pipeline, engines_sharing_queue(args["model_config"]))
+        self.service = WhisperService(
+            pb_utils, self.settings, pipeline, engines_sharing_queue(args["model_config"]),
+            instance=args["model_instance_name"],
+        )
         self.metrics = WhisperMetrics(
             pb_utils,
             pipeline.engine,
             self.service.ledger,
+            self.service.stall_watch,
             gpu=device_label(pipeline.device),
             instance=args["model_instance_name"],
             backend=pipeline.attention_backend.value,
         )
         pb_utils.Logger.log_info(
-            f"whisper {args['model_instance_name']} on {pipeline.device} (one of {engines} engines there) "
+            f"whisper {args['model_instance_name']} (pid {os.getpid()}) on {pipeline.device} "
+            f"(one of {engines} engines there) "
             f"with {pipeline.attention_backend.value}, {self.settings.quantization.value} quantization, "
             f"{pipeline.engine.slots} slots; started in {pipeline.load_times.describe()}"
         )
