@@ -141,6 +141,13 @@ def launch_server(
 
 
 @pytest.fixture(scope="session")
+def base_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningServer]:
+    """`whisper-triton serve --checkpoint base` (the packaged multilingual checkpoint), shared by the files that need it."""
+    with launch_server(tmp_path_factory.mktemp("base-server"), arguments=("--checkpoint", "base")) as launched:
+        yield launched.server
+
+
+@pytest.fixture(scope="session")
 def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
     """`whisper-triton serve` with the fault prompts armed; stopped with SIGTERM, which it must obey.
     Its log is Triton's whole log (`--verbose`), for the tests that read it."""

@@ -436,3 +436,27 @@ def test_an_encoder_graph_replay_equals_its_kernels_launched_directly() -> None:
         graphs._encode(padded, slots)
     for (k, v), k_now, v_now in zip(replayed, pool.cross_k, pool.cross_v):
         assert torch.equal(k, k_now[1:6]) and torch.equal(v, v_now[1:6])
+
+
+def test_large_v3_rows_forced_to_the_limit_fill_the_context_through_the_graphs() -> None:
+    """large-v3's shapes (random weights, no forced length, the language detected):
+    greedy, sampled best_of and beam rows forced past the 448 positions, side by side
+    in the served engine (CUDA graphs, FlashInfer's 28 pages a slot), each end
+    unfinished with the context exactly full, never reading past a slot."""
+    from python_backend_lib.core.options import MAX_TEXT_POSITIONS
+    from python_backend_lib.engine.prompt import task_tokens
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    pipeline = Pipeline.load("random:large-v3:0", device="cuda")
+    try:
+        forced = dict(min_new_tokens=MAX_TEXT_POSITIONS, timestamps=True)
+        options = [DecodingOptions(**forced), DecodingOptions(temperature=0.7, best_of=3, **forced),
+                   DecodingOptions(beam_size=3, **forced), DecodingOptions(**forced, previous_tokens=tuple(range(400)))]
+        waveform = torch.randn(16000 * 5, generator=torch.Generator().manual_seed(1)).numpy() * 0.1
+        results = pipeline.decode([waveform] * len(options), options)
+        for option, result in zip(options, results):
+            detected = task_tokens(pipeline.engine.config, result.language, option.task, option.timestamps)
+            assert not result.finished
+            assert len(result.prompt_tokens) + len(detected) + len(result.tokens) == MAX_TEXT_POSITIONS
+    finally:
+        pipeline.close()

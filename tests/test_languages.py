@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import launch_server, whisper_triton_command
+from conftest import whisper_triton_command
 from reference import hf_model
 
 from clients.api import WhisperClient
@@ -140,12 +140,6 @@ def test_tokens_equal_transformers(pipe, hf, waveforms, features, task, given):
 
 
 # ----------------------------------------------------------------- served
-
-
-@pytest.fixture(scope="module")
-def base_server(tmp_path_factory):
-    with launch_server(tmp_path_factory.mktemp("base-server"), arguments=("--checkpoint", CHECKPOINT)) as launched:
-        yield launched.server
 
 
 @pytest.fixture(scope="module")

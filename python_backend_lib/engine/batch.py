@@ -145,7 +145,7 @@ class DecodeBatch:
                 self.pool.release(slot)
             raise
         for i, (admission, own) in enumerate(zip(admissions, owned)):
-            rows = [new_row(admission, slot, self.config.dims.n_text_ctx) for slot in own]
+            rows = [new_row(admission, slot, self.config) for slot in own]
             if isinstance(beams.form_group(admission.tag, rows, admission.options), beams.BeamGroup):
                 self._beam_rows += len(rows)
             if admission.content_frames is not None:  # one check answers for the group

@@ -92,6 +92,14 @@ def task_tokens(config: ModelConfig, language: str, task: Task, timestamps: bool
     return tokens
 
 
+def generation_room(config: ModelConfig, prompt_tokens: int) -> int:
+    """Tokens a row may generate after `prompt_tokens` of prompt: together they fill at
+    most the text context (448 positions). The length invariant: no row ever reads or
+    writes a position past it. A row that reaches the room ends unfinished, as
+    openai-whisper's does at its sample length, and the fallback rules judge it."""
+    return config.dims.n_text_ctx - prompt_tokens
+
+
 def start_of_transcript(
     config: ModelConfig, rows: list[Row], no_speech: list[float], languages: list[tuple[int, float]] | None
 ) -> set[Row]:
@@ -109,6 +117,9 @@ def start_of_transcript(
             index, confidence = languages[k]
             row.language, row.language_probability = codes[index], confidence
             row.pending = task_tokens(config, row.language, row.options.task, row.options.timestamps)
+            # The prompt grew by the language and task tokens: the room to generate shrinks by as many.
+            room = generation_room(config, len(row.prompt.tokens) + len(row.pending))
+            row.max_new_tokens = min(row.max_new_tokens, room)
             waiting.add(row)
     for row, probability in zip(rows, no_speech):
         row.prefilled = True

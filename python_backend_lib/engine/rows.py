@@ -15,9 +15,10 @@ import torch
 
 from python_backend_lib.audio.features import SILENCE_LOG_MEL
 from python_backend_lib.core.geometry import N_FRAMES, SECONDS_PER_POSITION
+from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.devices.transfers import ToHost, to_device
-from python_backend_lib.engine.prompt import Prompt
+from python_backend_lib.engine.prompt import Prompt, generation_room
 from python_backend_lib.engine.rules import RuleFacts
 
 if TYPE_CHECKING:
@@ -146,10 +147,11 @@ class Row:
         )
 
 
-def new_row(admission: Admission, slot: int, text_ctx: int) -> Row:
+def new_row(admission: Admission, slot: int, config: ModelConfig) -> Row:
     """A row decoding `admission` in `slot`, its prompt pending; it may generate
-    what the 448 positions leave after the prompt, or max_new_tokens if fewer."""
-    room = text_ctx - len(admission.prompt.tokens)
+    what the text context leaves after the prompt (`generation_room`; less once a
+    detected language lengthens it), or max_new_tokens if fewer."""
+    room = generation_room(config, len(admission.prompt.tokens))
     limit = min(admission.options.max_new_tokens or room, room)
     prompt = admission.prompt
     return Row(admission.tag, admission.options, prompt, slot, limit, list(prompt.tokens), language=prompt.language)

@@ -92,6 +92,15 @@ class Aligner:
         special = self.config.special
         # Through <|notimestamps|>, whose position predicts the first text token.
         prompt = transcript_prefix(self.config, language or "en", task, timestamps=False)
+        # The length invariant: a window that filled the text context while decoding
+        # (with a shorter prompt, timestamps among its tokens) may not fit behind this
+        # prompt. The tokens past the context are not aligned: they start where the
+        # last aligned one ends, with probability 0 (the model never weighed them).
+        fits = self.config.dims.n_text_ctx - len(prompt) - 1
+        if len(text_tokens) > fits:
+            starts, probabilities = self.token_starts(features, text_tokens[:fits], content_frames, language, task)
+            beyond = len(text_tokens) - fits
+            return np.concatenate([starts, np.full(beyond, starts[-1])]), probabilities + [0.0] * beyond
         sequence = [*prompt, *text_tokens, special.eot]
         first = len(prompt) - 1  # the position that predicts text_tokens[0]
         device = next(self.model.parameters()).device
