@@ -6,7 +6,8 @@
 For each variant in turn (as `bench.served_variants` takes them: `mps:on`,
 `log_mel_output:host`, `whisper=4`...), `whisper-triton serve --gpus ...` serves
 the bench's clips to the load generator at `--concurrency` for `--seconds`, every
-request with a timeout. Then each `whisper` instance's answered requests are read
+request with a timeout and every one counted (no warm-up: a stall comes with the
+first requests). Then each `whisper` instance's answered requests are read
 from the metrics: one that answered less than FAIR_SHARE of the mean is stalled,
 whatever the total says. While one is, or a request went unanswered, py-spy (when
 installed) dumps every whisper stub's stacks, native frames included, into OUT.
@@ -80,7 +81,7 @@ def run_variant(variant, checkpoint: str, requests: list, args, timeout_s: float
         record["ready_s"] = server.ready_s
         metrics_url = f"http://localhost:{command.ports['metrics']}/metrics"
         with LoadGenerator(command.grpc_url, requests, processes=args.clients) as load:
-            plan = PointPlan(args.concurrency, 2.0, args.seconds, timeout_s)
+            plan = PointPlan(args.concurrency, 0.0, args.seconds, timeout_s)  # no warm-up: every request counted
             _, point = measure_point(load, plan, command.grpc_url)
         say(describe_point(label, point))
         time.sleep(2.0)  # the engines' metrics are published every second
