@@ -157,7 +157,7 @@ def served_checkpoint(spec: ModelSpec) -> str:
     """What `whisper-triton serve --checkpoint` gets: the source, or a written folder for random weights."""
     if not spec.random:
         return spec.source
-    from bench.served_checkpoint import write_served_checkpoint
+    from python_backend_lib.checkpoints.served_random import write_served_checkpoint
 
     folder = STATE_DIR / ("checkpoint-" + spec.source.replace(":", "-"))
     done = folder / "written"

@@ -330,7 +330,7 @@ def test_the_canned_transcript_is_a_real_verbose_json_of_realistic_length():
 
 
 def test_random_weights_are_served_with_every_non_text_token_suppressed():
-    from bench.served_checkpoint import text_only
+    from python_backend_lib.checkpoints.served_random import text_only
 
     checkpoint = load_checkpoint("random:tiny:0")
     special = checkpoint.config.special

@@ -50,7 +50,7 @@ def test_the_stand_in_answers_every_request_at_once_with_the_canned_transcript(t
 
 
 def test_random_weights_decode_exactly_the_forced_text_tokens_through_the_server(tmp_path, short_clips):
-    from bench.served_checkpoint import write_served_checkpoint
+    from python_backend_lib.checkpoints.served_random import write_served_checkpoint
 
     folder = write_served_checkpoint("random:tiny:0", tmp_path / "checkpoint", emit_text=True)
     eot = load_config(str(folder)).special.eot

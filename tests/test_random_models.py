@@ -85,3 +85,23 @@ def test_logits_match_transformers(source: str, layers: int | None) -> None:
     stepped = _our_logits(checkpoint, features, tokens, incremental=True)
     torch.testing.assert_close(stepped, expected, atol=LOGIT_ATOL, rtol=LOGIT_RTOL)
     assert torch.equal(stepped.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_serve_takes_a_random_checkpoint_by_name(tmp_path):
+    """`whisper-triton serve --checkpoint random:<size>`, as the README offers it: every
+    model loads (the launcher writes the servable folder once, with a tokenizer) and a
+    request gets a transcript, meaningless text of the random model's tokens."""
+    from conftest import AUDIO_DIR, launch_server
+    from test_faults import transcribe
+
+    from python_backend_lib.checkpoints.served_random import FOLDER
+
+    cache = tmp_path / "cache"
+    with launch_server(tmp_path, {"WHISPER_TRITON_CACHE": str(cache)}, ("--checkpoint", "random:tiny:3")) as launched:
+        text = transcribe(launched.server.grpc_url, "grpc", (AUDIO_DIR / "cards_001.wav").read_bytes(),
+                          max_new_tokens=5, min_new_tokens=5)
+    assert isinstance(text, str) and text.count("<") == 5, text  # five tokens, each spelled "<i>"
+    assert (cache / FOLDER / "random-tiny-3" / "tokenizer.json").exists()
+    assert "writing random:tiny:3 as a servable folder" in launched.server.log.read_text()

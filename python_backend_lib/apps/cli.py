@@ -12,6 +12,7 @@ from pathlib import Path
 from python_backend_lib.apps import gateway, server
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 from python_backend_lib.checkpoints import packaged
+from python_backend_lib.checkpoints.random_shapes import is_random_source
 from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, QUANTIZE_ENV
 
@@ -239,9 +240,15 @@ def _packaged_help(checkpoint: packaged.PackagedCheckpoint) -> str:
 def _checkpoint_source(source: str | None) -> str | None:
     """A --checkpoint folder as an absolute path (`~` expanded): the models do not
     share this command's idea of the current folder or home. A packaged checkpoint's
-    name stays a name, even where a folder of that name is here (./base names that)."""
+    name stays a name, even where a folder of that name is here (./base names that).
+    "random:<size>" becomes its servable folder in the cache (random weights, a tokenizer
+    that spells token i as "<i>"): the models need a tokenizer, which it lacks."""
     if source is None or packaged.packaged_checkpoint(source) is not None:
         return source
+    if is_random_source(source):
+        from python_backend_lib.checkpoints.served_random import served_random_folder
+
+        return str(served_random_folder(source, say=_say))
     if not Path(source).expanduser().is_dir():
         return source
     return str(Path(source).expanduser().resolve())

@@ -1,7 +1,9 @@
 """A random-weight checkpoint folder that the Triton models can serve, and that emits text.
 
 The served models need a tokenizer.json, which `random:<size>` checkpoints
-lack. This writes the same seeded weights (in float16, as a GPU serves them)
+lack: `whisper-triton serve --checkpoint random:<size>` serves the folder that
+`served_random_folder` writes once into the cache, and the benchmarks write
+theirs. This writes the same seeded weights (in float16, as a GPU serves them)
 in Hugging Face format with a word-level tokenizer that spells token i as
 "<i>": transcripts are meaningless, as they are for random weights anyway,
 but every model of the ensemble loads and every request runs the full path.
@@ -23,6 +25,9 @@ import torch
 
 from python_backend_lib.checkpoints.hf_folder import write_hf_folder
 from python_backend_lib.checkpoints.weights import Checkpoint, load_checkpoint
+from python_backend_lib.core.cache import cache_root
+
+FOLDER = "served-random"
 
 
 def text_only(checkpoint: Checkpoint) -> Checkpoint:
@@ -51,3 +56,16 @@ def write_served_checkpoint(source: str, directory: Path, *, emit_text: bool = F
     tokenizer.pre_tokenizer = WhitespaceSplit()
     tokenizer.save(str(directory / "tokenizer.json"))
     return directory
+
+
+def served_random_folder(source: str, say=print) -> Path:
+    """The servable folder of "random:<size>[:<seed>]" in the cache, written (with
+    emit_text) the first time it is asked for: large-v3's takes a minute and 3 GB."""
+    folder = cache_root() / FOLDER / source.replace(":", "-")
+    if not (folder / "tokenizer.json").exists():
+        say(f"writing {source} as a servable folder (its weights in float16, a tokenizer that spells token i "
+            f'as "<i>") into {folder}')
+        partial = folder.with_name(folder.name + ".partial")
+        write_served_checkpoint(source, partial, emit_text=True)
+        partial.replace(folder)
+    return folder
