@@ -248,7 +248,7 @@ def test_every_whisper_instance_answers_its_share_on_two_gpus_under_load(tmp_pat
     answered (or refused as overloaded), none is lost, and every whisper instance of
     every GPU answers at least FAIR_SHARE of the mean. With LOG_MEL handed over in GPU
     memory (the old "auto"), two of eight instances answered one request each and
-    never another (bench.instance_balance's record in docs/operating.md)."""
+    never another (bench.instance_balance's record in docs/reliability.md)."""
     import json
     import sys
 

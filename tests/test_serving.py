@@ -84,6 +84,10 @@ def test_the_preprocessing_and_whisper_choices_parse():
     assert log_mel_handover(None, gpus=1) is LogMelOutput.DEVICE
     assert log_mel_handover(None, gpus=2) is LogMelOutput.HOST  # never across GPUs (the two-GPU stall)
     assert log_mel_handover(LogMelOutput.DEVICE, gpus=2) is LogMelOutput.DEVICE
+    assert shipped.stall_timeout_s is None  # auto: the device's bound
+    stall = triton_config(parameters={"stall_timeout_s": {"string_value": "90"}})
+    assert ModelSettings.from_triton(stall, environ={}).stall_timeout_s == 90.0
+    assert ModelSettings.from_triton(stall, environ={"WHISPER_TRITON_STALL_TIMEOUT_S": "5"}).stall_timeout_s == 5.0
     bad = triton_config(parameters={"log_mel_output": {"string_value": "pcie"}})
     with pytest.raises(ValueError, match=r"'log_mel_output' must be 'auto' or one of \['device', 'host'\], got 'pcie'"):
         ModelSettings.from_triton(bad, environ={})

@@ -88,7 +88,7 @@ class LogMels:
             if self.output is LogMelOutput.DEVICE and gpus > 1:
                 log.warning(
                     "log_mel_output 'device' on a server of %d GPUs: a LOG_MEL handed to a whisper instance "
-                    "on another GPU can leave that instance idle for good (docs/operating.md); 'auto' avoids it",
+                    "on another GPU can leave that instance idle for good (docs/reliability.md); 'auto' avoids it",
                     gpus,
                 )
         self.graphs: FeatureGraphs | None = None

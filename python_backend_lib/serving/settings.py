@@ -57,7 +57,7 @@ def log_mel_handover(setting: LogMelOutput | None, gpus: int) -> LogMelOutput:
     Triton 2.51 hands any preprocessing instance's output to any whisper instance, so
     a GPU tensor often crosses to another GPU; a whisper instance that received one
     then got no further request from Triton, its stub idle, for as long as the server
-    ran (the two-GPU stall, docs/operating.md). Host memory crosses nothing."""
+    ran (the two-GPU stall, docs/reliability.md). Host memory crosses nothing."""
     if setting is not None:
         return setting
     return LogMelOutput.DEVICE if gpus <= 1 else LogMelOutput.HOST
