@@ -330,6 +330,37 @@ def test_a_stalled_engine_fails_what_it_holds_within_its_bound_and_the_server_ex
     assert "Every thread's stack" in log and "thread whisper-engine" in log
 
 
+FROZEN_BOUND_S = 4.0
+
+
+@pytest.mark.server
+def test_a_frozen_whisper_process_is_found_and_the_server_exits(tmp_path):
+    """A whisper stub stopped outright (SIGSTOP: none of its threads runs, its stall watch
+    neither, as with its interpreter lock held for good) stops publishing its metrics
+    heartbeat. The launcher finds it within the stall bound and two publishes, names it
+    and exits with status 1; the request the frozen stub held fails as Triton stops,
+    instead of waiting."""
+    with launch_server(tmp_path, {STALL_TIMEOUT_ENV: str(FROZEN_BOUND_S)}, ("--engines", "1")) as launched:
+        server = launched.server
+        assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
+        grpc_port = int(server.grpc_url.rpartition(":")[2])
+        (stub,) = [s for s in stub_processes(grpc_port) if s.model == tensor_names.WHISPER_NAME]
+        os.kill(stub.pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            held = transcribe(server.grpc_url, "grpc", CARDS)
+            seconds = time.monotonic() - started
+            status = launched.process.wait(timeout=STOP_GRACE_S + 60)
+        finally:
+            if Path(f"/proc/{stub.pid}").exists():
+                os.kill(stub.pid, signal.SIGKILL)
+    assert isinstance(held, InferenceServerException), held
+    assert seconds < FROZEN_BOUND_S + 2 * PUBLISH_INTERVAL_S + HEALTH_POLL_S + STOP_GRACE_S + DRAIN_QUIET_S + 10
+    log = server.log.read_text()
+    assert status == 1, _log_tail(server.log)
+    assert 'instance="whisper_0_0"' in log and "published no metrics for over 6 s: its process is frozen" in log
+
+
 def model_processes_gone(stubs: list, timeout: float) -> bool:
     deadline = time.monotonic() + timeout
     while any(Path(f"/proc/{stub.pid}").exists() for stub in stubs) and time.monotonic() < deadline:
@@ -416,6 +447,10 @@ def test_activity_reads_what_is_in_flight_and_what_was_answered():
     assert Activity.from_metrics(text) == Activity(busy=5, answered=11, unhealthy_engines=0)
     engines = text + '\nwhisper_engine_healthy{gpu="0"} 1\nwhisper_engine_healthy{gpu="1"} 0'
     assert Activity.from_metrics(engines).unhealthy_engines == 1
+    beats = text + ('\nwhisper_heartbeat_timestamp_seconds{gpu="0",instance="whisper_0_0"} 1000.5'
+                    '\nwhisper_heartbeat_timestamp_seconds{gpu="1",instance="whisper_0_0"} 990')
+    assert Activity.from_metrics(beats).frozen(now=1005.0, after_s=6.0) == ['{gpu="1",instance="whisper_0_0"}']
+    assert Activity.from_metrics(beats).frozen(now=996.0, after_s=6.0) == []
 
 
 # ----------------------------------------------------------------------- cancelling

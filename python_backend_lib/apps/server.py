@@ -28,6 +28,9 @@ from python_backend_lib.apps.mps import MpsDaemon, MpsError, daemon_for
 from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
 from python_backend_lib.core.quantization import Quantization
+from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
+from python_backend_lib.serving.settings import STALL_TIMEOUT_ENV
+from python_backend_lib.serving.stall_watch import stall_bound_s
 
 # python_backend_lib/, two folders up from this file (apps/server.py).
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]
@@ -305,14 +308,26 @@ class TritonServer:
         return self._process.wait()
 
     def wait_while_healthy(self, poll_s: float = HEALTH_POLL_S) -> int | None:
-        """Block until tritonserver exits (its exit status) or a whisper engine gives up (None)."""
+        """Block until tritonserver exits (its exit status) or a whisper engine gives up, stalls
+        or freezes (None). Frozen: its process published no metrics for longer than the stall
+        bound and two publishes, as a process stopped or holding its interpreter lock would:
+        its own stall watch could not run."""
         assert self._process is not None, "start() first"
+        on_gpu = triton_output.visible_gpus(self.settings.gpus) > 0
+        configured = os.environ.get(STALL_TIMEOUT_ENV)
+        frozen_after_s = stall_bound_s(on_gpu, float(configured) if configured else None) + 2 * PUBLISH_INTERVAL_S
         while True:
             try:
                 return self._process.wait(timeout=poll_s)
             except subprocess.TimeoutExpired:
                 activity = self.activity()
                 if activity is not None and activity.unhealthy_engines:
+                    return None
+                frozen = activity.frozen(time.time(), frozen_after_s) if activity is not None else []
+                if frozen:
+                    if self._report is not None:
+                        self._report(f"whisper instance {', '.join(frozen)} published no metrics for over "
+                                     f"{frozen_after_s:.0f} s: its process is frozen")
                     return None
 
     def activity(self) -> Activity | None:

@@ -109,26 +109,35 @@ class Activity:
     busy: requests held by the whisper model plus requests queued in any model.
     answered: requests answered so far (successes and failures, all models).
     unhealthy_engines: whisper engines that gave up after failing repeatedly, or stalled.
+    heartbeats: each whisper instance's last metrics publish (Unix time), by its labels.
     """
 
     busy: float
     answered: float
     unhealthy_engines: int = 0
+    heartbeats: tuple[tuple[str, float], ...] = ()
+
+    def frozen(self, now: float, after_s: float) -> list[str]:
+        """The instances (their labels) whose last publish is more than `after_s` before `now`."""
+        return [labels for labels, at in self.heartbeats if now - at > after_s]
 
     @classmethod
     def from_metrics(cls, text: str) -> Activity:
         busy = answered = 0.0
         unhealthy = 0
+        heartbeats = []
         for line in text.splitlines():
             name, _, value = line.rpartition(" ")
             metric = name.split("{", 1)[0]
+            if metric == "whisper_heartbeat_timestamp_seconds":
+                heartbeats.append((name[len(metric) :], float(value)))
             if metric in ("whisper_requests_in_flight", "nv_inference_pending_request_count"):
                 busy += float(value)
             elif metric in ("nv_inference_request_success", "nv_inference_request_failure"):
                 answered += float(value)
             elif metric == "whisper_engine_healthy" and float(value) == 0:
                 unhealthy += 1
-        return cls(busy=busy, answered=answered, unhealthy_engines=unhealthy)
+        return cls(busy=busy, answered=answered, unhealthy_engines=unhealthy, heartbeats=tuple(heartbeats))
 
 
 @dataclass

@@ -22,6 +22,7 @@ import bisect
 import collections
 import logging
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -143,6 +144,11 @@ class WhisperMetrics:
             "whisper_engine_healthy",
             "1 while the engine serves; 0 once it gave up after failing repeatedly, or stalled",
         )
+        self._heartbeat = family.gauge(
+            "whisper_heartbeat_timestamp_seconds",
+            "Unix time of the instance's last metrics publish: one that stops moving is a frozen process",
+        )
+        self._heartbeat.set(time.time())
         self._stalled = family.gauge(
             "whisper_engine_stalled",
             "1 once the engine made no progress for its bound while holding requests (they failed); else 0",
@@ -200,6 +206,7 @@ class WhisperMetrics:
         self._waiting.set(self.engine.waiting)
         self._healthy.set(1 if self.engine.healthy else 0)
         self._stalled.set(1 if self.stall_watch is not None and self.stall_watch.fired else 0)
+        self._heartbeat.set(time.time())
 
     def close(self) -> None:
         """Publish once more, stop the thread, and let go of every metric while the stub
