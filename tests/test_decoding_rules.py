@@ -78,9 +78,12 @@ def test_initial_tokens_multilingual():
 @pytest.mark.parametrize(
     "config, options, message, client_fault",
     [
-        (ENGLISH, DecodingOptions(language="fr"), "English-only", True),
-        (ENGLISH, DecodingOptions(task="translate"), "translate", True),
-        (MULTILINGUAL, DecodingOptions(language="xx"), "unknown language code 'xx'", True),
+        (ENGLISH, DecodingOptions(language="fr"), r"English-only; 'fr' needs a multilingual one: serve a "
+         r"multilingual checkpoint \(whisper-triton serve --checkpoint base\)", True),
+        (ENGLISH, DecodingOptions(task="translate"), r"translate.*whisper-triton serve --checkpoint base", True),
+        # A language Whisper does not know is unknown, whatever the checkpoint.
+        (ENGLISH, DecodingOptions(language="klingon"), "unknown language 'klingon': Whisper's languages are", True),
+        (MULTILINGUAL, DecodingOptions(language="xx"), "unknown language 'xx'", True),
         # The checkpoint lacks a tokenizer: the server's setup, not the request, is at fault.
         (MULTILINGUAL, DecodingOptions(prompt="hi"), "tokenizer", False),
     ],

@@ -456,3 +456,17 @@ def test_what_an_exited_tritonserver_leaves_in_its_group_is_ended():
         assert time.monotonic() < deadline, "the leftover survived"
         time.sleep(0.05)
     _end_leftovers(leader.pid)  # nothing left: no error
+
+
+def test_the_banner_names_the_checkpoint_served():
+    """With --checkpoint base the banner read word for word like tiny.en's: it now says which."""
+    from python_backend_lib.apps.cli import _ready_message, served_checkpoint
+
+    packaged_model_repository = server.packaged_model_repository
+    shipped = ServerSettings(model_repository=packaged_model_repository())
+    assert served_checkpoint(shipped, environ={}) == "default (tiny.en, English only)"
+    assert served_checkpoint(shipped, environ={CHECKPOINT_ENV: "base"}).startswith("base (multilingual base")
+    folder = ServerSettings(model_repository=packaged_model_repository(), checkpoint="/data/whisper-large-v3")
+    assert served_checkpoint(folder, environ={}) == "/data/whisper-large-v3"
+    base = ServerSettings(model_repository=packaged_model_repository(), checkpoint="base")
+    assert "\n  serving: base (multilingual base: 99 languages" in _ready_message(TritonServer(base))

@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from python_backend_lib.apps import gateway, server
+from python_backend_lib.apps import gateway, repository, server
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 from python_backend_lib.checkpoints import packaged
 from python_backend_lib.checkpoints.random_shapes import is_random_source
@@ -290,6 +290,18 @@ def _positive_int(text: str) -> int:
     return int(text)
 
 
+def served_checkpoint(settings: ServerSettings, environ: dict[str, str] | None = None) -> str:
+    """What the banner says is served: the checkpoint the whisper model loads, a packaged
+    one with what it is ("base (multilingual base: ...)")."""
+    source = settings.checkpoint
+    if source is None:
+        config = repository.whisper_config(settings.model_repository)
+        text = config.read_text() if config.exists() else ""
+        source = repository.configured_checkpoint(text, dict(os.environ if environ is None else environ))
+    found = packaged.packaged_checkpoint(source)
+    return f"{source} ({found.description})" if found is not None else source
+
+
 def _ready_message(triton: TritonServer) -> str:
     host = triton.settings.host
     if host in server.ANY_HOST:
@@ -301,6 +313,7 @@ def _ready_message(triton: TritonServer) -> str:
     return "\n".join(
         [
             READY_LINE,
+            f"  serving: {served_checkpoint(triton.settings)}",
             f"  HTTP:    http://{triton.http_url}",
             f"  gRPC:    grpc://{triton.grpc_url}",
             f"  metrics: {triton.metrics_url}",

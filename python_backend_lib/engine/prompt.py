@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.languages import LANGUAGE_CODES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
 
@@ -38,20 +39,27 @@ class Prompt:
     language: str | None
 
 
+# How a refusal names the languages there are: codes or English names, as the README lists them.
+WHISPER_LANGUAGES = "a code such as 'de' or an English name such as 'german' (the README lists them)"
+
+
 def initial_tokens(config: ModelConfig, options: DecodingOptions, tokenizer: Tokenizer | None) -> Prompt:
     """Raises RequestError when the options do not fit the checkpoint."""
     special = config.special
     language = options.language
+    if language is not None and language.lower() not in LANGUAGE_CODES:
+        raise RequestError(f"unknown language {options.language!r}: Whisper's languages are {WHISPER_LANGUAGES}")
     if not config.multilingual:
+        fix = "serve a multilingual checkpoint (whisper-triton serve --checkpoint base)"
         if options.task is Task.TRANSLATE:
-            raise RequestError("task 'translate' needs a multilingual checkpoint; this one is English-only")
+            raise RequestError(f"task 'translate' needs a multilingual checkpoint; this one is English-only: {fix}")
         if language not in (None, "en"):
-            raise RequestError(f"this checkpoint is English-only; language {language!r} is not supported")
+            raise RequestError(f"this checkpoint is English-only; {language!r} needs a multilingual one: {fix}")
         language = "en"
     elif language is not None:
         language = language.lower()
-        if language not in special.language_codes:
-            raise RequestError(f"unknown language code {options.language!r}")
+        if language not in special.language_codes:  # yue before large-v3
+            raise RequestError(f"language {options.language!r} is not one of this checkpoint's")
     tokens: list[int] = []
     if options.previous_tokens:
         tokens = [special.startofprev, *options.previous_tokens[-MAX_PROMPT_TOKENS:]]

@@ -54,7 +54,8 @@ class TritonPythonModel:
             backend=pipeline.attention_backend.value,
         )
         pb_utils.Logger.log_info(
-            f"whisper {args['model_instance_name']} (pid {os.getpid()}) on {pipeline.device} "
+            f"whisper {args['model_instance_name']} (pid {os.getpid()}) serving {self.settings.checkpoint} "
+            f"on {pipeline.device} "
             f"(one of {engines} engines there) "
             f"with {pipeline.attention_backend.value}, {self.settings.quantization.value} quantization, "
             f"{pipeline.engine.slots} slots; started in {pipeline.load_times.describe()}"
