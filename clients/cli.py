@@ -74,6 +74,7 @@ examples:
 LAYOUT_FLAGS = ("max_line_width", "max_line_count", "highlight_words")
 # Ctrl-C: the shell's status for a command ended by SIGINT.
 INTERRUPTED = 128 + signal.SIGINT
+CLOSED_PIPE = 128 + signal.SIGPIPE  # what a shell reports for a writer whose reader left
 # Ctrl-C: the cancels and the answers they bring end within this long, else the command leaves without them.
 INTERRUPT_GRACE_S = 0.8
 CANCEL_TIMEOUT_S = 0.5
@@ -341,6 +342,10 @@ def transcribe_all(args: argparse.Namespace, layout: SubtitleOptions) -> int:
     except KeyboardInterrupt:
         progress.close()
         return stop_on_interrupt(args, pool, futures, request_ids)
+    except BrokenPipeError:  # the reader of standard output left (`| head`): stop as for Ctrl-C
+        progress.close()
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # the exit's flush has nowhere to fail
+        return stop_on_interrupt(args, pool, futures, request_ids, "standard output was closed", CLOSED_PIPE)
     pool.shutdown()
     progress.close()
     return 1 if failures else 0
@@ -356,10 +361,15 @@ def listen_for_ctrl_c() -> None:
 
 
 def stop_on_interrupt(
-    args: argparse.Namespace, pool: ThreadPoolExecutor, futures: list[Future[Document]], request_ids: list[str]
+    args: argparse.Namespace,
+    pool: ThreadPoolExecutor,
+    futures: list[Future[Document]],
+    request_ids: list[str],
+    why: str = "interrupted",
+    status: int = INTERRUPTED,
 ) -> int:
-    """Ctrl-C: send no more files, cancel those in flight on the server, and leave
-    within INTERRUPT_GRACE_S, without a traceback.
+    """Ctrl-C (or a closed standard output: `why`, `status`): send no more files, cancel
+    those in flight on the server, and leave within INTERRUPT_GRACE_S, without a traceback.
 
     Leaving once the server has answered the cancelled requests closes no gRPC call
     while Triton still runs it (a transport cancel, which Triton 2.51 can crash on
@@ -373,12 +383,12 @@ def stop_on_interrupt(
     if unanswered and outcome.startswith("; cancelled"):
         outcome = f"; sent a cancel for {len(running)}, which the server had not confirmed by now"
     erase = ERASE_LINE if sys.stderr.isatty() else ""  # a progress line still drawn
-    print(f"{erase}{PROG}: interrupted{outcome}", file=sys.stderr)
+    print(f"{erase}{PROG}: {why}{outcome}", file=sys.stderr)
     if unanswered:  # their threads would hold the interpreter's exit until the server answers
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(INTERRUPTED)
-    return INTERRUPTED
+        os._exit(status)
+    return status
 
 
 def _cancel_on_server(args: argparse.Namespace, request_ids: list[str], deadline: float) -> str:

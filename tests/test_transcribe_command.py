@@ -255,3 +255,23 @@ def test_every_failure_is_one_line_naming_the_cause(server, argv, status, messag
     # One line; a file the server refused is one line per file, the others go on.
     assert len(lines) == (2 if "English-only" in message else 1), stderr
     assert time.monotonic() - started < 60
+
+
+def test_a_reader_that_leaves_early_ends_the_command_without_a_traceback(server):
+    """`transcribe cards_00*.wav -f json --concurrency 16 | head -c 300`: the pipe closes
+    while transcripts are still coming; the command stops as for Ctrl-C (cancelling what
+    is in flight), says why on stderr, and exits with the status of a closed pipe."""
+    import signal
+
+    files = sorted(AUDIO_DIR.glob("*.wav")) * 3  # more transcripts than head takes
+    command = whisper_triton_command() + ["transcribe", *map(str, files), "-f", "json", "--concurrency", "16",
+                                          "--url", server.http_url]
+    writer = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, stdin=subprocess.DEVNULL)
+    first = writer.stdout.read(300)
+    writer.stdout.close()  # as head does once it has its bytes
+    stderr = writer.stderr.read().decode()
+    status = writer.wait(timeout=TIMEOUT_S)
+    assert len(first) == 300
+    assert "Traceback" not in stderr and "BrokenPipeError" not in stderr, stderr
+    assert status == 128 + signal.SIGPIPE, (status, stderr)
+    assert "standard output was closed" in stderr, stderr
