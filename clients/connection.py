@@ -20,6 +20,7 @@ import enum
 import http.client
 import json
 import re
+import socket
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
@@ -111,6 +112,10 @@ def connection_failure(address: ServerAddress, error: BaseException) -> str | No
     if address.protocol is Protocol.HTTP:
         if isinstance(error, ConnectionRefusedError):
             return _not_running(address)
+        if isinstance(error, http.client.RemoteDisconnected) and not _listens(address.location):
+            # No bytes at all, and nothing listens there now: the server went away mid-request.
+            return (f"the server at {address} closed the connection without answering and no longer listens: "
+                    "it stopped or crashed while the request was in flight (see its log)")
         if isinstance(error, http.client.HTTPException):  # bytes that are not HTTP/1.1: gRPC's HTTP/2
             return _other_protocol(address, "did not answer in HTTP")
         if isinstance(error, OSError):
@@ -195,6 +200,16 @@ def _host(location: str) -> str:
     host_port = location.split("/", 1)[0]
     host, separator, port = host_port.rpartition(":")
     return host if separator and port.isdigit() and not host_port.endswith("]") else host_port
+
+
+def _listens(location: str) -> bool:
+    """Whether anything accepts a TCP connection at `location` (host:port)."""
+    host, _, port = location.rpartition(":")
+    try:
+        with socket.create_connection((host.strip("[]") or "localhost", int(port)), timeout=HTTP_PROBE_TIMEOUT_S):
+            return True
+    except (OSError, ValueError):
+        return False
 
 
 def _answers_http(location: str) -> bool:

@@ -236,3 +236,26 @@ def test_urls_of_another_protocol_are_refused(url, protocol, message):
 def test_tritons_ensemble_prefix_is_dropped():
     assert triton_message("in ensemble 'transcribe', audio is 3601.0 s long") == "audio is 3601.0 s long"
     assert triton_message("server overloaded") == "server overloaded"
+
+
+def test_a_server_that_went_away_mid_request_is_named_so():
+    """An HTTP request whose server died (no answer, and nothing listens there any more)
+    was diagnosed as "likely Triton's gRPC port"; it is the server that went away. Where
+    something still listens without speaking HTTP/1.1 (gRPC's port), that diagnosis stands."""
+    import http.client
+    import socket
+
+    from clients.connection import connection_failure
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # free again once closed: nothing listens there
+    gone = connection_failure(ServerAddress(f"127.0.0.1:{port}", Protocol.HTTP, False),
+                              http.client.RemoteDisconnected("Remote end closed connection without response"))
+    assert "closed the connection without answering and no longer listens: it stopped or crashed" in gone
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        address = ServerAddress(f"127.0.0.1:{listening.getsockname()[1]}", Protocol.HTTP, False)
+        other = connection_failure(address, http.client.RemoteDisconnected("Remote end closed connection"))
+    assert "did not answer in HTTP" in other
