@@ -470,3 +470,25 @@ def test_the_banner_names_the_checkpoint_served():
     assert served_checkpoint(folder, environ={}) == "/data/whisper-large-v3"
     base = ServerSettings(model_repository=packaged_model_repository(), checkpoint="base")
     assert "\n  serving: base (multilingual base: 99 languages" in _ready_message(TritonServer(base))
+
+
+def test_the_leak_reports_of_model_processes_are_dropped_and_what_is_glued_to_them_kept():
+    from python_backend_lib.apps.triton_output import without_leak_report
+
+    end = "See https://nanobind.readthedocs.io/en/latest/refleaks.html"
+    triton = 'I1128 02:39:08.821913 19106 model_lifecycle.cc:624] "successfully unloaded \'whisper\' version 1"\n'
+    for line in ("nanobind: leaked 4 instances!\n", ' - leaked type "ATOMIC_OP"\n', " - ... skipped remainder\n",
+                 f"{end}\n", f"{end}nanobind: leaked 64 types!\n"):
+        assert without_leak_report(line) is None, line
+    assert without_leak_report(end + triton) == triton
+    assert without_leak_report(end + end + triton) == triton
+    assert without_leak_report(triton) == triton
+    assert without_leak_report("whisper-triton: nanobind: is named here\n") == "whisper-triton: nanobind: is named here\n"
+
+
+def test_tritons_exit_timeout_is_told_plainly():
+    from python_backend_lib.apps.triton_output import EXIT_TIMEOUT_SAID, plain_exit_timeout
+
+    line = 'E1128 01:42:51.151311 1117 main.cc:535] "failed to stop server: Internal - Exit timeout expired. Exiting immediately."\n'
+    assert plain_exit_timeout(line) == EXIT_TIMEOUT_SAID and not EXIT_TIMEOUT_SAID.startswith("E")
+    assert plain_exit_timeout("I1128 main.cc] other\n") == "I1128 main.cc] other\n"

@@ -263,6 +263,9 @@ class TritonServer:
         for line in self._process.stdout:
             if quiet_gpu_noise and triton_output.is_no_gpu_noise(line):
                 continue
+            if (line := triton_output.without_leak_report(line)) is None:
+                continue
+            line = triton_output.plain_exit_timeout(line)
             self._tail.append(line)
             failure = triton_output.load_failure(line)
             if failure is not None and self._load_failure is None:

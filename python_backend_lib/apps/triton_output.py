@@ -81,6 +81,38 @@ def is_no_gpu_noise(line: str) -> bool:
     return any(marker in line for marker in NO_GPU_NOISE)
 
 
+# At each Python model's exit the `triton` compiler package that torch imports (its
+# dynamo layer does, on any device) reports nanobind's leak check: some 60 lines per
+# process, about objects the interpreter's teardown frees anyway. Its last line ends
+# without a newline, so the next line of Triton's log is glued to it.
+_LEAK_REPORT = re.compile(r"nanobind: |\s+- leaked |\s+- \.\.\. skipped remainder|See https://nanobind\.\S+?\.html")
+_LEAK_REPORT_END = "See https://nanobind.readthedocs.io/en/latest/refleaks.html"
+
+
+def without_leak_report(line: str) -> str | None:
+    """`line` without nanobind's leak report: None when it is a line of the report, the
+    rest of it when the report's last line has the next line glued on."""
+    while _LEAK_REPORT.match(line):  # another process's report may be glued on too
+        _, end, line = line.partition(_LEAK_REPORT_END)
+        if not end or not line.strip():
+            return None
+    return line
+
+
+# Triton's last line when it stops with work still in its models after its exit timeout
+# (30 s by default): an error line that reads like a crash, though the stop went as designed.
+_EXIT_TIMEOUT = "failed to stop server: Internal - Exit timeout expired"
+EXIT_TIMEOUT_SAID = (
+    "whisper-triton: tritonserver stopped at its exit timeout with requests still in its models; "
+    "they got no answer (a stop waits for requests in flight that long)\n"
+)
+
+
+def plain_exit_timeout(line: str) -> str:
+    """`line`, or for Triton's exit-timeout error the launcher's plain account of it."""
+    return EXIT_TIMEOUT_SAID if _EXIT_TIMEOUT in line else line
+
+
 def is_routine(line: str, after_routine: bool = False) -> bool:
     """Whether `line` is one of Triton's own informational lines, or a line of a
     table (or the blank line after it) that goes on from one (`after_routine`)."""
