@@ -58,6 +58,7 @@ class LiveTranscriptionUser(User):
         options = self.environment.parsed_options
         self.url = options.gateway_url.replace("http://", "ws://").rstrip("/") + "/realtime?intent=transcription"
         self.timeout_s = options.request_timeout
+        self.headers = {"Authorization": f"Bearer {options.api_key}"} if options.api_key else {}
         self.speech = [c for c in self.clips() if c.is_speech]
 
     @task
@@ -66,7 +67,7 @@ class LiveTranscriptionUser(User):
         events: list[tuple[float, dict]] = []
         started = committed = time.perf_counter()
         try:
-            with connect(self.url, open_timeout=self.timeout_s, max_size=None) as socket:
+            with connect(self.url, open_timeout=self.timeout_s, max_size=None, additional_headers=self.headers) as socket:
                 reader = gevent.spawn(self._read, socket, events)
                 socket.send(json.dumps({"type": "session.update", "session": {"type": "transcription", "audio": {
                     "input": {"format": {"type": "audio/pcm", "rate": RATE},
@@ -82,7 +83,9 @@ class LiveTranscriptionUser(User):
                 transcript = self._completed(events, committed)
                 reader.kill()
         except Exception as error:  # every failure is reported to locust, not raised
-            self._fire(COMPLETED, time.perf_counter() - committed, error, clip)
+            said = [event for _, event in events if event["type"] == "error"]  # the session's reason, if it gave one
+            failure = LiveTurnFailed(json.dumps(said[0])[:300]) if said else error
+            self._fire(COMPLETED, time.perf_counter() - committed, failure, clip)
             return
         deltas = [at for at, event in events if event["type"].endswith(".delta") and at < committed]
         if deltas:

@@ -46,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from loadtest.clips import DEFAULT_AUDIO_DIR, Clip, RequestStats, Summary, load_clips, request_name  # noqa: E402
 from loadtest.live_user import LiveTranscriptionUser  # noqa: E402
+from python_backend_lib.apps.gateway import API_KEY_ENV  # noqa: E402
 from python_backend_lib.serving import tensor_names  # noqa: E402
 
 DEFAULT_HTTP_URL = "localhost:8000"
@@ -83,6 +84,8 @@ def add_arguments(parser) -> None:
                        default=DEFAULT_REQUEST_TIMEOUT_S, help="seconds before a request counts as failed")
     group.add_argument("--summary-json", env_var="LOCUST_SUMMARY_JSON", default="",
                        help="write the final numbers here as JSON when locust quits")
+    group.add_argument("--api-key", env_var=API_KEY_ENV, default="",
+                       help="the gateway's API key, for the live users (as `whisper-triton gateway --api-key`)")
 
 
 def summarize(stats) -> Summary:

@@ -18,6 +18,7 @@ import argparse
 import collections
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,7 @@ from pathlib import Path
 from clients.connection import AddressError, Protocol, parse_address
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR, Summary
+from python_backend_lib.apps.gateway import API_KEY_ENV
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"grpc": "GrpcTranscribeUser", "http": "HttpTranscribeUser", "live": "LiveUser"}
@@ -52,6 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--audio-dir", type=Path, default=DEFAULT_AUDIO_DIR, help="clips and their manifest.tsv")
     parser.add_argument("--max-clip-seconds", type=float, default=60.0, help="leave out longer clips")
     parser.add_argument("--request-timeout", type=float, default=120.0, help="seconds before a request fails")
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
+                        help=f"the gateway's API key, for --protocols live (default: ${API_KEY_ENV})")
     parser.add_argument(
         "--record", type=Path, help="after a passing run, write <RECORD>.json and <RECORD>.md (e.g. docs/benchmarks/loadtest)"
     )
@@ -124,6 +128,8 @@ def main(argv: list[str] | None = None) -> int:
         f"http={args.http_url} grpc={args.grpc_url}",
         flush=True,
     )
+    if args.api_key:  # to locust through its environment, not its command line, which others can read
+        os.environ[API_KEY_ENV] = args.api_key
     status, last_line = run_locust(locust_command(args))
 
     summary_json = summary_path(args)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -211,6 +212,19 @@ def test_the_docs_page_needs_no_internet(gateway):
         assert tuple(form["properties"]) == FORM_FIELDS[task]  # the page's form is the one parse_form reads
 
 
+async def refused_websocket(base_url: str, headers: dict[str, str]) -> tuple[dict, tuple[int, str]]:
+    """The first event of a Realtime session opened with `headers`, and its close (code, reason)."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import ConnectionClosed
+
+    url = base_url.replace("http://", "ws://") + "/realtime?intent=transcription"
+    async with connect(url, additional_headers=headers) as socket:
+        event = json.loads(await asyncio.wait_for(socket.recv(), timeout=30))
+        with pytest.raises(ConnectionClosed):
+            await asyncio.wait_for(socket.recv(), timeout=30)
+        return event, (socket.close_code, socket.close_reason)
+
+
 @pytest.mark.parametrize("given_by", ["flag", "environment"])
 def test_an_api_key_is_required_when_set(server, tmp_path, given_by):
     key = "sk-test-" + given_by
@@ -241,6 +255,13 @@ def test_an_api_key_is_required_when_set(server, tmp_path, given_by):
         assert description["components"]["securitySchemes"]["apiKey"] == {"type": "http", "scheme": "bearer"}
         assert description["paths"]["/v1/models"]["get"]["security"] == [{"apiKey": []}]
         assert "security" not in description["paths"]["/health"]["get"]
+        # A Realtime WebSocket refused for its key reads why, as the 401 says it, then closes.
+        for headers, message in (({"Authorization": "Bearer sk-wrong"}, "incorrect API key"),
+                                 ({}, "no API key given: send it as the header `Authorization: Bearer <key>`")):
+            event, closed = asyncio.run(refused_websocket(base_url, headers))
+            assert event["type"] == "error", event
+            assert event["error"]["message"] == message and event["error"]["code"] == "invalid_api_key", event
+            assert closed == (1008, "invalid_api_key")
     finally:
         process.terminate()
         assert process.wait(timeout=60) == 0

@@ -203,3 +203,33 @@ def test_urls_of_the_other_protocol_are_refused(capsys):
         run.parse_args(["--grpc-url=http://localhost:8001"])
     assert "--grpc-url: 'http://localhost:8001' is an HTTP URL" in capsys.readouterr().err
     assert run.parse_args(["--http-url=http://localhost:8000/"]).http_url == "localhost:8000"
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_live_run_brings_the_gateways_key(server: RunningServer, tmp_path):
+    """Against a gateway that asks for an API key, the live users send it (from
+    WHISPER_TRITON_API_KEY, or --api-key); without it every turn fails, saying why."""
+    import os
+
+    from test_gateway import start_gateway
+
+    from python_backend_lib.apps.gateway import API_KEY_ENV
+
+    key = "sk-live-load"
+    process, base_url = start_gateway(server.grpc_url, tmp_path, [f"--api-key={key}"])
+    common = ("--protocols=live", f"--gateway-url={base_url}", "--users=1", "--spawn-rate=1", "--run-time=10s",
+              "--max-clip-seconds=6")
+    try:
+        keyed, summary = run_loadtest(tmp_path / "keyed", *common, f"--api-key={key}")
+        output = keyed.stdout[-3000:] + keyed.stderr[-3000:]
+        assert keyed.returncode == 0 and summary is not None and summary.total.failures == 0, output
+        assert {row.name: row for row in summary.rows}["live completed"].requests >= 1, output
+        environ = {k: v for k, v in os.environ.items() if k != API_KEY_ENV}
+        unkeyed = subprocess.run([sys.executable, "-m", "loadtest.run", "--csv-prefix", str(tmp_path / "unkeyed"),
+                                  *common], cwd=REPO_ROOT, capture_output=True, text=True, timeout=RUN_TIMEOUT_S,
+                                 env=environ)
+        assert unkeyed.returncode != 0 and "no API key given" in unkeyed.stdout + unkeyed.stderr, unkeyed.stderr[-3000:]
+    finally:
+        process.terminate()
+        process.wait(timeout=60)

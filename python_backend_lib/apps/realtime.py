@@ -29,6 +29,7 @@ import numpy as np
 from python_backend_lib.apps import realtime_protocol as protocol
 from python_backend_lib.apps.live_transcriber import LiveTranscript, Transcriber
 from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text
+from python_backend_lib.apps.openai_errors import unauthorized
 from python_backend_lib.apps.realtime_protocol import ProtocolError, SessionSettings
 from python_backend_lib.apps.session_slots import SessionSlots
 from python_backend_lib.apps.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
@@ -88,11 +89,14 @@ def check_hypothesis_every(seconds: float) -> None:
 async def serve(websocket: WebSocket, calls: TritonCalls, options: RealtimeOptions, slots: SessionSlots) -> None:
     """One WebSocket connection, from the handshake to its close; `calls`: the gateway's to Triton."""
     offered = list(websocket.scope.get("subprotocols", []))
-    if options.api_key is not None and not _authorized(websocket.headers.get("authorization"), offered,
-                                                       options.api_key):
-        await websocket.close(CLOSE_POLICY, "incorrect or missing API key")  # before accepting: HTTP 403
-        return
+    header = websocket.headers.get("authorization")
+    refused = options.api_key is not None and not _authorized(header, offered, options.api_key)
     await websocket.accept(subprotocol=SUBPROTOCOL if SUBPROTOCOL in offered else None)
+    if refused:  # accepted first, so that the client reads why, as HTTP's 401 says it (a bare 403 says nothing)
+        keyed = header is not None or any(p.startswith(INSECURE_KEY_PROTOCOL) for p in offered)
+        message = unauthorized(header).message if header is not None or not keyed else "incorrect API key"
+        await _refuse(websocket, ProtocolError(message, code="invalid_api_key"), CLOSE_POLICY)
+        return
     intent = websocket.query_params.get("intent")
     if intent != protocol.INTENT:
         await _refuse(websocket, ProtocolError(f"this endpoint serves transcription sessions: connect to "
