@@ -208,3 +208,14 @@ def test_the_cuda_memory_pool_holds_the_log_mels_only_when_they_travel_on_the_gp
     assert repository.cuda_pool_flags(copy, gpus=1) == ()
     config.write_text(re.sub(auto, r'\1"device"', shipped))  # asked for by name: as asked
     assert repository.cuda_pool_flags(copy, gpus=2) == pools
+
+
+def test_the_launcher_reads_the_stall_bound_the_engines_read(tmp_path):
+    """The launcher judges a frozen instance by the same bound as the engines' stall watch."""
+    copy = tmp_path / "repository"
+    shutil.copytree(packaged_model_repository(), copy, ignore=shutil.ignore_patterns("__pycache__"))
+    assert repository.stall_timeout_s(copy, {}) is None  # shipped: auto
+    assert repository.stall_timeout_s(copy, {"WHISPER_TRITON_STALL_TIMEOUT_S": "5"}) == 5.0
+    config = copy / "whisper" / "config.pbtxt"
+    config.write_text(re.sub(r'(key: "stall_timeout_s"\s*value: \{ string_value: )"auto"', r'\1"90"', config.read_text()))
+    assert repository.stall_timeout_s(copy, {}) == 90.0

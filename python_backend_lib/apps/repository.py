@@ -26,6 +26,7 @@ from python_backend_lib.serving.settings import (
     AUTO,
     CHECKPOINT_ENV,
     DEFAULT_CHECKPOINT,
+    STALL_TIMEOUT_ENV,
     GpuInstances,
     LogMelOutput,
     auto_instances_per_gpu,
@@ -68,6 +69,19 @@ def with_instance_group(config: str, group: InstanceGroup) -> str:
 
 def whisper_config(repository: Path) -> Path:
     return model_config(repository, tensor_names.WHISPER_NAME)
+
+
+def stall_timeout_s(repository: Path, environ: dict[str, str]) -> float | None:
+    """The whisper model's stall bound as its engines read it: the environment's
+    (STALL_TIMEOUT_ENV), else its config's `stall_timeout_s`; None for "auto" or unreadable."""
+    text = environ.get(STALL_TIMEOUT_ENV)
+    if not text:
+        config = whisper_config(repository)
+        text = config_parameter(config.read_text(), "stall_timeout_s") if config.exists() else None
+    try:
+        return float(text) if text and text != AUTO else None
+    except ValueError:
+        return None  # the engines refuse it at start, naming it
 
 
 def model_config(repository: Path, model: str) -> Path:

@@ -29,7 +29,6 @@ from python_backend_lib.apps.triton_installation import ServerError, TritonInsta
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
 from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
-from python_backend_lib.serving.settings import STALL_TIMEOUT_ENV
 from python_backend_lib.serving.stall_watch import stall_bound_s
 
 # python_backend_lib/, two folders up from this file (apps/server.py).
@@ -317,8 +316,8 @@ class TritonServer:
         its own stall watch could not run."""
         assert self._process is not None, "start() first"
         on_gpu = triton_output.visible_gpus(self.settings.gpus) > 0
-        configured = os.environ.get(STALL_TIMEOUT_ENV)
-        frozen_after_s = stall_bound_s(on_gpu, float(configured) if configured else None) + 2 * PUBLISH_INTERVAL_S
+        configured = repository.stall_timeout_s(self.model_repository, dict(os.environ))
+        frozen_after_s = stall_bound_s(on_gpu, configured) + 2 * PUBLISH_INTERVAL_S
         while True:
             try:
                 return self._process.wait(timeout=poll_s)
