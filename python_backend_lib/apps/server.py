@@ -180,27 +180,9 @@ class TritonServer:
         return f"http://{self.connect_host}:{self.settings.metrics_port}/metrics"
 
     def command(self, installation: TritonInstallation, gpu: bool | None = None) -> list[str]:
-        """tritonserver's command line. gpu: whether there is a CUDA device (None: ask the driver)."""
-        s = self.settings
-        gpu = triton_output.cuda_device_count() > 0 if gpu is None else gpu
-        return [
-            str(installation.binary),
-            f"--model-repository={self.model_repository}",
-            f"--backend-directory={installation.backend_directory}",
-            f"--http-address={s.host}",
-            f"--http-port={s.http_port}",
-            f"--grpc-address={s.host}",
-            f"--grpc-port={s.grpc_port}",
-            f"--metrics-address={s.host}",
-            f"--metrics-port={s.metrics_port}",
-            f"--log-verbose={s.log_verbose}",
-            f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}",
-            "--strict-readiness=true",
-            "--exit-on-error=true",
-            *(() if gpu else triton_output.NO_GPU_FLAGS),
-            *repository.cuda_pool_flags(self.model_repository, triton_output.visible_gpus(s.gpus) if gpu else 0),
-            *(() if s.trace_file is None else triton_output.trace_flags(s.trace_file, s.trace_rate)),
-        ]
+        """tritonserver's command line (`triton_environment.server_command`)."""
+        settings, served = self.settings, self.model_repository
+        return triton_environment.server_command(installation, settings, served, self.shm_prefix, gpu)
 
     def start(self, timeout: float = DEFAULT_STARTUP_TIMEOUT_S) -> None:
         """Start tritonserver and wait until every model is ready; ServerError otherwise."""

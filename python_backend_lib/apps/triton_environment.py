@@ -1,4 +1,4 @@
-"""How tritonserver is started: the environment its Python stubs see.
+"""How tritonserver is started: the environment its Python stubs see, and its command line.
 
 The Python backend's stub imports packages from the `python3` first on PATH, so
 this interpreter's directory goes first on PATH: the models then see the same
@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from python_backend_lib.apps import repository, triton_output
 from python_backend_lib.core.cache import cache_root
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, QUANTIZE_ENV, REQUIRE_GPU_ENGINE_ENV
 
@@ -52,3 +53,35 @@ def _python3_directory() -> Path:
     shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "$@"\n')
     shim.chmod(0o755)
     return shim_dir
+
+
+def server_command(
+    installation: TritonInstallation,
+    settings: ServerSettings,
+    model_repository: Path,
+    shm_prefix: str,
+    gpu: bool | None = None,
+) -> list[str]:
+    """tritonserver's command line for `model_repository` (the settings' own, or the copy
+    served), its stubs' shared memory named by `shm_prefix`. gpu: whether there is a CUDA
+    device (None: ask the driver)."""
+    s = settings
+    gpu = triton_output.cuda_device_count() > 0 if gpu is None else gpu
+    return [
+        str(installation.binary),
+        f"--model-repository={model_repository}",
+        f"--backend-directory={installation.backend_directory}",
+        f"--http-address={s.host}",
+        f"--http-port={s.http_port}",
+        f"--grpc-address={s.host}",
+        f"--grpc-port={s.grpc_port}",
+        f"--metrics-address={s.host}",
+        f"--metrics-port={s.metrics_port}",
+        f"--log-verbose={s.log_verbose}",
+        f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
+        "--strict-readiness=true",
+        "--exit-on-error=true",
+        *(() if gpu else triton_output.NO_GPU_FLAGS),
+        *repository.cuda_pool_flags(model_repository, triton_output.visible_gpus(s.gpus) if gpu else 0),
+        *(() if s.trace_file is None else triton_output.trace_flags(s.trace_file, s.trace_rate)),
+    ]
