@@ -127,9 +127,9 @@ async def manual_session(socket) -> Recorder:
     return recorder
 
 
-async def append_at_once(socket, recording: str) -> None:
-    """A whole recording in one append."""
-    audio = base64.b64encode(pcm24(recording).tobytes()).decode()
+async def append_at_once(socket, *recordings: str) -> None:
+    """Whole recordings, one after another, in one append."""
+    audio = base64.b64encode(pcm24(*recordings).tobytes()).decode()
     await socket.send(json.dumps({"type": "input_audio_buffer.append", "audio": audio}))
 
 
@@ -365,7 +365,10 @@ def test_the_session_limit_refuses_one_more_and_a_client_that_leaves_frees_its_s
             assert event["type"] == "error" and event["error"]["code"] == "session_limit_reached"
             assert code == 1013
             # A recording at once: the client leaves while the server decodes a hypothesis of it.
-            await append_at_once(first, "jfk.wav")
+            # It must outlast what the test takes to see it in flight (the metrics are published
+            # every second): 107 s of speech, decoded in about 9 s on two cores, where JFK's 11 s
+            # took under one and sometimes finished before the client left.
+            await append_at_once(first, "sonnet1_longform.wav", "sonnet1_longform.wav")
             decoding = await asyncio.to_thread(wait_for, server, lambda s: s["whisper_requests_in_flight"] >= 1)
             assert decoding["whisper_requests_in_flight"] >= 1, "no hypothesis was decoded"
             first.transport.abort()  # gone without a closing handshake
