@@ -149,6 +149,7 @@ class WhisperMetrics:
             "Unix time of the instance's last metrics publish: one that stops moving is a frozen process",
         )
         self._heartbeat.set(time.time())
+        self._healthy.set(1)  # a new gauge reads 0 until the first publish: the launcher would take it for unhealthy
         self._stalled = family.gauge(
             "whisper_engine_stalled",
             "1 once the engine made no progress for its bound while holding requests (they failed); else 0",
