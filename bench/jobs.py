@@ -54,6 +54,13 @@ def real_jobs(clips: list[ClipAudio], eot: int, parameters: Mapping[str, object]
             for c in clips]
 
 
+def free_jobs(clips: list[ClipAudio], eot: int, parameters: Mapping[str, object] | None = None) -> list[Job]:
+    """Requests to random weights without forced lengths, with `parameters` added to each: rows
+    run as far as the text context lets them (the soak's stress of the length limit)."""
+    return [Job(c, {**REQUEST_PARAMETERS, **(parameters or {})},
+                TranscriptCheck(eot, c.clip.duration_s, free_length=True)) for c in clips]
+
+
 def forced_tokens(duration_s: float, tokens_per_second: float) -> int:
     return min(MAX_FORCED_TOKENS, max(1, round(tokens_per_second * duration_s)))
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import os
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,7 @@ from python_backend_lib.serving import tensor_names
 
 START_DELAY_S = 0.5  # orders reach every process before the shared start time
 GRPC_STATUS_PREFIX = "StatusCode."
+REASON_CHARS = 120  # of an error's message, kept with its outcome
 # Each process opens one gRPC connection per this many slots, as that many separate
 # clients would: no one HTTP/2 connection's stream limit or lock caps the load.
 SLOTS_PER_CONNECTION = 64
@@ -221,9 +223,9 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
             clip = k % len(requests)
             k += 1
             sent = time.monotonic()
-            status, verdict = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s)
+            status, verdict, reason = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s)
             outcomes.append(Outcome(clip, sent, time.monotonic(), status, verdict.tokens, verdict.fallback,
-                                    verdict.long_sample, verdict.exact))  # fmt: skip
+                                    verdict.long_sample, verdict.exact, reason))  # fmt: skip
             problem = verdict.problem
             if problem and len(problems) < 5:
                 problems.append(f"{requests[clip].name}: {problem}")
@@ -232,8 +234,13 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
     return _Report(outcomes=outcomes, cpu_s=cpu["end"] - cpu["start"], problems=problems)
 
 
-async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) -> tuple[str, Verdict]:
-    """One request's status and its transcript's verdict (an empty one for an error)."""
+def error_reason(message: str) -> str:
+    """An error's message with its numbers masked, so that like errors count as one reason."""
+    return re.sub(r"\d+(\.\d+)?", "N", " ".join(message.split()))[:REASON_CHARS]
+
+
+async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) -> tuple[str, Verdict, str]:
+    """One request's status, its transcript's verdict (an empty one for an error) and an error's reason."""
     from tritonclient.utils import InferenceServerException
 
     try:
@@ -243,6 +250,6 @@ async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) 
         )
     except InferenceServerException as error:
         status = str(error.status() or "UNKNOWN").removeprefix(GRPC_STATUS_PREFIX)
-        return status, Verdict(tokens=0, fallback=False, problem=None)
+        return status, Verdict(tokens=0, fallback=False, problem=None), error_reason(str(error.message()))
     verdict = judge_json(result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0], request.check)
-    return (OK if verdict.ok else BAD_TRANSCRIPT), verdict
+    return (OK if verdict.ok else BAD_TRANSCRIPT), verdict, ""

@@ -15,8 +15,8 @@ REFERENCE_SLOTS = 16  # one clip at a time needs few; the rest of the GPU stays 
 
 def with_references(jobs: list[Job], checkpoint: str, device: str, say) -> list[Job]:
     """The jobs, each checked against the library's transcript of its clip (real weights only:
-    forced lengths of random weights are checked by their token count)."""
-    if any(job.check.expected_tokens is not None for job in jobs):
+    forced lengths of random weights are checked by their token count, free ones by their form)."""
+    if any(job.check.expected_tokens is not None or job.check.free_length for job in jobs):
         return jobs
     import torch
 

@@ -37,6 +37,7 @@ class Outcome:
     fallback: bool = False  # some window was decoded again, hotter
     long_sample: bool = False  # a sampled window repeated itself past the plausible length (`transcripts`)
     exact: bool | None = None  # equal to the library's transcript of the clip (None: not compared)
+    reason: str = ""  # an error's message, its numbers masked (`load.error_reason`), so like errors count together
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,7 @@ class PointStats:
     exact: int = 0
     mean_clip_s: float | None = None  # mean length of the clips of the good requests completed in the window
     problems: list[str] = field(default_factory=list)  # a few examples of bad transcripts
+    reasons: dict[str, int] = field(default_factory=dict)  # "STATUS: message" of the failed requests sent inside the window
 
     @property
     def failed(self) -> bool:
@@ -111,6 +113,7 @@ def summarize(
         exact=sum(o.exact is True for o in good_sent),
         mean_clip_s=round(audio_s / len(good_completed), 3) if good_completed else None,
         problems=list(problems)[:5],
+        reasons=dict(Counter(f"{o.status}: {o.reason}" for o in sent if o.reason).most_common()),
     )
 
 

@@ -35,6 +35,9 @@
 #                 SCALING_ARGS="..." adds arguments)
 #   balance       bench.instance_balance: one long load point per server variant, every whisper instance's
 #                 answered requests, and py-spy's stacks of the stubs when one stalls (BALANCE_ARGS="..." adds arguments)
+#   soak          bench.gpu_soak: the configurations people deploy, each at saturation for SOAK_S (120) s, every
+#                 request and live turn accounted for per instance; SOAK_ARGS="--soak tiny-1gpu ..." picks them
+#                 (tiny's need the weights, tiny-2gpu's live sessions the gateway's wheels)
 #   slow          FlashInfer's fa3 prefill kernels: their tests and the encoder benchmark
 # Default: install tests bench slow.
 #
@@ -280,6 +283,15 @@ if has balance; then
     say "balance (budget $budget s)"
     timeout $((budget + 10)) $PY -m bench.instance_balance --out "$OUT" --budget-s $budget ${BALANCE_ARGS:-}
     say "balance exit $?"
+fi
+
+# 6d. The soak: deployed configurations at saturation, one after another (needs install).
+if has soak; then
+    if [[ ! -f $INSTALLED ]]; then say "soak: not installed (the install phase)"; exit 1; fi
+    budget=$(($(left) - 15))
+    say "soak (budget $budget s)"
+    timeout $((budget + 10)) $PY -m bench.gpu_soak --out "$OUT" --seconds ${SOAK_S:-120} ${SOAK_ARGS:-}
+    say "soak exit $?"
 fi
 
 # 7. FlashInfer's fa3 prefill kernels (about 80 s of JIT): the prompt path

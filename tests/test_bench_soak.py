@@ -1,0 +1,79 @@
+"""The GPU soak's judgement (`bench.gpu_soak.problems`) and the load generator's error reasons:
+what a soak's record must show for the soak to pass, each rule failing on the record it guards."""
+
+from __future__ import annotations
+
+import copy
+
+from bench.gpu_soak import KINDS, SOAKS, problems
+from bench.load import error_reason
+from bench.stats import Outcome, summarize
+from bench.transcripts import TranscriptCheck, judge
+from python_backend_lib.serving.parameters import parse_request_parameters
+
+PASSING = {
+    "label": "tiny-2gpu",
+    "point": {"statuses": {"OK": 900, "UNAVAILABLE": 12}, "problems": [],
+              "reasons": {"UNAVAILABLE: server overloaded: N requests in flight, the limit": 12}},
+    "answered": {"gpu0/whisper_0_0": 230.0, "gpu0/whisper_0_1": 220.0, "gpu1/whisper_0_0": 225.0,
+                 "gpu1/whisper_0_1": 225.0},
+    "held_after": {"gpu0/whisper_0_0": 0.0, "gpu1/whisper_0_0": 0.0},
+    "failed_steps": {"gpu0/whisper_0_0": 0.0},
+    "engine_stalled": {"gpu0/whisper_0_0": 0.0},
+    "live": {"sessions": 32, "turns": 192, "completed": 192, "errors": [], "max_send_lag_s": 0.01},
+}
+
+
+def changed(path: tuple[str, ...], value) -> dict:
+    record = copy.deepcopy(PASSING)
+    target = record
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return record
+
+
+def test_a_soak_where_everything_is_answered_or_refused_as_overloaded_passes():
+    assert problems(PASSING) == []
+
+
+def test_every_way_a_soak_can_lose_or_fail_a_request_is_a_problem():
+    cases = {
+        "timeout": changed(("point", "statuses", "DEADLINE_EXCEEDED"), 1),
+        "internal": changed(("point", "statuses", "INTERNAL"), 3),
+        "bad answer": changed(("point", "statuses", "BAD_TRANSCRIPT"), 1),
+        "unavailable, not overload": changed(("point", "statuses", "UNAVAILABLE"), 13),
+        "stalled instance": changed(("answered", "gpu1/whisper_0_1"), 2.0),
+        "held after the settle": changed(("held_after", "gpu1/whisper_0_0"), 1.0),
+        "failed step": changed(("failed_steps", "gpu0/whisper_0_0"), 1.0),
+        "stalled engine": changed(("engine_stalled", "gpu0/whisper_0_0"), 1.0),
+        "live turn lost": changed(("live", "completed"), 191),
+        "live error": changed(("live", "errors"), ['{"type": "error"}']),
+        "no live turn": changed(("live", "turns"), 0) | {"live": {**PASSING["live"], "turns": 0, "completed": 0}},
+        "nothing answered": changed(("point", "statuses"), {"UNAVAILABLE": 12}),
+    }
+    for name, record in cases.items():
+        assert problems(record), name
+    assert problems({"label": "x", "error": "RuntimeError: the server did not start"})
+
+
+def test_error_reasons_mask_numbers_so_like_errors_count_together():
+    first = error_reason("server overloaded: 1024 requests in flight, the limit 1024 ...")
+    second = error_reason("server overloaded: 998 requests in flight,\n the limit 1024 ...")
+    assert first == second == "server overloaded: N requests in flight, the limit N ..."
+    outcomes = [Outcome(0, 1.0, 1.1, "UNAVAILABLE", reason=first), Outcome(0, 1.2, 1.3, "UNAVAILABLE", reason=second),
+                Outcome(0, 1.3, 1.4, "OK")]
+    assert summarize(outcomes, [1.0], (0.0, 2.0), 1).reasons == {f"UNAVAILABLE: {first}": 2}
+
+
+def test_random_weights_decoding_freely_pass_on_form_alone():
+    record = {"text": "", "segments": [{"tokens": list(range(444)), "temperature": 1.0}]}
+    assert judge(record, TranscriptCheck(50257, 1.0, free_length=True)).ok
+    assert not judge(record, TranscriptCheck(50257, 1.0)).ok
+
+
+def test_every_soak_asks_for_request_kinds_the_server_accepts():
+    for kind in KINDS.values():
+        parse_request_parameters({"response_format": "verbose_json", **kind})
+    assert {"tiny-1gpu", "tiny-2gpu", "tiny-2gpu-no-mps", "base-mixed", "large-v3"} <= set(SOAKS)
+    assert any(s.live_sessions for s in SOAKS.values()) and {s.mps for s in SOAKS.values()} == {True, False}
