@@ -79,7 +79,7 @@ SOAKS: dict[str, Soak] = {
     "tiny-2gpu": Soak("tiny", "0,1", True, ("plain", "words", "beams"), 1024, 60.0, live_sessions=32),
     "tiny-2gpu-no-mps": Soak("tiny", "0,1", False, ("plain", "words", "beams"), 1024, 60.0),
     "base-mixed": Soak("base-random", "0", True, ("plain", "translate", "beams", "words"), 256, 180.0),
-    "large-v3": Soak("large-v3", "0", True, ("plain",), 128, 300.0),
+    "large-v3": Soak("large-v3", "0", True, ("plain",), 128, 180.0),
 }  # fmt: skip
 
 
@@ -153,6 +153,8 @@ def run_soak(label: str, soak: Soak, args) -> dict:
     checkpoint = served_checkpoint(spec)
     jobs = soak_jobs(soak, checkpoint, args.device)
     free_gpu_memory()
+    if args.gpus:
+        soak = replace(soak, gpus=args.gpus)
     if args.cpu:  # the harness's smoke run: the same soak, served on the CPU, at --concurrency
         soak = replace(soak, gpus=None, mps=None, concurrency=args.concurrency or soak.concurrency,
                        live_sessions=min(soak.live_sessions, args.concurrency or soak.live_sessions))
@@ -265,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=120.0, help="of load, per soak")
     parser.add_argument("--clients", type=int, default=8, help="client processes of the load generator")
     parser.add_argument("--device", default="cuda", help="where the library decodes the reference transcripts")
+    parser.add_argument("--gpus", help="serve on these GPUs instead of the soak's (two soaks side by side)")
     parser.add_argument("--cpu", action="store_true", help="serve on the CPU: a smoke run of the harness")
     parser.add_argument("--concurrency", type=int, help="with --cpu: requests in flight, and live sessions at most (default: the soak's)")
     args = parser.parse_args(argv)

@@ -15,7 +15,7 @@ from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, 
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.engine.prompt import Prompt, initial_tokens
 from python_backend_lib.engine.rows import Row
-from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts
+from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
 from python_backend_lib.text.tokenizer import load_tokenizer
 
 ENGLISH = load_config("default")
@@ -137,3 +137,29 @@ def test_segments_from_timestamp_tokens():
         Segment(0.0, 3.5, "Hello world.", tuple(hello + world)),
     )
     assert tokenizer.timestamp_seconds(begin + 1500) == 30.0
+
+
+def test_a_row_at_a_temperature_draws_each_token_with_its_probability():
+    """`sample` at t = 1 over 40,000 rows of one distribution: each token's share within
+    five standard errors of its probability, and a masked token never drawn."""
+    torch.manual_seed(0)
+    probabilities = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
+    logits = probabilities.log().expand(40_000, -1).contiguous()
+    tokens, logprobs = sample(logits, torch.ones(40_000))
+    shares = torch.bincount(tokens, minlength=5).double() / 40_000
+    errors = (probabilities * (1 - probabilities) / 40_000).sqrt().double()
+    assert ((shares - probabilities.double()).abs() <= 5 * errors + 1e-12).all(), shares
+    assert shares[4] == 0
+    assert torch.allclose(logprobs, probabilities.log()[tokens])
+    # At t = 0 the same rows take the likeliest token.
+    assert (sample(logits[:10], torch.zeros(10))[0] == 0).all()
+
+
+def test_a_row_without_a_finite_distribution_is_sampled_without_failing():
+    """Every token masked (or an overflow to inf) once tripped torch.multinomial's assert,
+    which on a GPU ends the process's CUDA context (found by the GPU soak on random
+    weights): such a row takes its likeliest token, and the rows beside it still draw."""
+    logits = torch.tensor([[float("-inf")] * 4, [0.0, float("inf"), 1.0, 2.0], [0.0, 0.0, 50.0, 0.0]])
+    tokens, _ = sample(logits, torch.tensor([1.0, 0.5, 1.0]))
+    assert tokens.tolist()[1:] == [1, 2]
+    assert 0 <= tokens[0] < 4

@@ -175,6 +175,23 @@ def test_overlapped_steps_give_the_stepwise_results_with_random_weights():
     assert stepwise[0].language is not None and stepwise[0].language_probability is not None  # detected
 
 
+def test_a_beam_search_that_joins_with_a_greedy_step_in_flight_is_handled_like_stepwise():
+    """The step in flight was launched with no beam row in the batch, so it kept no
+    logits; a beam search admitted before it is handled must not need them (found by
+    the GPU soak: the step failed and was retried request by request)."""
+    source = "random:tiny:1"
+    _, config = model_for(source, torch.float64)
+    greedy = DecodingOptions(language="en", min_new_tokens=12, max_new_tokens=12)
+    searched = DecodingOptions(language="en", beam_size=2, min_new_tokens=5, max_new_tokens=5)
+    admissions = [Admission(i, random_features(config, i), o, initial_tokens(config, o, None))
+                  for i, o in enumerate((greedy, searched, greedy))]
+    # Six steps apart: the greedy row chooses its tokens by the time the search joins.
+    stepwise, _ = run(make_batch(source, 6, overlap=False, dtype=torch.float64), admissions, join_every=6)
+    overlapped, followed = run(make_batch(source, 6, overlap=True, dtype=torch.float64), admissions, join_every=6)
+    assert followed > 5
+    assert_same(overlapped, stepwise)
+
+
 @pytest.mark.slow
 def test_overlapped_steps_give_the_stepwise_transcripts_of_real_speech():
     """tiny.en on the shared clips, timestamps on: real text and timestamp tokens

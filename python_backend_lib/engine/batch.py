@@ -321,7 +321,9 @@ class DecodeBatch:
             return done
         rows = [p.row for _, p in choosing]
         logits = None
-        if self.logit_observer is not None or self._beam_rows:
+        # Kept when the step was launched beside beam rows or for an observer; a search
+        # admitted since (its rows are not in this step) needs none of them.
+        if step.logits is not None:
             logits = step.logits[torch.tensor([i for i, _ in choosing], device=step.logits.device)]
         if self.logit_observer is not None:
             self.logit_observer(rows, logits)

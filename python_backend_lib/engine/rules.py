@@ -16,6 +16,7 @@ import torch
 from python_backend_lib.core.model_facts import ModelConfig
 
 NEG_INF = float("-inf")
+TINY = torch.finfo(torch.float32).tiny  # the smallest exponential draw (`sample`)
 
 
 class RuleFacts(NamedTuple):
@@ -109,8 +110,14 @@ def sample(logits: torch.Tensor, temperatures: torch.Tensor | None = None) -> tu
     """
     chosen = logits.argmax(dim=-1)
     if temperatures is not None:
-        scaled = logits.float() / temperatures.clamp(min=1e-6)[:, None]
-        drawn = torch.multinomial(scaled.softmax(dim=-1), 1).squeeze(1)
+        probabilities = (logits.float() / temperatures.clamp(min=1e-6)[:, None]).softmax(dim=-1)
+        # An exponential race draws as torch.multinomial does (token i wins with its probability),
+        # but a row with no finite distribution (every token masked, or an overflow) cannot trip
+        # multinomial's device-side assert, which ends the process's CUDA context: such a row
+        # takes its likeliest token. The floor keeps a zero draw from racing a masked token.
+        race = probabilities / torch.empty_like(probabilities).exponential_().clamp_(min=TINY)
+        sound = probabilities.isfinite().all(dim=-1)
+        drawn = torch.where(sound, race.argmax(dim=-1), chosen)
         chosen = torch.where(temperatures > 0, drawn, chosen)
     logprobs = torch.log_softmax(logits.float(), dim=-1).gather(1, chosen[:, None]).squeeze(1)
     return chosen, logprobs
