@@ -159,6 +159,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--temperature-increment", "--temperature_increment_on_fallback", type=float, metavar="T", help="added on each fallback (default: 0.2; 0: none)")
     decoding.add_argument("--beam-size", "--beam_size", type=int, metavar="N", help="beam search with N beams at temperature 0 (default: greedy)")
     decoding.add_argument("--best-of", "--best_of", type=int, metavar="N", help="above temperature 0, keep the best of N samples (default: 1)")
+    decoding.add_argument("--seed", type=int, metavar="N", help="what the temperature fallback's draws follow (default: 0)")
     decoding.add_argument("--patience", type=float, metavar="P", help="beam search ends after round(N * P) candidates (default: 1)")
     decoding.add_argument(
         "--length-penalty", "--length_penalty", type=float, metavar="ALPHA",
@@ -207,7 +208,7 @@ PARAMETER_FLAGS = (
     "language", "task", "timestamps", "prompt", "long_form", "temperature", "temperature_increment",
     "condition_on_previous_text", "compression_ratio_threshold", "logprob_threshold", "no_speech_threshold",
     "hallucination_silence_threshold", "window_padding", "vad_filter", "vad_parameters",
-    "beam_size", "best_of", "patience", "length_penalty",
+    "beam_size", "best_of", "patience", "length_penalty", "seed",
 )
 
 

@@ -89,7 +89,8 @@ class CpuStepTable:
         hot = np.flatnonzero(inputs.temperatures > 0)
         if len(hot):
             index = torch.from_numpy(hot)
-            drawn, drawn_logprobs = sample(logits[index], torch.from_numpy(inputs.temperatures[hot]).float())
+            drawn, drawn_logprobs = sample(logits[index], torch.from_numpy(inputs.temperatures[hot]).float(),
+                                           torch.from_numpy(inputs.draw_keys[hot]))
             tokens[index], logprobs[index] = drawn, drawn_logprobs
         self.picks[:n] = tokens
         return _Done(

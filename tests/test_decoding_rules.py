@@ -13,6 +13,7 @@ from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS, DecodingOptions, Task
 from python_backend_lib.core.segments import Segment
+from python_backend_lib.engine.draws import draw_key, uniform, window_seed
 from python_backend_lib.engine.prompt import Prompt, initial_tokens
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
@@ -140,19 +141,43 @@ def test_segments_from_timestamp_tokens():
 
 
 def test_a_row_at_a_temperature_draws_each_token_with_its_probability():
-    """`sample` at t = 1 over 40,000 rows of one distribution: each token's share within
-    five standard errors of its probability, and a masked token never drawn."""
-    torch.manual_seed(0)
+    """`sample` at t = 1 over 40,000 rows of one distribution, each with its own key: each
+    token's share within five standard errors of its probability, a masked token never drawn."""
     probabilities = torch.tensor([0.5, 0.3, 0.15, 0.05, 0.0])
     logits = probabilities.log().expand(40_000, -1).contiguous()
-    tokens, logprobs = sample(logits, torch.ones(40_000))
+    keys = torch.tensor([draw_key(7, 0, i) for i in range(40_000)])
+    tokens, logprobs = sample(logits, torch.ones(40_000), keys)
     shares = torch.bincount(tokens, minlength=5).double() / 40_000
     errors = (probabilities * (1 - probabilities) / 40_000).sqrt().double()
     assert ((shares - probabilities.double()).abs() <= 5 * errors + 1e-12).all(), shares
     assert shares[4] == 0
     assert torch.allclose(logprobs, probabilities.log()[tokens])
     # At t = 0 the same rows take the likeliest token.
-    assert (sample(logits[:10], torch.zeros(10))[0] == 0).all()
+    assert (sample(logits[:10], torch.zeros(10), keys[:10])[0] == 0).all()
+
+
+def test_a_draw_depends_on_its_key_alone():
+    """The same key draws the same token whatever rows share the batch; other seeds,
+    streams and token indices draw apart; the key is the same bits on every device."""
+    logits = torch.randn(1, 51_865, generator=torch.Generator().manual_seed(3))
+    key = draw_key(window_seed(0, 0, 1), 0, 5)
+    alone = sample(logits, torch.ones(1), torch.tensor([key]))[0]
+    crowd = torch.cat([torch.randn(7, 51_865), logits])
+    keys = torch.tensor([draw_key(9, s, 2) for s in range(7)] + [key])
+    assert sample(crowd, torch.ones(8), keys)[0][-1] == alone
+    others = {draw_key(window_seed(seed, seek, attempt), stream, index)
+              for seed in (0, 1) for seek in (0, 3000) for attempt in (1, 2) for stream in (0, 1) for index in (0, 1)}
+    assert len(others) == 32  # no two of the draws share a key
+    drawn = {int(sample(logits, torch.ones(1), torch.tensor([k]))[0]) for k in others}
+    assert len(drawn) > 25  # at t = 1 over a near-flat distribution, nearly every key draws its own token
+    assert draw_key(1, 2, 3) == 0xC8AE9523  # pinned: a change of the hash changes every seeded transcript
+    assert torch.equal(uniform(torch.tensor([key]), 4), uniform(torch.tensor([key]), 8)[:, :4])
+
+
+def test_a_seed_outside_32_bits_is_refused_naming_it():
+    for bad in (-1, 2**32, 1.5, True):
+        with pytest.raises(RequestError, match="seed must be an integer"):
+            DecodingOptions(seed=bad)
 
 
 def test_a_row_without_a_finite_distribution_is_sampled_without_failing():
@@ -160,6 +185,6 @@ def test_a_row_without_a_finite_distribution_is_sampled_without_failing():
     which on a GPU ends the process's CUDA context (found by the GPU soak on random
     weights): such a row takes its likeliest token, and the rows beside it still draw."""
     logits = torch.tensor([[float("-inf")] * 4, [0.0, float("inf"), 1.0, 2.0], [0.0, 0.0, 50.0, 0.0]])
-    tokens, _ = sample(logits, torch.tensor([1.0, 0.5, 1.0]))
+    tokens, _ = sample(logits, torch.tensor([1.0, 0.5, 1.0]), torch.tensor([1, 2, 3]))
     assert tokens.tolist()[1:] == [1, 2]
     assert 0 <= tokens[0] < 4

@@ -15,6 +15,7 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.engine.scheduler import MAX_CONSECUTIVE_RESTARTS, EngineUnavailable
@@ -94,17 +95,25 @@ def test_a_failing_callback_does_not_stop_the_engine(pipe, features):
     assert _submit(pipe, features[3], DecodingOptions(max_new_tokens=3)).result(timeout=60).tokens
 
 
-def test_a_request_that_breaks_the_step_fails_alone(pipe, features):
-    """NaN features sampled at a temperature make `torch.multinomial` raise in the
-    middle of a step, after the rows were changed: the engine rewinds them and
-    steps each alone, so only the NaN request fails and the others' tokens are
-    those they get alone."""
+def test_a_request_that_breaks_the_step_fails_alone(pipe, features, monkeypatch):
+    """A request whose handling raises in the middle of a step, after every row of the
+    step was advanced: the engine rewinds them and steps each alone, so only that
+    request fails and the others' tokens are those they get alone."""
     solo = [_submit(pipe, f, DecodingOptions()).result().tokens for f in features[:3]]
     failed_steps = pipe.engine.stats.failed_steps
+    original = DecodeBatch._advance
+
+    def advance_then_break(self, rows, tokens, logprobs, followed):
+        finished = original(self, rows, tokens, logprobs, followed)
+        if any(row.options.prompt == "boom" for row in rows):
+            raise RuntimeError("a bug after the rows were advanced")
+        return finished
+
+    monkeypatch.setattr(DecodeBatch, "_advance", advance_then_break)
     long = _submit(pipe, features[0], DecodingOptions(min_new_tokens=60, max_new_tokens=60))
-    broken = _submit(pipe, torch.full_like(features[0], float("nan")), DecodingOptions(temperature=0.5))
+    broken = _submit(pipe, features[4], DecodingOptions(prompt="boom", temperature=0.5))
     neighbours = [_submit(pipe, f, DecodingOptions()) for f in features[:3]]
-    with pytest.raises(RuntimeError, match="probability tensor contains"):
+    with pytest.raises(RuntimeError, match="after the rows were advanced"):
         broken.result(timeout=60)
     assert [f.result(timeout=60).tokens for f in neighbours] == solo
     assert len(long.result(timeout=60).tokens) == 60

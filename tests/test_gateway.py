@@ -389,11 +389,11 @@ def test_unknown_form_fields_are_refused_by_name(form, task, field):
 
 def test_search_fields_become_triton_parameters():
     form = {"model": ["whisper-1"], "beam_size": ["5"], "patience": ["1.5"], "length_penalty": ["0.6"],
-            "best_of": ["3"]}
+            "best_of": ["3"], "seed": ["42"]}
     for task in Task:
         parameters = parse_form(form, task, ("whisper-1",)).triton_parameters()
         assert {k: parameters[k] for k in SEARCH_FIELDS} == {"beam_size": 5, "best_of": 3, "patience": 1.5,
-                                                             "length_penalty": 0.6}
+                                                             "length_penalty": 0.6, "seed": 42}
         assert isinstance(parameters["beam_size"], int) and isinstance(parameters["patience"], float)
 
 
@@ -406,6 +406,8 @@ def test_search_fields_become_triton_parameters():
         ("best_of", "99", "best_of must be an integer from 1 to 16"),
         ("patience", "-1", "patience must be a number above 0"),
         ("length_penalty", "2", "length_penalty must be a number from 0 to 1"),
+        ("seed", "-3", "seed must be an integer from 0 to 4294967295"),
+        ("seed", "0.5", "seed must be an integer, got '0.5'"),
     ],
 )
 def test_bad_search_fields_are_refused_by_name(field, value, message):

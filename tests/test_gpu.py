@@ -38,9 +38,10 @@ from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.engine.attention import SdpaAttention
-from python_backend_lib.engine.batch import DecodeBatch, decode
+from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.offline import decode
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import Admission
 

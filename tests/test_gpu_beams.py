@@ -19,8 +19,8 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core.options import DecodingOptions
-from python_backend_lib.engine.batch import decode
 from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.offline import decode
 from python_backend_lib.engine.prompt import initial_tokens
 
 pytestmark = [

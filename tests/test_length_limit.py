@@ -96,3 +96,7 @@ def test_the_japanese_clip_translates_with_fallback_and_beams_every_time(base_se
     for ask, answer in zip(asks, answers):
         assert not isinstance(answer, InferenceServerException), (ask, answer)
         assert answer.strip(), ask
+    # The fallback's draws follow the request's seed (issue 37): the same request, side by
+    # side or alone, gives the same text.
+    assert answers[0] == answers[1] and answers[2] == answers[3], answers
+    assert transcribe(base_server.grpc_url, "grpc", audio, **asks[0]) == answers[0]

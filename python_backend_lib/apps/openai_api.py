@@ -31,8 +31,9 @@ MEDIA_TYPES = {
     ResponseFormat.VERBOSE_JSON: "application/json",
 }
 OPENAI_FORMATS = tuple(f.value for f in MEDIA_TYPES)  # OpenAI's formats; not our tsv
-# Our fields beyond OpenAI's: faster-whisper's and openai-whisper's search options, with their number types.
-SEARCH_FIELDS = {"beam_size": int, "best_of": int, "patience": float, "length_penalty": float}
+# Our fields beyond OpenAI's: faster-whisper's and openai-whisper's search options, and the seed of
+# the draws at a temperature (as OpenAI-compatible servers take `seed`), with their number types.
+SEARCH_FIELDS = {"beam_size": int, "best_of": int, "patience": float, "length_penalty": float, "seed": int}
 # The form fields of each endpoint, as OpenAI's API has them for whisper-1; any
 # other is refused, so that a misspelt or unsupported option is not silently ignored.
 # Taken and ignored, as `IGNORED_FIELDS` says why.
@@ -93,6 +94,9 @@ FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
     "beam_size": {"type": "integer", "minimum": 1, "description": "beam search at temperature 0 (default: greedy)"},
     "best_of": {"type": "integer", "minimum": 1, "description": "above temperature 0, the best of this many samples"},
     "patience": {"type": "number", "description": "beam search ends after round(beam_size * patience) candidates"},
+    "seed": {"type": "integer", "minimum": 0, "maximum": 2**32 - 1,
+             "description": "what the draws of the temperature fallback follow: the same seed, the same transcript "
+                            "(default: 0)"},
     "length_penalty": {"type": "number", "minimum": 0, "maximum": 1,
                        "description": "rank by log-probability / ((5 + length) / 6) ** alpha (default: / length)"},
 }

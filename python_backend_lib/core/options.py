@@ -20,6 +20,10 @@ MAX_TEXT_POSITIONS = 448
 MAX_PROMPT_TOKENS = MAX_TEXT_POSITIONS // 2 - 1
 # The first timestamp may be at most this far into the window.
 DEFAULT_MAX_INITIAL_TIMESTAMP_S = 1.0
+# Draws at a temperature follow a seed (`DecodingOptions.seed`): a fixed one by default, so the
+# same request gives the same transcript each time; the `seed` request parameter picks others.
+DEFAULT_SEED = 0
+MAX_SEED = 2**32 - 1
 
 
 # openai-whisper's defaults.
@@ -73,6 +77,9 @@ class DecodingOptions:
     length_penalty: how candidates are ranked (beams and best_of samples alike):
         None divides the summed log-probability by the length; a number alpha
         divides it by ((5 + length) / 6) ** alpha instead.
+    seed: what a draw at a temperature depends on, with the window and the fallback
+        attempt (`engine.draws`): the same request draws the same tokens each time.
+        An integer from 0 to 2**32 - 1; DEFAULT_SEED unless asked.
     Beams apply at temperature 0 and samples above it, so the temperature
     fallback switches from one to the other (openai-whisper's and faster-whisper's rule).
     """
@@ -91,9 +98,12 @@ class DecodingOptions:
     best_of: int | None = None
     patience: float | None = None
     length_penalty: float | None = None
+    seed: int = DEFAULT_SEED
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "task", choice(Task, self.task, "task"))
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            raise RequestError(f"seed must be an integer from 0 to {MAX_SEED}, got {self.seed!r}")
         _check_search(self)
         if self.language is not None:
             if not isinstance(self.language, str) or not self.language.strip():

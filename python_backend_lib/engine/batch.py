@@ -10,7 +10,7 @@ long prompt (previous text) run eagerly in the same step. Graph steps overlap
 (`overlap`): `step` launches the next step and then handles the one before it,
 so each call returns what finished one step earlier.
 
-The engine drives a batch from its thread; `decode` drives it to completion for offline use.
+The engine drives a batch from its thread; `offline.decode` drives it to completion for offline use.
 """
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ import numpy as np
 import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
-from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.core.options import DecodingResult
 from python_backend_lib.devices.transfers import to_device
 from python_backend_lib.engine import beams
 from python_backend_lib.engine.attention import AttentionBackend
+from python_backend_lib.engine.draws import draw_tensors
 from python_backend_lib.engine.eager import eager_pass
 from python_backend_lib.engine.graph_io import GraphStep
 from python_backend_lib.engine.kv_cache import KVSlotPool
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import Launched, Part, mark_launched, plan_step
-from python_backend_lib.engine.prompt import Prompt, start_of_transcript
+from python_backend_lib.engine.prompt import start_of_transcript
 from python_backend_lib.engine.rows import Admission, Row, RowState, SilenceCheck, new_row, silence_flags, silent_result
 from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
 
@@ -145,7 +146,7 @@ class DecodeBatch:
                 self.pool.release(slot)
             raise
         for i, (admission, own) in enumerate(zip(admissions, owned)):
-            rows = [new_row(admission, slot, self.config) for slot in own]
+            rows = [new_row(admission, slot, self.config, stream) for stream, slot in enumerate(own)]
             if isinstance(beams.form_group(admission.tag, rows, admission.options), beams.BeamGroup):
                 self._beam_rows += len(rows)
             if admission.content_frames is not None:  # one check answers for the group
@@ -346,9 +347,7 @@ class DecodeBatch:
         logits = self.rules.apply(logits, RuleFacts.from_table(table))
         if self.logit_observer is not None:
             self.logit_observer(rows, logits)
-        temperatures = [r.options.temperature for r in rows]
-        hot = torch.tensor(temperatures, device=self.device) if any(t > 0 for t in temperatures) else None
-        chosen, logprobs = sample(logits, hot)
+        chosen, logprobs = sample(logits, *draw_tensors(rows, self.device))
         return self._advance_all(rows, chosen.tolist(), logprobs.tolist(), set(), logits)
 
     def _advance_all(self, rows, tokens, logprobs, followed: set[Row], logits: torch.Tensor | None) -> list[Finished]:
@@ -386,17 +385,3 @@ class DecodeBatch:
                 finished.append((row.tag, result))
         return finished
 
-
-def decode(batch: DecodeBatch, requests: Sequence[tuple[torch.Tensor, DecodingOptions, Prompt]]) -> list[DecodingResult]:
-    """Decode (features, options, prompt) requests to completion, admitting as
-    many at a time as the batch has free slots."""
-    queue = [Admission(i, *request) for i, request in enumerate(requests)]
-    results: dict[int, DecodingResult] = {}
-    while queue or batch.rows:
-        # Into an empty batch one at least: a request with more rows than slots raises there.
-        n = beams.admissible([a.options for a in queue], batch.free_slots) or (0 if batch.rows else 1)
-        batch.admit(queue[:n])
-        queue = queue[n:]
-        results.update(batch.step())
-    results.update(batch.drain())
-    return [results[i] for i in range(len(requests))]

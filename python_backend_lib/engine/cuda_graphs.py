@@ -278,7 +278,8 @@ class DecodeGraphs:
         key = self.key(batch)
         entry = _Entry(key, self.attention)
         nothing = np.zeros(0, dtype=np.int64)
-        empty = StepInputs(nothing, nothing, nothing, np.zeros((N_RULE_FACTS, 0), np.int64), np.zeros(0), nothing)
+        empty = StepInputs(nothing, nothing, nothing, np.zeros((N_RULE_FACTS, 0), np.int64), np.zeros(0), nothing,
+                           draw_keys=nothing)
         entry.meta.copy_(entry.prepare(empty).pinned)  # every row padding
         entry.captured_plan = entry.decode.plan_info
         side = torch.cuda.Stream()
@@ -365,7 +366,7 @@ class DecodeGraphs:
             device = logits.device
             index = to_device(hot, device)
             temperatures = to_device(inputs.temperatures[hot].astype(np.float32), device)
-            drawn, drawn_logprobs = sample(logits[index], temperatures)
+            drawn, drawn_logprobs = sample(logits[index], temperatures, to_device(inputs.draw_keys[hot], device))
             picked[PICKED_TOKEN].index_copy_(0, index, drawn.float())
             picked[PICKED_LOGPROB].index_copy_(0, index, drawn_logprobs)
             self.picks.index_copy_(0, index, drawn)

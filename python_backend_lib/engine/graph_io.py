@@ -42,6 +42,7 @@ class StepInputs:
         row that follows, as if its previous pick were no timestamp (the device
         corrects them once it has the pick).
     temperatures: rows above 0 draw their token at that temperature, on the device.
+    draw_keys: each row's key for that draw (`Row.draw_key`).
     follows: each row's index in the step before, whose pick it feeds on the device
         (the step is launched before that pick is known); -1: it feeds `tokens`.
     """
@@ -52,6 +53,7 @@ class StepInputs:
     facts: np.ndarray
     temperatures: np.ndarray
     follows: np.ndarray
+    draw_keys: np.ndarray
 
     @classmethod
     def of_rows(cls, rows: Sequence[Row], timestamp_begin: int) -> StepInputs:
@@ -65,6 +67,7 @@ class StepInputs:
             facts=facts.T,
             temperatures=np.fromiter((r.options.temperature for r in rows), dtype=np.float64, count=n),
             follows=np.full(n, -1, dtype=np.int64),
+            draw_keys=np.fromiter((r.draw_key() for r in rows), dtype=np.int64, count=n),
         )
 
 

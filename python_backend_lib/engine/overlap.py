@@ -115,7 +115,7 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
     in_flight = {part.row: (i, part) for i, part in enumerate(previous.parts)} if previous else {}
     parts: list[Part] = []
     eager: list[Row] = []
-    tokens, positions, slots, temperatures, facts, follows_at = [], [], [], [], [], []
+    tokens, positions, slots, temperatures, facts, follows_at, keys = [], [], [], [], [], [], []
     for row in rows:
         index, part = in_flight.get(row, (None, None))
         if part is not None and part.chooses:
@@ -143,6 +143,7 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
         positions.append(row.cached)
         slots.append(row.slot)
         temperatures.append(row.options.temperature if chooses else 0.0)
+        keys.append(row.draw_key(ahead=1 if follows is not None else 0))  # a follower's pick is not appended yet
         facts.append(row_facts)
         follows_at.append(-1 if follows is None else follows)
     follows_at = np.array(follows_at, dtype=np.int64)
@@ -157,6 +158,7 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
         facts=table,
         temperatures=np.array(temperatures, dtype=np.float64),
         follows=follows_at,
+        draw_keys=np.array(keys, dtype=np.int64),
     )
     return Plan(parts, inputs, eager)
 

@@ -18,6 +18,7 @@ from python_backend_lib.core.geometry import N_FRAMES, SECONDS_PER_POSITION
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
 from python_backend_lib.devices.transfers import ToHost, to_device
+from python_backend_lib.engine import draws
 from python_backend_lib.engine.prompt import Prompt, generation_room
 from python_backend_lib.engine.rules import RuleFacts
 
@@ -110,7 +111,12 @@ class Row:
     prefilled: bool = False  # the logits at <|startoftranscript|> have been read
     silence: SilenceCheck | None = None  # whether its window holds digital silence, until read
     group: RowGroup | None = None  # the beams or samples it decodes with (`engine.beams`); None: alone
+    stream: int = 0  # its place among its request's rows: best_of samples draw apart (`engine.draws`)
     _scan: _TimestampScan = field(default=_TimestampScan(None, 0, -1), repr=False)
+
+    def draw_key(self, ahead: int = 0) -> int:
+        """The key of its next draw at a temperature (`ahead` tokens not appended yet)."""
+        return draws.draw_key(self.options.seed, self.stream, len(self.generated) + ahead)
 
     def rule_facts(self, timestamp_begin: int) -> RuleFacts:
         tokens = self.generated
@@ -147,14 +153,17 @@ class Row:
         )
 
 
-def new_row(admission: Admission, slot: int, config: ModelConfig) -> Row:
+def new_row(admission: Admission, slot: int, config: ModelConfig, stream: int = 0) -> Row:
     """A row decoding `admission` in `slot`, its prompt pending; it may generate
     what the text context leaves after the prompt (`generation_room`; less once a
-    detected language lengthens it), or max_new_tokens if fewer."""
+    detected language lengthens it), or max_new_tokens if fewer. `stream`: its place
+    among the admission's rows (beams, samples), which its draws follow."""
     room = generation_room(config, len(admission.prompt.tokens))
     limit = min(admission.options.max_new_tokens or room, room)
     prompt = admission.prompt
-    return Row(admission.tag, admission.options, prompt, slot, limit, list(prompt.tokens), language=prompt.language)
+    return Row(admission.tag, admission.options, prompt, slot, limit, list(prompt.tokens), language=prompt.language,
+               stream=stream)
+
 
 
 def follow_facts(facts: np.ndarray, tokens: np.ndarray, timestamp_begin: int) -> np.ndarray:

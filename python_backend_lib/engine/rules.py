@@ -14,9 +14,10 @@ from typing import NamedTuple
 import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
+from python_backend_lib.engine import draws
 
 NEG_INF = float("-inf")
-TINY = torch.finfo(torch.float32).tiny  # the smallest exponential draw (`sample`)
+TINY = torch.finfo(torch.float32).tiny  # the smallest exponential noise (`sample`)
 
 
 class RuleFacts(NamedTuple):
@@ -101,21 +102,27 @@ class LogitRules:
         return logits.masked_fill(col(force) & ~self._is_timestamp, NEG_INF)
 
 
-def sample(logits: torch.Tensor, temperatures: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+def sample(logits: torch.Tensor, temperatures: torch.Tensor | None = None,
+           keys: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Filtered logits [B, vocab] -> each row's token [B] and its log-probability [B].
 
     temperatures: [B]; a row at 0 (or all rows, when None) takes the likeliest
-    token, a row above 0 draws from softmax(logits / t). The log-probability is
-    under the filtered logits at temperature 1, as openai-whisper reports it.
+    token, a row above 0 draws from softmax(logits / t), from the noise of its
+    key (keys: [B] int64, `draws.draw_key`): the same key draws the same token from
+    the same logits. The log-probability is under the filtered logits at
+    temperature 1, as openai-whisper reports it.
     """
     chosen = logits.argmax(dim=-1)
     if temperatures is not None:
+        if keys is None:
+            raise ValueError("a draw at a temperature needs each row's key")
         probabilities = (logits.float() / temperatures.clamp(min=1e-6)[:, None]).softmax(dim=-1)
         # An exponential race draws as torch.multinomial does (token i wins with its probability),
-        # but a row with no finite distribution (every token masked, or an overflow) cannot trip
-        # multinomial's device-side assert, which ends the process's CUDA context: such a row
-        # takes its likeliest token. The floor keeps a zero draw from racing a masked token.
-        race = probabilities / torch.empty_like(probabilities).exponential_().clamp_(min=TINY)
+        # from noise the key fixes, and a row with no finite distribution (every token masked, or
+        # an overflow) cannot trip multinomial's device-side assert, which ends the process's
+        # CUDA context: such a row takes its likeliest token.
+        exponential = (-draws.uniform(keys, logits.shape[-1]).log()).float().clamp_(min=TINY)
+        race = probabilities / exponential
         sound = probabilities.isfinite().all(dim=-1)
         drawn = torch.where(sound, race.argmax(dim=-1), chosen)
         chosen = torch.where(temperatures > 0, drawn, chosen)

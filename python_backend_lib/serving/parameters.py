@@ -95,6 +95,7 @@ _DECODING_KEYS: dict[str, tuple[type, ...]] = {
     "best_of": (int,),
     "patience": (int, float),
     "length_penalty": (int, float),
+    "seed": (int,),
 }
 # Request key -> TranscribeOptions field.
 _TRANSCRIBE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {

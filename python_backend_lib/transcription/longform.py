@@ -44,6 +44,7 @@ from python_backend_lib.core.options import (
     WindowPadding,
 )
 from python_backend_lib.core.segments import Segment
+from python_backend_lib.engine.draws import window_seed
 from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.text.windows import window_segments
 from python_backend_lib.text.words import with_words
@@ -202,7 +203,8 @@ class LongFormJob:
     def _decoding_options(self, seek: int, attempt: int) -> DecodingOptions:
         """The first window (and every window in BATCHED mode) sees the caller's
         prompt; later SEQUENTIAL windows see the text decoded so far instead."""
-        changes = dict(temperature=self.options.temperatures[attempt], language=self.language)
+        changes = dict(temperature=self.options.temperatures[attempt], language=self.language,
+                       seed=window_seed(self.options.decoding.seed, seek, attempt))
         if seek > 0 and self.options.mode is LongFormMode.SEQUENTIAL:
             changes.update(previous_tokens=tuple(self._previous), prompt=None)
         return dataclasses.replace(self.options.decoding, **changes)
