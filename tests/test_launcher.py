@@ -226,6 +226,22 @@ def test_the_quiet_before_a_stop_is_what_the_metrics_read_while_serving_showed()
     assert watch.quiet_s == 1.0
 
 
+def test_a_flickering_count_of_requests_in_flight_is_told_once_a_while(monkeypatch):
+    """The count read from the metrics can flip between publications (a GPU soak's stop
+    printed 258 and 264 by turns, thirty lines in thirty seconds): a drain tells a change
+    at most every DRAIN_REPORT_S."""
+    triton = TritonServer.__new__(TritonServer)
+    triton._aborted, triton._process, triton._quiet = False, subprocess.Popen(["sleep", "30"]), QuietWatch()
+    counts = iter([258, 264] * 50)
+    monkeypatch.setattr(triton, "activity", lambda: Activity(busy=next(counts), answered=0))
+    said: list[str] = []
+    try:
+        assert triton.drain(timeout=2.0, report=said.append) is False
+    finally:
+        triton._process.kill()
+    assert said == ["waiting for 258 requests in flight"]
+
+
 @pytest.mark.server
 def test_an_idle_server_is_drained_at_once_and_leaves_no_shared_memory(tmp_path):
     ports = (free_port(), free_port(), free_port())

@@ -53,6 +53,7 @@ DRAIN_TIMEOUT_S = 30.0
 # before it is asked to stop has nothing to wait for.
 DRAIN_QUIET_S = 2.0
 DRAIN_POLL_S = 0.2
+DRAIN_REPORT_S = 5.0  # a changing count of requests in flight is told at most this often
 LOG_TAIL_LINES = 100  # Triton's start-up tables and the last model's traceback fit
 _servers_started = itertools.count()  # each server's part of its shared-memory regions' names
 # Log lines after which tritonserver 2.51 neither becomes ready nor exits.
@@ -329,10 +330,11 @@ class TritonServer:
         """Wait until no request has been in flight or answered for DRAIN_QUIET_S
         (at once when the reads of the metrics while serving saw it idle that long);
         False after `timeout` (or when the metrics cannot be read, or after `abort`).
-        `report` hears how many requests it waits for, each time that changes.
+        `report` hears how many requests it waits for when that changes, at most every
+        DRAIN_REPORT_S (the count read from the metrics can flicker between publications).
         Triton keeps accepting requests meanwhile: take the server out of rotation first."""
         deadline = time.monotonic() + timeout
-        reported = None
+        reported, reported_at = None, -DRAIN_REPORT_S
         while time.monotonic() < deadline:
             if self._aborted or self._process is None or self._process.poll() is not None:
                 return False
@@ -341,10 +343,10 @@ class TritonServer:
                 return False
             if self._quiet.quiet_s >= DRAIN_QUIET_S:
                 return True
-            if report is not None and now.busy > 0 and now.busy != reported:
-                count = round(now.busy)
+            count, due = round(now.busy), time.monotonic() - reported_at >= DRAIN_REPORT_S
+            if report is not None and count > 0 and count != reported and due:
                 report(f"waiting for {count} request{'s' if count != 1 else ''} in flight")
-                reported = now.busy
+                reported, reported_at = count, time.monotonic()
             time.sleep(DRAIN_POLL_S)
         return False
 
