@@ -23,7 +23,7 @@ from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
 from python_backend_lib.apps.shm_regions import prefix as shm_region_prefix
 from python_backend_lib.apps.shm_regions import regions as shm_regions
-from python_backend_lib.apps.triton_output import Activity, QuietWatch
+from python_backend_lib.apps.triton_output import Activity, LoadProgress, QuietWatch
 from python_backend_lib.core.cache import CACHE_ENV
 from python_backend_lib.serving.settings import CHECKPOINT_ENV, REQUIRE_GPU_ENGINE_ENV
 
@@ -224,6 +224,22 @@ def test_the_quiet_before_a_stop_is_what_the_metrics_read_while_serving_showed()
     assert watch.quiet_s == 0.0  # quiet from the read that saw nothing busy
     watch.see(Activity(busy=0, answered=6), now=16.0)
     assert watch.quiet_s == 1.0
+
+
+def test_a_long_start_says_which_models_are_loaded_and_which_it_waits_for():
+    """Issue 41: a start on a busy 2-core machine was silent for some 40 s. The lines are
+    tritonserver 2.51's own, as the launcher reads them from its log."""
+    progress = LoadProgress()
+    assert progress.describe(20.2) == "still starting after 20 s: tritonserver has not begun loading the models"
+    for model in ("postprocessing", "preprocessing", "whisper", "whisper_stream"):
+        progress.see(f'I1128 05:31:14.775905 25828 model_lifecycle.cc:472] "loading: {model}:1"\n')
+    progress.see("I1128 05:31:19.573466 25828 model_lifecycle.cc:839] \"successfully loaded 'postprocessing'\"\n")
+    progress.see("I1128 05:31:19.6 25828 model_lifecycle.cc:839] \"successfully loaded 'postprocessing'\"\n")  # once
+    assert progress.describe(40.0) == ("still starting after 40 s: loaded postprocessing; "
+                                       "loading preprocessing, whisper, whisper_stream")
+    for model in ("preprocessing", "whisper", "whisper_stream"):
+        progress.see(f"I1128 05:31:40.1 25828 model_lifecycle.cc:839] \"successfully loaded '{model}'\"\n")
+    assert progress.describe(60.0).endswith("every model is loaded; waiting for tritonserver to be ready")
 
 
 def test_a_flickering_count_of_requests_in_flight_is_told_once_a_while(monkeypatch):
@@ -458,7 +474,7 @@ def test_a_checkpoint_that_cannot_load_ends_in_its_cause_and_leaves_no_shared_me
 def test_what_an_exited_tritonserver_leaves_in_its_group_is_ended():
     """A model process that outlived tritonserver (its exit timeout, a crash) is killed
     with the rest of tritonserver's process group when the launcher stops."""
-    from python_backend_lib.apps.server import _end_leftovers
+    from python_backend_lib.apps.process_group import end_leftovers
 
     leader = subprocess.Popen(
         ["sh", "-c", "sleep 600 & echo $!"], stdout=subprocess.PIPE, text=True, start_new_session=True
@@ -466,12 +482,12 @@ def test_what_an_exited_tritonserver_leaves_in_its_group_is_ended():
     leftover = int(leader.stdout.readline())
     assert leader.wait(timeout=10) == 0  # the leader is gone, its child lives on in the group
     assert Path(f"/proc/{leftover}").exists()
-    _end_leftovers(leader.pid)
+    end_leftovers(leader.pid)
     deadline = time.monotonic() + 10
     while Path(f"/proc/{leftover}/stat").exists() and "Z" not in Path(f"/proc/{leftover}/stat").read_text().split()[2]:
         assert time.monotonic() < deadline, "the leftover survived"
         time.sleep(0.05)
-    _end_leftovers(leader.pid)  # nothing left: no error
+    end_leftovers(leader.pid)  # nothing left: no error
 
 
 def test_the_banner_names_the_checkpoint_served():

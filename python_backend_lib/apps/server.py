@@ -9,10 +9,8 @@ packages (torch, our library) as the process that started the server.
 from __future__ import annotations
 
 import collections
-import ctypes
 import itertools
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -23,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable
 
-from python_backend_lib.apps import preflight, repository, shm_regions, triton_environment, triton_output
+from python_backend_lib.apps import preflight, process_group, repository, shm_regions, triton_environment, triton_output
 from python_backend_lib.apps.mps import MpsDaemon, MpsError, daemon_for
 from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
@@ -59,6 +57,7 @@ _servers_started = itertools.count()  # each server's part of its shared-memory 
 # Log lines after which tritonserver 2.51 neither becomes ready nor exits.
 FATAL_LOG_MARKERS = ("Failed to preinitialize Python stub",)
 READY_POLL_S = 0.5
+STARTUP_REPORT_S = 20.0  # a start that takes longer says what it waits for this often
 # How often a serving launcher reads whether every whisper engine is still healthy.
 HEALTH_POLL_S = 2.0
 
@@ -101,25 +100,6 @@ def packaged_model_repository() -> Path:
     return repository
 
 
-def _die_with_parent() -> None:
-    """In the child: receive SIGTERM when the starting thread ends, so no server is orphaned."""
-    PR_SET_PDEATHSIG = 1
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
-    except (OSError, AttributeError):  # not Linux: nothing to ask for
-        pass
-
-
-def _end_leftovers(group: int) -> None:
-    """Kill what is left of an exited tritonserver's process group: model stubs that
-    did not exit with it (Triton's exit timeout, a crash), which would otherwise keep
-    their memory, a GPU's included. tritonserver leads its own group (start_new_session)."""
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):  # nothing left
-        pass
-
-
 class TritonServer:
     """A tritonserver process serving our model repository.
 
@@ -150,6 +130,7 @@ class TritonServer:
         self._pump: threading.Thread | None = None
         self._fatal = threading.Event()
         self._load_failure: str | None = None  # the first model's failure to load, in one line
+        self._progress = triton_output.LoadProgress()  # the models loading and loaded, from the log
         self._ready = False  # drain only a server that became ready
         self._quiet = QuietWatch()  # since when the metrics read show no work
         self._aborted = False  # abort(): stop() waits for nothing
@@ -224,7 +205,7 @@ class TritonServer:
                 text=True,
                 errors="replace",
                 start_new_session=True,  # a terminal's Ctrl-C reaches us; we forward SIGTERM
-                preexec_fn=_die_with_parent,
+                preexec_fn=process_group.die_with_parent,
             )
         except BaseException:
             self.stop()  # the MPS daemon, if one started
@@ -249,6 +230,7 @@ class TritonServer:
                 continue
             line = triton_output.plain_exit_timeout(line)
             self._tail.append(line)
+            self._progress.see(line)
             failure = triton_output.load_failure(line)
             if failure is not None and self._load_failure is None:
                 self._load_failure = failure
@@ -260,9 +242,13 @@ class TritonServer:
                 self._log.flush()
 
     def _wait_until_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        deadline, report_at = started + timeout, started + STARTUP_REPORT_S
         url = f"http://{self.http_url}/v2/health/ready"
         while time.monotonic() < deadline:
+            if self._report is not None and time.monotonic() >= report_at:
+                self._report(self._progress.describe(time.monotonic() - started))
+                report_at += STARTUP_REPORT_S
             if self._process.poll() is not None:
                 self._pump.join(timeout=5)
                 raise self._failure(f"tritonserver exited with status {self._process.returncode} before it was ready")
@@ -372,7 +358,7 @@ class TritonServer:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        _end_leftovers(process.pid)
+        process_group.end_leftovers(process.pid)
         if self._mps is not None:
             self._mps.stop()
         if self._pump is not None:
@@ -388,7 +374,7 @@ class TritonServer:
         Safe from a signal handler."""
         self._aborted = True
         if self._process is not None:
-            _end_leftovers(self._process.pid)
+            process_group.end_leftovers(self._process.pid)
 
     def __enter__(self) -> TritonServer:
         self.start()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import ctypes
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -122,6 +122,35 @@ def is_routine(line: str, after_routine: bool = False) -> bool:
     if _SIGNAL_RECEIVED.match(line.strip()):
         return True
     return after_routine and (not line.strip() or line.startswith(("+", "|")))
+
+
+_LOADING = re.compile(r'"loading: (?P<model>[\w.-]+):\d+"')
+_LOADED = re.compile(r"\"successfully loaded '(?P<model>[\w.-]+)'\"")
+
+
+@dataclass
+class LoadProgress:
+    """The models tritonserver has begun loading, and those it has loaded, from its log:
+    what a long start says while it waits (a model loads its checkpoint and warms its
+    engine in `initialize`, which can take tens of seconds on a busy CPU)."""
+
+    loading: list[str] = field(default_factory=list)
+    loaded: list[str] = field(default_factory=list)
+
+    def see(self, line: str) -> None:
+        for pattern, names in ((_LOADING, self.loading), (_LOADED, self.loaded)):
+            found = pattern.search(line)
+            if found is not None and found["model"] not in names:
+                names.append(found["model"])
+
+    def describe(self, elapsed_s: float) -> str:
+        head = f"still starting after {elapsed_s:.0f} s: "
+        if not self.loading:
+            return head + "tritonserver has not begun loading the models"
+        waiting = [name for name in self.loading if name not in self.loaded]
+        if not waiting:
+            return head + "every model is loaded; waiting for tritonserver to be ready"
+        return head + f"loaded {', '.join(self.loaded) or 'none yet'}; loading {', '.join(waiting)}"
 
 
 def load_failure(line: str) -> str | None:
