@@ -225,8 +225,8 @@ def problems(record: dict) -> list[str]:
                      f"examples {point['problems']}")
     if not point["statuses"].get("OK"):
         found.append("no request answered")
-    if stalled(record["answered"]):
-        found.append(f"instances below {FAIR_SHARE:.0%} of the mean: {stalled(record['answered'])}")
+    if low := stalled(record["answered"]):
+        found.append(f"instances below {FAIR_SHARE:.0%} of the mean: {low}")
     for name in ("held_after", "failed_steps", "engine_stalled"):
         bad = {instance: value for instance, value in record[name].items() if value}
         if bad:

@@ -15,6 +15,7 @@ bits on the host, on the CPU and on a GPU.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, TypeVar
 
@@ -49,11 +50,16 @@ def draw_key(seed: int, stream: int, index: int) -> int:
     return mix32(mix32(mix32(seed & MASK32) ^ (stream & MASK32)) ^ (index & MASK32))
 
 
+@functools.lru_cache(maxsize=8)
+def _token_hashes(vocab: int, device: torch.device) -> torch.Tensor:
+    """mix32 of every token id, hashed once per vocabulary and device, not at every draw."""
+    return mix32(torch.arange(vocab, dtype=torch.int64, device=device))
+
+
 def uniform(keys: torch.Tensor, vocab: int) -> torch.Tensor:
     """[B] int64 keys -> [B, vocab] float64 noise, uniform in (0, 1), each a function of the
     row's key and the token id alone."""
-    ids = mix32(torch.arange(vocab, dtype=torch.int64, device=keys.device))
-    bits = mix32((keys[:, None] & MASK32) ^ ids[None, :])
+    bits = mix32((keys[:, None] & MASK32) ^ _token_hashes(vocab, keys.device)[None, :])
     return (bits.double() + 0.5) / 2.0**32
 
 
