@@ -174,7 +174,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     decoding.add_argument("--no-speech-threshold", "--no_speech_threshold", type=float, metavar="P", help="silence above this probability (default: 0.6)")
     decoding.add_argument(
         "--window-padding", choices=[p.value for p in WindowPadding],
-        help="past the end of the audio: as transformers pads it (the default) or as openai-whisper and faster-whisper do",
+        help="past the end of the audio: as openai-whisper and faster-whisper pad it (the default) or as transformers does",
     )
     decoding.add_argument(
         "--hallucination-silence-threshold", "--hallucination_silence_threshold", type=float, metavar="S",

@@ -50,6 +50,7 @@ def parse(*argv: str):
          {"prompt": "Names.", "word_timestamps": True, "temperature_increment": 0.0}),
         (("--language=English", "--model=small"), {"language": "English"}),  # the server reads the name
         (("--window-padding=openai-whisper",), {"window_padding": "openai-whisper"}),
+        (("--window-padding=transformers",), {"window_padding": "transformers"}),
         (("--beam-size=5", "--best-of=3", "--patience=1.5", "--length-penalty=0.6", "--seed=9"),
          {"beam_size": 5, "best_of": 3, "patience": 1.5, "length_penalty": 0.6, "seed": 9}),
         (("--beam_size", "4", "--best_of", "2", "--length_penalty", "1"),

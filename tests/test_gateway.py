@@ -441,21 +441,24 @@ def test_beam_search_through_the_gateway_is_the_librarys(client, library):
 
 
 def test_window_padding_reaches_the_model(client, library):
-    """window_padding="openai-whisper" over HTTP (the real server, tiny.en): the
+    """window_padding="transformers" over HTTP (the real server, tiny.en): the
     library's transcript with that option, which on this clip reads differently
-    from the default padding; a value it does not name is a 400 naming both."""
-    from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+    from the default padding (openai-whisper's); a value it does not name is a
+    400 naming both."""
+    from python_backend_lib.core.options import DecodingOptions, TranscribeOptions, WindowPadding
 
     clip = AUDIO_DIR / "cards_002.wav"
-    served = transcribe(client, clip, extra_body={"window_padding": "openai-whisper", "beam_size": 5})
+    served = transcribe(client, clip, extra_body={"window_padding": "transformers", "beam_size": 5})
     decoding = DecodingOptions(timestamps=True, beam_size=5)
-    expected = library.transcribe(clip.read_bytes(), TranscribeOptions(decoding=decoding, window_padding="openai-whisper"))
+    expected = library.transcribe(
+        clip.read_bytes(), TranscribeOptions(decoding=decoding, window_padding=WindowPadding.TRANSFORMERS)
+    )
     default = library.transcribe(clip.read_bytes(), TranscribeOptions(decoding=decoding))
     assert served.text == expected.text != default.text
     with pytest.raises(openai.BadRequestError, match="window_padding must be one of .'transformers', 'openai-whisper'."):
         transcribe(client, extra_body={"window_padding": "zeros"})
-    request = parse_form({"model": ["whisper-1"], "window_padding": ["openai-whisper"]}, Task.TRANSLATE, ("whisper-1",))
-    assert request.triton_parameters()["window_padding"] == "openai-whisper"
+    request = parse_form({"model": ["whisper-1"], "window_padding": ["transformers"]}, Task.TRANSLATE, ("whisper-1",))
+    assert request.triton_parameters()["window_padding"] == "transformers"
 
 
 def test_words_alone_drop_the_segments():

@@ -22,7 +22,7 @@ from clients.api import WhisperClient
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.checkpoints.weights import hf_directory
-from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
+from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions, WindowPadding
 from python_backend_lib.text.formats import Document
 from python_backend_lib.transcription.pipeline import Pipeline
 
@@ -37,6 +37,10 @@ PROBABILITY_TOLERANCE = 1e-4
 # 8 kHz telephone French fails the fallback's thresholds, and sampled text differs
 # from one decoding to the next.
 GREEDY = {"temperature_increment": 0.0}
+# ... and pad each clip's window as transformers does (with silence), not by the
+# default (openai-whisper's zeros): the detected languages and their probabilities
+# are checked against transformers', which sees silence there.
+PADDING = {"window_padding": WindowPadding.TRANSFORMERS.value}
 
 
 @dataclass(frozen=True)
@@ -154,6 +158,7 @@ def library(pipe):
                 TranscribeOptions(
                     decoding=DecodingOptions(task=task, language=clip.language if given else None, timestamps=True),
                     temperature_increment=GREEDY["temperature_increment"],
+                    window_padding=PADDING["window_padding"],
                 )
                 for clip in CLIPS
             ]
@@ -167,7 +172,7 @@ def served_documents(server, protocol: str, task: Task, given: bool) -> list[Doc
     """verbose_json of every clip, sent at once (the engine batches them)."""
 
     def send(clip: Clip) -> Document:
-        options = {"task": task.value, **GREEDY, **({"language": clip.language} if given else {})}
+        options = {"task": task.value, **GREEDY, **PADDING, **({"language": clip.language} if given else {})}
         with WhisperClient(server.url(protocol), protocol) as client:
             return client.transcribe_document(clip.path, **options)
 
@@ -197,7 +202,7 @@ def test_the_cli_reports_the_detected_language(base_server, library, hf_detected
     clip, expected = CLIPS[0], hf_detected[0]
     command = whisper_triton_command() + [
         "transcribe", str(clip.path), f"--url={base_server.grpc_url}", "--protocol=grpc", "--format=verbose_json",
-        "--temperature-increment=0",
+        "--temperature-increment=0", f"--window-padding={PADDING['window_padding']}",
     ]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr

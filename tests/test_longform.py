@@ -12,15 +12,22 @@ from long_recording import speech_seconds, uncovered_seconds
 from reference import DATA, hf_model, hf_model_from_state, normalize, word_error_rate
 
 from python_backend_lib.audio.decode import decode_audio
-from python_backend_lib.audio.features import window_features
+from python_backend_lib.audio.features import features_for, window_features
+from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core import geometry
 from python_backend_lib.core.decoded import DecodedWindow
-from python_backend_lib.core.options import DecodingOptions, DecodingResult, LongFormMode, TranscribeOptions
+from python_backend_lib.core.options import (
+    DecodingOptions,
+    DecodingResult,
+    LongFormMode,
+    TranscribeOptions,
+    WindowPadding,
+)
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.tokenizer import load_tokenizer
 from python_backend_lib.text.windows import window_segments
-from python_backend_lib.transcription.longform import compression_ratio, is_silent, needs_fallback
+from python_backend_lib.transcription.longform import LongFormJob, compression_ratio, is_silent, needs_fallback
 from python_backend_lib.transcription.pipeline import Pipeline
 
 SONNET = DATA / "sonnet1_longform.wav"
@@ -89,8 +96,10 @@ def test_sonnet_equals_transformers_long_form_generate(pipe):
     expected = [(round(float(s["start"]), 2), round(float(s["end"]), 2),
                  pipe.tokenizer.decode([t for t in s["tokens"].tolist() if t < eot]).strip())
                 for s in out["segments"][0]]
+    # Past 30 s both paddings pad so; transformers' is asked for by name all the same.
     options = TranscribeOptions(decoding=DecodingOptions(timestamps=True), temperature_increment=0.0,
-                                compression_ratio_threshold=None, logprob_threshold=None, no_speech_threshold=None)
+                                compression_ratio_threshold=None, logprob_threshold=None, no_speech_threshold=None,
+                                window_padding=WindowPadding.TRANSFORMERS)
     ours = pipe.transcribe(SONNET.read_bytes(), options)
     assert [(round(s.start, 2), round(s.end, 2), s.text.strip()) for s in ours.segments] == expected
     assert len(expected) >= 5 and expected[-1][1] > 50.0
@@ -135,6 +144,39 @@ def test_temperature_fallback_runs_to_the_last_temperature(pipe):
     transcript = pipe.transcribe(clip, options)
     assert transcript.windows[0].temperature == 1.0
     assert transcript.segments[0].temperature == 1.0
+
+
+def first_window(waveform: np.ndarray, options: TranscribeOptions) -> torch.Tensor:
+    """The features of the first window a `LongFormJob` submits for `waveform` (tiny.en)."""
+    submitted: list[torch.Tensor] = []
+
+    def submit(features, options, on_done, is_cancelled, content_frames=None):  # a stand-in for the engine
+        submitted.append(features)
+        on_done(DecodingResult((), "en", -0.2, 0.1, options.temperature))
+
+    tokenizer = load_tokenizer("default")
+    features = features_for(waveform, 80)
+    LongFormJob(submit, load_config("default"), tokenizer, features, len(waveform), options, lambda outcome: None).start()
+    return submitted[0]
+
+
+def test_by_default_a_short_clips_window_is_padded_as_openai_whisper_pads_it():
+    """The default `window_padding` is openai-whisper's: past the end of a clip shorter
+    than a window, the window holds zeros of the normalised log-mel, as openai-whisper
+    and faster-whisper pad it (the transcripts users compare against, and the more
+    accurate ones: docs/benchmarks/beam-wer). Transformers' padding, asked for by
+    name, holds silence there: the log-mel of zero samples, as `generate` sees it."""
+    assert TranscribeOptions().window_padding is WindowPadding.OPENAI_WHISPER
+    waveform = decode_audio((DATA / "jfk.wav").read_bytes())  # 11 s
+    audio_frames = geometry.content_frames(len(waveform))
+    default = first_window(waveform, TranscribeOptions())
+    silence = window_features(waveform, 80)
+    assert default.shape == silence.shape == (80, geometry.N_FRAMES)
+    assert torch.equal(default[:, :audio_frames], silence[:, :audio_frames])
+    assert torch.equal(default[:, audio_frames:], torch.zeros(80, geometry.N_FRAMES - audio_frames))
+    assert (silence[:, audio_frames:] != 0).any()  # so the two paddings differ
+    transformers = first_window(waveform, TranscribeOptions(window_padding=WindowPadding.TRANSFORMERS))
+    torch.testing.assert_close(transformers, silence, rtol=0, atol=1e-6)
 
 
 def test_quality_rules():

@@ -43,7 +43,7 @@ def test_every_documented_parameter_is_parsed():
             "compression_ratio_threshold": 2,
             "logprob_threshold": -0.5,
             "no_speech_threshold": 0.9,
-            "window_padding": "openai-whisper",
+            "window_padding": "transformers",
             "response_format": "srt",
             "input_format": "pcm_f32le",
             "sample_rate": 8000,
@@ -73,7 +73,7 @@ def test_every_documented_parameter_is_parsed():
             compression_ratio_threshold=2,
             logprob_threshold=-0.5,
             no_speech_threshold=0.9,
-            window_padding=WindowPadding.OPENAI_WHISPER,
+            window_padding=WindowPadding.TRANSFORMERS,
         ),
         response_format=ResponseFormat.SRT,
         input_format=InputFormat.PCM_F32LE,
@@ -94,6 +94,7 @@ def test_defaults_are_openai_whispers():
     )
     assert options.mode is LongFormMode.SEQUENTIAL and options.condition_on_previous_text
     assert not options.word_timestamps
+    assert options.window_padding is WindowPadding.OPENAI_WHISPER
     assert parse_request_parameters({"temperature_increment": 0}).transcription.temperatures == (0.0,)
 
 

@@ -88,9 +88,9 @@ FIELD_SCHEMAS: dict[str, dict[str, Any]] = {
         "type": "number", "minimum": 0,
         "description": "with word timestamps: drop doubtful text with this many seconds of silence around it"},
     "window_padding": {"type": "string", "enum": [p.value for p in WindowPadding],
-                       "default": WindowPadding.TRANSFORMERS.value,
-                       "description": "what a 30 s window holds past the end of the audio: as transformers or as "
-                                      "openai-whisper and faster-whisper pad it"},
+                       "default": WindowPadding.OPENAI_WHISPER.value,
+                       "description": "what a 30 s window holds past the end of the audio: as openai-whisper and "
+                                      "faster-whisper pad it (the default) or as transformers does"},
     "beam_size": {"type": "integer", "minimum": 1, "description": "beam search at temperature 0 (default: greedy)"},
     "best_of": {"type": "integer", "minimum": 1, "description": "above temperature 0, the best of this many samples"},
     "patience": {"type": "number", "description": "beam search ends after round(beam_size * patience) candidates"},

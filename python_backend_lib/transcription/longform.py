@@ -176,13 +176,13 @@ class LongFormJob:
     def _window(self, chunk: Chunk, seek: int) -> tuple[torch.Tensor, int]:
         """The 3,000 frames decoded from `seek`, and how many of them hold the
         chunk's audio. Past the end of the audio, the window is padded as
-        `options.window_padding` says: by default as transformers pads it, a
-        recording of up to 30 s is one window padded with silence (short-form
-        `generate`: the features' own padding, or, where they travelled
-        without it, their last frame repeated, the same values), and a longer
-        recording's last window with zeros of the normalised log-mel
-        (long-form `generate`; openai-whisper and faster-whisper pad every
-        window so). Past a chunk's cut inside the audio the window holds
+        `options.window_padding` says: by default with zeros of the normalised
+        log-mel, as openai-whisper and faster-whisper pad every window; as
+        transformers pads it, a recording of up to 30 s is one window padded
+        with silence (short-form `generate`: the features' own padding, or,
+        where they travelled without it, their last frame repeated, the same
+        values), and a longer recording's last window with those zeros
+        (long-form `generate`). Past a chunk's cut inside the audio the window holds
         silence, so the model does not see, and half-transcribe, the next
         chunk's first words."""
         frames = _frames(chunk, seek)
