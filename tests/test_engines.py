@@ -13,10 +13,12 @@ import pytest
 from python_backend_lib.apps import repository
 from python_backend_lib.apps.cli import build_parser
 from python_backend_lib.apps.repository import (
+    SHIPPED_POSTPROCESSING_GROUP,
     SHIPPED_PREPROCESSING_GROUP,
     SHIPPED_WHISPER_GROUP,
     InstanceGroup,
     engines_to_serve,
+    postprocessing_to_serve,
     preprocessing_to_serve,
     read_instance_group,
     repository_with_engines,
@@ -121,6 +123,35 @@ def test_auto_serves_more_preprocessing_only_for_tiny_under_mps_on_a_gpu():
     assert preprocessing_to_serve(shipped, gpus=0, checkpoint="random:tiny", mps=True) is None  # the CPU
     owned = with_instance_group(shipped, InstanceGroup(2, "KIND_GPU"))
     assert preprocessing_to_serve(owned, gpus=1, checkpoint="random:tiny", mps=True) is None  # an owner's own
+
+
+def test_postprocessing_runs_one_instance_per_engine_of_the_whole_server():
+    """Four postprocessing instances for sixteen engines on four GPUs filled their queue,
+    and Triton refused requests the engines had decoded (docs/reliability.md)."""
+    shipped = (packaged_model_repository() / "postprocessing" / "config.pbtxt").read_text()
+    assert read_instance_group(shipped) == SHIPPED_POSTPROCESSING_GROUP
+    assert postprocessing_to_serve(shipped, engines_per_gpu=4, gpus=4) == 16
+    assert postprocessing_to_serve(shipped, engines_per_gpu=4, gpus=2) == 8
+    assert postprocessing_to_serve(shipped, engines_per_gpu=4, gpus=1) is None  # four, as written
+    assert postprocessing_to_serve(shipped, engines_per_gpu=1, gpus=2) is None  # never fewer than written
+    assert postprocessing_to_serve(shipped, engines_per_gpu=1, gpus=0) is None  # the CPU
+    owned = with_instance_group(shipped, InstanceGroup(2, "KIND_CPU"))
+    assert postprocessing_to_serve(owned, engines_per_gpu=4, gpus=4) is None  # an owner's own
+
+
+def test_serving_on_four_gpus_runs_postprocessing_for_every_engine():
+    shipped = packaged_model_repository()
+    copy = serving_copy(shipped, None, gpus=4, environ={CHECKPOINT_ENV: "random:tiny"}, mps=True)
+    try:
+        assert read_instance_group((copy / "whisper" / "config.pbtxt").read_text()) == InstanceGroup(4, "KIND_AUTO")
+        assert read_instance_group((copy / "postprocessing" / "config.pbtxt").read_text()) == InstanceGroup(16, "KIND_CPU")
+    finally:
+        repository.remove_copy(copy)
+    copy = serving_copy(shipped, 2, gpus=3, environ={CHECKPOINT_ENV: "random:tiny"}, mps=True)  # --engines 2
+    try:
+        assert read_instance_group((copy / "postprocessing" / "config.pbtxt").read_text()) == InstanceGroup(6, "KIND_CPU")
+    finally:
+        repository.remove_copy(copy)
 
 
 def test_serving_under_mps_rewrites_both_counts_for_tiny():

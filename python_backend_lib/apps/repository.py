@@ -1,12 +1,16 @@
 """The model repository `whisper-triton serve` hands to Triton: the one given, or a
-copy in which the `whisper` and `preprocessing` models run other instance counts.
+copy in which the `whisper`, `preprocessing` and `postprocessing` models run other
+instance counts.
 
 An engine is one instance of the `whisper` model: one process with its own
 Python interpreter, decoding with continuous batching. On a GPU, a small
 checkpoint's engine is bound by that process's host work (its threads share one
 GIL) while the GPU is mostly idle, so several engines on one GPU serve more, and
 more preprocessing instances keep up with them; a large checkpoint keeps the GPU
-busy with one (`settings.auto_instances_per_gpu`). Triton takes an instance count
+busy with one (`settings.auto_instances_per_gpu`). `postprocessing` runs on the
+CPU, one instance per engine of the whole server (at least the four written):
+with four of them for sixteen engines on four GPUs, its queue filled and Triton
+refused requests the engines had decoded. Triton takes an instance count
 only from config.pbtxt, so counts other than the repository's mean a copy: a
 temporary folder of links to the given models, with the changed models'
 config.pbtxt rewritten.
@@ -46,10 +50,11 @@ class InstanceGroup:
     kind: str  # KIND_AUTO, KIND_GPU or KIND_CPU
 
 
-# What the packaged repository's models say: one engine, on each GPU or on the CPU, and
-# four preprocessing instances, likewise.
+# What the packaged repository's models say: one engine, on each GPU or on the CPU,
+# four preprocessing instances, likewise, and four postprocessing instances on the CPU.
 SHIPPED_WHISPER_GROUP = InstanceGroup(1, "KIND_AUTO")
 SHIPPED_PREPROCESSING_GROUP = InstanceGroup(4, "KIND_AUTO")
+SHIPPED_POSTPROCESSING_GROUP = InstanceGroup(4, "KIND_CPU")
 
 
 def read_instance_group(config: str) -> InstanceGroup:
@@ -141,6 +146,18 @@ def preprocessing_to_serve(config: str, gpus: int, checkpoint: str, mps: bool) -
     return None if count == group.count else count
 
 
+def postprocessing_to_serve(config: str, engines_per_gpu: int, gpus: int) -> int | None:
+    """Postprocessing instances for a repository whose postprocessing model has this
+    config.pbtxt text, on a server of `gpus` GPUs with `engines_per_gpu` engines on
+    each: one per engine, at least as many as written; None: as written (on the CPU,
+    or an owner's own group)."""
+    group = read_instance_group(config)
+    if gpus == 0 or group != SHIPPED_POSTPROCESSING_GROUP:
+        return None
+    count = max(group.count, engines_per_gpu * gpus)
+    return None if count == group.count else count
+
+
 def _auto(checkpoint: str, mps: bool) -> GpuInstances:
     from python_backend_lib.checkpoints.configs import load_config
 
@@ -150,15 +167,21 @@ def _auto(checkpoint: str, mps: bool) -> GpuInstances:
 def serving_copy(
     source: Path, requested: int | None, gpus: int, environ: dict[str, str], mps: bool = False
 ) -> Path | None:
-    """The copy of `source` to serve (`engines_to_serve`, `preprocessing_to_serve`), or None to serve it as written."""
+    """The copy of `source` to serve (`engines_to_serve`, `preprocessing_to_serve`,
+    `postprocessing_to_serve`), or None to serve it as written."""
     try:
         config = whisper_config(source).read_text()
         checkpoint = configured_checkpoint(config, environ)
-        counts = {tensor_names.WHISPER_NAME: engines_to_serve(config, requested, gpus, checkpoint, mps)}
+        engines = engines_to_serve(config, requested, gpus, checkpoint, mps)
+        counts = {tensor_names.WHISPER_NAME: engines}
         preprocessing = model_config(source, tensor_names.PREPROCESSING_NAME)
         if preprocessing.exists():
             count = preprocessing_to_serve(preprocessing.read_text(), gpus, checkpoint, mps)
             counts[tensor_names.PREPROCESSING_NAME] = count
+        postprocessing = model_config(source, tensor_names.POSTPROCESSING_NAME)
+        if postprocessing.exists():
+            per_gpu = engines if engines is not None else read_instance_group(config).count
+            counts[tensor_names.POSTPROCESSING_NAME] = postprocessing_to_serve(postprocessing.read_text(), per_gpu, gpus)
     except Exception as error:  # a checkpoint that cannot be read: the models report it as they load
         print(f"whisper-triton: serving {source} as written: {error}", file=sys.stderr)
         return None
