@@ -1,0 +1,163 @@
+"""The `postprocessing` model called alone, at rising concurrency: what each request costs it,
+and what its queue does when requests come faster than it answers.
+
+    python -m bench.postprocessing_alone --concurrency 256 2048 --requests 20000 --out OUT
+
+`whisper-triton serve` (on this machine's device) serves the packaged repository, or
+`--model-repository`. One clip goes through `preprocessing` and `whisper` alone once;
+then its decoded tensors go to `postprocessing` from one asyncio gRPC client, keeping
+`--concurrency` requests in flight, each with a timeout, until `--requests` were sent.
+A refused request is replaced by the next at once, as a load generator's clients do.
+Each point records answered and refused requests (by reason), Triton's batches for the
+model (requests per `execute`, its mean time in `execute` and queued), and the CPU the
+postprocessing stubs and tritonserver spent per answered request.
+
+Writes `postprocessing-alone.json` and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from bench.host import ServerProcesses
+from bench.load import error_reason
+from bench.provenance import provenance
+from bench.server_process import ServeCommand, ServerProcess
+from bench.triton_stats import model_stats, stats_delta
+from python_backend_lib.serving import tensor_names
+
+CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "audio" / "jfk.wav"
+REQUEST_TIMEOUT_S = 120.0
+DECODED = {  # whisper's outputs that postprocessing reads, with their Triton types
+    tensor_names.TOKENS: "INT32",
+    tensor_names.WINDOWS: "FP64",
+    tensor_names.ALIGNMENT: "FP64",
+    tensor_names.LANGUAGE: "INT32",
+    tensor_names.LANGUAGE_PROBABILITY: "FP64",
+}
+
+
+def say(message: str) -> None:
+    print(f"[bench.postprocessing_alone {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+@dataclass
+class Point:
+    concurrency: int
+    sent: int
+    seconds: float
+    answered: int = 0
+    refused: dict[str, int] = field(default_factory=dict)
+    answered_per_s: float = 0.0
+    requests_per_execute: float = 0.0
+    execute_ms: float = 0.0  # Triton's mean time of one request in execute(): its batch's
+    queue_ms: float = 0.0
+    stub_cpu_ms_per_request: float = 0.0
+    tritonserver_cpu_ms_per_request: float = 0.0
+
+
+def decoded_inputs(url: str) -> list[tuple[str, np.ndarray, str]]:
+    """One clip's postprocessing inputs, as `preprocessing` and `whisper` called alone give them."""
+    import tritonclient.grpc as grpc
+
+    client = grpc.InferenceServerClient(url)
+    try:
+        audio = grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
+        audio.set_data_from_numpy(np.array([[CLIP.read_bytes()]], dtype=object))
+        features = client.infer(tensor_names.PREPROCESSING_NAME, [audio], client_timeout=REQUEST_TIMEOUT_S)
+        inputs = []
+        for name, dtype in ((tensor_names.LOG_MEL, "FP32"), (tensor_names.SAMPLES, "INT64")):
+            array = features.as_numpy(name)
+            inputs.append(grpc.InferInput(name, list(array.shape), dtype))
+            inputs[-1].set_data_from_numpy(array)
+        decoded = client.infer(tensor_names.WHISPER_NAME, inputs, client_timeout=REQUEST_TIMEOUT_S)
+    finally:
+        client.close()
+    return [(name, decoded.as_numpy(name), dtype) for name, dtype in DECODED.items()] + [
+        (tensor_names.SAMPLES, features.as_numpy(tensor_names.SAMPLES), "INT64")]
+
+
+async def send(url: str, inputs: list[tuple[str, np.ndarray, str]], concurrency: int, total: int) -> Point:
+    import tritonclient.grpc.aio as grpc_aio
+
+    client = grpc_aio.InferenceServerClient(url)
+    point = Point(concurrency, total, 0.0)
+    left = iter(range(total))
+
+    async def one_slot() -> None:
+        for _ in left:
+            request = []
+            for name, array, dtype in inputs:
+                request.append(grpc_aio.InferInput(name, list(array.shape), dtype))
+                request[-1].set_data_from_numpy(array)
+            try:
+                await client.infer(tensor_names.POSTPROCESSING_NAME, request, client_timeout=REQUEST_TIMEOUT_S)
+                point.answered += 1
+            except Exception as error:  # refused or failed: counted by reason
+                reason = error_reason(str(error))
+                point.refused[reason] = point.refused.get(reason, 0) + 1
+
+    started = time.monotonic()
+    try:
+        await asyncio.gather(*(one_slot() for _ in range(concurrency)))
+    finally:
+        point.seconds = round(time.monotonic() - started, 3)
+        await client.close()
+    return point
+
+
+def measure(server: ServerProcess, inputs, concurrency: int, total: int) -> Point:
+    url = server.command.grpc_url
+    processes = ServerProcesses.find(server.command.ports["grpc"])
+    cpu_before, stats_before = processes.cpu_seconds(), model_stats(url)
+    point = asyncio.run(send(url, inputs, concurrency, total))
+    cpu_after, stats = processes.cpu_seconds(), stats_delta(stats_before, model_stats(url))
+    busy = processes.busy(cpu_before, cpu_after, point.seconds)
+    model = stats.get(tensor_names.POSTPROCESSING_NAME, {})
+    answered = max(point.answered, 1)
+    point.answered_per_s = round(point.answered / point.seconds, 1)
+    point.requests_per_execute = round(model.get("requests", 0) / max(model.get("executions", 0), 1), 1)
+    point.execute_ms, point.queue_ms = model.get("execute_ms", 0.0), model.get("queue_ms", 0.0)
+    for role, attribute in ((tensor_names.POSTPROCESSING_NAME, "stub_cpu_ms_per_request"),
+                            ("tritonserver", "tritonserver_cpu_ms_per_request")):
+        cores = busy.get(role, {}).get("cores", 0.0)
+        setattr(point, attribute, round(1000 * cores * point.seconds / answered, 3))
+    return point
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.postprocessing_alone", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[256, 2048])
+    parser.add_argument("--requests", type=int, default=20000, help="requests sent at each concurrency")
+    parser.add_argument("--model-repository", type=Path)
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    command = ServeCommand(None, args.model_repository)
+    points = []
+    with ServerProcess(command, args.out / "postprocessing-alone-server.log", 300.0) as server:
+        inputs = decoded_inputs(command.grpc_url)
+        asyncio.run(send(command.grpc_url, inputs, 64, 2000))  # warm-up
+        for concurrency in args.concurrency:
+            point = measure(server, inputs, concurrency, args.requests)
+            points.append(point)
+            say(f"concurrency {concurrency}: {point.answered} answered ({point.answered_per_s}/s), refused "
+                f"{sum(point.refused.values())}; {point.requests_per_execute} requests an execute of "
+                f"{point.execute_ms} ms, queued {point.queue_ms} ms; CPU ms a request: stubs "
+                f"{point.stub_cpu_ms_per_request}, tritonserver {point.tritonserver_cpu_ms_per_request}")
+    (args.out / "postprocessing-alone.json").write_text(json.dumps(
+        {"run": provenance(), "command": "python -m bench.postprocessing_alone " + " ".join(argv if argv is not None else sys.argv[1:]),
+         "repository": str(args.model_repository or "packaged"), "points": [asdict(p) for p in points]}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
