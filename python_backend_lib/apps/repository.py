@@ -181,7 +181,8 @@ def serving_copy(
         postprocessing = model_config(source, tensor_names.POSTPROCESSING_NAME)
         if postprocessing.exists():
             per_gpu = engines if engines is not None else read_instance_group(config).count
-            counts[tensor_names.POSTPROCESSING_NAME] = postprocessing_to_serve(postprocessing.read_text(), per_gpu, gpus)
+            count = postprocessing_to_serve(postprocessing.read_text(), per_gpu, gpus)
+            counts[tensor_names.POSTPROCESSING_NAME] = count
     except Exception as error:  # a checkpoint that cannot be read: the models report it as they load
         print(f"whisper-triton: serving {source} as written: {error}", file=sys.stderr)
         return None
