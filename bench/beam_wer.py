@@ -9,8 +9,8 @@ Two sets, each decoded by every system in one run:
 - multilingual: the packaged base (`--checkpoint base`) on tests/data/multilingual
   and ../shared/audio/multilingual, the language detected.
 Systems: our library (`Pipeline.transcribe`, float32) with beam_size=5, best_of=5
-(faster-whisper's defaults), once with each `window_padding` (transformers', the
-default, and openai-whisper's, which faster-whisper's windows have too), and
+(faster-whisper's defaults), once with each `window_padding` (openai-whisper's, the
+default, which faster-whisper's windows have too, and transformers'), and
 greedily (the server's default), and faster-whisper
 `WhisperModel.transcribe` on the same CTranslate2 folder with beam_size=5,
 best_of=5 in float32 (`--compute-type` to change). Everything else is each
@@ -18,6 +18,9 @@ library's default, which are the same: timestamps on, temperature fallback
 (0.0, 0.2, ..., 1.0) with thresholds 2.4 / -1.0 / 0.6, conditioning on the
 previous text, patience 1, and candidates ranked by log-probability over length
 (faster-whisper's length_penalty=1, CTranslate2's length ** 1; ours unset, openai-whisper's).
+
+Each system's detected languages are kept, and counted right against the
+recordings' own (the English set names its language, so there they are given).
 
 Errors are corpus rates: edits summed over the clips over the reference's
 length, in words (WER) and in characters without spaces (CER; the one that means
@@ -64,6 +67,8 @@ class Scored:
     cer: float
     seconds: float
     transcripts: list[str]
+    languages: list[str | None]  # as detected (given, where the set names it)
+    languages_right: int
 
 
 def english_clips() -> list[Clip]:
@@ -101,12 +106,14 @@ def english_words(text: str) -> list[str]:
     return normalize(text)
 
 
-def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], str], say) -> Scored:
-    texts, word_edits, n_words, char_edits, n_chars = [], 0, 0, 0, 0
+def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], tuple[str, str | None]], say) -> Scored:
+    """transcribe: a clip's text and the language it was decoded in."""
+    texts, languages, word_edits, n_words, char_edits, n_chars = [], [], 0, 0, 0, 0
     start = time.perf_counter()
     for clip in clips:
-        text = transcribe(clip)
+        text, language = transcribe(clip)
         texts.append(text)
+        languages.append(language)
         split = english_words if clip.language == "en" else words
         ref, hyp = split(clip.reference), split(text)
         word_edits, n_words = word_edits + edits(ref, hyp), n_words + len(ref)
@@ -114,10 +121,12 @@ def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], str], say
         char_edits, n_chars = char_edits + edits(ref_chars, hyp_chars), n_chars + len(ref_chars)
         say(f"  {system} {clip.path.name}: {text[:70]!r}")
     seconds = time.perf_counter() - start
-    return Scored(system, len(clips), word_edits / n_words, char_edits / n_chars, round(seconds, 1), texts)
+    right = sum(language == clip.language for language, clip in zip(languages, clips))
+    return Scored(system, len(clips), word_edits / n_words, char_edits / n_chars, round(seconds, 1), texts,
+                  languages, right)
 
 
-def ours(source: str, search: dict | None, padding: str = "transformers") -> tuple[Callable[[Clip], str], Callable[[], None]]:
+def ours(source: str, search: dict | None, padding: str) -> tuple[Callable[[Clip], tuple[str, str | None]], Callable[[], None]]:
     from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
     from python_backend_lib.transcription.pipeline import Pipeline
 
@@ -127,12 +136,13 @@ def ours(source: str, search: dict | None, padding: str = "transformers") -> tup
         language = clip.language if source == "default" else None
         decoding = DecodingOptions(timestamps=True, language=language, **(search or {}))
         options = TranscribeOptions(decoding=decoding, window_padding=padding)
-        return pipeline.transcribe(clip.path.read_bytes(), options).text.strip()
+        transcript = pipeline.transcribe(clip.path.read_bytes(), options)
+        return transcript.text.strip(), transcript.language
 
     return transcribe, pipeline.close
 
 
-def faster_whisper(source: str, compute_type: str, threads: int) -> Callable[[Clip], str]:
+def faster_whisper(source: str, compute_type: str, threads: int) -> Callable[[Clip], tuple[str, str | None]]:
     from faster_whisper import WhisperModel
 
     from python_backend_lib.checkpoints.packaged import packaged_folder
@@ -141,8 +151,8 @@ def faster_whisper(source: str, compute_type: str, threads: int) -> Callable[[Cl
 
     def transcribe(clip: Clip) -> str:
         language = clip.language if source == "default" else None
-        segments, _ = model.transcribe(io.BytesIO(clip.path.read_bytes()), language=language, **FASTER_WHISPER_SEARCH)
-        return "".join(segment.text for segment in segments).strip()
+        segments, info = model.transcribe(io.BytesIO(clip.path.read_bytes()), language=language, **FASTER_WHISPER_SEARCH)
+        return "".join(segment.text for segment in segments).strip(), info.language
 
     return transcribe
 
@@ -151,9 +161,9 @@ def run_set(name: str, source: str, clips: list[Clip], args, say) -> dict:
     say(f"{name}: {len(clips)} clips, checkpoint {source}")
     scored = []
     for label, search, padding in (
-        ("ours beam_size=5 best_of=5 float32", SEARCH, "transformers"),
-        ("ours beam_size=5 best_of=5 window_padding=openai-whisper float32", SEARCH, "openai-whisper"),
-        ("ours greedy float32", None, "transformers"),
+        ("ours beam_size=5 best_of=5 float32", SEARCH, "openai-whisper"),
+        ("ours beam_size=5 best_of=5 window_padding=transformers float32", SEARCH, "transformers"),
+        ("ours greedy float32", None, "openai-whisper"),
     ):
         transcribe, close = ours(source, search, padding)
         try:
@@ -170,11 +180,12 @@ def report(record: dict) -> str:
     lines = ["# Beam search: error rates beside faster-whisper's", "",
              f"Command: `{record['command']}`  ", f"Commit: {record['run']['commit']} (dirty: "
              f"{record['run']['dirty']}), {record['run']['date']}; CPU, {record['threads']} threads.", "",
-             "| set | checkpoint | clips | system | WER | CER | seconds |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| set | checkpoint | clips | system | WER | CER | languages right | seconds |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for result in record["sets"]:
         for s in result["systems"]:
             lines.append(f"| {result['set']} | {result['checkpoint']} | {s['clips']} | {s['system']} | "
-                         f"{s['wer']:.3f} | {s['cer']:.3f} | {s['seconds']} |")
+                         f"{s['wer']:.3f} | {s['cer']:.3f} | {s.get('languages_right', '-')} | {s['seconds']} |")
     lines += ["", "Options beside the search: each library's defaults, which agree (timestamps, temperature "
               "fallback 0.0 to 1.0 by 0.2, thresholds 2.4 / -1.0 / 0.6, previous text), patience 1, and "
               "candidates ranked by log-probability over length (faster-whisper's length_penalty=1, "
@@ -216,9 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-language", type=int, default=1, help="multilingual clips per language (base; 0: no multilingual set)")
     args = parser.parse_args(argv)
     say = lambda message: print(message, file=sys.stderr, flush=True)  # noqa: E731
+    import ctranslate2
     import torch
 
     torch.set_num_threads(args.threads)
+    ctranslate2.set_random_seed(0)  # faster-whisper's temperature fallback samples; ours is seeded per request
     record = {"command": "python -m bench.beam_wer " + " ".join(argv if argv is not None else sys.argv[1:]),
               "run": provenance(),
               "threads": args.threads, "search": {"ours": SEARCH, "faster-whisper": FASTER_WHISPER_SEARCH},
