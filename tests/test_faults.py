@@ -12,6 +12,7 @@ The session server runs with the engine's fault hooks armed for two prompts
 
 from __future__ import annotations
 
+import io
 import os
 import re
 import signal
@@ -590,3 +591,42 @@ def test_sigterm_answers_the_requests_in_flight(tmp_path):
     # Each model process's nanobind leak report (the triton package's) is not passed on,
     # nor Triton's routine lines glued to its end.
     assert "nanobind" not in said and "leaked" not in said and "live models" not in said, said[-3000:]
+
+
+DRAIN_S = 2.0  # `serve --drain-timeout`: far shorter than the long request's decoding
+
+
+def long_wav(minutes: float) -> bytes:
+    """JFK repeated for `minutes`, as a 16 kHz WAV file."""
+    samples = decode_audio(JFK)
+    repeated = np.tile(samples, int(np.ceil(minutes * 60 * geometry.SAMPLE_RATE / len(samples))))
+    out = io.BytesIO()
+    soundfile.write(out, repeated, geometry.SAMPLE_RATE, format="WAV", subtype="PCM_16")
+    return out.getvalue()
+
+
+@pytest.mark.server
+@pytest.mark.slow
+def test_a_stop_answers_what_its_drain_could_not_finish(tmp_path):
+    """A request still decoding when the drain runs out fails at once with UNAVAILABLE
+    naming the stop, and the server exits without waiting out Triton's own exit timeout
+    (before, the client got no answer and the stop took the drain plus that timeout)."""
+    with launch_server(tmp_path, arguments=("--drain-timeout", str(DRAIN_S))) as launched:
+        server, process = launched.server, launched.process
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            reply = pool.submit(transcribe, server.grpc_url, "grpc", long_wav(minutes=10))
+            busy = wait_for(server, lambda s: s["whisper_requests_in_flight"] >= 1)
+            assert busy["whisper_requests_in_flight"] >= 1
+            stopped = time.monotonic()
+            process.send_signal(signal.SIGTERM)
+            error = reply.result(timeout=REQUEST_TIMEOUT_S)
+            answered_s = time.monotonic() - stopped
+        assert isinstance(error, InferenceServerException), error
+        assert error.status() == UNAVAILABLE["grpc"], error
+        assert "server unavailable: the server stopped before this request was transcribed" in error.message()
+        assert answered_s < DRAIN_S + 10.0, f"answered {answered_s:.1f} s after SIGTERM"
+        assert process.wait(timeout=DRAIN_S + 60.0) == 0, _log_tail(server.log)
+        stopped_s = time.monotonic() - stopped
+    said = server.log.read_text()
+    assert "exit timeout" not in said, said[-3000:]
+    assert stopped_s < DRAIN_S + 30.0, f"stopped {stopped_s:.1f} s after SIGTERM"

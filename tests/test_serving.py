@@ -20,7 +20,7 @@ from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.scheduler import EngineUnavailable
 from python_backend_lib.serving.admission import AdmissionPolicy, Overloaded
-from python_backend_lib.serving.cancellation import POSTED_FOR_S, CancelBoard, CancellationWatcher
+from python_backend_lib.serving.cancellation import POSTED_FOR_S, STOPPING, CancelBoard, CancellationWatcher
 from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
 from python_backend_lib.serving.inputs import check_log_mel, nonfinite, single_row
 from python_backend_lib.serving.parameters import parse_request_parameters
@@ -435,3 +435,26 @@ def test_a_cancel_posted_on_the_board_reaches_the_watch_of_that_id(tmp_path):
     finally:
         watcher.close()
     assert not folder.exists()  # the server stopped: nothing left to cancel
+
+
+def test_a_stopping_server_tells_every_watcher_once_and_keeps_the_mark(tmp_path):
+    """The launcher's STOPPING mark (its drain ran out) reaches every instance's watcher,
+    which calls back once; the mark is never swept away as a stale id."""
+    folder = tmp_path / "board"
+    launcher = CancelBoard(folder)
+    calls: list[str] = []
+    watchers = [CancellationWatcher(CancelBoard(folder), interval_s=0.01, on_stopping=lambda i=i: calls.append(i))
+                for i in ("a", "b")]
+    try:
+        launcher.post("id-of-nobody")
+        launcher.post_stopping()
+        os.utime(folder / STOPPING, (time.time() - POSTED_FOR_S - 1,) * 2)
+        deadline = time.monotonic() + 10
+        while len(calls) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # more polls: no second call
+        assert sorted(calls) == ["a", "b"] and all(w.stopping for w in watchers)
+        assert STOPPING in launcher.posted()
+    finally:
+        for watcher in watchers:
+            watcher.close()

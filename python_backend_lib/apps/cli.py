@@ -162,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         f"faster, its words close to float32's but not always the same (sets {QUANTIZE_ENV})",
     )
     serve.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=server.DRAIN_TIMEOUT_S,
+        metavar="SECONDS",
+        help="on a stop (Ctrl-C, SIGTERM), wait this long at most for the requests in flight; those "
+        "still unanswered then fail with UNAVAILABLE (retry on another server)",
+    )
+    serve.add_argument(
         "--startup-timeout",
         type=float,
         default=server.DEFAULT_STARTUP_TIMEOUT_S,
@@ -196,6 +204,7 @@ def serve_command(args: argparse.Namespace) -> int:
         quantization=args.quantize,
         engines=args.engines,
         mps=MPS_CHOICES[args.mps],
+        drain_timeout=args.drain_timeout,
     )
     verbose = args.verbose or args.log_verbose > 0
     stop_requests = _StopRequests()

@@ -26,6 +26,7 @@ from python_backend_lib.apps.mps import MpsDaemon, MpsError, daemon_for
 from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
 from python_backend_lib.apps.triton_output import Activity, QuietWatch
 from python_backend_lib.core.quantization import Quantization
+from python_backend_lib.serving.cancellation import CancelBoard, board_folder
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 from python_backend_lib.serving.stall_watch import stall_bound_s
 
@@ -43,7 +44,8 @@ DEFAULT_METRICS_PORT = 8002
 DEFAULT_STARTUP_TIMEOUT_S = 600.0  # loading and warming a large checkpoint on a GPU takes minutes
 STOP_GRACE_S = 40.0  # tritonserver itself waits up to 30 s for in-flight requests
 # Before stopping, wait this long at most for the requests in flight to be answered:
-# once stopping, Triton refuses an ensemble's next step, so it would fail them.
+# once stopping, Triton refuses an ensemble's next step, so it would fail them. What
+# is still in flight then is answered UNAVAILABLE (`cancellation.STOPPING`).
 DRAIN_TIMEOUT_S = 30.0
 # Idle means: nothing in flight or queued, and no request answered, for this long
 # (two publications of the whisper_* metrics, which are published every second).
@@ -87,6 +89,8 @@ class ServerSettings:
     # Run the GPUs' model processes under CUDA MPS, a daemon of this server's own (`apps.mps`):
     # True, False, or None for auto (with GPUs, where the daemon is installed).
     mps: bool | None = None
+    # On a stop, wait this long at most for the requests in flight (`TritonServer.stop`).
+    drain_timeout: float = DRAIN_TIMEOUT_S
 
 
 def packaged_model_repository() -> Path:
@@ -336,10 +340,12 @@ class TritonServer:
             time.sleep(DRAIN_POLL_S)
         return False
 
-    def stop(self, drain_timeout: float = DRAIN_TIMEOUT_S) -> int | None:
-        """Drain (wait for the requests in flight), SIGTERM, wait, then SIGKILL;
-        remove what the server leaves (its shared memory, the repository's copy).
-        Safe to call twice."""
+    def stop(self, drain_timeout: float | None = None) -> int | None:
+        """Drain (wait for the requests in flight, up to `drain_timeout`, by default the
+        settings'), SIGTERM, answer what is still in flight UNAVAILABLE, wait, then
+        SIGKILL; remove what the server leaves (its shared memory, the repository's
+        copy, the cancel board). Safe to call twice."""
+        drain_timeout = self.settings.drain_timeout if drain_timeout is None else drain_timeout
         process = self._process
         if process is None:  # tritonserver never started: what was made for it
             if self._mps is not None:
@@ -347,18 +353,21 @@ class TritonServer:
             if self._copy is not None:
                 repository.remove_copy(self._copy)
             return None
+        board = CancelBoard(board_folder(process.pid))
         if process.poll() is None:
-            if drain_timeout > 0 and self._ready:
-                self.drain(drain_timeout, self._report)
+            drained = self.drain(drain_timeout, self._report) if drain_timeout > 0 and self._ready else not self._ready
             if self._report is not None and not self._aborted:
                 self._report("stopping tritonserver: unloading the models")
-            process.terminate()
+            process.terminate()  # Triton takes no new request from here
+            if not drained:  # the whisper instances answer what they still hold (UNAVAILABLE) at once
+                board.post_stopping()
             try:
                 process.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
         process_group.end_leftovers(process.pid)
+        board.close()  # the instances remove it as they unload; not a killed one
         if self._mps is not None:
             self._mps.stop()
         if self._pump is not None:

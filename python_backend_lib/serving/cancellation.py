@@ -14,6 +14,11 @@ whisper instance gets it posts the id on the server's `CancelBoard`, a folder
 that every instance (a process each) reads on the same poll, and the one holding
 the request drops it. An id posted for a request that already finished, or
 never came, harms nobody and is swept away after `POSTED_FOR_S`.
+
+The launcher uses the same board to end a stop: when its drain runs out with
+requests still in flight, it posts STOPPING, and every instance answers what it
+holds at once (`ServerUnavailable`) instead of leaving Triton to wait out its exit
+timeout with clients that would never hear back.
 """
 
 from __future__ import annotations
@@ -35,6 +40,8 @@ POLL_INTERVAL_S = 0.25
 # A posted id waits this long for its request: a cancel may come while the request
 # is still queued or its audio decoded, before it reaches the whisper model.
 POSTED_FOR_S = 600.0
+# The mark of a stopping server: no request id starts with a dot (`parameters.REQUEST_ID_PATTERN`).
+STOPPING = ".stopping"
 
 
 def board_folder(server_pid: int) -> Path:
@@ -54,7 +61,12 @@ class CancelBoard:
         self.folder.mkdir(mode=0o700, exist_ok=True)
         (self.folder / request_id).touch()
 
+    def post_stopping(self) -> None:
+        """The server is stopping: every instance answers what it holds now."""
+        self.post(STOPPING)
+
     def posted(self) -> set[str]:
+        """The ids posted, and STOPPING once the server stops."""
         try:
             return set(os.listdir(self.folder))
         except FileNotFoundError:
@@ -115,9 +127,17 @@ class Watch:
 class CancellationWatcher:
     """Polls every watched request's `is_cancelled`, and the board for their ids, from its own daemon thread."""
 
-    def __init__(self, board: CancelBoard | None = None, interval_s: float = POLL_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        board: CancelBoard | None = None,
+        interval_s: float = POLL_INTERVAL_S,
+        on_stopping: Callable[[], None] | None = None,
+    ) -> None:
+        """on_stopping: called once, on the watcher's thread, when the board says STOPPING."""
         self.board = board
         self.interval_s = interval_s
+        self._on_stopping = on_stopping
+        self.stopping = False
         self._watches: set[Watch] = set()
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -155,6 +175,10 @@ class CancellationWatcher:
             with self._lock:
                 watches = list(self._watches)
             posted = self._read_board(watches)
+            if STOPPING in posted and not self.stopping:
+                self.stopping = True
+                if self._on_stopping is not None:
+                    self._on_stopping()
             for watch in watches:
                 if watch.request_id in posted:
                     watch.cancel()
@@ -171,7 +195,7 @@ class CancellationWatcher:
         try:
             posted = self.board.posted()
             if posted:
-                self.board.sweep(posted - {w.request_id for w in watches}, time.time())
+                self.board.sweep(posted - {w.request_id for w in watches} - {STOPPING}, time.time())
             return posted
         except OSError:  # a board that cannot be read cancels nothing; Triton's own cancels still come
             log.warning("could not read the cancel board %s", self.board.folder, exc_info=True)

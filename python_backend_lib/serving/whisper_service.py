@@ -44,7 +44,7 @@ import numpy as np
 import torch
 
 from python_backend_lib.core.decoded import DecodedRecording
-from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.errors import RequestError, ServerUnavailable
 from python_backend_lib.core.quantization import device_problem
 from python_backend_lib.devices.placement import single_threaded_host
 from python_backend_lib.devices.transfers import through_pinned
@@ -129,7 +129,7 @@ class WhisperService:
         self.admission = settings.admission(pipeline.engine.slots, on_gpu=on_gpu, engines=engines)
         self.ledger = RequestLedger(self.admission.limit)
         self.board = board or CancelBoard(board_folder(os.getppid()))
-        self.watcher = CancellationWatcher(self.board)
+        self.watcher = CancellationWatcher(self.board, on_stopping=self._stopping)
         self._responders = ThreadPoolExecutor(RESPONDER_THREADS, thread_name_prefix="whisper-respond")
         self.instance = f"{instance} on {device_label(pipeline.device)}"
         # What the stall watch reads: requests admitted and not answered, execute calls in
@@ -324,6 +324,20 @@ class WhisperService:
         error = EngineStalled(f"{reason}. The instance refuses new requests; the server stops to be replaced")
         for pending in held:  # on this thread: the responders may be the ones stuck
             self._answer(pending, error, wait_s=STALL_SEND_WAIT_S)
+
+    def _stopping(self) -> None:
+        """The launcher's drain ran out: answer every held request now, and free its rows."""
+        with self._held_lock:
+            held = list(self._held)
+        if held:
+            log.warning("the server is stopping: %d requests held by %s get no transcript", len(held), self.instance)
+        error = ServerUnavailable(
+            "the server stopped before this request was transcribed (its drain ran out); retry on another server"
+        )
+        for pending in held:
+            if pending.watch is not None:
+                pending.watch.cancel()  # the engine drops its rows at the next step
+            self._answer(pending, error)
 
     def close(self) -> None:
         """Answer what is in flight, then stop the threads (Triton's `finalize`)."""

@@ -1,18 +1,20 @@
-"""The `postprocessing` model called alone, at rising concurrency: what each request costs it,
-and what its queue does when requests come faster than it answers.
+"""One model of the ensemble called alone, at rising concurrency: what each request costs
+it, and what its queue does when requests come faster than it answers.
 
-    python -m bench.postprocessing_alone --concurrency 256 2048 --requests 20000 --out OUT
+    python -m bench.model_alone --model postprocessing --concurrency 256 2048 --requests 20000 --out OUT
 
 `whisper-triton serve` (on this machine's device) serves the packaged repository, or
-`--model-repository`. One clip goes through `preprocessing` and `whisper` alone once;
-then its decoded tensors go to `postprocessing` from one asyncio gRPC client, keeping
-`--concurrency` requests in flight, each with a timeout, until `--requests` were sent.
-A refused request is replaced by the next at once, as a load generator's clients do.
-Each point records answered and refused requests (by reason), Triton's batches for the
-model (requests per `execute`, its mean time in `execute` and queued), and the CPU the
-postprocessing stubs and tritonserver spent per answered request.
+`--model-repository`. One clip (`--clip`) goes through `preprocessing` and `whisper`
+alone once; then the model's inputs for that clip (the audio file for
+`preprocessing`, its decoded tensors for `postprocessing`) go to the model from one
+asyncio gRPC client, keeping `--concurrency` requests in flight, each with a timeout,
+until `--requests` were sent. A refused request is replaced by the next at once, as a
+load generator's clients do. Each point records answered and refused requests (by
+reason), Triton's batches for the model (requests per `execute`, its mean time in
+`execute` and queued), and the CPU the model's stubs and tritonserver spent per
+answered request.
 
-Writes `postprocessing-alone.json` and prints a table.
+Writes `<model>-alone.json` and prints a line per point.
 """
 
 from __future__ import annotations
@@ -34,7 +36,8 @@ from bench.server_process import ServeCommand, ServerProcess
 from bench.triton_stats import model_stats, stats_delta
 from python_backend_lib.serving import tensor_names
 
-CLIP = Path(__file__).resolve().parents[1] / "tests" / "data" / "audio" / "jfk.wav"
+AUDIO = Path(__file__).resolve().parents[1] / "tests" / "data" / "audio"
+MODELS = (tensor_names.PREPROCESSING_NAME, tensor_names.POSTPROCESSING_NAME)
 REQUEST_TIMEOUT_S = 120.0
 DECODED = {  # whisper's outputs that postprocessing reads, with their Triton types
     tensor_names.TOKENS: "INT32",
@@ -46,7 +49,7 @@ DECODED = {  # whisper's outputs that postprocessing reads, with their Triton ty
 
 
 def say(message: str) -> None:
-    print(f"[bench.postprocessing_alone {time.strftime('%H:%M:%S')}] {message}", flush=True)
+    print(f"[bench.model_alone {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
 @dataclass
@@ -64,14 +67,18 @@ class Point:
     tritonserver_cpu_ms_per_request: float = 0.0
 
 
-def decoded_inputs(url: str) -> list[tuple[str, np.ndarray, str]]:
-    """One clip's postprocessing inputs, as `preprocessing` and `whisper` called alone give them."""
+def model_inputs(url: str, model: str, clip: Path) -> list[tuple[str, np.ndarray, str]]:
+    """One clip's inputs of `model`: the file for preprocessing; for postprocessing, what
+    `preprocessing` and `whisper` called alone give for it."""
     import tritonclient.grpc as grpc
 
+    wav = (tensor_names.AUDIO, np.array([[clip.read_bytes()]], dtype=object), "BYTES")
+    if model == tensor_names.PREPROCESSING_NAME:
+        return [wav]
     client = grpc.InferenceServerClient(url)
     try:
         audio = grpc.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
-        audio.set_data_from_numpy(np.array([[CLIP.read_bytes()]], dtype=object))
+        audio.set_data_from_numpy(wav[1])
         features = client.infer(tensor_names.PREPROCESSING_NAME, [audio], client_timeout=REQUEST_TIMEOUT_S)
         inputs = []
         for name, dtype in ((tensor_names.LOG_MEL, "FP32"), (tensor_names.SAMPLES, "INT64")):
@@ -85,7 +92,7 @@ def decoded_inputs(url: str) -> list[tuple[str, np.ndarray, str]]:
         (tensor_names.SAMPLES, features.as_numpy(tensor_names.SAMPLES), "INT64")]
 
 
-async def send(url: str, inputs: list[tuple[str, np.ndarray, str]], concurrency: int, total: int) -> Point:
+async def send(url: str, model: str, inputs: list[tuple[str, np.ndarray, str]], concurrency: int, total: int) -> Point:
     import tritonclient.grpc.aio as grpc_aio
 
     client = grpc_aio.InferenceServerClient(url)
@@ -99,7 +106,7 @@ async def send(url: str, inputs: list[tuple[str, np.ndarray, str]], concurrency:
                 request.append(grpc_aio.InferInput(name, list(array.shape), dtype))
                 request[-1].set_data_from_numpy(array)
             try:
-                await client.infer(tensor_names.POSTPROCESSING_NAME, request, client_timeout=REQUEST_TIMEOUT_S)
+                await client.infer(model, request, client_timeout=REQUEST_TIMEOUT_S)
                 point.answered += 1
             except Exception as error:  # refused or failed: counted by reason
                 reason = error_reason(str(error))
@@ -114,19 +121,19 @@ async def send(url: str, inputs: list[tuple[str, np.ndarray, str]], concurrency:
     return point
 
 
-def measure(server: ServerProcess, inputs, concurrency: int, total: int) -> Point:
+def measure(server: ServerProcess, model: str, inputs, concurrency: int, total: int) -> Point:
     url = server.command.grpc_url
     processes = ServerProcesses.find(server.command.ports["grpc"])
     cpu_before, stats_before = processes.cpu_seconds(), model_stats(url)
-    point = asyncio.run(send(url, inputs, concurrency, total))
+    point = asyncio.run(send(url, model, inputs, concurrency, total))
     cpu_after, stats = processes.cpu_seconds(), stats_delta(stats_before, model_stats(url))
     busy = processes.busy(cpu_before, cpu_after, point.seconds)
-    model = stats.get(tensor_names.POSTPROCESSING_NAME, {})
+    counted = stats.get(model, {})
     answered = max(point.answered, 1)
     point.answered_per_s = round(point.answered / point.seconds, 1)
-    point.requests_per_execute = round(model.get("requests", 0) / max(model.get("executions", 0), 1), 1)
-    point.execute_ms, point.queue_ms = model.get("execute_ms", 0.0), model.get("queue_ms", 0.0)
-    for role, attribute in ((tensor_names.POSTPROCESSING_NAME, "stub_cpu_ms_per_request"),
+    point.requests_per_execute = round(counted.get("requests", 0) / max(counted.get("executions", 0), 1), 1)
+    point.execute_ms, point.queue_ms = counted.get("execute_ms", 0.0), counted.get("queue_ms", 0.0)
+    for role, attribute in ((model, "stub_cpu_ms_per_request"),
                             ("tritonserver", "tritonserver_cpu_ms_per_request")):
         cores = busy.get(role, {}).get("cores", 0.0)
         setattr(point, attribute, round(1000 * cores * point.seconds / answered, 3))
@@ -134,7 +141,9 @@ def measure(server: ServerProcess, inputs, concurrency: int, total: int) -> Poin
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.postprocessing_alone", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bench.model_alone", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=MODELS, default=tensor_names.POSTPROCESSING_NAME)
+    parser.add_argument("--clip", type=Path, default=AUDIO / "jfk.wav", help="the audio file the requests carry")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[256, 2048])
     parser.add_argument("--requests", type=int, default=20000, help="requests sent at each concurrency")
     parser.add_argument("--model-repository", type=Path)
@@ -143,18 +152,19 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     command = ServeCommand(None, args.model_repository)
     points = []
-    with ServerProcess(command, args.out / "postprocessing-alone-server.log", 300.0) as server:
-        inputs = decoded_inputs(command.grpc_url)
-        asyncio.run(send(command.grpc_url, inputs, 64, 2000))  # warm-up
+    with ServerProcess(command, args.out / f"{args.model}-alone-server.log", 300.0) as server:
+        inputs = model_inputs(command.grpc_url, args.model, args.clip)
+        asyncio.run(send(command.grpc_url, args.model, inputs, 64, 2000))  # warm-up
         for concurrency in args.concurrency:
-            point = measure(server, inputs, concurrency, args.requests)
+            point = measure(server, args.model, inputs, concurrency, args.requests)
             points.append(point)
             say(f"concurrency {concurrency}: {point.answered} answered ({point.answered_per_s}/s), refused "
                 f"{sum(point.refused.values())}; {point.requests_per_execute} requests an execute of "
                 f"{point.execute_ms} ms, queued {point.queue_ms} ms; CPU ms a request: stubs "
                 f"{point.stub_cpu_ms_per_request}, tritonserver {point.tritonserver_cpu_ms_per_request}")
-    (args.out / "postprocessing-alone.json").write_text(json.dumps(
-        {"run": provenance(), "command": "python -m bench.postprocessing_alone " + " ".join(argv if argv is not None else sys.argv[1:]),
+    command_line = "python -m bench.model_alone " + " ".join(argv if argv is not None else sys.argv[1:])
+    (args.out / f"{args.model}-alone.json").write_text(json.dumps(
+        {"run": provenance(), "command": command_line, "model": args.model, "clip": args.clip.name,
          "repository": str(args.model_repository or "packaged"), "points": [asdict(p) for p in points]}, indent=1))
     return 0
 
