@@ -65,6 +65,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+# Under pytest-xdist (`-n 2 --dist loadgroup`, as .ci/run runs the suite) each
+# worker is a session of its own: these groups keep every test of a shared server
+# on one worker, so that each server starts once, and every other file on one
+# worker, so that its module-scoped servers and models load once.
+SHARED_SERVER_GROUPS = {"server": "session-server", "gateway": "session-server", "base_server": "base-server"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not hasattr(config, "workerinput"):  # not an xdist worker
+        return
+    for item in items:
+        shared = [SHARED_SERVER_GROUPS[name] for name in item.fixturenames if name in SHARED_SERVER_GROUPS]
+        group = shared[0] if shared else item.nodeid.split("::")[0]
+        item.add_marker(pytest.mark.xdist_group(name=group))
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """xdist marks a grouped test by its node id; where it cannot, every worker
+    would start every shared server: stop rather than run that way."""
+    if hasattr(session.config, "workerinput") and session.config.getvalue("loadgroup"):
+        ungrouped = [item.nodeid for item in session.items if "@" not in item.nodeid]
+        if ungrouped:
+            raise pytest.UsageError(
+                f"pytest-xdist did not group {ungrouped[0]} (pytest-dev/pytest-xdist#1386): install pytest<9.2"
+            )
+
+
 @dataclass(frozen=True)
 class RunningServer:
     http_url: str
