@@ -1,15 +1,17 @@
-"""The figures the README quotes (the load test, flood and soak, the GPU headline) are the stored records'.
+"""The figures the docs quote (the load test, flood and soak, the GPU headline) are the stored records'.
 
 Each record (docs/benchmarks/{loadtest,flood,soak}.json) is written by the tool
-that measured it (`--record`), with its commit, machine and command; the README's
-"Load testing" section must quote the same numbers, so a new record without a new
-README (or the reverse) fails here.
+that measured it (`--record`), with its commit, machine and command; the "Load
+testing" section of docs/operating.md must quote the same numbers, so a new record
+without new docs (or the reverse) fails here. The "On a GPU" section of
+docs/performance.md must quote the GPU records it names.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,10 +21,20 @@ BENCHMARKS = REPO_ROOT / "docs" / "benchmarks"
 TOOLS = {"loadtest": "loadtest.run", "flood": "loadtest.flood", "soak": "loadtest.soak"}
 
 
+OPERATING = REPO_ROOT / "docs" / "operating.md"
+PERFORMANCE = REPO_ROOT / "docs" / "performance.md"
+
+
+def section(path: Path, heading: str) -> str:
+    """The part of a page from `heading` (a level-2 heading) to the next one, or to the end."""
+    text = path.read_text(encoding="utf-8")
+    start = text.index(f"\n{heading}\n") + 1
+    end = text.find("\n## ", start + 1)
+    return text[start:] if end < 0 else text[start:end]
+
+
 def load_testing_section() -> str:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("## Load testing")
-    return text[start : text.index("\n## ", start + 1)]
+    return section(OPERATING, "## Load testing")
 
 
 def record(name: str) -> dict:
@@ -30,7 +42,7 @@ def record(name: str) -> dict:
 
 
 def thousands(n: int) -> str:
-    """As the README writes counts: 1,310."""
+    """As the docs write counts: 1,310."""
     return f"{n:,}"
 
 
@@ -44,7 +56,7 @@ def test_record_says_where_it_was_measured(name):
     assert f"docs/benchmarks/{name}.md" in load_testing_section()
 
 
-def test_readme_load_test_table_is_the_record():
+def test_docs_load_test_table_is_the_record():
     data = record("loadtest")
     readme_rows = [
         [cell.strip() for cell in line.strip("|").split("|")]
@@ -61,7 +73,7 @@ def test_readme_load_test_table_is_the_record():
     assert data["total"]["failures"] == 0 and data["errors"] == []
 
 
-def test_readme_flood_figures_are_the_record():
+def test_docs_flood_figures_are_the_record():
     data, section = record("flood"), " ".join(load_testing_section().split())
     assert data["lost"] == 0 and data["sent"] == data["answered"] + data["refused"]
     for quoted in (
@@ -73,7 +85,7 @@ def test_readme_flood_figures_are_the_record():
         assert quoted in section
 
 
-def test_readme_soak_figures_are_the_record():
+def test_docs_soak_figures_are_the_record():
     data, section = record("soak"), " ".join(load_testing_section().split())
     assert data["problems"] == [] and data["unexpected"] == []
     totals = {
@@ -100,9 +112,7 @@ SHIPPED = BENCHMARKS / "shipped-3647cf1"
 
 
 def gpu_section() -> str:
-    text = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index("## On a GPU")
-    return text[start : text.index("\n## ", start + 1)]
+    return section(PERFORMANCE, "## On a GPU")
 
 
 def variants(path: Path) -> dict[str, dict]:
@@ -113,8 +123,8 @@ def best(variant: dict) -> dict:
     return max(variant["points"], key=lambda p: p["goodput_per_s"])
 
 
-def test_readme_gpu_headline_is_the_shipped_record():
-    """The README's table of the shipped three-model server against the two-model one
+def test_docs_gpu_headline_is_the_shipped_record():
+    """The table of the shipped three-model server against the two-model one
     quotes one run's best points (served-variants.json), their ratio, and the lone
     clip's latencies from the run made for them (latency-served-variants.json)."""
     throughput = variants(SHIPPED / "served-variants.json")
@@ -140,12 +150,12 @@ SERVED = BENCHMARKS / "served-79441c0"
 
 
 def rtfx_text(rtfx: float) -> str:
-    """As the README writes an RTFx: whole thousands with a comma, below 1,000 one decimal."""
+    """As the docs write an RTFx: whole thousands with a comma, below 1,000 one decimal."""
     return thousands(round(rtfx)) if rtfx >= 1000 else f"{rtfx:.1f}"
 
 
-def test_readme_served_against_engine_table_is_the_record():
-    """The README's served-against-engine rows quote served.json of one warm H100: each model's
+def test_docs_served_against_engine_table_is_the_record():
+    """The served-against-engine rows quote served.json of one warm H100: each model's
     served point at saturation (as served.md names it) and the engine alone in as many
     processes as the server runs engines."""
     from bench.served_report import saturated
@@ -159,3 +169,4 @@ def test_readme_served_against_engine_table_is_the_record():
         assert f"| RTFx {rtfx_text(engine['rtfx'])} ({engine['processes']} process" in row and not engine["failed"]
         assert row.endswith(f"| {served['rtfx'] / engine['rtfx']:.2f} |")
     assert all(run["commit"].startswith("79441c0") and "H100" in run["machine"]["gpu"] for run in data["runs"])
+
