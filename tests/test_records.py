@@ -4,14 +4,15 @@ Each record (docs/benchmarks/{loadtest,flood,soak}.json) is written by the tool
 that measured it (`--record`), with its commit, machine and command; the "Load
 testing" section of docs/operating.md must quote the same numbers, so a new record
 without new docs (or the reverse) fails here. The "On a GPU" section of
-docs/performance.md must quote the GPU records it names.
+docs/performance.md must quote the GPU records it names. And every relative link in
+README.md and under docs/ must lead to a file that exists (and to a heading there,
+when it names one).
 """
 
 from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 
 import pytest
@@ -170,3 +171,57 @@ def test_docs_served_against_engine_table_is_the_record():
         assert row.endswith(f"| {served['rtfx'] / engine['rtfx']:.2f} |")
     assert all(run["commit"].startswith("79441c0") and "H100" in run["machine"]["gpu"] for run in data["runs"])
 
+
+# ----------------------------------------------------- links in the docs
+
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", flags=re.MULTILINE | re.DOTALL)
+
+
+def anchors(page: Path) -> set[str]:
+    """The ids GitHub gives a page's headings: lower case, punctuation dropped, spaces as hyphens."""
+    found, seen = set(), {}
+    text = FENCE.sub("", page.read_text(encoding="utf-8"))
+    for title in re.findall(r"^#{1,6}\s+(.+?)\s*#*$", text, flags=re.MULTILINE):
+        slug = re.sub(r"[^\w\- ]", "", title.strip().lower()).replace(" ", "-")
+        found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+        seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def broken_links(pages: list[Path], root: Path = REPO_ROOT) -> list[str]:
+    """Each relative link (outside code) whose file is missing, or whose #anchor names no heading there."""
+    broken = []
+    for page in pages:
+        text = re.sub(r"`[^`\n]*`", "", FENCE.sub("", page.read_text(encoding="utf-8")))
+        for target in LINK.findall(text):
+            if re.match(r"[a-zA-Z][a-zA-Z0-9+.-]*:", target):
+                continue  # https:, mailto: ...
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page
+            if not resolved.exists():
+                broken.append(f"{page.relative_to(root)}: {target} (no such file)")
+            elif anchor and resolved.suffix == ".md" and anchor not in anchors(resolved):
+                broken.append(f"{page.relative_to(root)}: {target} (no such heading)")
+    return broken
+
+
+def docs_pages() -> list[Path]:
+    return [REPO_ROOT / "README.md", *sorted((REPO_ROOT / "docs").rglob("*.md"))]
+
+
+def test_every_link_in_the_docs_resolves():
+    assert broken_links(docs_pages()) == []
+
+
+def test_the_link_check_finds_a_missing_file_and_heading(tmp_path):
+    (tmp_path / "other.md").write_text("# Other\n\n## A heading\n")
+    page = tmp_path / "page.md"
+    page.write_text(
+        "[fine](other.md#a-heading) [gone](missing.md) [no heading](other.md#nowhere) [web](https://example.com)\n"
+        "`[in code](missing.md)`\n\n```\n[in a block](missing.md)\n```\n"
+    )
+    assert broken_links([page], root=tmp_path) == [
+        "page.md: missing.md (no such file)",
+        "page.md: other.md#nowhere (no such heading)",
+    ]
