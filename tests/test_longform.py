@@ -243,6 +243,25 @@ def test_a_segment_left_open_at_a_chunks_cut_ends_there():
     assert [(s.start, s.end) for s in outcome.segments] == [(10.0, 12.0)] and outcome.advance == 200
 
 
+def test_no_segment_time_passes_the_end_of_the_audio():
+    """A decode that writes timestamps past the audio its window holds (seen: a
+    sampled fallback ending a segment at 5.04 s on a 2.16 s clip) ends its segments
+    with the audio, the window's seek unchanged."""
+    tokenizer = load_tokenizer("default")
+    begin = tokenizer.special.timestamp_begin
+    words = tokenizer.encode(" one")
+    past = (begin + 50, *words, begin + 252, begin + 252, *words, begin + 300)
+    outcome = window_segments(window(past, seek=1000, frames=216), tokenizer)
+    assert [(s.start, s.end) for s in outcome.segments] == [(11.0, 12.16), (12.16, 12.16)]
+    assert outcome.advance == 216
+    open_ended = (begin + 50, *words, begin + 252, begin + 252, *words)
+    outcome = window_segments(window(open_ended, seek=0, frames=216, closes_chunk=True), tokenizer)
+    assert [(s.start, s.end) for s in outcome.segments] == [(1.0, 2.16), (2.16, 2.16)]
+    no_pairs = (begin + 50, *words, begin + 300)
+    outcome = window_segments(window(no_pairs, seek=0, frames=216), tokenizer)
+    assert [(s.start, s.end) for s in outcome.segments] == [(0.0, 2.16)]  # from the window start, as openai-whisper
+
+
 @pytest.mark.slow
 def test_language_detection_matches_transformers():
     """A multilingual model detects languages as transformers' detect_language does."""

@@ -63,6 +63,9 @@ def window_segments(window: DecodedWindow, tokenizer: Tokenizer) -> WindowSegmen
         text = tokenizer.decode(tokens).strip()
         segments = [Segment(offset, round(offset + duration, 3), text, tuple(tokens))] if text else []
         advance = window.frames
+    # A sampled or looping decode may write a timestamp past the audio the window
+    # holds (5.04 s on a 2.16 s clip): no time in the transcript passes its end.
+    audio_end = round(offset + window_seconds, 3)
     statistics = dict(
         seek=window.seek,
         temperature=window.temperature,
@@ -70,7 +73,13 @@ def window_segments(window: DecodedWindow, tokenizer: Tokenizer) -> WindowSegmen
         compression_ratio=window.compression_ratio,
         no_speech_prob=window.no_speech_prob,
     )
-    return WindowSegments(tuple(dataclasses.replace(s, **statistics) for s in segments), max(advance, 1))
+    return WindowSegments(
+        tuple(
+            dataclasses.replace(s, start=min(s.start, audio_end), end=min(s.end, audio_end), **statistics)
+            for s in segments
+        ),
+        max(advance, 1),
+    )
 
 
 def text_tokens(segments: tuple[Segment, ...], eot: int) -> list[list[int]]:
