@@ -87,6 +87,14 @@ def test_each_kind_decodes_to_the_clip_it_was_made_from(files, kind):
         assert snr_db(*aligned(JFK, waveform)) >= LOSSY_MIN_SNR_DB
 
 
+@pytest.mark.parametrize("kind", ["m4a", "mp4-with-video", "3gp-amr"])
+def test_a_file_that_declares_its_length_decodes_to_exactly_that_length(files, kind):
+    """MP4, M4A and 3GP record the stream's length; the codec's last frame is padded
+    past it (AAC to 1,024 samples, AMR to 160), and that padding is not audio: kept,
+    it made the M4A 128 samples longer than its WAV."""
+    assert len(decode_audio(files[kind])) == len(JFK)
+
+
 @pytest.mark.parametrize("kind", ["m4a", "webm"])
 def test_stereo_at_44_1_khz_is_mixed_and_resampled(kind):
     """Left and right differ in level; the mix is their mean, at 16 kHz."""

@@ -3,11 +3,13 @@ without video), AMR and raw AAC over HTTP and gRPC, and through the gateway with
 the official openai client. (tests/test_media.py decodes more kinds, unserved.)
 
 Each file is made from jfk.wav (tests/media.py) and must be transcribed exactly
-as the WAV is. Two differ from the WAV by their coding: AMR, telephone-band
-speech at 8 kHz, changes a few words, and raw AAC starts 64 ms late (its
-encoder's priming, which no header records), which moves the timestamps. Their
-transcripts must equal the library's on the same file instead, and stay close
-to the WAV's. A video without sound, or a cut file, is refused naming the
+as the WAV is. Some differ from the WAV by their coding: AMR, telephone-band
+speech at 8 kHz, changes a few words; raw AAC starts 64 ms late (its encoder's
+priming, which no header records), which moves the timestamps; and AAC's coding
+noise in M4A and MP4 ends the text with a full stop that the WAV's lacks,
+once windows are padded as openai-whisper pads them (with transformers' padding
+both read alike). Their transcripts must equal the library's on the same file
+instead, and stay close to the WAV's. A video without sound, or a cut file, is refused naming the
 problem, and FFmpeg writes nothing to the server's log.
 """
 
@@ -31,8 +33,8 @@ PROTOCOLS = ("http", "grpc")
 SERVED_KINDS = ("m4a", "mp4-with-video", "webm", "webm-with-video", "3gp-amr", "adts-aac")
 JFK = AUDIO_DIR / "jfk.wav"
 # The kinds whose coding changes what tiny.en hears: "America asked" for
-# "Americans ask" (AMR), segment times (raw AAC's priming).
-DIFFER_FROM_THE_WAV = {"3gp-amr", "adts-aac"}
+# "Americans ask" (AMR), segment times (raw AAC's priming), a final full stop (AAC in M4A, MP4).
+DIFFER_FROM_THE_WAV = {"3gp-amr", "adts-aac", "m4a", "mp4-with-video"}
 MAX_WORD_ERROR_RATE_LOSSY = 0.2  # measured: 0.09 (2 of 22 words) for AMR, 0 for raw AAC
 # FFmpeg's log lines start with its component's name and address: "[mov,mp4,... @ 0x55d9...]".
 FFMPEG_LOG_MARK = " @ 0x"
@@ -115,12 +117,16 @@ def through_gateway(client, name: str, data: bytes):
 
 
 @pytest.mark.parametrize("kind", GATEWAY_KINDS)
-def test_the_gateway_takes_what_browsers_and_phones_record(client, media, kind):
+def test_the_gateway_takes_what_browsers_and_phones_record(client, media, library, kind):
     name = "recording." + ("mp4" if kind.startswith("mp4") else kind)
     result = through_gateway(client, name, media[kind])
     wav = through_gateway(client, JFK.name, JFK.read_bytes())
-    assert result.text == wav.text and wav.text
-    assert [(s.start, s.end, s.text) for s in result.segments] == [(s.start, s.end, s.text) for s in wav.segments]
+    expected = library(media[kind]) if kind in DIFFER_FROM_THE_WAV else wav
+    assert result.text == expected.text and wav.text
+    assert [(s.start, s.end, s.text) for s in result.segments] == [
+        (s.start, s.end, s.text) for s in expected.segments
+    ]
+    assert word_error_rate(normalize(result.text), normalize(wav.text)) <= MAX_WORD_ERROR_RATE_LOSSY
 
 
 def test_the_gateway_refuses_a_video_without_sound(client, media):

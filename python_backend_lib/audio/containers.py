@@ -124,7 +124,7 @@ def _decode_stream(av, container, stream, max_seconds: float | None) -> limits.D
             "the file is truncated (or its header lies): its audio stream declares "
             f"{declared:.1f} s, only {decoded:.1f} s decode"
         )
-    return limits.DecodedFrames(np.concatenate(collected.blocks), collected.sample_rate)
+    return limits.DecodedFrames(collected.samples(), collected.sample_rate)
 
 
 class _Collected:
@@ -138,6 +138,7 @@ class _Collected:
         self.max_seconds = max_seconds
         self.limit = limits.frame_limit(max_seconds, self.sample_rate)
         self.declared = None if declared_seconds is None else round(declared_seconds * self.sample_rate)
+        self.frame_size = first.samples
         self.blocks: list[np.ndarray] = []
         self.n_frames = 0
 
@@ -149,8 +150,23 @@ class _Collected:
             )
         self.blocks.append(_float32_frames(frame, self.channels))
         self.n_frames += frame.samples
+        self.frame_size = max(self.frame_size, frame.samples)
         if self.n_frames > self.limit:
             raise limits.too_long(self.n_frames, self.declared, self.sample_rate, self.max_seconds)
+
+
+    def samples(self) -> np.ndarray:
+        """Every frame's samples, less the last frame's padding past the declared length.
+
+        An AAC encoder fills its last frame of 1,024 samples with silence; MP4 and M4A
+        record the true length, and FFmpeg trims the encoder's priming but decodes the
+        padding. Kept, it made the file a few milliseconds longer than its WAV, and
+        windows padded as openai-whisper pads them then read differently. More than a
+        frame past the declared length is audio whose header lies: kept."""
+        samples = np.concatenate(self.blocks)
+        if self.declared is not None and 0 < self.n_frames - self.declared < self.frame_size:
+            return samples[: self.declared]
+        return samples
 
 
 def _float32_frames(frame, channels: int) -> np.ndarray:
