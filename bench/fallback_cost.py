@@ -5,7 +5,7 @@
 Transcribes and translates the clip with the shipped fallback, and translates it with
 fallback off (temperature_increment 0), each `--repeats` times after one warm-up: the
 median, lowest and highest wall time, the temperatures of the segments kept, and the
-text. The README's "Temperature fallback" quotes it.
+text. docs/parameters.md's "Temperature fallback" quotes it.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ The ensemble's three models may be called in turn, each on its own:
     decoded = client.decode(log_mel)                # whisper: tokens and their facts, as numbers
     outputs = client.postprocess(decoded)           # TEXT, SEGMENTS, FORMATTED, as transcribe gives them
 
-Options are sent as request parameters (see the README for the list) and
+Options are sent as request parameters (docs/parameters.md lists them) and
 checked by the server, which answers a bad one with an error naming it.
 A client holds one connection: use one client per thread.
 

@@ -11,7 +11,7 @@ to add up to LIMIT_MARGIN times the whisper model's request limit (slots +
 max_queued_requests), so that the limit is reached whatever the machine's speed.
 Without a limit the excess would wait inside the engine ever longer; the limit
 refuses it at once instead. tests/test_overload.py runs it and checks each
-outcome; the README quotes the record this writes.
+outcome; docs/operating.md quotes the record this writes.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The figures the README quotes, stored under docs/benchmarks/ by the tool that measured them.
+"""The figures docs/operating.md quotes, stored under docs/benchmarks/ by the tool that measured them.
 
 Each record is two files: `<prefix>.json`, the numbers with their provenance
 (`bench.provenance`: the commit and whether the tree differed from it, the

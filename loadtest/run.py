@@ -7,7 +7,7 @@ Runs locust without its web UI for --run-time, printing its stats table as it
 goes, and writes locust's reports (<prefix>_stats.csv and the other CSVs,
 <prefix>.html) and the final numbers (<prefix>_summary.json); with --record,
 also the figures to keep (<record>.json and <record>.md, with the commit and
-the machine: docs/benchmarks/loadtest is the one the README quotes). Exits
+the machine: docs/benchmarks/loadtest is the one docs/operating.md quotes). Exits
 non-zero when any request failed, when locust itself failed, or when no
 request completed at all.
 """

@@ -43,7 +43,7 @@ OPENAI_FIELDS = {
     Task.TRANSLATE: ("file", "model", "prompt", "response_format", "temperature", "timestamp_granularities[]"),
 }
 # faster-whisper's options beyond OpenAI's fields, taken by both endpoints and sent
-# on as the request parameters of the same names (README, "Beam search and best_of",
+# on as the request parameters of the same names (docs/parameters.md, "Beam search and best_of",
 # "Voice activity").
 EXTENSION_FIELDS = (*SEARCH_FIELDS, "vad_filter", "vad_parameters", "hallucination_silence_threshold", "window_padding")
 FORM_FIELDS = {task: (*fields, *EXTENSION_FIELDS) for task, fields in OPENAI_FIELDS.items()}

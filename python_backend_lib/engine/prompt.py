@@ -39,8 +39,8 @@ class Prompt:
     language: str | None
 
 
-# How a refusal names the languages there are: codes or English names, as the README lists them.
-WHISPER_LANGUAGES = "a code such as 'de' or an English name such as 'german' (the README lists them)"
+# How a refusal names the languages there are: codes or English names, as openai-whisper names them.
+WHISPER_LANGUAGES = "a code such as 'de' or an English name such as 'german', as openai-whisper names its 99"
 
 
 def initial_tokens(config: ModelConfig, options: DecodingOptions, tokenizer: Tokenizer | None) -> Prompt:

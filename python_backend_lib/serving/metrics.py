@@ -3,7 +3,7 @@
 Triton's `/metrics` already counts requests, queue and compute time per model
 (`nv_inference_*`). The whisper model answers from its engine thread, after
 `execute` has returned, so those say little about decoding; these add what the
-engine sees. All are documented in the README ("Operating").
+engine sees. All are documented in docs/operating.md ("Metrics").
 
 The engine and the request ledger keep plain counters; `WhisperMetrics` reads
 them on its own thread every `interval_s` and hands them to Triton through
