@@ -1,13 +1,17 @@
 """No module of the library is over MAX_LINES: a module that grows past it holds
-more than one concern and is split (style: one concern, one module named for it)."""
+more than one concern and is split (style: one concern, one module named for it).
+Past WARN_LINES the suite warns, naming the modules: the time to find where a
+concern ends is before the limit, so that nobody merges lines to fit."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import python_backend_lib
 
-MAX_LINES = 400
+WARN_LINES = 400
+MAX_LINES = 500
 LIBRARY = Path(python_backend_lib.__file__).parent
 # Modules allowed over the limit until their owner splits them (engine/decoding.py
 # was, until the engine's split). The test fails on an entry that is no longer
@@ -29,6 +33,9 @@ def test_no_module_is_over_the_limit_but_the_known_exceptions():
     over = {name: count for name, count in lines.items() if count > MAX_LINES}
     unexpected = {name: count for name, count in over.items() if name not in KNOWN_EXCEPTIONS}
     assert not unexpected, f"over {MAX_LINES} lines: {unexpected}; split them by concern"
+    growing = {name: count for name, count in lines.items() if WARN_LINES < count <= MAX_LINES}
+    if growing:
+        warnings.warn(f"over {WARN_LINES} lines: {growing}; find where their concerns end", stacklevel=1)
 
 
 def test_every_known_exception_is_still_over_the_limit():
