@@ -66,12 +66,16 @@ def test_streamed_segments_make_the_batch_transcript(grpc_client, mode):
 
 
 def assert_same_document(streamed: Document, batch: Document) -> None:
-    """Equal, but for the last bits of each window's log-probability: batched windows
-    share the engine's batch in varying company, as on the batch path run twice."""
+    """Equal, but for the last bits of each window's probabilities (its log-probability,
+    and its no-speech probability: 0.38465434 against 0.38465402 once, on a busy
+    machine): batched windows share the engine's batch in varying company, as on the
+    batch path run twice."""
     assert len(streamed.segments) == len(batch.segments)
     for ours, theirs in zip(streamed.segments, batch.segments):
         assert ours.avg_logprob == pytest.approx(theirs.avg_logprob, rel=1e-5)
-        assert dataclasses.replace(ours, avg_logprob=0.0) == dataclasses.replace(theirs, avg_logprob=0.0)
+        assert ours.no_speech_prob == pytest.approx(theirs.no_speech_prob, rel=1e-5)
+        probabilities = dict(avg_logprob=0.0, no_speech_prob=0.0)
+        assert dataclasses.replace(ours, **probabilities) == dataclasses.replace(theirs, **probabilities)
     assert dataclasses.replace(streamed, segments=()) == dataclasses.replace(batch, segments=())
 
 
