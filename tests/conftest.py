@@ -65,7 +65,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# Under pytest-xdist (`-n 4 --dist loadgroup`, where there are cores for it) each
+# Under pytest-xdist (`-n 2 --dist loadgroup`) each
 # worker is a session of its own: these groups keep every test of a shared server
 # on one worker, so that each server starts once, and every other file on one
 # worker, so that its module-scoped servers and models load once.
