@@ -4,9 +4,12 @@ between them."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import shutil
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -139,31 +142,35 @@ def test_postprocessing_runs_one_instance_per_engine_of_the_whole_server():
     assert postprocessing_to_serve(owned, engines_per_gpu=4, gpus=4) is None  # an owner's own
 
 
+@contextlib.contextmanager
+def tiny_serving_copy(engines: int | None, gpus: int) -> Iterator[Path]:
+    """The copy `serve --gpus` makes for random:tiny under MPS, removed afterwards."""
+    copy = serving_copy(packaged_model_repository(), engines, gpus=gpus, environ={CHECKPOINT_ENV: "random:tiny"}, mps=True)
+    try:
+        yield copy
+    finally:
+        repository.remove_copy(copy)
+
+
+def instance_group(copy: Path, model: str) -> InstanceGroup:
+    return read_instance_group((copy / model / "config.pbtxt").read_text())
+
+
 def test_serving_on_four_gpus_runs_postprocessing_for_every_engine():
-    shipped = packaged_model_repository()
-    copy = serving_copy(shipped, None, gpus=4, environ={CHECKPOINT_ENV: "random:tiny"}, mps=True)
-    try:
-        assert read_instance_group((copy / "whisper" / "config.pbtxt").read_text()) == InstanceGroup(4, "KIND_AUTO")
-        assert read_instance_group((copy / "postprocessing" / "config.pbtxt").read_text()) == InstanceGroup(16, "KIND_CPU")
-    finally:
-        repository.remove_copy(copy)
-    copy = serving_copy(shipped, 2, gpus=3, environ={CHECKPOINT_ENV: "random:tiny"}, mps=True)  # --engines 2
-    try:
-        assert read_instance_group((copy / "postprocessing" / "config.pbtxt").read_text()) == InstanceGroup(6, "KIND_CPU")
-    finally:
-        repository.remove_copy(copy)
+    with tiny_serving_copy(None, gpus=4) as copy:
+        assert instance_group(copy, "whisper") == InstanceGroup(4, "KIND_AUTO")
+        assert instance_group(copy, "postprocessing") == InstanceGroup(16, "KIND_CPU")
+    with tiny_serving_copy(2, gpus=3) as copy:  # --engines 2
+        assert instance_group(copy, "postprocessing") == InstanceGroup(6, "KIND_CPU")
 
 
 def test_serving_under_mps_rewrites_both_counts_for_tiny():
     shipped = packaged_model_repository()
-    copy = serving_copy(shipped, None, gpus=1, environ={CHECKPOINT_ENV: "random:tiny"}, mps=True)
-    try:
-        assert read_instance_group((copy / "whisper" / "config.pbtxt").read_text()) == InstanceGroup(4, "KIND_AUTO")
-        assert read_instance_group((copy / "preprocessing" / "config.pbtxt").read_text()) == InstanceGroup(8, "KIND_AUTO")
+    with tiny_serving_copy(None, gpus=1) as copy:
+        assert instance_group(copy, "whisper") == InstanceGroup(4, "KIND_AUTO")
+        assert instance_group(copy, "preprocessing") == InstanceGroup(8, "KIND_AUTO")
         assert (copy / "postprocessing").is_symlink()
         assert (copy / "preprocessing" / "1" / "model.py").resolve() == (shipped / "preprocessing" / "1" / "model.py").resolve()
-    finally:
-        repository.remove_copy(copy)
     assert serving_copy(shipped, None, gpus=0, environ={CHECKPOINT_ENV: "random:tiny"}, mps=False) is None
 
 

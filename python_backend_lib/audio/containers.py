@@ -138,7 +138,7 @@ class _Collected:
         self.max_seconds = max_seconds
         self.limit = limits.frame_limit(max_seconds, self.sample_rate)
         self.declared = None if declared_seconds is None else round(declared_seconds * self.sample_rate)
-        self.frame_size = first.samples
+        self.frame_size = 0  # the longest frame: `add` sees the first one too
         self.blocks: list[np.ndarray] = []
         self.n_frames = 0
 
