@@ -88,18 +88,30 @@ def memory_total(point: dict) -> str:
     return f"{sum(memory.values()):.1f}" if memory else "-"
 
 
+def identical(point: dict) -> str:
+    """Answers equal to the library's transcript of their clip decoded alone: all of them, then
+    those with a sampled (fallback) window (points measured before these were compared: -)."""
+    if not point.get("compared"):
+        return "-"
+    text = f"{point['exact']} of {point['compared']}"
+    if "compared_sampled" in point:
+        text += f" (sampled {point['exact_sampled']} of {point['compared_sampled']})"
+    return text
+
+
 def markdown(data: dict) -> str:
     lines = [f"# One server on {' against '.join(r['gpus'] for r in data['servers'])} GPUs ({data['model']})", "",
              described_run(data), "",
              "| --gpus | concurrency | good req/s | RTFx | p50 ms | p99 ms | host cores busy | load generator cores "
-             "| server cores by role (busiest process) | server host memory GiB | GPU busy % |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| server cores by role (busiest process) | server host memory GiB | GPU busy % | identical to alone |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for record in data["servers"]:
         for p in record["points"]:
             roles = ", ".join(f"{role} {r['cores']} ({r['busiest']})" for role, r in p["server_cores"].items())
             lines.append(f"| {record['gpus']} | {p['concurrency']} | {p['goodput_per_s']} | {p['rtfx']} | "
                          f"{p['latency_ms']['p50']} | {p['latency_ms']['p99']} | {p['host_busy_cores']} | "
-                         f"{p['client_cpu_cores']} | {roles} | {memory_total(p)} | {p['gpus_utilisation_pct']} |")
+                         f"{p['client_cpu_cores']} | {roles} | {memory_total(p)} | {p['gpus_utilisation_pct']} | "
+                         f"{identical(p)} |")
     lines += ["", f"**Scaling: {data.get('scaling')}** (best goodput of `--gpus {data['servers'][-1]['gpus']}` over "
               f"`--gpus {data['servers'][0]['gpus']}`)."]
     return "\n".join(lines) + "\n"

@@ -54,9 +54,13 @@ class PointStats:
     tokens_per_audio_s: float | None
     fallbacks: int  # good requests whose decoding fell back to a higher temperature
     long_samples: int  # of those, the ones whose sampled window repeated itself past a plausible length
-    # Good requests compared with the library's transcript of their clip, and those equal to it.
+    # Good requests compared with the library's transcript of their clip, and those equal to it;
+    # the same two counts among the ones with a sampled (fallback) window.
     compared: int = 0
     exact: int = 0
+    compared_sampled: int = 0
+    exact_sampled: int = 0
+    differing: dict[int, int] = field(default_factory=dict)  # clip index: its compared answers not equal
     mean_clip_s: float | None = None  # mean length of the clips of the good requests completed in the window
     problems: list[str] = field(default_factory=list)  # a few examples of bad transcripts
     reasons: dict[str, int] = field(default_factory=dict)  # "STATUS: message" of the failed requests sent inside the window
@@ -111,6 +115,9 @@ def summarize(
         long_samples=sum(o.long_sample for o in good_sent),
         compared=sum(o.exact is not None for o in good_sent),
         exact=sum(o.exact is True for o in good_sent),
+        compared_sampled=sum(o.exact is not None and o.fallback for o in good_sent),
+        exact_sampled=sum(o.exact is True and o.fallback for o in good_sent),
+        differing=dict(sorted(Counter(o.clip for o in good_sent if o.exact is False).items())),
         mean_clip_s=round(audio_s / len(good_completed), 3) if good_completed else None,
         problems=list(problems)[:5],
         reasons=dict(Counter(f"{o.status}: {o.reason}" for o in sent if o.reason).most_common()),

@@ -11,7 +11,10 @@ the same clip, decoded alone on the same device before the run (`reference`):
 equal, or, as float16 results depend on the batch a request shares, within
 MAX_REFERENCE_WORD_ERROR of it (a near tie decided the other way changes a word
 or two); further off is a wrong answer, not throughput. A window sampled at a
-temperature (fallback) is random, and is not compared. Random weights decoding
+temperature (fallback) follows the request's seed, so it too is compared for
+equality (the share of answers identical to the same request alone), but a
+sampled answer that differs is not wrong: a logit moved by the batch changes
+the draw, and every later token with it. Random weights decoding
 freely (no forced length: the GPU soak) answer noise of any length; only the
 record's form is checked.
 
@@ -73,7 +76,7 @@ class Verdict:
     fallback: bool  # some window was decoded again at a higher temperature
     problem: str | None  # None when the transcript passes
     long_sample: bool = False  # longer than plausible, from a window sampled at a temperature
-    exact: bool | None = None  # equal to the reference; None: no reference, or sampled
+    exact: bool | None = None  # equal to the reference; None: no reference, or a problem
 
     @property
     def ok(self) -> bool:
@@ -101,10 +104,10 @@ def judge(record: Mapping[str, Any], check: TranscriptCheck) -> Verdict:
     elif check.expected_tokens is None and not 1 <= tokens <= check.max_tokens:
         problem = f"{tokens} text tokens for {check.duration_s:g} s (plausible: 1 to {check.max_tokens})"
     exact = None
-    if check.reference is not None and not fallback and problem is None:
+    if check.reference is not None and problem is None:
         text = str(record.get("text", ""))
         exact = text == check.reference
-        error = word_error_rate(check.reference, text)
+        error = 0.0 if exact or fallback else word_error_rate(check.reference, text)
         if error > MAX_REFERENCE_WORD_ERROR:
             problem = f"word error rate {error:.2f} against the library's transcript {check.reference[:60]!r}"
     return Verdict(tokens=tokens, fallback=fallback, problem=problem, long_sample=long_sample, exact=exact)

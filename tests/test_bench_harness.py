@@ -151,6 +151,20 @@ def test_a_sampled_window_that_loops_is_the_models_answer_but_a_greedy_loop_is_n
     assert summarize(outcomes, [1.5], (0.0, 2.0), 1).long_samples == 1
 
 
+def test_a_sampled_answer_is_compared_for_equality_but_never_judged_wrong_by_its_words():
+    check = TranscriptCheck(EOT, 2.0, reference="the quick brown fox")
+    assert judge(verbose("the quick brown fox", [1, 2, 3, 4], temperature=0.2), check).exact is True
+    sampled = judge(verbose("a slow red hen", [1, 2, 3, 4], temperature=0.2), check)
+    assert sampled.ok and sampled.exact is False  # the seeded draw followed a moved logit
+    greedy = judge(verbose("a slow red hen", [1, 2, 3, 4]), check)
+    assert greedy.problem.startswith("word error rate 1.00") and greedy.exact is False
+    outcomes = [Outcome(0, 1.0, 1.1, OK, 4, True, exact=True), Outcome(0, 1.1, 1.2, OK, 4, True, exact=False),
+                Outcome(0, 1.2, 1.3, OK, 4, exact=True)]
+    point = summarize(outcomes, [2.0], (0.0, 2.0), 1)
+    assert (point.compared, point.exact, point.compared_sampled, point.exact_sampled) == (3, 2, 2, 1)
+    assert point.differing == {0: 1}
+
+
 def test_fallback_and_broken_documents_are_reported():
     assert judge(verbose("a", [1], temperature=0.2), TranscriptCheck(EOT, 1.0)).fallback
     assert judge_json(b"{not json", TranscriptCheck(EOT, 1.0)).problem.startswith("not verbose_json")
