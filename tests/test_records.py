@@ -225,3 +225,22 @@ def test_the_link_check_finds_a_missing_file_and_heading(tmp_path):
         "page.md: missing.md (no such file)",
         "page.md: other.md#nowhere (no such heading)",
     ]
+
+
+PARAMETERS = REPO_ROOT / "docs" / "parameters.md"
+IDENTICAL = BENCHMARKS / "identical-under-load" / "h200-8015b05.json"
+
+
+def test_the_identical_answers_table_is_the_record():
+    """docs/parameters.md's "same answer under load" table quotes the record, point by point."""
+    text = PARAMETERS.read_text(encoding="utf-8")
+    table = text[text.index("### The same answer under load (GPU)"):text.index("## Beam search and best_of")]
+    rows = {line.split("|")[1].strip(): [cell.strip() for cell in line.split("|")[2:-1]]
+            for line in table.splitlines() if line.startswith("| ")}
+    points = {p["concurrency"]: p for p in json.loads(IDENTICAL.read_text(encoding="utf-8"))["servers"][0]["points"]}
+    header = [int(cell.replace(",", "")) for cell in rows["clients at a time"]]
+    for concurrency, shown, sampled in zip(header, rows["answers identical to alone"],
+                                          rows["of them, with a sampled (fallback) window"], strict=True):
+        p = points[concurrency]
+        assert shown == f"{thousands(p['exact'])} of {thousands(p['compared'])}", concurrency
+        assert sampled == f"{p['exact_sampled']} of {p['compared_sampled']}", concurrency
