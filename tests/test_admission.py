@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from concurrent.futures import CancelledError
@@ -172,6 +173,7 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     assert by_name["whisper_engine_healthy", ()].value == 1
     assert by_name["whisper_engine_restarts_total", ()].value == 0
     assert by_name["whisper_attention_backend", (("backend", "sdpa"),)].value == 1
+    assert by_name["whisper_process_id", ()].value == os.getpid()
     assert audio_seconds(transcript) == 8.0 and audio_seconds(RuntimeError()) is None
 
 

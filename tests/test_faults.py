@@ -44,8 +44,8 @@ from tritonclient.utils import InferenceServerException
 from clients.api import LogMel
 from python_backend_lib.apps.server import (
     DRAIN_QUIET_S,
-    DRAIN_TIMEOUT_S,
     HEALTH_POLL_S,
+    KILLED_STOP_GRACE_S,
     STOP_GRACE_S,
     Activity,
     packaged_model_repository,
@@ -341,9 +341,11 @@ FROZEN_BOUND_S = 10.0
 def test_a_frozen_whisper_process_is_found_and_the_server_exits(tmp_path):
     """A whisper stub stopped outright (SIGSTOP: none of its threads runs, its stall watch
     neither, as with its interpreter lock held for good) stops publishing its metrics
-    heartbeat. The launcher finds it within the stall bound and two publishes, names it
-    and exits with status 1; the request the frozen stub held fails as Triton stops,
-    instead of waiting."""
+    heartbeat. Triton fails the request it was handed (the stub does not answer its
+    health check). The launcher finds the process within the stall bound and two
+    publishes, names it, kills it and exits with status 1, without draining for the
+    requests the frozen process's last publish still counts and without waiting out
+    Triton's exit timeout for them."""
     with launch_server(tmp_path, {STALL_TIMEOUT_ENV: str(FROZEN_BOUND_S)}, ("--engines", "1")) as launched:
         server = launched.server
         assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
@@ -351,19 +353,23 @@ def test_a_frozen_whisper_process_is_found_and_the_server_exits(tmp_path):
         (stub,) = [s for s in stub_processes(grpc_port) if s.model == tensor_names.WHISPER_NAME]
         os.kill(stub.pid, signal.SIGSTOP)
         try:
-            started = time.monotonic()
+            frozen_at = time.monotonic()
             held = transcribe(server.grpc_url, "grpc", CARDS)
-            seconds = time.monotonic() - started
             status = launched.process.wait(timeout=STOP_GRACE_S + 60)
+            exited_s = time.monotonic() - frozen_at
         finally:
             if Path(f"/proc/{stub.pid}").exists():
                 os.kill(stub.pid, signal.SIGKILL)
-    assert isinstance(held, InferenceServerException), held
-    # Found, then the launcher's stop: a drain of the other requests, then tritonserver's own exit.
-    assert seconds < FROZEN_BOUND_S + 2 * PUBLISH_INTERVAL_S + HEALTH_POLL_S + DRAIN_TIMEOUT_S + STOP_GRACE_S + 10
+    assert isinstance(held, InferenceServerException) and held.status() == INTERNAL["grpc"], held
+    assert "Stub process 'whisper_0_0' is not healthy" in held.message(), held.message()
+    # Found within the bound, two publishes and a health poll; then Triton's stop, cut short.
+    found_s = FROZEN_BOUND_S + 2 * PUBLISH_INTERVAL_S + HEALTH_POLL_S
+    assert exited_s < found_s + KILLED_STOP_GRACE_S + 10, f"exited {exited_s:.0f} s after the freeze"
     log = server.log.read_text()
     assert status == 1, _log_tail(server.log)
     assert 'instance="whisper_0_0"' in log and "published no metrics for over 12 s: its process is frozen" in log
+    assert f"killed process {stub.pid}, so that the requests it held fail now" in log
+    assert "waiting for 1 request in flight" not in log  # the drain left the killed process's requests out
 
 
 def model_processes_gone(stubs: list, timeout: float) -> bool:
@@ -449,13 +455,28 @@ def test_activity_reads_what_is_in_flight_and_what_was_answered():
             'nv_inference_count{model="transcribe",version="1"} 99',
         ]
     )
-    assert Activity.from_metrics(text) == Activity(busy=5, answered=11, unhealthy_engines=0)
+    assert Activity.from_metrics(text) == Activity(busy=5, answered=11, unhealthy_engines=0, held=(("", 3.0),))
     engines = text + '\nwhisper_engine_healthy{gpu="0"} 1\nwhisper_engine_healthy{gpu="1"} 0'
     assert Activity.from_metrics(engines).unhealthy_engines == 1
     beats = text + ('\nwhisper_heartbeat_timestamp_seconds{gpu="0",instance="whisper_0_0"} 1000.5'
                     '\nwhisper_heartbeat_timestamp_seconds{gpu="1",instance="whisper_0_0"} 990')
     assert Activity.from_metrics(beats).frozen(now=1005.0, after_s=6.0) == ['{gpu="1",instance="whisper_0_0"}']
     assert Activity.from_metrics(beats).frozen(now=996.0, after_s=6.0) == []
+
+
+def test_a_killed_frozen_instance_leaves_the_activity_that_the_drain_reads():
+    one, other = '{gpu="0",instance="whisper_0_0"}', '{gpu="0",instance="whisper_0_1"}'
+    text = "\n".join([
+        f"whisper_requests_in_flight{one} 2", f"whisper_requests_in_flight{other} 1",
+        f"whisper_process_id{one} 4321", f"whisper_process_id{other} 4322",
+        f"whisper_heartbeat_timestamp_seconds{one} 900", f"whisper_heartbeat_timestamp_seconds{other} 1000",
+        'nv_inference_pending_request_count{model="preprocessing",version="1"} 4',
+    ])
+    activity = Activity.from_metrics(text)
+    assert activity.busy == 7 and dict(activity.pids) == {one: 4321, other: 4322}
+    left = activity.without([one])
+    assert left.busy == 5 and left.held == ((other, 1.0),) and left.frozen(now=1001.0, after_s=6.0) == []
+    assert activity.without([]) is activity
 
 
 # ----------------------------------------------------------------------- cancelling

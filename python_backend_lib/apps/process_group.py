@@ -26,3 +26,18 @@ def end_leftovers(group: int) -> None:
         os.killpg(group, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):  # nothing left
         pass
+
+
+def kill_child(pid: int, parent: int) -> bool:
+    """SIGKILL `pid` if it is still a child of `parent` (a recycled pid is left alone);
+    whether it was killed."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'
+            fields = stat.read().rpartition(")")[2].split()
+        if int(fields[1]) != parent:
+            return False
+        os.kill(pid, signal.SIGKILL)
+        return True
+    except (OSError, ValueError, IndexError):  # gone already, or not Linux
+        return False

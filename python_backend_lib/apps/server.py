@@ -43,6 +43,9 @@ DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
 DEFAULT_STARTUP_TIMEOUT_S = 600.0  # loading and warming a large checkpoint on a GPU takes minutes
 STOP_GRACE_S = 40.0  # tritonserver itself waits up to 30 s for in-flight requests
+# After a frozen whisper process was killed, Triton never releases the requests that process
+# held and would wait out its exit timeout for them: the other models get this long to unload.
+KILLED_STOP_GRACE_S = 10.0
 # Before stopping, wait this long at most for the requests in flight to be answered:
 # once stopping, Triton refuses an ensemble's next step, so it would fail them. What
 # is still in flight then is answered UNAVAILABLE (`cancellation.STOPPING`).
@@ -137,6 +140,7 @@ class TritonServer:
         self._progress = triton_output.LoadProgress()  # the models loading and loaded, from the log
         self._ready = False  # drain only a server that became ready
         self._quiet = QuietWatch()  # since when the metrics read show no work
+        self._killed: set[str] = set()  # frozen whisper instances killed (their labels)
         self._aborted = False  # abort(): stop() waits for nothing
         self.shm_prefix = shm_regions.prefix(os.getpid(), next(_servers_started))
         # What Triton serves: the settings' repository, or a copy with another engine count.
@@ -300,17 +304,29 @@ class TritonServer:
                     return None
                 frozen = activity.frozen(time.time(), frozen_after_s) if activity is not None else []
                 if frozen:
+                    killed = self._kill_frozen(activity, frozen)
                     if self._report is not None:
                         self._report(f"whisper instance {', '.join(frozen)} published no metrics for over "
-                                     f"{frozen_after_s:.0f} s: its process is frozen")
+                                     f"{frozen_after_s:.0f} s: its process is frozen; {killed}")
                     return None
+
+    def _kill_frozen(self, activity: Activity, frozen: list[str]) -> str:
+        """Kill the frozen instances' processes: Triton then fails the requests they held at
+        once, and the drain and stop that follow need not wait for them; what was done."""
+        pids = dict(activity.pids)
+        killed = [pids[labels] for labels in frozen
+                  if labels in pids and process_group.kill_child(pids[labels], self._process.pid)]
+        self._killed.update(frozen)
+        if not killed:
+            return "its process id is unknown, so the requests it holds wait for the stop"
+        return f"killed process {', '.join(map(str, killed))}, so that the requests it held fail now"
 
     def activity(self) -> Activity | None:
         """The server's current `Activity`; None when its metrics cannot be read.
         Every read also tells `drain` how long the server has been idle."""
         try:
             with urllib.request.urlopen(self.metrics_url, timeout=READY_POLL_S * 4) as response:
-                activity = Activity.from_metrics(response.read().decode("utf-8", "replace"))
+                activity = Activity.from_metrics(response.read().decode("utf-8", "replace")).without(self._killed)
         except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
             return None
         self._quiet.see(activity, time.monotonic())
@@ -362,8 +378,10 @@ class TritonServer:
             if not drained:  # the whisper instances answer what they still hold (UNAVAILABLE) at once
                 board.post_stopping()
             try:
-                process.wait(timeout=STOP_GRACE_S)
+                process.wait(timeout=KILLED_STOP_GRACE_S if self._killed else STOP_GRACE_S)
             except subprocess.TimeoutExpired:
+                if self._killed and self._report is not None:
+                    self._report("tritonserver still holds what the killed process held: ending it now")
                 process.kill()
                 process.wait()
         process_group.end_leftovers(process.pid)

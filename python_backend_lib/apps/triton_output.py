@@ -24,7 +24,9 @@ says what went wrong, so the launcher can stop at once and show it.
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import re
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
@@ -171,34 +173,56 @@ class Activity:
     answered: requests answered so far (successes and failures, all models).
     unhealthy_engines: whisper engines that gave up after failing repeatedly, or stalled.
     heartbeats: each whisper instance's last metrics publish (Unix time), by its labels.
+    held: the requests each whisper instance holds, by its labels (part of `busy`).
+    pids: each whisper instance's process id, by its labels.
     """
 
     busy: float
     answered: float
     unhealthy_engines: int = 0
     heartbeats: tuple[tuple[str, float], ...] = ()
+    held: tuple[tuple[str, float], ...] = ()
+    pids: tuple[tuple[str, int], ...] = ()
 
     def frozen(self, now: float, after_s: float) -> list[str]:
         """The instances (their labels) whose last publish is more than `after_s` before `now`."""
         return [labels for labels, at in self.heartbeats if now - at > after_s]
 
+    def without(self, instances: Collection[str]) -> Activity:
+        """This reading with `instances` left out: a killed frozen process's last publish
+        still shows the requests it held, which Triton has failed since."""
+        if not instances:
+            return self
+        return dataclasses.replace(
+            self,
+            busy=self.busy - sum(n for labels, n in self.held if labels in instances),
+            heartbeats=tuple(h for h in self.heartbeats if h[0] not in instances),
+            held=tuple(h for h in self.held if h[0] not in instances),
+        )
+
     @classmethod
     def from_metrics(cls, text: str) -> Activity:
         busy = answered = 0.0
         unhealthy = 0
-        heartbeats = []
+        heartbeats, held, pids = [], [], []
         for line in text.splitlines():
             name, _, value = line.rpartition(" ")
             metric = name.split("{", 1)[0]
+            labels = name[len(metric) :]
             if metric == "whisper_heartbeat_timestamp_seconds":
-                heartbeats.append((name[len(metric) :], float(value)))
+                heartbeats.append((labels, float(value)))
+            elif metric == "whisper_process_id":
+                pids.append((labels, int(float(value))))
+            if metric == "whisper_requests_in_flight":
+                held.append((labels, float(value)))
             if metric in ("whisper_requests_in_flight", "nv_inference_pending_request_count"):
                 busy += float(value)
             elif metric in ("nv_inference_request_success", "nv_inference_request_failure"):
                 answered += float(value)
             elif metric == "whisper_engine_healthy" and float(value) == 0:
                 unhealthy += 1
-        return cls(busy=busy, answered=answered, unhealthy_engines=unhealthy, heartbeats=tuple(heartbeats))
+        return cls(busy=busy, answered=answered, unhealthy_engines=unhealthy, heartbeats=tuple(heartbeats),
+                   held=tuple(held), pids=tuple(pids))
 
 
 @dataclass

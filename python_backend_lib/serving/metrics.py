@@ -21,6 +21,7 @@ from __future__ import annotations
 import bisect
 import collections
 import logging
+import os
 import threading
 import time
 from dataclasses import dataclass
@@ -149,6 +150,11 @@ class WhisperMetrics:
             "Unix time of the instance's last metrics publish: one that stops moving is a frozen process",
         )
         self._heartbeat.set(time.time())
+        self._process_id = family.gauge(
+            "whisper_process_id",
+            "The instance's process id: what `whisper-triton serve` kills when the process freezes",
+        )
+        self._process_id.set(os.getpid())
         self._healthy.set(1)  # a new gauge reads 0 until the first publish: the launcher would take it for unhealthy
         self._stalled = family.gauge(
             "whisper_engine_stalled",
