@@ -519,8 +519,18 @@ def test_the_leak_reports_of_model_processes_are_dropped_and_what_is_glued_to_th
 
 
 def test_tritons_exit_timeout_is_told_plainly():
-    from python_backend_lib.apps.triton_output import EXIT_TIMEOUT_SAID, plain_exit_timeout
+    from python_backend_lib.apps.triton_output import EXIT_TIMEOUT_SAID, OPEN_CONNECTIONS_SAID, ExitWatch
 
     line = 'E1128 01:42:51.151311 1117 main.cc:535] "failed to stop server: Internal - Exit timeout expired. Exiting immediately."\n'
-    assert plain_exit_timeout(line) == EXIT_TIMEOUT_SAID and not EXIT_TIMEOUT_SAID.startswith("E")
-    assert plain_exit_timeout("I1128 main.cc] other\n") == "I1128 main.cc] other\n"
+    assert ExitWatch().plain(line) == EXIT_TIMEOUT_SAID and not EXIT_TIMEOUT_SAID.startswith("E")
+    assert ExitWatch().plain("I1128 main.cc] other\n") == "I1128 main.cc] other\n"
+    # As Triton 2.51 counted down after a client kept its HTTP connection open (tritonclient's pool):
+    idle = ExitWatch()
+    for countdown in ('I1128 14:43:13.8 17097 http_server.cc:248] "Timeout 30: Found 1 HTTP service connections"\n',
+                      'I1128 14:43:42.8 17097 http_server.cc:248] "Timeout 1: Found 1 HTTP service connections"\n',
+                      'I1128 14:43:43.8 17097 server.cc:321] "Timeout 0: Found 0 model versions that have in-flight inferences"\n'):
+        assert idle.plain(countdown) == countdown
+    assert idle.plain(line) == OPEN_CONNECTIONS_SAID.format(n=1)
+    busy = ExitWatch()
+    busy.plain('I1128 server.cc:321] "Timeout 3: Found 1 model versions that have in-flight inferences"\n')
+    assert busy.plain(line) == EXIT_TIMEOUT_SAID

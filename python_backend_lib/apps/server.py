@@ -42,10 +42,7 @@ DEFAULT_HTTP_PORT = 8000
 DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
 DEFAULT_STARTUP_TIMEOUT_S = 600.0  # loading and warming a large checkpoint on a GPU takes minutes
-STOP_GRACE_S = 40.0  # tritonserver itself waits up to 30 s for in-flight requests
-# After a frozen whisper process was killed, Triton never releases the requests that process
-# held and would wait out its exit timeout for them: the other models get this long to unload.
-KILLED_STOP_GRACE_S = 10.0
+STOP_GRACE_S = triton_environment.EXIT_TIMEOUT_S + 10.0  # tritonserver's own wait, and its unloading
 # Before stopping, wait this long at most for the requests in flight to be answered:
 # once stopping, Triton refuses an ensemble's next step, so it would fail them. What
 # is still in flight then is answered UNAVAILABLE (`cancellation.STOPPING`).
@@ -231,12 +228,13 @@ class TritonServer:
         assert self._process is not None and self._process.stdout is not None
         quiet_gpu_noise = triton_output.cuda_device_count() == 0
         routine = False  # whether the line before was a routine one (a table goes on without a prefix)
+        exit_watch = triton_output.ExitWatch()
         for line in self._process.stdout:
             if quiet_gpu_noise and triton_output.is_no_gpu_noise(line):
                 continue
             if (line := triton_output.without_leak_report(line)) is None:
                 continue
-            line = triton_output.plain_exit_timeout(line)
+            line = exit_watch.plain(line)
             self._tail.append(line)
             self._progress.see(line)
             failure = triton_output.load_failure(line)
@@ -378,10 +376,8 @@ class TritonServer:
             if not drained:  # the whisper instances answer what they still hold (UNAVAILABLE) at once
                 board.post_stopping()
             try:
-                process.wait(timeout=KILLED_STOP_GRACE_S if self._killed else STOP_GRACE_S)
+                process.wait(timeout=STOP_GRACE_S)
             except subprocess.TimeoutExpired:
-                if self._killed and self._report is not None:
-                    self._report("tritonserver still holds what the killed process held: ending it now")
                 process.kill()
                 process.wait()
         process_group.end_leftovers(process.pid)

@@ -55,6 +55,13 @@ def _python3_directory() -> Path:
     return shim_dir
 
 
+# tritonserver's own wait at a stop (its default is 30 s). The launcher drains first and
+# then marks the stop, so that the whisper instances answer what they still hold at once:
+# Triton's wait covers answers already on their way, and HTTP connections that clients
+# keep open between requests, which Triton 2.51 waits for until this runs out.
+EXIT_TIMEOUT_S = 10
+
+
 def server_command(
     installation: TritonInstallation,
     settings: ServerSettings,
@@ -81,6 +88,7 @@ def server_command(
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         "--strict-readiness=true",
         "--exit-on-error=true",
+        f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         *(() if gpu else triton_output.NO_GPU_FLAGS),
         *repository.cuda_pool_flags(model_repository, triton_output.visible_gpus(s.gpus) if gpu else 0),
         *(() if s.trace_file is None else triton_output.trace_flags(s.trace_file, s.trace_rate)),

@@ -101,18 +101,42 @@ def without_leak_report(line: str) -> str | None:
     return line
 
 
-# Triton's last line when it stops with work still in its models after its exit timeout
-# (30 s by default): an error line that reads like a crash, though the stop went as designed.
+# Triton's last line when its exit timeout runs out: an error line that reads like a crash,
+# though the stop went as designed. Before it, Triton counts down what it waits for: HTTP
+# connections still open (a client's idle keep-alive connection counts), then requests in
+# its models.
 _EXIT_TIMEOUT = "failed to stop server: Internal - Exit timeout expired"
+_OPEN_CONNECTIONS = re.compile(r"Timeout \d+: Found (\d+) HTTP service connections")
+_REQUESTS_IN_MODELS = re.compile(r"Timeout \d+: Found (\d+) model versions that have in-flight inferences")
 EXIT_TIMEOUT_SAID = (
     "whisper-triton: tritonserver stopped at its exit timeout with requests still in its models; "
     "they got no answer (a stop waits for requests in flight that long)\n"
 )
+OPEN_CONNECTIONS_SAID = (
+    "whisper-triton: tritonserver stopped at its exit timeout with {n} HTTP connection(s) still open: "
+    "clients keep idle connections for their next request; no request was in flight\n"
+)
 
 
-def plain_exit_timeout(line: str) -> str:
-    """`line`, or for Triton's exit-timeout error the launcher's plain account of it."""
-    return EXIT_TIMEOUT_SAID if _EXIT_TIMEOUT in line else line
+@dataclass
+class ExitWatch:
+    """What Triton's stop waited for, from its countdown lines, to say plainly why its exit
+    timeout ran out."""
+
+    open_connections: int = 0  # HTTP connections at the last countdown that counted them
+    requests_in_models: int = 0  # model versions with requests in flight, likewise
+
+    def plain(self, line: str) -> str:
+        """`line`, or for Triton's exit-timeout error the launcher's plain account of it."""
+        if (found := _OPEN_CONNECTIONS.search(line)) is not None:
+            self.open_connections = int(found.group(1))
+        elif (found := _REQUESTS_IN_MODELS.search(line)) is not None:
+            self.requests_in_models = int(found.group(1))
+        elif _EXIT_TIMEOUT in line:
+            if self.open_connections and not self.requests_in_models:
+                return OPEN_CONNECTIONS_SAID.format(n=self.open_connections)
+            return EXIT_TIMEOUT_SAID
+        return line
 
 
 def is_routine(line: str, after_routine: bool = False) -> bool:
