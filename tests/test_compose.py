@@ -21,7 +21,8 @@ import jsonschema
 import pytest
 import yaml
 
-from python_backend_lib.apps.server import DRAIN_TIMEOUT_S, STOP_GRACE_S
+from python_backend_lib.apps.server import STOP_GRACE_S
+from python_backend_lib.apps.server_watch import DRAIN_TIMEOUT_S
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"

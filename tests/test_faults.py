@@ -43,12 +43,11 @@ from tritonclient.utils import InferenceServerException
 
 from clients.api import LogMel
 from python_backend_lib.apps.server import (
-    DRAIN_QUIET_S,
-    HEALTH_POLL_S,
     STOP_GRACE_S,
     Activity,
     packaged_model_repository,
 )
+from python_backend_lib.apps.server_watch import DRAIN_QUIET_S, HEALTH_POLL_S
 from python_backend_lib.apps.triton_environment import EXIT_TIMEOUT_S
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.core import geometry

@@ -31,7 +31,8 @@ import yaml
 
 from python_backend_lib.apps import server
 from python_backend_lib.apps.cli import build_parser
-from python_backend_lib.apps.server import DRAIN_TIMEOUT_S, STOP_GRACE_S, ServerSettings, TritonServer
+from python_backend_lib.apps.server import STOP_GRACE_S, ServerSettings, TritonServer
+from python_backend_lib.apps.server_watch import DRAIN_TIMEOUT_S
 from python_backend_lib.core.cache import CACHE_ENV
 from python_backend_lib.serving.settings import CHECKPOINT_ENV
 

@@ -18,9 +18,18 @@ import pytest
 from conftest import AUDIO_DIR, free_port, launch_server, whisper_triton_command
 
 from clients.api import WhisperClient
-from python_backend_lib.apps import mps, preflight, server, triton_environment, triton_installation, triton_output
+from python_backend_lib.apps import (
+    mps,
+    preflight,
+    server,
+    server_watch,
+    triton_environment,
+    triton_installation,
+    triton_output,
+)
 from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonInstallation, TritonServer
+from python_backend_lib.apps.server_watch import ServerWatch
 from python_backend_lib.apps.shm_regions import prefix as shm_region_prefix
 from python_backend_lib.apps.shm_regions import regions as shm_regions
 from python_backend_lib.apps.triton_output import Activity, LoadProgress, QuietWatch
@@ -246,15 +255,14 @@ def test_a_flickering_count_of_requests_in_flight_is_told_once_a_while(monkeypat
     """The count read from the metrics can flip between publications (a GPU soak's stop
     printed 258 and 264 by turns, thirty lines in thirty seconds): a drain tells a change
     at most every DRAIN_REPORT_S."""
-    triton = TritonServer.__new__(TritonServer)
-    triton._aborted, triton._process, triton._quiet = False, subprocess.Popen(["sleep", "30"]), QuietWatch()
-    counts = iter([258, 264] * 50)
-    monkeypatch.setattr(triton, "activity", lambda: Activity(busy=next(counts), answered=0))
     said: list[str] = []
+    watch = ServerWatch("http://unused/metrics", subprocess.Popen(["sleep", "30"]), report=said.append)
+    counts = iter([258, 264] * 50)
+    monkeypatch.setattr(watch, "activity", lambda: Activity(busy=next(counts), answered=0))
     try:
-        assert triton.drain(timeout=2.0, report=said.append) is False
+        assert watch.drain(timeout=2.0) is False
     finally:
-        triton._process.kill()
+        watch.process.kill()
     assert said == ["waiting for 258 requests in flight"]
 
 
@@ -269,10 +277,10 @@ def test_an_idle_server_is_drained_at_once_and_leaves_no_shared_memory(tmp_path)
     try:
         assert shm_regions(triton.shm_prefix), "the Python backend's regions are not named with our prefix"
         assert triton.activity() is not None  # as `serve` reads it while it serves
-        time.sleep(server.DRAIN_QUIET_S + 0.5)
+        time.sleep(server_watch.DRAIN_QUIET_S + 0.5)
         started = time.monotonic()
         assert triton.drain() is True
-        assert time.monotonic() - started < server.DRAIN_QUIET_S  # nothing to wait for
+        assert time.monotonic() - started < server_watch.DRAIN_QUIET_S  # nothing to wait for
     finally:
         triton.stop()
     assert not shm_regions(triton.shm_prefix)

@@ -9,7 +9,7 @@ import signal
 import sys
 from pathlib import Path
 
-from python_backend_lib.apps import gateway, repository, server
+from python_backend_lib.apps import gateway, repository, server, server_watch
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 from python_backend_lib.checkpoints import packaged
 from python_backend_lib.checkpoints.random_shapes import is_random_source
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--drain-timeout",
         type=float,
-        default=server.DRAIN_TIMEOUT_S,
+        default=server_watch.DRAIN_TIMEOUT_S,
         metavar="SECONDS",
         help="on a stop (Ctrl-C, SIGTERM), wait this long at most for the requests in flight; those "
         "still unanswered then fail with UNAVAILABLE (retry on another server)",

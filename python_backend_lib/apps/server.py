@@ -1,5 +1,6 @@
-"""Start, watch and stop a real `tritonserver` on our model repository (found by
-`triton_installation`).
+"""Start and stop a real `tritonserver` on our model repository (found by
+`triton_installation`); while it runs, `server_watch` reads its metrics (health,
+frozen processes, the drain before a stop).
 
 The Python backend's stub imports packages from the `python3` first on PATH, so
 this interpreter's directory goes first on PATH: the models then see the same
@@ -23,8 +24,9 @@ from typing import IO, Callable
 
 from python_backend_lib.apps import preflight, process_group, repository, shm_regions, triton_environment, triton_output
 from python_backend_lib.apps.mps import MpsDaemon, MpsError, daemon_for
+from python_backend_lib.apps.server_watch import DRAIN_TIMEOUT_S, ServerWatch
 from python_backend_lib.apps.triton_installation import ServerError, TritonInstallation, find_triton
-from python_backend_lib.apps.triton_output import Activity, QuietWatch
+from python_backend_lib.apps.triton_output import Activity
 from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.serving.cancellation import CancelBoard, board_folder
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
@@ -43,25 +45,12 @@ DEFAULT_GRPC_PORT = 8001
 DEFAULT_METRICS_PORT = 8002
 DEFAULT_STARTUP_TIMEOUT_S = 600.0  # loading and warming a large checkpoint on a GPU takes minutes
 STOP_GRACE_S = triton_environment.EXIT_TIMEOUT_S + 10.0  # tritonserver's own wait, and its unloading
-# Before stopping, wait this long at most for the requests in flight to be answered:
-# once stopping, Triton refuses an ensemble's next step, so it would fail them. What
-# is still in flight then is answered UNAVAILABLE (`cancellation.STOPPING`).
-DRAIN_TIMEOUT_S = 30.0
-# Idle means: nothing in flight or queued, and no request answered, for this long
-# (two publications of the whisper_* metrics, which are published every second).
-# The launcher reads the metrics while it serves, so a server idle for that long
-# before it is asked to stop has nothing to wait for.
-DRAIN_QUIET_S = 2.0
-DRAIN_POLL_S = 0.2
-DRAIN_REPORT_S = 5.0  # a changing count of requests in flight is told at most this often
 LOG_TAIL_LINES = 100  # Triton's start-up tables and the last model's traceback fit
 _servers_started = itertools.count()  # each server's part of its shared-memory regions' names
 # Log lines after which tritonserver 2.51 neither becomes ready nor exits.
 FATAL_LOG_MARKERS = ("Failed to preinitialize Python stub",)
 READY_POLL_S = 0.5
 STARTUP_REPORT_S = 20.0  # a start that takes longer says what it waits for this often
-# How often a serving launcher reads whether every whisper engine is still healthy.
-HEALTH_POLL_S = 2.0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -136,8 +125,7 @@ class TritonServer:
         self._load_failure: str | None = None  # the first model's failure to load, in one line
         self._progress = triton_output.LoadProgress()  # the models loading and loaded, from the log
         self._ready = False  # drain only a server that became ready
-        self._quiet = QuietWatch()  # since when the metrics read show no work
-        self._killed: set[str] = set()  # frozen whisper instances killed (their labels)
+        self._watch: ServerWatch | None = None  # its metrics read while it runs
         self._aborted = False  # abort(): stop() waits for nothing
         self.shm_prefix = shm_regions.prefix(os.getpid(), next(_servers_started))
         # What Triton serves: the settings' repository, or a copy with another engine count.
@@ -215,6 +203,7 @@ class TritonServer:
         except BaseException:
             self.stop()  # the MPS daemon, if one started
             raise
+        self._watch = ServerWatch(self.metrics_url, self._process, self._report)
         self._pump = threading.Thread(target=self._pump_log, name="tritonserver-log", daemon=True)
         self._pump.start()
         try:
@@ -284,75 +273,23 @@ class TritonServer:
         assert self._process is not None, "start() first"
         return self._process.wait()
 
-    def wait_while_healthy(self, poll_s: float = HEALTH_POLL_S) -> int | None:
+    def wait_while_healthy(self) -> int | None:
         """Block until tritonserver exits (its exit status) or a whisper engine gives up, stalls
-        or freezes (None). Frozen: its process published no metrics for longer than the stall
-        bound and two publishes, as a process stopped or holding its interpreter lock would:
-        its own stall watch could not run."""
-        assert self._process is not None, "start() first"
+        or freezes (None; `ServerWatch.wait_while_healthy`). Frozen: no metrics published for
+        longer than the stall bound and two publishes."""
+        assert self._process is not None and self._watch is not None, "start() first"
         on_gpu = triton_output.visible_gpus(self.settings.gpus) > 0
         configured = repository.stall_timeout_s(self.model_repository, dict(os.environ))
-        frozen_after_s = stall_bound_s(on_gpu, configured) + 2 * PUBLISH_INTERVAL_S
-        while True:
-            try:
-                return self._process.wait(timeout=poll_s)
-            except subprocess.TimeoutExpired:
-                activity = self.activity()
-                if activity is not None and activity.unhealthy_engines:
-                    return None
-                frozen = activity.frozen(time.time(), frozen_after_s) if activity is not None else []
-                if frozen:
-                    killed = self._kill_frozen(activity, frozen)
-                    if self._report is not None:
-                        self._report(f"whisper instance {', '.join(frozen)} published no metrics for over "
-                                     f"{frozen_after_s:.0f} s: its process is frozen; {killed}")
-                    return None
-
-    def _kill_frozen(self, activity: Activity, frozen: list[str]) -> str:
-        """Kill the frozen instances' processes: Triton then fails the requests they held at
-        once, and the drain and stop that follow need not wait for them; what was done."""
-        pids = dict(activity.pids)
-        killed = [pids[labels] for labels in frozen
-                  if labels in pids and process_group.kill_child(pids[labels], self._process.pid)]
-        self._killed.update(frozen)
-        if not killed:
-            return "its process id is unknown, so the requests it holds wait for the stop"
-        return f"killed process {', '.join(map(str, killed))}, so that the requests it held fail now"
+        return self._watch.wait_while_healthy(stall_bound_s(on_gpu, configured) + 2 * PUBLISH_INTERVAL_S)
 
     def activity(self) -> Activity | None:
-        """The server's current `Activity`; None when its metrics cannot be read.
-        Every read also tells `drain` how long the server has been idle."""
-        try:
-            with urllib.request.urlopen(self.metrics_url, timeout=READY_POLL_S * 4) as response:
-                activity = Activity.from_metrics(response.read().decode("utf-8", "replace")).without(self._killed)
-        except (urllib.error.URLError, ConnectionError, TimeoutError, ValueError):
-            return None
-        self._quiet.see(activity, time.monotonic())
-        return activity
+        """The server's current `Activity`; None before it starts or when its metrics cannot be read."""
+        return None if self._watch is None else self._watch.activity()
 
-    def drain(self, timeout: float = DRAIN_TIMEOUT_S, report: Callable[[str], None] | None = None) -> bool:
-        """Wait until no request has been in flight or answered for DRAIN_QUIET_S
-        (at once when the reads of the metrics while serving saw it idle that long);
-        False after `timeout` (or when the metrics cannot be read, or after `abort`).
-        `report` hears how many requests it waits for when that changes, at most every
-        DRAIN_REPORT_S (the count read from the metrics can flicker between publications).
-        Triton keeps accepting requests meanwhile: take the server out of rotation first."""
-        deadline = time.monotonic() + timeout
-        reported, reported_at = None, -DRAIN_REPORT_S
-        while time.monotonic() < deadline:
-            if self._aborted or self._process is None or self._process.poll() is not None:
-                return False
-            now = self.activity()
-            if now is None:
-                return False
-            if self._quiet.quiet_s >= DRAIN_QUIET_S:
-                return True
-            count, due = round(now.busy), time.monotonic() - reported_at >= DRAIN_REPORT_S
-            if report is not None and count > 0 and count != reported and due:
-                report(f"waiting for {count} request{'s' if count != 1 else ''} in flight")
-                reported, reported_at = count, time.monotonic()
-            time.sleep(DRAIN_POLL_S)
-        return False
+    def drain(self, timeout: float = DRAIN_TIMEOUT_S) -> bool:
+        """Wait until the requests in flight are answered (`ServerWatch.drain`); False after
+        `timeout`. Triton keeps accepting requests meanwhile: take the server out of rotation first."""
+        return self._watch is not None and self._watch.drain(timeout)
 
     def stop(self, drain_timeout: float | None = None) -> int | None:
         """Drain (wait for the requests in flight, up to `drain_timeout`, by default the
@@ -369,7 +306,7 @@ class TritonServer:
             return None
         board = CancelBoard(board_folder(process.pid))
         if process.poll() is None:
-            drained = self.drain(drain_timeout, self._report) if drain_timeout > 0 and self._ready else not self._ready
+            drained = self.drain(drain_timeout) if drain_timeout > 0 and self._ready else not self._ready
             if self._report is not None and not self._aborted:
                 self._report("stopping tritonserver: unloading the models")
             process.terminate()  # Triton takes no new request from here
@@ -396,6 +333,8 @@ class TritonServer:
         flight (they fail); a `stop` under way, or the next, then only cleans up.
         Safe from a signal handler."""
         self._aborted = True
+        if self._watch is not None:
+            self._watch.aborted = True
         if self._process is not None:
             process_group.end_leftovers(self._process.pid)
 
