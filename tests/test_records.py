@@ -244,3 +244,13 @@ def test_the_identical_answers_table_is_the_record():
         p = points[concurrency]
         assert shown == f"{thousands(p['exact'])} of {thousands(p['compared'])}", concurrency
         assert sampled == f"{p['exact_sampled']} of {p['compared_sampled']}", concurrency
+
+
+MAX_DOCS_FILES = 100  # one current page per topic, and the records those pages cite
+
+
+def test_docs_hold_at_most_a_hundred_files():
+    """Per-commit snapshots and raw profiles leave docs/ once no current page needs them
+    (docs/benchmarks/README.md lists where they went)."""
+    files = [path for path in (REPO_ROOT / "docs").rglob("*") if path.is_file()]
+    assert len(files) <= MAX_DOCS_FILES, f"{len(files)} files under docs/"
