@@ -42,8 +42,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable
 
-from bench.provenance import REPO_ROOT, provenance
 from bench.transcripts import words
+from loadtest.provenance import REPO_ROOT, provenance
 
 # faster-whisper's defaults; its length_penalty=1 divides by the length, as ours does unset.
 SEARCH = dict(beam_size=5, best_of=5, patience=1.0)

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.jobs import Job
-from bench.provenance import provenance
 from bench.references import with_references
 from bench.served import MODELS, STATE_DIR, Settings, free_gpu_memory, make_jobs, served_checkpoint
+from loadtest.provenance import provenance
 
 
 def add_common_options(parser) -> None:

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from bench.provenance import provenance
 from bench.server_process import ServeCommand, ServerProcess
+from loadtest.provenance import provenance
 
 REPOSITORY = Path(__file__).resolve().parents[1]
 TOP_K = 8  # logits kept per step: the two tokens compared are among them where noise explains a difference

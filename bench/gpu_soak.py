@@ -43,11 +43,11 @@ from bench.comparisons import described_run
 from bench.instance_balance import FAIR_SHARE, stalled
 from bench.jobs import Job, free_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan
-from bench.provenance import provenance
 from bench.references import with_references
 from bench.served import MODELS, STATE_DIR, describe_point, free_gpu_memory, measure_point, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 from loadtest.metrics import per_instance
+from loadtest.provenance import provenance
 
 RESULTS = "gpu-soak"
 # A request kind's parameters, added to every request of that kind.

@@ -249,7 +249,7 @@ def report(record: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from bench.provenance import provenance
+    from loadtest.provenance import provenance
 
     parser = argparse.ArgumentParser(prog="python -m bench.latency_breakdown", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.clips import AUDIO_DIR
-from bench.provenance import commit_info, machine_info
+from loadtest.provenance import commit_info, machine_info
 from python_backend_lib.apps.local_agreement import MIN_PROBABILITY, LocalAgreement, comparison_key
 from python_backend_lib.core.segments import Word
 

@@ -53,9 +53,9 @@ import soxr
 
 from bench.clips import AUDIO_DIR
 from bench.host import process_cpu_seconds
-from bench.provenance import commit_info, machine_info
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
 from loadtest.processes import child_pids
+from loadtest.provenance import commit_info, machine_info
 from python_backend_lib.apps.live_transcriber import wav_bytes
 from python_backend_lib.apps.local_agreement import comparison_key
 

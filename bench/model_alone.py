@@ -31,9 +31,9 @@ import numpy as np
 
 from bench.host import ServerProcesses
 from bench.load import error_reason
-from bench.provenance import provenance
 from bench.server_process import ServeCommand, ServerProcess
 from bench.triton_stats import model_stats, stats_delta
+from loadtest.provenance import provenance
 from python_backend_lib.serving import tensor_names
 
 AUDIO = Path(__file__).resolve().parents[1] / "tests" / "data" / "audio"

@@ -23,7 +23,6 @@ import time
 from pathlib import Path
 
 from bench.load import LoadGenerator, PointPlan
-from bench.provenance import provenance
 from bench.repository_copy import add_instances_option, repository_with_instances
 from bench.served import (
     MODELS,
@@ -36,6 +35,7 @@ from bench.served import (
     served_checkpoint,
 )
 from bench.server_process import ServeCommand, ServerProcess
+from loadtest.provenance import provenance
 
 
 def environment_item(item: str) -> tuple[str, str]:

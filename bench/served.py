@@ -52,7 +52,6 @@ from bench.engine_alone import EnginePlan, run_engine
 from bench.host import GpuSampler, ServerProcesses, busy_cores, cpu_times
 from bench.jobs import Job, forced_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan, PointResult
-from bench.provenance import provenance
 from bench.references import with_references
 from bench.repository_copy import add_instances_option, repository_with_instances
 from bench.server_process import ServeCommand, ServerProcess
@@ -61,6 +60,7 @@ from bench.stats import PointStats, saturation, sweep_done
 from bench.transcripts import REQUEST_PARAMETERS
 from bench.transformers_sweep import BATCH_SIZES, TransformersPlan, run_transformers
 from bench.triton_stats import model_stats, stats_delta
+from loadtest.provenance import provenance
 from python_backend_lib.apps.mps import MpsDaemon
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.core.errors import RequestError

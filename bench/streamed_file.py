@@ -24,8 +24,8 @@ from pathlib import Path
 
 from bench.clips import AUDIO_DIR
 from bench.host import ServerProcesses, query_gpus
-from bench.provenance import provenance
 from bench.server_process import ServeCommand, ServerProcess
+from loadtest.provenance import provenance
 
 # A long-form recording (two windows: its first segments come once the first is decoded)
 # and one of a single window, where the streamed path can only add its own overhead.

@@ -1,7 +1,7 @@
 """The figures docs/operating.md quotes, stored under docs/benchmarks/ by the tool that measured them.
 
 Each record is two files: `<prefix>.json`, the numbers with their provenance
-(`bench.provenance`: the commit and whether the tree differed from it, the
+(`loadtest.provenance`: the commit and whether the tree differed from it, the
 machine, the date, the command), and `<prefix>.md`, the same in words for a reader.
 """
 
@@ -11,7 +11,7 @@ import json
 import os
 from pathlib import Path
 
-from bench import provenance
+from loadtest import provenance
 
 
 def origin() -> dict:

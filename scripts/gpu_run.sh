@@ -47,7 +47,7 @@
 #   .gpu-bundle/ or .bundle/ the offline bundle (scripts/build_gpu_bundle.py; BUNDLE=dir picks another)
 #   .carry/N/                part N of a file too large for one call (python -m bench.carry split)
 #   .bench/served.json       results of calls on an earlier machine, which served-* phases continue
-#   .bench/stamp.json        the commit and its files (python -m bench.provenance stamp): the results
+#   .bench/stamp.json        the commit and its files (python -m loadtest.provenance stamp): the results
 #                            record it, and whether the tree here differed from it
 #   .whl/*.whl               or just the wheels a phase needs
 #   .flashinfer/aot.tgz      FlashInfer modules compiled by an earlier call (skips the JIT)

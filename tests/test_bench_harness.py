@@ -17,11 +17,11 @@ from bench.carry import gather, split
 from bench.host import CpuTimes, ServerProcesses, busy_cores, parse_proc_stat, process_cpu_seconds
 from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
 from bench.load import first_clip, split_slots
-from bench.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
 from bench.server_process import ServeCommand
 from bench.standin import CANNED_NAME, STANDIN_SOURCE, canned_check, canned_verbose_json, write_standin_repository
 from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, saturation, summarize, sweep_done
 from bench.transcripts import REQUEST_PARAMETERS, TranscriptCheck, judge, judge_json, text_tokens
+from loadtest.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.serving.parameters import parse_request_parameters

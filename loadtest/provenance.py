@@ -3,7 +3,7 @@
 A GPU machine gets a copy of the working tree without git, so the commit is
 stamped here first:
 
-    python -m bench.provenance stamp            # writes .bench/stamp.json (carried with the call)
+    python -m loadtest.provenance stamp            # writes .bench/stamp.json (carried with the call)
 
 The stamp holds HEAD and the git blob id of every file HEAD tracks. Where git
 is missing, `commit_info` hashes the files on disk the way git does and
@@ -161,7 +161,7 @@ def invocation() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bench.provenance", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m loadtest.provenance", description=__doc__.split("\n\n")[0])
     parser.add_argument("action", choices=["stamp", "show"])
     args = parser.parse_args(argv)
     if args.action == "stamp":
