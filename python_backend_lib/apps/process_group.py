@@ -8,6 +8,8 @@ import ctypes
 import os
 import signal
 
+from python_backend_lib.serving.parent_watch import parent_of
+
 
 def die_with_parent() -> None:
     """In the child: receive SIGTERM when the starting thread ends, so no server is orphaned."""
@@ -32,12 +34,9 @@ def kill_child(pid: int, parent: int) -> bool:
     """SIGKILL `pid` if it is still a child of `parent` (a recycled pid is left alone);
     whether it was killed."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            # pid (comm) state ppid ...: comm may hold spaces and parentheses, so read after the last ')'
-            fields = stat.read().rpartition(")")[2].split()
-        if int(fields[1]) != parent:
+        if parent_of(pid) != parent:
             return False
         os.kill(pid, signal.SIGKILL)
         return True
-    except (OSError, ValueError, IndexError):  # gone already, or not Linux
+    except (OSError, ValueError, StopIteration):  # gone already, or not Linux
         return False

@@ -46,7 +46,7 @@ class ParentWatch:
 
     def __init__(self, interval_s: float = CHECK_INTERVAL_S, pid: int | None = None) -> None:
         self.pid = pid if pid is not None else os.getpid()
-        self.parent = _parent_of(self.pid)
+        self.parent = parent_of(self.pid)
         # A session of its own: a signal to the model's process group does not end the watch.
         self.watcher = subprocess.Popen(
             ["/bin/sh", "-c", WATCHER_SCRIPT, "parent-watch", str(self.pid), str(self.parent), f"{interval_s:g}"],
@@ -80,7 +80,8 @@ def exit_without_teardown() -> None:
     os._exit(0)
 
 
-def _parent_of(pid: int) -> int:
+def parent_of(pid: int) -> int:
+    """The parent process id of `pid` (from /proc; OSError when it is gone)."""
     if pid == os.getpid():
         return os.getppid()
     with open(f"/proc/{pid}/status") as status:
