@@ -38,6 +38,7 @@ from conftest import (
     launch_server,
     model_repository_with,
 )
+from reference import clips
 from test_model_repository import load, one
 from tritonclient.utils import InferenceServerException
 
@@ -532,21 +533,35 @@ def wait_for_answer(answers: list, timeout: float = REQUEST_TIMEOUT_S) -> tuple:
 
 
 FEW_SLOTS = 2
-# What the whole path may add to the freeing of a slot: the watcher's poll (0.25 s),
-# the engine's check (0.05 s) and the decoder step in progress.
-SLOT_FREED_WITHIN_S = 1.0
+
+
+def decoder_steps(samples: dict[str, float]) -> float:
+    """Decoder steps the whisper model has run, CUDA graphs and eager together."""
+    return sum(value for name, value in samples.items() if name.startswith("whisper_decode_steps_total"))
+
+
+def steps_the_recording_needs(log_mel: LogMel) -> int:
+    """A floor on the decoder steps that decoding `log_mel` (JFK repeated) in batched mode
+    takes on FEW_SLOTS slots: each 30 s window holds two whole JFK readings at least, a
+    token a word at least, and FEW_SLOTS windows share a step."""
+    jfk = next(clip for clip in clips() if clip.file == "jfk.wav")
+    words_a_window = int(geometry.CHUNK_SECONDS // jfk.duration) * len(jfk.transcript.split())
+    windows = log_mel.samples // geometry.N_SAMPLES
+    return windows // FEW_SLOTS * words_a_window
 
 
 @pytest.mark.server
-def test_cancelling_frees_a_full_servers_slot_within_a_second(tmp_path):
+def test_cancelling_frees_a_full_servers_slots_for_the_request_behind_it(tmp_path):
     """A server with FEW_SLOTS decoding slots, all held by one long recording
     decoded in batched mode (its twenty windows take every slot, the rest wait
     ahead of anything sent later). A short request waits behind it; the client
-    cancels the recording, and the short request is admitted and answered: the
-    slot came free within SLOT_FREED_WITHIN_S of the cancel.
+    cancels the recording, and the short request is admitted and answered, long
+    before the recording could have been decoded.
 
-    When it is admitted is read from its answer: it comes SLOT_FREED_WITHIN_S at
-    most after the cancel plus the time the same request takes on a free slot.
+    Counted in decoder steps, not seconds, so a busy machine cannot fail it: the
+    recording ran fewer than half the steps its windows need. A server that
+    kept the slots until the recording ended would run them all. That the engine drops
+    a cancelled request between two steps is test_engine.py's and test_overlap.py's.
     """
     repository = model_repository_with(tmp_path, "whisper", kv_slots=str(FEW_SLOTS))
     with launch_server(tmp_path, arguments=(f"--model-repository={repository}",)) as launched:
@@ -557,15 +572,18 @@ def test_cancelling_frees_a_full_servers_slot_within_a_second(tmp_path):
         alone = []  # twice: the first request of a fresh server warms it up
         for _ in range(2):
             answers = []
+            before = decoder_steps(settled(server))
             whisper_call(client, short, answers)
             alone.append(wait_for_answer(answers))
         assert all(error is None for _, _, error in alone), alone
-        free_seconds = alone[-1][0]
+        steps_before = decoder_steps(settled(server))
+        short_steps = steps_before - before
         reference = decoded_text(alone[-1][1], short.samples)
         assert reference and decoded_text(alone[0][1], short.samples) == reference
 
+        long = long_log_mel(minutes=10)
         recording = []
-        call = whisper_call(client, long_log_mel(minutes=10), recording, long_form="batched")
+        call = whisper_call(client, long, recording, long_form="batched")
         full = wait_for(server, lambda s: s["whisper_running_batch_size"] == FEW_SLOTS and s["whisper_waiting_windows"] > 0)
         assert full["whisper_running_batch_size"] == FEW_SLOTS and full["whisper_waiting_windows"] > 0, full
         waiting = []
@@ -573,18 +591,16 @@ def test_cancelling_frees_a_full_servers_slot_within_a_second(tmp_path):
         time.sleep(1.0)
         assert not waiting and not recording, "the slots were not all held"
         call.cancel()
-        cancelled_at = time.monotonic()
-        wait_for_answer(waiting)
-        answered_after = time.monotonic() - cancelled_at
-        seconds, result, error = waiting[0]
+        seconds, result, error = wait_for_answer(waiting)
         assert error is None, error
         assert decoded_text(result, short.samples) == reference
-        timing = f"answered {answered_after:.2f} s after the cancel; {free_seconds:.2f} s on a free slot"
-        print(timing)
-        assert answered_after - free_seconds < SLOT_FREED_WITHIN_S, timing
         idle = settled(server)
         assert idle['whisper_requests_total{outcome="cancelled"}'] == 1
         assert idle["whisper_running_batch_size"] == idle["whisper_waiting_windows"] == 0
+        recording_steps = decoder_steps(idle) - steps_before - short_steps
+        needs = steps_the_recording_needs(long)
+        print(f"the recording ran {recording_steps:.0f} decoder steps; decoded whole, it needs {needs} at least")
+        assert recording_steps < needs / 2
 
 
 # ------------------------------------------------------------------------- shutdown
