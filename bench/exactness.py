@@ -155,7 +155,7 @@ def _library_run(device: str, clips, options) -> tuple[list, list[LogitTrace]]:
 
 def run(out: Path, device: str = "cuda") -> dict:
     from clients.api import WhisperClient
-    from python_backend_lib.serving.parameters import parse_request_parameters
+    from python_backend_lib.contract.parameters import parse_request_parameters
 
     sys.path.insert(0, str(REPOSITORY / "tests"))
     from reference import clips as shared_clips

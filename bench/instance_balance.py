@@ -32,7 +32,7 @@ from bench.served_variants import parse_variant, repository_for
 from bench.server_process import ServeCommand, ServerProcess
 from loadtest.metrics import per_instance
 from loadtest.processes import stub_processes
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 
 RESULTS = "instance-balance"
 # An instance that answered less than this share of the mean per instance is stalled.

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from bench.clips import ClipAudio
 from bench.load import LoadRequest
 from bench.transcripts import REQUEST_PARAMETERS, TranscriptCheck
+from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.core.options import MAX_TEXT_POSITIONS, TranscribeOptions
-from python_backend_lib.serving.parameters import parse_request_parameters
 
 # <|startoftranscript|>, language, task, <|notimestamps|> come before the first generated token.
 PROMPT_TOKENS = 4

@@ -206,7 +206,7 @@ async def batch_load(triton_grpc: str, concurrency: int, seconds: float) -> Batc
     """`concurrency` clients sending the stream's recordings to `transcribe` for `seconds`."""
     import tritonclient.grpc.aio as triton
 
-    from python_backend_lib.serving import tensor_names
+    from python_backend_lib.contract import tensor_names
 
     _, placed = stream_audio()
     files = [(wav_bytes(audio), len(audio) / 16_000) for _, _, audio in placed]

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 
 from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, summarize
 from bench.transcripts import TranscriptCheck, Verdict, judge_json
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 
 START_DELAY_S = 0.5  # orders reach every process before the shared start time
 GRPC_STATUS_PREFIX = "StatusCode."

@@ -34,7 +34,7 @@ from bench.load import error_reason
 from bench.server_process import ServeCommand, ServerProcess
 from bench.triton_stats import model_stats, stats_delta
 from loadtest.provenance import provenance
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 
 AUDIO = Path(__file__).resolve().parents[1] / "tests" / "data" / "audio"
 MODELS = (tensor_names.PREPROCESSING_NAME, tensor_names.POSTPROCESSING_NAME)

@@ -63,8 +63,8 @@ from bench.triton_stats import model_stats, stats_delta
 from loadtest.provenance import provenance
 from python_backend_lib.apps.mps import MpsDaemon
 from python_backend_lib.checkpoints.configs import load_config
+from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.settings import auto_instances_per_gpu
 
 PHASES = ("ceiling", "served", "engine", "transformers")

@@ -31,7 +31,7 @@ from bench.load import LoadGenerator, PointPlan
 from bench.repository_copy import Instances, copy_repository, instance_group, repository_with_instances, set_parameters
 from bench.served import POINT_MARGIN_S, STATE_DIR, Settings, describe_point, latency_job, measure_point
 from bench.server_process import ServeCommand, ServerProcess
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 
 RESULTS = "served-variants.json"
 INSTANCE_MODELS = (tensor_names.PREPROCESSING_NAME, tensor_names.WHISPER_NAME, tensor_names.POSTPROCESSING_NAME)

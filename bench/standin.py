@@ -49,8 +49,8 @@ def canned_verbose_json() -> dict:
 
     from bench.transcripts import REQUEST_PARAMETERS
     from python_backend_lib.checkpoints.configs import load_config
+    from python_backend_lib.contract.parameters import parse_request_parameters
     from python_backend_lib.core.decoded import DecodedRecording
-    from python_backend_lib.serving.parameters import parse_request_parameters
     from python_backend_lib.text.formats import Document, ResponseFormat
     from python_backend_lib.text.tokenizer import load_tokenizer
     from python_backend_lib.text.transcript import assemble
@@ -75,7 +75,7 @@ def canned_recording() -> str:
 
     from bench.clips import load_clips, nearest
     from bench.transcripts import REQUEST_PARAMETERS
-    from python_backend_lib.serving.parameters import parse_request_parameters
+    from python_backend_lib.contract.parameters import parse_request_parameters
     from python_backend_lib.transcription.pipeline import Pipeline
 
     clips = load_clips()

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import triton_python_backend_utils as pb_utils
 
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.decoded_tensors import to_tensors
+from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.core.decoded import DecodedRecording
-from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.decoded_tensors import to_tensors
-from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import error_response, tensors_response
 
 CANNED_NAME = "canned_decoded.json"

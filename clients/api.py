@@ -47,8 +47,8 @@ from tritonclient.utils import InferenceServerException
 
 from clients.connection import Protocol, connection_failure, parse_address, triton_message, wrong_endpoint
 from clients.streaming import StreamUpdate, TranscriptStream, is_final
-from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.parameters import CANCEL_KEY
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.parameters import CANCEL_KEY
 from python_backend_lib.text.formats import Document, ResponseFormat, TimedText, segments_from_json
 
 

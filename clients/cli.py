@@ -48,9 +48,9 @@ from clients.connection import AddressError, Protocol, parse_address
 from clients.outputs import ALL, CHOICES, STDIN, Input, StdoutDocument, output_formats, unique_stems, write_files
 from clients.progress import ERASE_LINE, ProgressLine, SpeedRecord, audio_seconds
 from clients.streaming import verbose_line
+from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import LongFormMode, WindowPadding
-from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.text.formats import Document, SubtitleOptions
 
 PROG = "whisper-triton transcribe"

@@ -34,7 +34,7 @@ from clients.connection import AddressError, Protocol, parse_address
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR
 from loadtest.metrics import whisper_gauge
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 
 CLIP = DEFAULT_AUDIO_DIR / "cards_001.wav"  # 1.1 s: one short window
 MEASURE_S = 8.0

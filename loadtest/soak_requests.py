@@ -25,8 +25,8 @@ import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
 from loadtest.clips import Clip
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core import geometry
-from python_backend_lib.serving import tensor_names
 
 REQUEST_TIMEOUT_S = 180.0  # no answer by then: lost, UNEXPECTED
 # Cancels and disconnects come this long after sending: before, during or after the decoding.

@@ -27,8 +27,8 @@ from whisper_calls import library_log_mel, whisper_inputs
 
 from clients.api import Decoded, LogMel, TranscriptionError, WhisperClient
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.options import MAX_PROMPT_TOKENS
-from python_backend_lib.serving import tensor_names
 
 pytestmark = pytest.mark.server
 

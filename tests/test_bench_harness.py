@@ -24,7 +24,7 @@ from bench.transcripts import REQUEST_PARAMETERS, TranscriptCheck, judge, judge_
 from loadtest.provenance import blob_id, commit_info, stamped_commit_info, write_stamp
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.checkpoints.weights import load_checkpoint
-from python_backend_lib.serving.parameters import parse_request_parameters
+from python_backend_lib.contract.parameters import parse_request_parameters
 
 EOT = 50256
 

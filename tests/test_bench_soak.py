@@ -9,7 +9,7 @@ from bench.gpu_soak import KINDS, SOAKS, problems
 from bench.load import error_reason
 from bench.stats import Outcome, summarize
 from bench.transcripts import TranscriptCheck, judge
-from python_backend_lib.serving.parameters import parse_request_parameters
+from python_backend_lib.contract.parameters import parse_request_parameters
 
 PASSING = {
     "label": "tiny-2gpu",

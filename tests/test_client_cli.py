@@ -77,7 +77,7 @@ def test_openai_whisper_spellings_are_accepted_and_kept_out_of_the_help(capsys):
      ("norwegian nynorsk", "nn"), ("castilian", "es"), ("zz", "zz")],
 )
 def test_languages_may_be_named(given, code):
-    from python_backend_lib.serving.parameters import parse_request_parameters
+    from python_backend_lib.contract.parameters import parse_request_parameters
 
     assert parse_request_parameters({"language": given}).decoding.language == code
 

@@ -15,10 +15,10 @@ import pytest
 from reference import DATA
 
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.contract.decoded_tensors import COLUMN, DecodedTensors, from_tensors, to_tensors
 from python_backend_lib.core.decoded import DecodedRecording, DecodedWindow
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, LongFormMode, TranscribeOptions
-from python_backend_lib.serving.decoded_tensors import COLUMN, DecodedTensors, from_tensors, to_tensors
 from python_backend_lib.text.formats import Document, ResponseFormat
 from python_backend_lib.text.transcript import assemble
 from python_backend_lib.transcription.pipeline import Pipeline

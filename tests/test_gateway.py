@@ -27,9 +27,9 @@ from conftest import (
 from python_backend_lib.apps.gateway import API_KEY_ENV, GatewaySettings, create_app
 from python_backend_lib.apps.openai_api import FORM_FIELDS, SEARCH_FIELDS, AudioRequest, parse_form
 from python_backend_lib.apps.openai_errors import ApiError, InvalidRequest, api_error, error_from_triton
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import Document
 
 openai = pytest.importorskip("openai")

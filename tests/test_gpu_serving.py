@@ -25,9 +25,9 @@ import tritonclient.grpc
 from conftest import AUDIO_DIR, ENGINE_FAULT_PROMPT, FAULT_PROMPT, SESSION_FAULTS, launch_server
 from tritonclient.utils import InferenceServerException
 
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
-from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.settings import FAULT_GPU_ENV
 from python_backend_lib.transcription.pipeline import Pipeline
 

@@ -34,7 +34,7 @@ from long_recording import (
 from reference import DATA, clips, normalize
 
 from python_backend_lib.audio.decode import decode_audio
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.text.formats import Document, TimedText
 
 openai = pytest.importorskip("openai")

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from python_backend_lib.contract import tensor_names as names
 from python_backend_lib.serving import postprocessing_service, preprocessing_service, whisper_service
-from python_backend_lib.serving import tensor_names as names
 from python_backend_lib.serving.settings import CONFIG_PARAMETERS, ModelSettings
 
 REPOSITORY = Path(__file__).resolve().parents[1] / "model_repository"

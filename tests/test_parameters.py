@@ -10,9 +10,9 @@ from python_backend_lib.audio.decode import (
     AudioError,
     pcm_to_waveform,
 )
+from python_backend_lib.contract.parameters import InputFormat, RequestParameters, parse_request_parameters
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, LongFormMode, Task, TranscribeOptions, WindowPadding
-from python_backend_lib.serving.parameters import InputFormat, RequestParameters, parse_request_parameters
 from python_backend_lib.text.formats import ResponseFormat
 
 

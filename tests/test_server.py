@@ -18,8 +18,8 @@ from tritonclient.utils import InferenceServerException
 
 from clients.api import TranscriptionError, TranscriptionResult, WhisperClient
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.options import DecodingOptions
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import TimedText
 
 # loadtest/ is a folder of the checkout, not part of the installed package.

@@ -15,15 +15,15 @@ import numpy as np
 import pytest
 
 from python_backend_lib.audio.decode import MAX_CHANNELS, AudioError, decode_audio, pcm_to_waveform
+from python_backend_lib.contract.decoded_tensors import DecodedTensors, from_tensors
+from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.scheduler import EngineUnavailable
 from python_backend_lib.serving.admission import AdmissionPolicy, Overloaded
 from python_backend_lib.serving.cancellation import POSTED_FOR_S, STOPPING, CancelBoard, CancellationWatcher
-from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
 from python_backend_lib.serving.inputs import check_log_mel, nonfinite, single_row
-from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import Fault, describe_failure, fault_of_message
 from python_backend_lib.serving.settings import (
     CHECKPOINT_ENV,

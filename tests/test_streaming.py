@@ -22,8 +22,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 
 from clients.api import TranscriptionError, WhisperClient, new_request_id
 from clients.streaming import EMPTY_FINAL_RESPONSE, is_final, verbose_line
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.options import LongFormMode
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import Document
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]

@@ -25,8 +25,8 @@ from test_faults import JFK, is_ready, settled, transcribe, wait_for
 
 from clients.api import TranscriptionError, WhisperClient, new_request_id
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core import geometry
-from python_backend_lib.serving import tensor_names
 
 pytestmark = pytest.mark.server
 

@@ -20,7 +20,7 @@ import tritonclient.utils
 from long_recording import SAMPLE_RATE, Placed, Recording, TimedWord, find_clips, problems, word_error_rate
 from reference import clips, normalize
 
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.text.formats import Document
 
 openai = pytest.importorskip("openai")

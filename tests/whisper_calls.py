@@ -11,8 +11,8 @@ import numpy as np
 from clients.api import DECODED_OUTPUTS, LogMel
 from python_backend_lib.audio.features import features_for, without_padding
 from python_backend_lib.checkpoints.configs import load_config
-from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.decoded_tensors import DecodedTensors, from_tensors
 from python_backend_lib.text.tokenizer import load_tokenizer
 from python_backend_lib.text.transcript import assemble
 

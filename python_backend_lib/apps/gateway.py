@@ -61,9 +61,9 @@ from python_backend_lib.apps.openai_errors import ApiError, InvalidRequest, api_
 from python_backend_lib.apps.speech_detector import speech_detectors
 from python_backend_lib.apps.transcript_events import MEDIA_TYPE as EVENTS_MEDIA_TYPE
 from python_backend_lib.apps.transcript_events import stream_events
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
-from python_backend_lib.serving import tensor_names
 
 if TYPE_CHECKING:
     import socket

@@ -17,10 +17,10 @@ import numpy as np
 
 from clients.api import new_request_id
 from python_backend_lib.apps.openai_api import WORD, AudioRequest
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.core.options import Task
 from python_backend_lib.core.segments import Word
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.text.formats import Document, ResponseFormat
 
 if TYPE_CHECKING:

@@ -25,7 +25,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.serving.settings import (
     AUTO,
     CHECKPOINT_ENV,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from clients.streaming import is_final
 from python_backend_lib.apps.openai_api import USAGE_TYPE
 from python_backend_lib.apps.openai_errors import ApiError, error_from_triton
-from python_backend_lib.serving import tensor_names
+from python_backend_lib.contract import tensor_names
 
 if TYPE_CHECKING:
     from clients.connection import ServerAddress

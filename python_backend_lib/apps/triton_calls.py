@@ -24,8 +24,8 @@ from clients.api import CANCEL_INPUTS, new_request_id
 from clients.connection import ServerAddress
 from python_backend_lib.apps.openai_errors import error_from_triton
 from python_backend_lib.apps.transcript_events import StreamedReply, replies_of
-from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.parameters import CANCEL_KEY
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.parameters import CANCEL_KEY
 
 # How often a transcription in flight checks whether its HTTP client is still there, and
 # how long the cancel sent when it is not may take.

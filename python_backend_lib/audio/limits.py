@@ -20,7 +20,7 @@ MAX_SAMPLE_RATE = 384_000  # Hz; the fastest rate real converters produce
 # arrays); a larger count is almost always a byte or sample count given as
 # channels, and refusing it names that mistake instead of mixing garbage
 # whenever the byte count happens to divide. (The request parameters check raw
-# PCM against these same bounds: serving.parameters.)
+# PCM against these same bounds: contract.parameters.)
 MAX_CHANNELS = 32
 # Files are decoded about this many frames at a time, so memory follows the
 # audio actually present (not what a header claims) and `max_seconds` stops a

@@ -4,7 +4,7 @@ and the facts that turn them into segments and words.
 The engine's side (`transcription.longform`) makes a `DecodedRecording`; the text
 side (`text.transcript.assemble`) turns one into a transcript with the same rules
 wherever it runs: in the library's own process, or in the `postprocessing` model
-after the record crossed from `whisper` as numeric tensors (`serving.decoded_tensors`).
+after the record crossed from `whisper` as numeric tensors (`contract.decoded_tensors`).
 Plain frozen dataclasses, no torch.
 """
 

@@ -1,3 +1,7 @@
-"""What the Triton model adapters in `model_repository/` share: config settings, request
-parameters, input checks, error responses by whose fault, admission (the request
-limit), the `whisper_*` metrics, and the tensor names every config.pbtxt uses."""
+"""What the Triton model adapters in `model_repository/` share: config settings, input
+checks, error responses by whose fault, admission (the request limit) and the
+`whisper_*` metrics. The tensor names and request parameters they share with the
+clients are the `contract` layer's."""
+
+# tests/test_faults.py still imports the tensor names from here; drop this once it imports them from `contract`.
+from python_backend_lib.contract import tensor_names  # noqa: F401

@@ -17,10 +17,10 @@ import numpy as np
 
 from python_backend_lib.audio.decode import decode_audio, pcm_to_waveform
 from python_backend_lib.audio.vad import SpeechSpan
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.parameters import InputFormat, RequestParameters
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.geometry import SAMPLE_RATE, padded_frames
-from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.parameters import InputFormat, RequestParameters
 
 
 def single_row(array: np.ndarray, tensor: str) -> np.ndarray:

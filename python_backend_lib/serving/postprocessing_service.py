@@ -12,10 +12,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from python_backend_lib.serving import tensor_names
-from python_backend_lib.serving.decoded_tensors import DecodedTensors, from_tensors
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.decoded_tensors import DecodedTensors, from_tensors
+from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.serving.inputs import read_samples, read_speech_timeline, single_row
-from python_backend_lib.serving.parameters import parse_request_parameters
 from python_backend_lib.serving.responses import error_response, transcript_response
 from python_backend_lib.serving.settings import ModelSettings
 from python_backend_lib.text.formats import Document

@@ -27,12 +27,12 @@ import torch
 from python_backend_lib.audio.feature_graphs import FeatureGraphs
 from python_backend_lib.audio.features import features_for_many, without_padding
 from python_backend_lib.audio.vad import SpeechSpan, collect_speech, speech_timestamps
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.devices.placement import on_device, single_threaded_host
 from python_backend_lib.devices.transfers import to_host_asleep, wait_idle
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.inputs import decode_request_audio, single_row
-from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.serving.responses import error_response
 from python_backend_lib.serving.settings import LogMelOutput, ModelSettings, log_mel_handover
 

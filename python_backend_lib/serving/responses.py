@@ -15,8 +15,8 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.errors import RequestError, ServerUnavailable
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Overloaded
 from python_backend_lib.text.formats import Document, ResponseFormat, segments_to_json
 

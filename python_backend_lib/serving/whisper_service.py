@@ -43,17 +43,17 @@ from typing import Any
 import numpy as np
 import torch
 
+from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.decoded_tensors import to_tensors
+from python_backend_lib.contract.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.core.decoded import DecodedRecording
 from python_backend_lib.core.errors import RequestError, ServerUnavailable
 from python_backend_lib.core.quantization import device_problem
 from python_backend_lib.devices.placement import single_threaded_host
 from python_backend_lib.devices.transfers import through_pinned
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.admission import Entry, RequestLedger
 from python_backend_lib.serving.cancellation import CancelBoard, CancellationWatcher, Watch, board_folder
-from python_backend_lib.serving.decoded_tensors import to_tensors
 from python_backend_lib.serving.inputs import LogMelInput, check_log_mel, nonfinite
-from python_backend_lib.serving.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.serving.responses import error_response, tensors_response
 from python_backend_lib.serving.settings import (
     ENGINE_FAULT_PROMPT_ENV,

@@ -4,7 +4,7 @@
 `Pipeline.transcribe` does) and returns None; each request is answered later
 through its response sender, once its last window is decoded, so requests join
 and leave the running batch independently. The answer is numeric
-(`serving.decoded_tensors`): the `postprocessing` model writes the text. Each
+(`contract.decoded_tensors`): the `postprocessing` model writes the text. Each
 instance is one engine on the device Triton names (KIND_AUTO: a GPU, or the CPU
 on a host without one); instances on one device split its KV memory or its cores.
 """

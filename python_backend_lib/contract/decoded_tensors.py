@@ -25,10 +25,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.decoded import DecodedRecording, DecodedWindow
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.languages import LANGUAGE_CODES
-from python_backend_lib.serving import tensor_names
 
 # WINDOWS' columns, in order. Counts, frames and flags are whole numbers (exact in float64).
 WINDOW_COLUMNS = (
