@@ -135,7 +135,8 @@ class DecodeBatch:
         try:
             slots += [self.pool.allocate() for a in admissions for _ in range(beams.rows_needed(a.options))]
             owned = beams.owned_slots(slots, [a.options for a in admissions])
-            if (heads := [own[0] for own in owned]) and self.encoder_graphs is not None and self.encoder_graphs.fits(len(heads)):
+            heads = [own[0] for own in owned]
+            if heads and self.encoder_graphs is not None and self.encoder_graphs.fits(len(heads)):
                 self.encoder_graphs.run(mel, heads)
             else:
                 audio = self.model.encode(mel, self.attention)

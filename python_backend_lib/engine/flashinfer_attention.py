@@ -92,7 +92,9 @@ class PageTable:
         return np.diff(self.indptr)
 
 
-def page_table(slots: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray, pages_per_slot: int) -> PageTable:
+def page_table(
+    slots: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray, pages_per_slot: int
+) -> PageTable:
     """Pages of the first `lengths[i]` positions of slot `slots[i]`, for every row.
 
     Every row needs at least one position: FlashInfer skips a row of length 0,

@@ -216,7 +216,9 @@ class Engine:
                 self.stats.restarts += 1
                 restarts_in_a_row = 1 if self._stepped else restarts_in_a_row + 1
                 held = len(self.batch.rows) + len(self._pending)
-                log.exception("the engine failed (%d in a row); failing the %d windows it holds", restarts_in_a_row, held)
+                log.exception(
+                    "the engine failed (%d in a row); failing the %d windows it holds", restarts_in_a_row, held
+                )
                 self._fail_everything(error)
                 if restarts_in_a_row >= MAX_CONSECUTIVE_RESTARTS:
                     self._give_up(error)
