@@ -199,7 +199,7 @@ def served(log_path: Path, environment: dict[str, str], instances: dict[str, Ins
     from clients.api import Protocol, WhisperClient
 
     http, grpc, metrics = _free_port(), _free_port(), _free_port()
-    command = [sys.executable, "-m", "python_backend_lib.apps.cli", "serve",
+    command = [sys.executable, "-m", "whisper_triton.cli", "serve",
                f"--http-port={http}", f"--grpc-port={grpc}", f"--metrics-port={metrics}", *flags]  # fmt: skip
     if instances:
         command += ["--model-repository", str(repository_with_instances(instances, log_path.parent / "cpu-repository"))]

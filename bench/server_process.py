@@ -32,7 +32,7 @@ def free_port() -> int:
 def whisper_triton() -> list[str]:
     """This interpreter's `whisper-triton` console script, else the module it runs."""
     script = Path(sys.executable).parent / "whisper-triton"
-    return [str(script)] if script.exists() else [sys.executable, "-m", "python_backend_lib.apps.cli"]
+    return [str(script)] if script.exists() else [sys.executable, "-m", "whisper_triton.cli"]
 
 
 @dataclass
@@ -46,7 +46,8 @@ class ServeCommand:
     trace_file: Path | None = None  # `serve --trace-file`, every request traced
     mps: bool | None = None  # `serve --mps on` / `off` (None: the launcher's auto)
     # Serve the code of another checkout (its library and its packaged repository), as of another
-    # commit: `python -m python_backend_lib.apps.cli` with that folder first on PYTHONPATH.
+    # commit: `python -m python_backend_lib.apps.cli serve`, which every commit has, with that
+    # folder first on PYTHONPATH.
     checkout: Path | None = None
     ports: dict[str, int] = field(default_factory=lambda: {p: free_port() for p in ("http", "grpc", "metrics")})
 

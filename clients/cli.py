@@ -84,7 +84,7 @@ def version() -> str:
     """The installed distribution's version, or the package's own when run from a checkout."""
     try:
         return f"whisper-triton {importlib.metadata.version('whisper-triton')}"
-    except importlib.metadata.PackageNotFoundError:  # `python -m python_backend_lib.apps.cli` in a checkout
+    except importlib.metadata.PackageNotFoundError:  # `python -m whisper_triton.cli` in a checkout
         from python_backend_lib import __version__
 
         return f"whisper-triton {__version__}"

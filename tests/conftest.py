@@ -110,7 +110,7 @@ def whisper_triton_command() -> list[str]:
     if script.exists():
         return [str(script)]
     found = shutil.which("whisper-triton")
-    return [found] if found else [sys.executable, "-m", "python_backend_lib.apps.cli"]
+    return [found] if found else [sys.executable, "-m", "whisper_triton.cli"]
 
 
 def free_port() -> int:

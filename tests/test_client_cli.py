@@ -12,9 +12,9 @@ import pytest
 from clients.cli import request_options
 from clients.connection import AddressError, Protocol, ServerAddress, parse_address, triton_message
 from clients.outputs import EXTENSIONS, Input, StdoutDocument, output_formats, unique_stems
-from python_backend_lib.apps.cli import build_parser
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.text.formats import Document, ResponseFormat, SubtitleOptions
+from whisper_triton.cli import build_parser
 
 RESULT = Document(
     text="Ask not.", segments=(Segment(0.0, 1.0, "Ask", (1,)), Segment(1.0, 2.5, "not.", (2,), id=1)), duration=2.5,
@@ -160,7 +160,7 @@ def test_a_trace_rate_below_one_is_refused(capsys):
 
 
 def test_an_unreachable_server_stops_the_command_with_one_line(tmp_path, capsys):
-    from python_backend_lib.apps.cli import main
+    from whisper_triton.cli import main
 
     clip = tmp_path / "a.wav"
     clip.write_bytes(b"RIFF")

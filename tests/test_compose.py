@@ -90,7 +90,7 @@ def test_the_servers_are_one_gpu_and_one_cpu_profile(services):
 
 @pytest.mark.parametrize("command", [TRITON_COMMAND, GPU_TRITON_COMMAND], ids=["cpu", "gpu"])
 def test_the_server_command_parses_and_listens_beyond_its_container(command):
-    from python_backend_lib.apps.cli import build_parser
+    from whisper_triton.cli import build_parser
 
     program, *arguments = command
     assert program == "whisper-triton"
@@ -190,7 +190,7 @@ def test_locust_points_at_whichever_server_runs(services, locust):
 
 
 def test_the_gateway_runs_beside_either_server_and_reaches_it_over_grpc(services):
-    from python_backend_lib.apps.cli import build_parser
+    from whisper_triton.cli import build_parser
 
     gateway = services[GATEWAY]
     assert sorted(gateway["profiles"]) == ["cpu", "gpu"]

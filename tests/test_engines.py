@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 
 from python_backend_lib.apps import repository
-from python_backend_lib.apps.cli import build_parser
 from python_backend_lib.apps.repository import (
     SHIPPED_POSTPROCESSING_GROUP,
     SHIPPED_PREPROCESSING_GROUP,
@@ -44,6 +43,7 @@ from python_backend_lib.serving.settings import (
     engines_sharing_queue,
 )
 from python_backend_lib.serving.whisper_service import fault_plan
+from whisper_triton.cli import build_parser
 
 GIB = 2**30
 

@@ -30,11 +30,11 @@ import pytest
 import yaml
 
 from python_backend_lib.apps import server
-from python_backend_lib.apps.cli import build_parser
 from python_backend_lib.apps.server import STOP_GRACE_S, ServerSettings, TritonServer
 from python_backend_lib.apps.server_watch import DRAIN_TIMEOUT_S
 from python_backend_lib.core.cache import CACHE_ENV
 from python_backend_lib.serving.settings import CHECKPOINT_ENV
+from whisper_triton.cli import build_parser
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = REPO_ROOT / "deploy" / "kubernetes"

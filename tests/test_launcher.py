@@ -75,7 +75,7 @@ def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
 
 
 def test_gpus_and_the_gpu_engine_requirement_reach_the_models(tmp_path):
-    from python_backend_lib.apps.cli import build_parser
+    from whisper_triton.cli import build_parser
 
     installation = triton_installation.TritonInstallation(binary=Path("/bin/true"), backend_directory=tmp_path)
     args = build_parser().parse_args(["serve", "--gpus", "1,3", "--require-gpu-engine"])
@@ -371,8 +371,8 @@ def test_serve_listens_on_localhost_only_by_default(server):
 
 
 def test_host_flag_binds_every_endpoint():
-    from python_backend_lib.apps.cli import build_parser
     from python_backend_lib.apps.server import ServerSettings, TritonInstallation, TritonServer
+    from whisper_triton.cli import build_parser
 
     args = build_parser().parse_args(["serve", "--host", "0.0.0.0"])
     settings = ServerSettings(model_repository=Path("/models"), host=args.host)

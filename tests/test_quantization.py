@@ -16,7 +16,6 @@ from torch import nn
 
 from clients.api import Protocol, WhisperClient
 from python_backend_lib.apps import preflight, triton_environment, triton_installation
-from python_backend_lib.apps.cli import build_parser
 from python_backend_lib.apps.server import ServerSettings, TritonServer, packaged_model_repository
 from python_backend_lib.apps.triton_installation import ServerError
 from python_backend_lib.checkpoints.weights import load_checkpoint
@@ -25,6 +24,7 @@ from python_backend_lib.engine import cpu_int8
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.serving.settings import QUANTIZE_ENV, ModelSettings
 from python_backend_lib.serving.whisper_service import load_pipeline
+from whisper_triton.cli import build_parser
 
 # A few clips, 80 words in all: a speech, read prose and spoken card names.
 CLIPS = {c.file: c for c in clips()}

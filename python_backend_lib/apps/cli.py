@@ -1,5 +1,8 @@
-"""The `whisper-triton` command: `serve` starts Triton, `transcribe` sends it files,
-`gateway` puts OpenAI's audio API in front of it."""
+"""`whisper-triton serve`: start Triton with the Whisper models and wait for requests.
+
+The `whisper-triton` command (whisper_triton.cli) adds this as its `serve`. Run as
+`python -m python_backend_lib.apps.cli serve ...` it is that command alone, as in
+any commit's checkout: bench.server_process serves other commits' code this way."""
 
 from __future__ import annotations
 
@@ -9,7 +12,7 @@ import signal
 import sys
 from pathlib import Path
 
-from python_backend_lib.apps import gateway, repository, server, server_watch
+from python_backend_lib.apps import repository, server, server_watch
 from python_backend_lib.apps.server import ServerError, ServerSettings, TritonServer
 from python_backend_lib.checkpoints import packaged
 from python_backend_lib.checkpoints.random_shapes import is_random_source
@@ -21,13 +24,7 @@ READY_LINE = "whisper-triton is ready."
 # `serve --mps`: ServerSettings.mps (None: auto).
 MPS_CHOICES = {"auto": None, "on": True, "off": False}
 
-EXAMPLES = """\
-examples:
-  whisper-triton serve                                   start Triton with the packaged tiny.en
-  whisper-triton transcribe talk.mp3 -f srt > talk.srt   from another terminal
-  whisper-triton gateway                                 OpenAI's audio API on port 9000
-  whisper-triton COMMAND --help                          each command's options
-"""
+HELP = "start Triton with the Whisper models and wait for requests"
 
 
 class _Terminated(Exception):
@@ -65,19 +62,7 @@ class _StopRequests:
             raise _Terminated
 
 
-def build_parser() -> argparse.ArgumentParser:
-    from clients import cli as client_cli
-
-    parser = argparse.ArgumentParser(
-        prog="whisper-triton",
-        description=__doc__,
-        epilog=EXAMPLES,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    parser.add_argument("--version", action="version", version=client_cli.version())
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-
-    serve = commands.add_parser("serve", help="start Triton with the Whisper models and wait for requests")
+def add_arguments(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--model-repository", type=Path, help="default: the packaged model_repository/")
     serve.add_argument(
         "--checkpoint",
@@ -176,19 +161,17 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECONDS",
         help="give up if the models are not ready by then",
     )
-    serve.set_defaults(run=serve_command)
-
-    transcribe = commands.add_parser("transcribe", help="transcribe audio files on a running server")
-    client_cli.add_arguments(transcribe)
-    transcribe.set_defaults(run=client_cli.run)
-
-    openai_gateway = commands.add_parser("gateway", help="serve OpenAI's audio API in front of a running Triton")
-    gateway.add_arguments(openai_gateway)
-    openai_gateway.set_defaults(run=gateway.run)
-    return parser
 
 
-def serve_command(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace) -> int:
+    try:
+        return _serve(args)
+    except ServerError as error:
+        print(f"whisper-triton: {error}", file=sys.stderr)
+        return 1
+
+
+def _serve(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model_repository=(args.model_repository or server.packaged_model_repository()).resolve(),
         checkpoint=_checkpoint_source(args.checkpoint),
@@ -337,12 +320,10 @@ def _ready_message(triton: TritonServer) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    try:
-        return args.run(args)
-    except ServerError as error:
-        print(f"whisper-triton: {error}", file=sys.stderr)
-        return 1
+    parser = argparse.ArgumentParser(prog="whisper-triton")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    add_arguments(commands.add_parser("serve", help=HELP))
+    return run(parser.parse_args(argv))
 
 
 if __name__ == "__main__":
