@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from python_backend_lib.apps.live_transcriber import wav_bytes
+from gateway.live_transcriber import wav_bytes
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.core.geometry import SAMPLE_RATE
 

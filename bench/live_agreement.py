@@ -1,7 +1,7 @@
 """How sure must two hypotheses be before a live session commits a word?
 
-A live turn is transcribed again as it grows (apps.realtime), and LocalAgreement
-(apps.local_agreement) commits the words two hypotheses in a row agree on and
+A live turn is transcribed again as it grows (gateway.realtime), and LocalAgreement
+(gateway.local_agreement) commits the words two hypotheses in a row agree on and
 give at least `min_probability`. This replays real hypotheses through it:
 
 1. hypotheses: the packaged tiny.en, on the CPU, transcribes growing prefixes of
@@ -32,8 +32,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.clips import AUDIO_DIR
+from gateway.local_agreement import MIN_PROBABILITY, LocalAgreement, comparison_key
 from loadtest.provenance import commit_info, machine_info
-from python_backend_lib.apps.local_agreement import MIN_PROBABILITY, LocalAgreement, comparison_key
 from python_backend_lib.core.segments import Word
 
 CLIPS = (
@@ -45,7 +45,7 @@ CLIPS = (
     "cards_005.wav",
     "sense_and_sensibility_01_austen_64kb-0930.wav",
 )
-FIRST_S = 1.0  # as apps.realtime's FIRST_HYPOTHESIS_S
+FIRST_S = 1.0  # as gateway.realtime's FIRST_HYPOTHESIS_S
 GRID_S = 0.25
 CADENCES_S = (0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5)
 THRESHOLDS = (0.0, 0.3, 0.5, 0.55, 0.6, 0.7)
@@ -208,7 +208,7 @@ def main() -> None:
     header = (f"# LocalAgreement on real hypotheses\n\nHypotheses: {source['model']}, commit `{source['commit']}`, "
               f"{source['recorded']}, {source['machine']}; {len(recorded)} recordings, every {GRID_S:g} s from {FIRST_S:g} s. "
               f"Command: `python -m bench.live_agreement --out {args.out}`. "
-              f"The shipped threshold (apps.local_agreement.MIN_PROBABILITY) is in bold.")
+              f"The shipped threshold (gateway.local_agreement.MIN_PROBABILITY) is in bold.")
     (args.out / "README.md").write_text(markdown(rows, header) + "\n![misread share and delay](agreement.png)\n")
     plot(rows, args.out / "agreement.png")
     print(markdown(rows, header))

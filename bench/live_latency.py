@@ -54,10 +54,10 @@ import soxr
 from bench.clips import AUDIO_DIR
 from bench.host import process_cpu_seconds
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
+from gateway.live_transcriber import wav_bytes
+from gateway.local_agreement import comparison_key
 from loadtest.processes import child_pids
 from loadtest.provenance import commit_info, machine_info
-from python_backend_lib.apps.live_transcriber import wav_bytes
-from python_backend_lib.apps.local_agreement import comparison_key
 
 RATE = 24_000  # what the Realtime API takes
 CHUNK_S = 0.1

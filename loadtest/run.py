@@ -24,9 +24,9 @@ import sys
 from pathlib import Path
 
 from clients.connection import AddressError, Protocol, parse_address
+from gateway.app import API_KEY_ENV
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR, Summary
-from python_backend_lib.apps.gateway import API_KEY_ENV
 
 LOCUSTFILE = Path(__file__).resolve().parent / "locustfile.py"
 USER_CLASSES = {"grpc": "GrpcTranscribeUser", "http": "HttpTranscribeUser", "live": "LiveUser"}

@@ -24,9 +24,9 @@ from conftest import (
     whisper_triton_command,
 )
 
-from python_backend_lib.apps.gateway import API_KEY_ENV, GatewaySettings, create_app
-from python_backend_lib.apps.openai_api import FORM_FIELDS, SEARCH_FIELDS, AudioRequest, parse_form
-from python_backend_lib.apps.openai_errors import ApiError, InvalidRequest, api_error, error_from_triton
+from gateway.app import API_KEY_ENV, GatewaySettings, create_app
+from gateway.openai_api import FORM_FIELDS, SEARCH_FIELDS, AudioRequest, parse_form
+from gateway.openai_errors import ApiError, InvalidRequest, api_error, error_from_triton
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task

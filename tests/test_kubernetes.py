@@ -391,7 +391,7 @@ def triton_health_paths() -> dict[str, str]:
 
 
 def gateway_get_paths() -> set[str]:
-    from python_backend_lib.apps.gateway import create_app
+    from gateway.app import create_app
 
     return {route.path for route in create_app().routes if "GET" in getattr(route, "methods", ())}
 
@@ -676,7 +676,7 @@ def test_the_documentation_names_what_the_manifests_use(resources, adapter_rules
 def test_the_gateway_takes_its_api_key_from_an_optional_secret(containers):
     """The key reaches the gateway under the name it reads, from a Secret the pod
     starts without (no key asked for then), and /health, the probes' path, stays open."""
-    from python_backend_lib.apps.gateway import API_KEY_ENV, PROTECTED_PREFIX
+    from gateway.app import API_KEY_ENV, PROTECTED_PREFIX
 
     (variable,) = [v for v in containers[GATEWAY].get("env", []) if v["name"] == API_KEY_ENV]
     secret = variable["valueFrom"]["secretKeyRef"]

@@ -1,4 +1,4 @@
-"""LocalAgreement-2 (apps.local_agreement): words are committed once two consecutive
+"""LocalAgreement-2 (gateway.local_agreement): words are committed once two consecutive
 hypotheses agree on them and are sure of them, never taken back, and the turn's
 final transcript adds exactly the words past them. The last tests replay real
 tiny.en hypotheses of growing recordings (bench.live_agreement's record)."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench import live_agreement
-from python_backend_lib.apps.local_agreement import (
+from gateway.local_agreement import (
     MIN_PROBABILITY,
     LocalAgreement,
     comparison_key,

@@ -27,8 +27,8 @@ from conftest import AUDIO_DIR, RunningServer, _log_tail, _stop, free_port, whis
 from reference import clips, normalize
 from test_faults import scrape, settled, wait_for
 
+from gateway.workers import STARTUP_S
 from loadtest.processes import child_pids, cmdline, state
-from python_backend_lib.apps.gateway_workers import STARTUP_S
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 
 websockets = pytest.importorskip("websockets")

@@ -1,4 +1,4 @@
-"""The Realtime transcription session's events as JSON (apps.realtime_protocol), without a server."""
+"""The Realtime transcription session's events as JSON (gateway.realtime_protocol), without a server."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ import json
 import numpy as np
 import pytest
 
-from python_backend_lib.apps.realtime_protocol import (
+from gateway.realtime_protocol import (
     ProtocolError,
     SessionSettings,
     parse_event,
     pcm16_samples,
     updated_settings,
 )
-from python_backend_lib.apps.turn_detection import ServerVad
+from gateway.turn_detection import ServerVad
 
 MODELS = ("whisper-1", "tiny.en")
 
@@ -84,7 +84,7 @@ def test_appended_audio_is_little_endian_pcm16():
 
 
 def test_the_api_key_comes_as_a_bearer_header_or_a_browsers_subprotocol():
-    from python_backend_lib.apps.realtime import _authorized
+    from gateway.realtime import _authorized
 
     assert _authorized("Bearer s3cret", [], "s3cret")
     assert _authorized(None, ["realtime", "openai-insecure-api-key.s3cret"], "s3cret")
@@ -97,7 +97,7 @@ def test_a_hypothesis_in_flight_is_cancelled_when_its_turn_ends():
     """The turn's final transcription must not wait behind a hypothesis nobody needs."""
     import asyncio
 
-    from python_backend_lib.apps.realtime import Session, Turn
+    from gateway.realtime import Session, Turn
 
     async def scenario() -> tuple[object, object, bool]:
         finished = Turn("item_a", 0)

@@ -15,8 +15,8 @@ import pytest
 
 from clients.api import TranscriptOutputs
 from clients.streaming import TranscriptStream, verbose_line
-from python_backend_lib.apps.openai_errors import ApiError
-from python_backend_lib.apps.transcript_events import StreamedReply, TextDeltas, stream_events
+from gateway.openai_errors import ApiError
+from gateway.transcript_events import StreamedReply, TextDeltas, stream_events
 from python_backend_lib.text.formats import TimedText, segments_to_json
 
 SEGMENTS = (TimedText(0.0, 4.0, " One."), TimedText(4.0, 9.5, " Two,"), TimedText(9.5, 31.0, " three."))

@@ -1,11 +1,11 @@
-"""server_vad turn detection (apps.turn_detection) over a detector whose probabilities the test sets."""
+"""server_vad turn detection (gateway.turn_detection) over a detector whose probabilities the test sets."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from python_backend_lib.apps.turn_detection import ServerVad, SpeechStarted, SpeechStopped, TurnDetector
+from gateway.turn_detection import ServerVad, SpeechStarted, SpeechStopped, TurnDetector
 
 FRAME = 512
 
@@ -81,7 +81,7 @@ def test_each_detector_judges_frames_together_as_it_judges_them_one_by_one(make)
     import soundfile
     from conftest import AUDIO_DIR
 
-    from python_backend_lib.apps.speech_detector import LoudnessDetector, SileroDetector
+    from gateway.speech_detector import LoudnessDetector, SileroDetector
 
     audio, _ = soundfile.read(AUDIO_DIR / "jfk.wav", dtype="float32")
     detector_type = SileroDetector if make == "silero" else LoudnessDetector

@@ -2,7 +2,7 @@
 `gateway` puts OpenAI's audio API in front of it.
 
 Each command is its own package's (python_backend_lib.apps.cli, clients.cli and
-the gateway's); only this module knows them all, so none of them imports another."""
+gateway.cli); only this module knows them all, so none of them imports another."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import argparse
 import sys
 
 from clients import cli as client_cli
+from gateway import cli as gateway_cli
 from python_backend_lib.apps import cli as server_cli
-from python_backend_lib.apps import gateway
 
 EXAMPLES = """\
 examples:
@@ -41,8 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     transcribe.set_defaults(run=client_cli.run)
 
     openai_gateway = commands.add_parser("gateway", help="serve OpenAI's audio API in front of a running Triton")
-    gateway.add_arguments(openai_gateway)
-    openai_gateway.set_defaults(run=gateway.run)
+    gateway_cli.add_arguments(openai_gateway)
+    openai_gateway.set_defaults(run=gateway_cli.run)
     return parser
 
 

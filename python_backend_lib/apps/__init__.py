@@ -1,2 +1,2 @@
-"""The programs: `whisper-triton serve` (the Triton launcher), `gateway` (the
-OpenAI-compatible HTTP service) and the command line that starts them."""
+"""The server's programs: the Triton launcher and `whisper-triton serve` (`cli`). The
+gateway and the `whisper-triton` command are packages of their own above this library."""

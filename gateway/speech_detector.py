@@ -13,7 +13,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from python_backend_lib.apps.turn_detection import SpeechProbability
+from gateway.turn_detection import SpeechProbability
 from python_backend_lib.audio import vad
 
 SPEECH_DBFS = -40.0  # the loudness detector: RMS level at which a frame is even odds speech

@@ -26,20 +26,20 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from python_backend_lib.apps import realtime_protocol as protocol
-from python_backend_lib.apps.live_transcriber import LiveTranscript, Transcriber
-from python_backend_lib.apps.local_agreement import LocalAgreement, delta_text
-from python_backend_lib.apps.openai_errors import unauthorized
-from python_backend_lib.apps.realtime_protocol import ProtocolError, SessionSettings
-from python_backend_lib.apps.session_slots import SessionSlots
-from python_backend_lib.apps.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
+from gateway import realtime_protocol as protocol
+from gateway.live_transcriber import LiveTranscript, Transcriber
+from gateway.local_agreement import LocalAgreement, delta_text
+from gateway.openai_errors import unauthorized
+from gateway.realtime_protocol import ProtocolError, SessionSettings
+from gateway.session_slots import SessionSlots
+from gateway.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
 from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.core.segments import Word
 
 if TYPE_CHECKING:
     from starlette.websockets import WebSocket
 
-    from python_backend_lib.apps.triton_calls import TritonCalls
+    from gateway.triton_calls import TritonCalls
 
 DEFAULT_MAX_SESSIONS = 100
 # A hypothesis once the turn has this much audio, then each time it has grown by HYPOTHESIS_STEP_S

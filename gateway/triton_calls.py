@@ -22,8 +22,8 @@ from tritonclient.utils import InferenceServerException
 
 from clients.api import CANCEL_INPUTS, new_request_id
 from clients.connection import ServerAddress
-from python_backend_lib.apps.openai_errors import error_from_triton
-from python_backend_lib.apps.transcript_events import StreamedReply, replies_of
+from gateway.openai_errors import error_from_triton
+from gateway.transcript_events import StreamedReply, replies_of
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.contract.parameters import CANCEL_KEY
 

@@ -10,6 +10,10 @@ in an array the processes share (`session_slots.SessionSlots`). The parent start
 worker again when one dies, with its count reset, since its sessions went with
 it; on SIGTERM or SIGINT it stops them all, each finishing what it has in
 flight, as one gateway does. A worker whose parent was killed stops by itself.
+
+Each worker makes its app with the factory it is given (`app.create_app`), so
+this module needs nothing of the app above it; `serve_until_stopped` runs a lone
+gateway process too.
 """
 
 from __future__ import annotations
@@ -22,14 +26,20 @@ import socket
 import threading
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
-from python_backend_lib.apps import session_slots
+from gateway import session_slots
 
 if TYPE_CHECKING:
     from multiprocessing.process import BaseProcess
 
-    from python_backend_lib.apps.gateway import GatewaySettings
+    import fastapi
+    import uvicorn
+
+    from gateway.app import GatewaySettings
+
+    # create_app: a module's function, so that it reaches a spawned worker by name.
+    AppFactory = Callable[[GatewaySettings, session_slots.SessionSlots], fastapi.FastAPI]
 
 MAX_WORKERS = 64
 WATCH_EVERY_S = 0.5
@@ -52,7 +62,7 @@ def check_workers(workers: int) -> None:
         raise ValueError(f"--workers must be between 1 and {MAX_WORKERS}, got {workers}")
 
 
-def serve(settings: GatewaySettings, listen: Listen, workers: int) -> int:
+def serve(create_app: AppFactory, settings: GatewaySettings, listen: Listen, workers: int) -> int:
     """Run `workers` gateway processes on `listen` until SIGTERM or SIGINT; 0 after a
     graceful stop, 1 when a worker could not start."""
     import uvicorn
@@ -63,7 +73,7 @@ def serve(settings: GatewaySettings, listen: Listen, workers: int) -> int:
     context = multiprocessing.get_context("spawn")  # a fresh interpreter: no threads or event loop carried over
 
     def start(index: int) -> BaseProcess:
-        process = context.Process(target=_worker, args=(settings, listen, listener, counts, index),
+        process = context.Process(target=_worker, args=(create_app, settings, listen, listener, counts, index),
                                   name=f"gateway-worker-{index}", daemon=False)
         process.start()
         return process
@@ -106,12 +116,10 @@ def _stop(processes: list[BaseProcess]) -> None:
             process.join()
 
 
-def _worker(settings: GatewaySettings, listen: Listen, listener: socket.socket,
+def _worker(create_app: AppFactory, settings: GatewaySettings, listen: Listen, listener: socket.socket,
             counts: session_slots.SessionCounts, index: int) -> None:
     """One worker process: a whole gateway on the parent's socket, counting its live sessions at `index`."""
     import uvicorn
-
-    from python_backend_lib.apps.gateway import create_app, serve_until_stopped
 
     threading.Thread(target=_stop_without_parent, args=(os.getppid(),), name="parent-watch", daemon=True).start()
     slots = session_slots.SessionSlots(settings.max_live_sessions, counts, index)
@@ -125,3 +133,23 @@ def _stop_without_parent(parent: int) -> None:
     while os.getppid() == parent:
         time.sleep(PARENT_CHECK_S)
     os.kill(os.getpid(), signal.SIGTERM)
+
+
+class _Stopped(Exception):
+    """SIGTERM, raised again by uvicorn once it has shut down gracefully."""
+
+
+def _raise_stopped(signum: int, frame: object) -> None:
+    raise _Stopped()
+
+
+def serve_until_stopped(server: uvicorn.Server, sockets: list[socket.socket] | None = None) -> None:
+    """Serve until SIGINT or SIGTERM, then return once uvicorn has stopped gracefully."""
+    # uvicorn finishes the requests in flight on SIGINT or SIGTERM, restores the
+    # handlers it found and raises the signal again: these turn it into a clean exit.
+    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        server.run(sockets=sockets)
+    except (KeyboardInterrupt, _Stopped):
+        pass

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from clients.api import new_request_id
-from python_backend_lib.apps.openai_api import WORD, AudioRequest
+from gateway.openai_api import WORD, AudioRequest
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.core.options import Task
@@ -24,7 +24,7 @@ from python_backend_lib.core.segments import Word
 from python_backend_lib.text.formats import Document, ResponseFormat
 
 if TYPE_CHECKING:
-    from python_backend_lib.apps.triton_calls import TritonCalls
+    from gateway.triton_calls import TritonCalls
 
 
 @dataclass(frozen=True)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from python_backend_lib.apps.openai_api import DEFAULT_MODEL_ID, USAGE_TYPE
-from python_backend_lib.apps.turn_detection import ServerVad
+from gateway.openai_api import DEFAULT_MODEL_ID, USAGE_TYPE
+from gateway.turn_detection import ServerVad
 
 INPUT_RATE = 24_000  # OpenAI's Realtime audio: 16-bit little-endian mono PCM at 24 kHz
 GA_FORMAT = {"type": "audio/pcm", "rate": INPUT_RATE}

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from python_backend_lib.apps.openai_errors import InvalidRequest
+from gateway.openai_errors import InvalidRequest
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, Task, WindowPadding, choice
 from python_backend_lib.text.formats import Document, ResponseFormat

@@ -27,7 +27,7 @@ variable), every /v1 request must carry `Authorization: Bearer <key>`, else
 it gets a 401; /health and /docs stay open.
 
 With `--workers N`, N gateway processes share the port and the live session
-limit (`gateway_workers`): one process runs about a hundred live sessions on a core.
+limit (`workers`): one process runs about a hundred live sessions on a core.
 
 Each request becomes one gRPC call to Triton's `transcribe` ensemble (the
 async tritonclient, so one process serves many requests at once), asking
@@ -42,36 +42,28 @@ that is not multipart/form-data, 503 when Triton is unreachable or overloaded,
 the gateway's log only.
 """
 
-import argparse
 import logging
-import os
 import secrets
-import signal
-import sys
 from collections.abc import Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from clients.connection import AddressError, Protocol, ServerAddress, parse_address
-from python_backend_lib.apps import gateway_workers, realtime, session_slots
-from python_backend_lib.apps.openai_api import DEFAULT_MODEL_ID, MEDIA_TYPES, AudioRequest, parse_form, request_body
-from python_backend_lib.apps.openai_errors import ApiError, InvalidRequest, api_error, http_error, unauthorized
-from python_backend_lib.apps.speech_detector import speech_detectors
-from python_backend_lib.apps.transcript_events import MEDIA_TYPE as EVENTS_MEDIA_TYPE
-from python_backend_lib.apps.transcript_events import stream_events
+from clients.connection import Protocol, ServerAddress, parse_address
+from gateway import realtime, session_slots
+from gateway.openai_api import DEFAULT_MODEL_ID, MEDIA_TYPES, AudioRequest, parse_form, request_body
+from gateway.openai_errors import ApiError, InvalidRequest, api_error, http_error, unauthorized
+from gateway.speech_detector import speech_detectors
+from gateway.transcript_events import MEDIA_TYPE as EVENTS_MEDIA_TYPE
+from gateway.transcript_events import stream_events
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import Task
 
 if TYPE_CHECKING:
-    import socket
-
     import fastapi
-    import uvicorn
 
-DEFAULT_PORT = 9000
 DEFAULT_TRITON_URL = "localhost:8001"
 DEFAULT_MAX_FILE_MB = 25  # OpenAI's own limit
 BYTES_PER_MB = 1024 * 1024
@@ -123,7 +115,7 @@ def create_app(settings: GatewaySettings = GatewaySettings(),
                live_slots: session_slots.SessionSlots | None = None) -> "fastapi.FastAPI":
     """The ASGI application (FastAPI); Triton is connected when it starts.
     live_slots: the live session count this process keeps, against the limit that
-    several gateway processes share (`gateway_workers`); default: this process alone.
+    several gateway processes share (`workers`); default: this process alone.
 
     FastAPI is imported here, not at the top, so that the `whisper-triton`
     command starts quickly; this module has no `from __future__ import
@@ -137,7 +129,7 @@ def create_app(settings: GatewaySettings = GatewaySettings(),
     from swagger_ui_bundle import swagger_ui_path
     from tritonclient.utils import InferenceServerException
 
-    from python_backend_lib.apps.triton_calls import TritonCalls
+    from gateway.triton_calls import TritonCalls
 
     state: dict[str, Any] = {}
 
@@ -291,102 +283,3 @@ async def _read_file(values: Sequence[Any], settings: GatewaySettings) -> bytes:
 def _too_large(settings: GatewaySettings) -> InvalidRequest:
     return InvalidRequest(413, f"the audio file is larger than {settings.max_file_bytes / BYTES_PER_MB:g} MB",
                           param="file", code="file_too_large")
-
-
-# ----------------------------------------------------------- the command
-
-
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--triton-url", default=DEFAULT_TRITON_URL,
-        help="Triton's gRPC address, host:port or grpc://host:port (default: %(default)s)",
-    )
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: %(default)s)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on (default: %(default)s)")
-    parser.add_argument(
-        "--model-id", action="append", dest="model_ids", metavar="ID",
-        help=f"a `model` value to accept, repeatable (default: {DEFAULT_MODEL_ID}); "
-        "name the checkpoint here, e.g. --model-id whisper-1 --model-id tiny.en",
-    )
-    parser.add_argument(
-        "--max-file-mb", type=float, default=DEFAULT_MAX_FILE_MB, help="upload limit (default: %(default)s)"
-    )
-    parser.add_argument("--timeout", type=float, metavar="SECONDS", help="per request to Triton (default: none)")
-    parser.add_argument(
-        "--max-live-sessions", type=int, default=realtime.DEFAULT_MAX_SESSIONS, metavar="N",
-        help="live transcription sessions (/v1/realtime) at once; one more is refused (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--live-hypothesis-every", type=float, default=realtime.HYPOTHESIS_STEP_S, metavar="SECONDS",
-        help="a live turn is transcribed again each time it has grown by this much audio, one transcription at "
-        "a time per session: less shows words sooner and asks more of the server (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--workers", type=int, default=1, metavar="N",
-        help="gateway processes on the one port, each with its own cores: one runs about a hundred live "
-        "sessions on a core; --max-live-sessions stays the limit for them all (default: %(default)s)",
-    )
-    parser.add_argument(
-        "--api-key", default=os.environ.get(API_KEY_ENV) or None, metavar="KEY",
-        help=f"refuse /v1 requests without `Authorization: Bearer KEY` (401); default: ${API_KEY_ENV}, "
-        "else no key (anyone who reaches the port may transcribe)",
-    )
-
-
-class _Stopped(Exception):
-    """SIGTERM, raised again by uvicorn once it has shut down gracefully."""
-
-
-def _raise_stopped(signum: int, frame: object) -> None:
-    raise _Stopped()
-
-
-def run(args: argparse.Namespace) -> int:
-    """Serve until SIGINT or SIGTERM, in one process or `--workers` (`gateway_workers`); 0 after a
-    graceful stop."""
-    import uvicorn
-
-    try:
-        settings = GatewaySettings(
-            triton_url=args.triton_url,
-            model_ids=tuple(args.model_ids or (DEFAULT_MODEL_ID,)),
-            max_file_bytes=int(args.max_file_mb * BYTES_PER_MB),
-            timeout_s=args.timeout,
-            api_key=args.api_key,
-            max_live_sessions=args.max_live_sessions,
-            live_hypothesis_every_s=args.live_hypothesis_every,
-        )
-        gateway_workers.check_workers(args.workers)
-    except AddressError as error:
-        print(f"whisper-triton gateway: --triton-url: {error}", file=sys.stderr)
-        return 2
-    except ValueError as error:
-        print(f"whisper-triton gateway: {error}", file=sys.stderr)
-        return 2
-    if args.workers > 1:
-        return gateway_workers.serve(settings, gateway_workers.Listen(args.host, args.port), args.workers)
-    serve_until_stopped(uvicorn.Server(uvicorn.Config(create_app(settings), host=args.host, port=args.port,
-                                                      log_level="info")))
-    return 0
-
-
-def serve_until_stopped(server: "uvicorn.Server", sockets: list["socket.socket"] | None = None) -> None:
-    """Serve until SIGINT or SIGTERM, then return once uvicorn has stopped gracefully."""
-    # uvicorn finishes the requests in flight on SIGINT or SIGTERM, restores the
-    # handlers it found and raises the signal again: these turn it into a clean exit.
-    signal.signal(signal.SIGTERM, _raise_stopped)
-    signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        server.run(sockets=sockets)
-    except (KeyboardInterrupt, _Stopped):
-        pass
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="whisper-triton gateway", description=__doc__.splitlines()[0])
-    add_arguments(parser)
-    return run(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

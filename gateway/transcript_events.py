@@ -25,8 +25,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from clients.streaming import is_final
-from python_backend_lib.apps.openai_api import USAGE_TYPE
-from python_backend_lib.apps.openai_errors import ApiError, error_from_triton
+from gateway.openai_api import USAGE_TYPE
+from gateway.openai_errors import ApiError, error_from_triton
 from python_backend_lib.contract import tensor_names
 
 if TYPE_CHECKING:

@@ -1,9 +1,9 @@
-"""The live session limit, one for every gateway process (`gateway_workers`).
+"""The live session limit, one for every gateway process (`workers`).
 
 Each process counts the sessions it runs in its own place of an array that the
 processes share, and a new session is taken while the sum of all is under the
 limit. A process that dies takes its sessions with it; whoever replaces it sets
-its count back to zero (`gateway_workers`).
+its count back to zero (`workers`).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ class SessionCounts(Protocol):
 
 def session_counts(processes: int = 1) -> SessionCounts:
     """A zero count for each gateway process, in memory they can all share (each is
-    started with it: `gateway_workers`)."""
+    started with it: `workers`)."""
     return multiprocessing.get_context("spawn").Array("i", processes)
 
 
