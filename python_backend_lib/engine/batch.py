@@ -1,6 +1,6 @@
 """The requests being decoded together (`DecodeBatch`), stepped one token at a time.
 
-Rows join (`admit`, which encodes them together) and leave (`step`'s finished
+Rows join (`admit`; `joining` encodes them together) and leave (`step`'s finished
 list, `drop`) between steps; each row's tokens depend only on its own audio and
 options. Without CUDA graphs a step is one eager decoder pass over every row's
 pending tokens. With them, rows that have at most `GRAPH_PROMPT_TOKENS` tokens to
@@ -18,22 +18,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-import numpy as np
 import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingResult
-from python_backend_lib.devices.transfers import to_device
 from python_backend_lib.engine import beams
 from python_backend_lib.engine.attention import AttentionBackend
 from python_backend_lib.engine.draws import draw_tensors
 from python_backend_lib.engine.eager import eager_pass
 from python_backend_lib.engine.graph_io import GraphStep
+from python_backend_lib.engine.joining import join
 from python_backend_lib.engine.kv_cache import KVSlotPool
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import Launched, Part, mark_launched, plan_step
 from python_backend_lib.engine.prompt import start_of_transcript
-from python_backend_lib.engine.rows import Admission, Row, RowState, SilenceCheck, new_row, silence_flags, silent_result
+from python_backend_lib.engine.rows import Admission, Row, RowState, silent_result
 from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
 
 if TYPE_CHECKING:
@@ -119,7 +118,7 @@ class DecodeBatch:
 
     @torch.inference_mode()
     def admit(self, admissions: Sequence[Admission]) -> None:
-        """Encode the new requests together and store their cross-attention K/V.
+        """Encode the new requests together and store their cross-attention K/V (`joining`).
 
         Windows that asked for the check (`content_frames`) and hold digital silence
         are answered as silent by a later `step`, undecoded: the check runs on the
@@ -127,32 +126,9 @@ class DecodeBatch:
         """
         if not admissions:
             return
-        # Each clip to the device first (pinned or device features copy asynchronously), then stacked there.
-        features = torch.stack([a.features.to(self.device, non_blocking=True) for a in admissions])
-        silence = silence_flags([a.content_frames for a in admissions], features)
-        mel = features.to(self.dtype)
-        slots: list[int] = []  # the requests' slots, one per row (beams and samples are rows too)
-        try:
-            slots += [self.pool.allocate() for a in admissions for _ in range(beams.rows_needed(a.options))]
-            owned = beams.owned_slots(slots, [a.options for a in admissions])
-            heads = [own[0] for own in owned]
-            if heads and self.encoder_graphs is not None and self.encoder_graphs.fits(len(heads)):
-                self.encoder_graphs.run(mel, heads)
-            else:
-                audio = self.model.encode(mel, self.attention)
-                self.pool.write_cross(to_device(np.array(heads), self.device), self.model.cross_kv(audio))
-            beams.share_audio(self.pool, owned)
-        except BaseException:  # e.g. out of memory: the slots hold nothing yet
-            for slot in slots:
-                self.pool.release(slot)
-            raise
-        for i, (admission, own) in enumerate(zip(admissions, owned)):
-            rows = [new_row(admission, slot, self.config, stream) for stream, slot in enumerate(own)]
-            if isinstance(beams.form_group(admission.tag, rows, admission.options), beams.BeamGroup):
-                self._beam_rows += len(rows)
-            if admission.content_frames is not None:  # one check answers for the group
-                rows[0].silence = SilenceCheck(silence, i)
-                self._unheard[rows[0]] = None
+        for rows in join(admissions, self.model, self.config, self.attention, self.encoder_graphs):
+            self._beam_rows += sum(isinstance(row.group, beams.BeamGroup) for row in rows)
+            self._unheard.update((row, None) for row in rows if row.silence is not None)
             self.rows += rows
 
     def _answer_silent(self, wait: bool, among: Sequence[Row] | None = None) -> list[Finished]:
