@@ -25,7 +25,7 @@ import pstats
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -206,11 +206,12 @@ def run_hf(model, workload: Workload, features: list[torch.Tensor]) -> dict:
 
 
 def engine_breakdown(batch: DecodeBatch, config, workload: Workload, features) -> dict:
-    """Where an engine run's wall time goes: encoding (admit), eager steps,
-    graph steps, and the rest (engine loop, callbacks). Admission is timed to
-    a synchronize, which the timed runs do not do."""
-    spent = {"admit": 0.0, "eager_steps": 0.0, "graph_steps": 0.0}
-    counts = {"admit": 0, "eager_steps": 0, "graph_steps": 0}
+    """Where an engine run's wall time goes: encoding (admit), steps, and the rest
+    (engine loop, callbacks), through the batch's public calls; how the steps ran
+    (eager passes, graph replays) from its counts. Admission is timed to a
+    synchronize, which the timed runs do not do."""
+    spent = {"admit": 0.0, "steps": 0.0}
+    counts = {"admit": 0, "steps": 0}
 
     def timed(name, method, sync=False):
         def wrapper(*args, **kwargs):
@@ -224,14 +225,18 @@ def engine_breakdown(batch: DecodeBatch, config, workload: Workload, features) -
         return wrapper
 
     batch.admit = timed("admit", batch.admit, sync=True)
-    batch._step_eager = timed("eager_steps", batch._step_eager)
-    batch._step_graph = timed("graph_steps", batch._step_graph)
+    batch.step = timed("steps", batch.step)
+    before = replace(batch.counts)
     try:
         run = run_engine(batch, config, workload, features)
     finally:
-        for name in ("admit", "_step_eager", "_step_graph"):
+        for name in ("admit", "step"):
             del batch.__dict__[name]
-    record = {"wall_s": round(run["wall_s"], 3)}
+    record = {
+        "wall_s": round(run["wall_s"], 3),
+        "eager_passes": batch.counts.eager_passes - before.eager_passes,
+        "graph_replays": batch.counts.graph_replays - before.graph_replays,
+    }
     for name in spent:
         record[f"{name}_s"] = round(spent[name], 3)
         record[f"{name}_calls"] = counts[name]
@@ -278,11 +283,10 @@ def time_steps(batch: DecodeBatch, config, features, n_rows: int, steps: int) ->
     wall_ms = (time.perf_counter() - start) / steps * 1e3
     record = {"batch": n_rows, "step_ms": round(wall_ms, 4)}
     if batch.graphs is not None:
-        entry = batch.graphs._entries[batch.graphs.key(batch.graphs.buckets[np.searchsorted(batch.graphs.buckets, n_rows)])]
         begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         begin.record()
         for _ in range(steps):
-            entry.graph.replay()
+            batch.graphs.replay(n_rows)
         end.record()
         end.synchronize()
         record["replay_gpu_ms"] = round(begin.elapsed_time(end) / steps, 4)

@@ -250,6 +250,11 @@ class DecodeGraphs:
     def fits(self, n: int) -> bool:
         return choose_bucket(self.buckets, n) is not None
 
+    def replay(self, n: int) -> None:
+        """Replay the graph that holds `n` rows on its buffers as they stand: nothing
+        written in, nothing read back (a benchmark times the GPU's part of a step)."""
+        self._by_batch[choose_bucket(self.buckets, n)].graph.replay()
+
     # capture ---------------------------------------------------------------
 
     @torch.inference_mode()
