@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Callable
 
 from bench.transcripts import words
+from loadtest.clips import read_manifest
 from loadtest.provenance import REPO_ROOT, provenance
 
 # faster-whisper's defaults; its length_penalty=1 divides by the length, as ours does unset.
@@ -72,9 +73,7 @@ class Scored:
 
 
 def english_clips() -> list[Clip]:
-    with open(ENGLISH / "manifest.tsv", newline="") as f:
-        rows = list(csv.DictReader(f, delimiter="\t"))
-    return [Clip(ENGLISH / r["file"], "en", r["transcript"]) for r in rows]
+    return [Clip(ENGLISH / r.name, "en", r.transcript) for r in read_manifest(ENGLISH)]
 
 
 def multilingual_clips(per_language: int) -> list[Clip]:

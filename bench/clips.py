@@ -23,7 +23,6 @@ From the 15 recordings this gives 96 clips, 0.5 to 29.9 s, mean 5.48 s
 
 from __future__ import annotations
 
-import csv
 from dataclasses import dataclass
 from functools import cached_property
 from pathlib import Path
@@ -31,11 +30,11 @@ from pathlib import Path
 import numpy as np
 
 from gateway.live_transcriber import wav_bytes
+from loadtest.clips import DEFAULT_AUDIO_DIR, read_manifest
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.core.geometry import SAMPLE_RATE
 
-AUDIO_DIR = Path(__file__).resolve().parent.parent / "tests" / "data" / "audio"
-MANIFEST = "manifest.tsv"
+AUDIO_DIR = DEFAULT_AUDIO_DIR
 
 FRAME_S = 0.02  # level frames: one encoder position
 FRAME_SAMPLES = round(FRAME_S * SAMPLE_RATE)
@@ -141,18 +140,13 @@ def cut_clips(recording: str, waveform: np.ndarray) -> list[Clip]:
     return clips
 
 
-def recording_names(audio_dir: Path = AUDIO_DIR) -> list[str]:
-    """The recordings that the folder's manifest.tsv lists, in its order."""
-    with (audio_dir / MANIFEST).open(newline="", encoding="utf-8") as handle:
-        return [row["file"] for row in csv.DictReader(handle, delimiter="\t")]
-
-
 def load_clips(audio_dir: Path = AUDIO_DIR) -> list[ClipAudio]:
-    """Every clip of every listed recording, recordings in manifest order."""
+    """Every clip of every recording the manifest lists (`loadtest.clips.read_manifest`),
+    recordings in manifest order."""
     out = []
-    for name in recording_names(audio_dir):
-        waveform = decode_audio((audio_dir / name).read_bytes())
-        out += [ClipAudio(clip, waveform[clip.samples()]) for clip in cut_clips(name, waveform)]
+    for recording in read_manifest(audio_dir):
+        waveform = decode_audio(recording.audio)
+        out += [ClipAudio(clip, waveform[clip.samples()]) for clip in cut_clips(recording.name, waveform)]
     return out
 
 

@@ -52,29 +52,32 @@ def request_name(clip: Clip) -> str:
     return f"transcribe {clip.length_class}"
 
 
-def load_clips(audio_dir: Path = DEFAULT_AUDIO_DIR, max_duration_s: float | None = None) -> tuple[Clip, ...]:
-    """The clips that `manifest.tsv` lists (file, duration_s, ..., transcript), shortest first.
-
-    Clips longer than `max_duration_s` are left out. ValueError if none remain or
-    a listed file is missing.
-    """
+def read_manifest(audio_dir: Path = DEFAULT_AUDIO_DIR) -> tuple[Clip, ...]:
+    """Every recording that the folder's `manifest.tsv` lists (file, duration_s, ...,
+    transcript), in its order: the one reader of it that the load test and the
+    benchmarks share. ValueError if there is no manifest or a listed file is missing."""
     manifest = audio_dir / MANIFEST_NAME
     if not manifest.is_file():
         raise ValueError(f"no {MANIFEST_NAME} in {audio_dir}")
     clips = []
     with manifest.open(newline="", encoding="utf-8") as handle:
         for row in csv.DictReader(handle, delimiter="\t"):
-            duration_s = float(row["duration_s"])
-            if max_duration_s is not None and duration_s > max_duration_s:
-                continue
             path = audio_dir / row["file"]
             if not path.is_file():
                 raise ValueError(f"{manifest} lists {row['file']}, which is not in {audio_dir}")
             clips.append(
-                Clip(name=row["file"], audio=path.read_bytes(), duration_s=duration_s, transcript=row["transcript"])
+                Clip(name=row["file"], audio=path.read_bytes(), duration_s=float(row["duration_s"]),
+                     transcript=row["transcript"])
             )
+    return tuple(clips)
+
+
+def load_clips(audio_dir: Path = DEFAULT_AUDIO_DIR, max_duration_s: float | None = None) -> tuple[Clip, ...]:
+    """The manifest's clips (`read_manifest`), shortest first; those longer than
+    `max_duration_s` are left out. ValueError if none remain."""
+    clips = [c for c in read_manifest(audio_dir) if max_duration_s is None or c.duration_s <= max_duration_s]
     if not clips:
-        raise ValueError(f"no clip in {manifest} is at most {max_duration_s} s long")
+        raise ValueError(f"no clip in {audio_dir / MANIFEST_NAME} is at most {max_duration_s} s long")
     return tuple(sorted(clips, key=lambda clip: clip.duration_s))
 
 

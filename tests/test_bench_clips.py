@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 import soundfile
 
-from bench import clips as bench_clips
 from bench.clips import (
     MAX_CLIP_S,
     MIN_CLIP_S,
@@ -23,6 +22,7 @@ from bench.clips import (
     quiet_frames,
     wav_bytes,
 )
+from loadtest.clips import read_manifest
 from python_backend_lib.core.geometry import SAMPLE_RATE
 
 
@@ -78,7 +78,7 @@ def test_the_clip_set_is_fixed_real_speech_of_the_documented_lengths(clip_set):
     assert MIN_CLIP_S <= durations.min() and durations.max() <= MAX_CLIP_S
     assert durations.mean() == pytest.approx(5.48, abs=0.01)
     assert len({c.clip for c in clip_set}) == len(clip_set)  # no clip twice
-    assert {c.clip.recording for c in clip_set} == set(bench_clips.recording_names())
+    assert {c.clip.recording for c in clip_set} == {recording.name for recording in read_manifest()}
     for c in clip_set:
         assert len(c.waveform) == pytest.approx(c.clip.duration_s * SAMPLE_RATE, abs=SAMPLE_RATE // 1000)
         assert np.sqrt(np.mean(c.waveform**2)) > 0.01  # speech, not silence
