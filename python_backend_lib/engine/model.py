@@ -76,13 +76,21 @@ class EncoderLayer(nn.Module):
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
 
+def unfilled_embedding(rows: int, width: int) -> nn.Embedding:
+    """An embedding left as allocated, without nn.Embedding's random initialisation: the
+    checkpoint fills it (`Whisper.from_checkpoint`). On the meta device, where the model
+    is built, the first random fill of a process loads PyTorch's Python meta kernels,
+    which slowed the start of every model process."""
+    return nn.Embedding(rows, width, _weight=torch.empty(rows, width))
+
+
 class Encoder(nn.Module):
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
         width = dims.n_audio_state
         self.conv1 = nn.Conv1d(dims.n_mels, width, kernel_size=3, padding=1)
         self.conv2 = nn.Conv1d(width, width, kernel_size=3, stride=2, padding=1)
-        self.embed_positions = nn.Embedding(dims.n_audio_ctx, width)
+        self.embed_positions = unfilled_embedding(dims.n_audio_ctx, width)
         self.layers = nn.ModuleList(EncoderLayer(width, dims.n_audio_head) for _ in range(dims.n_audio_layer))
         self.layer_norm = nn.LayerNorm(width)
 
@@ -128,8 +136,8 @@ class Decoder(nn.Module):
     def __init__(self, dims: ModelDims) -> None:
         super().__init__()
         width = dims.n_text_state
-        self.embed_tokens = nn.Embedding(dims.n_vocab, width)
-        self.embed_positions = nn.Embedding(dims.n_text_ctx, width)
+        self.embed_tokens = unfilled_embedding(dims.n_vocab, width)
+        self.embed_positions = unfilled_embedding(dims.n_text_ctx, width)
         self.layers = nn.ModuleList(DecoderLayer(i, width, dims.n_text_head) for i in range(dims.n_text_layer))
         self.layer_norm = nn.LayerNorm(width)
 
