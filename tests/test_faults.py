@@ -51,9 +51,9 @@ from python_backend_lib.apps.server import (
 from python_backend_lib.apps.server_watch import DRAIN_QUIET_S, HEALTH_POLL_S
 from python_backend_lib.apps.triton_environment import EXIT_TIMEOUT_S
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.core import geometry
 from python_backend_lib.engine.scheduler import MAX_CONSECUTIVE_RESTARTS
-from python_backend_lib.serving import tensor_names
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 from python_backend_lib.serving.parent_watch import CHECK_INTERVAL_S
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, STALL_PROMPT_ENV, STALL_TIMEOUT_ENV

@@ -2,6 +2,3 @@
 checks, error responses by whose fault, admission (the request limit) and the
 `whisper_*` metrics. The tensor names and request parameters they share with the
 clients are the `contract` layer's."""
-
-# tests/test_faults.py still imports the tensor names from here; drop this once it imports them from `contract`.
-from python_backend_lib.contract import tensor_names  # noqa: F401
