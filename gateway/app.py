@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 
 from clients.connection import Protocol, ServerAddress, parse_address
 from gateway import realtime, session_slots
+from gateway.api_key import PROTECTED_PREFIX
 from gateway.openai_api import DEFAULT_MODEL_ID, MEDIA_TYPES, AudioRequest, parse_form, request_body
 from gateway.openai_errors import ApiError, InvalidRequest, api_error, http_error, unauthorized
 from gateway.speech_detector import speech_detectors
@@ -68,8 +69,6 @@ DEFAULT_TRITON_URL = "localhost:8001"
 DEFAULT_MAX_FILE_MB = 25  # OpenAI's own limit
 BYTES_PER_MB = 1024 * 1024
 OWNER = "whisper-triton"
-API_KEY_ENV = "WHISPER_TRITON_API_KEY"
-PROTECTED_PREFIX = "/v1/"  # what the API key guards: the API, not /health or /docs
 DOCS_ASSETS = "/docs-assets"  # Swagger UI's script and style, from the installed package
 PAGE_FOLDER = Path(__file__).parent / "page"  # the page at /, its script and style
 PAGE_ASSETS = "/page"

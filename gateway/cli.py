@@ -7,7 +7,8 @@ import sys
 
 from clients.connection import AddressError
 from gateway import app, realtime, workers
-from gateway.app import API_KEY_ENV, BYTES_PER_MB, DEFAULT_MAX_FILE_MB, DEFAULT_TRITON_URL, GatewaySettings, create_app
+from gateway.api_key import API_KEY_ENV
+from gateway.app import BYTES_PER_MB, DEFAULT_MAX_FILE_MB, DEFAULT_TRITON_URL, GatewaySettings, create_app
 from gateway.openai_api import DEFAULT_MODEL_ID
 
 DEFAULT_PORT = 9000

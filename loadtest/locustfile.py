@@ -44,7 +44,7 @@ grpc_gevent.init_gevent()
 # Run as `locust -f loadtest/locustfile.py`, the repository root is not on sys.path.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from gateway.app import API_KEY_ENV  # noqa: E402
+from gateway.api_key import API_KEY_ENV  # noqa: E402
 from loadtest.clips import DEFAULT_AUDIO_DIR, Clip, RequestStats, Summary, load_clips, request_name  # noqa: E402
 from loadtest.live_user import LiveTranscriptionUser  # noqa: E402
 from python_backend_lib.contract import tensor_names  # noqa: E402

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 
 from clients.connection import AddressError, Protocol, parse_address
-from gateway.app import API_KEY_ENV
+from gateway.api_key import API_KEY_ENV
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR, Summary
 

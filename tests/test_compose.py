@@ -10,11 +10,13 @@ install commands must be those the README's "Docker" section documents.
 
 from __future__ import annotations
 
+import ast
 import importlib.metadata
 import importlib.resources
 import json
 import re
 import shlex
+import sys
 from pathlib import Path
 
 import jsonschema
@@ -319,3 +321,133 @@ def test_every_copied_path_exists(stages):
                 *sources, _destination = arguments.split()
                 for source in sources:
                     assert (REPO_ROOT / source).exists(), f"COPY {source}: not in the repository"
+
+
+# --- the locust image ----------------------------------------------------------------
+
+LOADTEST_STAGE = "loadtest"
+LOCUSTFILE = REPO_ROOT / "loadtest" / "locustfile.py"
+FIRST_PARTY = ("python_backend_lib", "clients", "gateway", "whisper_triton", "loadtest", "bench")
+
+
+def imported_modules(path: Path) -> set[str]:
+    """Every module `path` imports, at its top or inside functions (not under TYPE_CHECKING)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skipped = {
+        id(node)
+        for block in ast.walk(tree)
+        if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+        for statement in block.body
+        for node in ast.walk(statement)
+    }
+    names = set()
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module)
+            names |= {f"{node.module}.{alias.name}" for alias in node.names}  # submodules imported by name
+    return names
+
+
+def module_file(name: str) -> Path | None:
+    """The repository file that defines first-party module `name`, or None (not a module: a name in one)."""
+    base = REPO_ROOT.joinpath(*name.split("."))
+    for candidate in (base.with_suffix(".py"), base / "__init__.py"):
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def first_party_closure(start: Path) -> tuple[set[Path], set[str]]:
+    """The repository files that importing `start` reads (each module's packages too),
+    and the third-party top-level modules they import."""
+    files, foreign, todo = set(), set(), [start]
+    while todo:
+        path = todo.pop()
+        if path in files:
+            continue
+        files.add(path)
+        for name in imported_modules(path):
+            top = name.split(".")[0]
+            if top not in FIRST_PARTY:
+                if top not in sys.stdlib_module_names and top != "__future__":
+                    foreign.add(top)
+                continue
+            parts = name.split(".")
+            for depth in range(1, len(parts) + 1):  # a module's packages run their __init__ first
+                found = module_file(".".join(parts[:depth]))
+                if found is not None:
+                    todo.append(found)
+    return files, foreign
+
+
+def requirement_closure(requirements: list[str]) -> set[str]:
+    """The distributions that pip installs for `requirements` (with their extras), by
+    this environment's metadata, as canonical names."""
+    from packaging.requirements import Requirement
+    from packaging.utils import canonicalize_name
+
+    done: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        requirement = todo.pop()
+        name = canonicalize_name(requirement.name)
+        if name in done:
+            continue
+        done.add(name)
+        for text in importlib.metadata.requires(requirement.name) or []:
+            needed = Requirement(text)
+            extras = requirement.extras or {""}
+            if needed.marker is None or any(needed.marker.evaluate({"extra": extra}) for extra in extras):
+                todo.append(needed)
+    return done
+
+
+def stage_copied_files(stage: list[tuple[str, str]]) -> set[Path]:
+    copied = set()
+    for keyword, arguments in stage:
+        if keyword == "COPY" and not arguments.startswith("--from"):
+            for source in arguments.split()[:-1]:
+                path = REPO_ROOT / source
+                copied |= set(path.rglob("*.py")) if path.is_dir() else {path}
+    return copied
+
+
+def stage_requirements(stage: list[tuple[str, str]]) -> list[str]:
+    requirements = []
+    for command in stage_pip_commands(stage):
+        words = shlex.split(command)
+        requirements += [w for w in words[words.index("install") + 1 :] if not w.startswith("-")]
+    return requirements
+
+
+def test_the_locust_image_holds_what_its_locustfile_imports(stages):
+    """The image copies a few files of the repository and installs a few packages: every
+    module the locustfile imports, directly or through them, must be among them, or
+    `docker compose --profile loadtest` starts a locust that fails on its first import."""
+    from packaging.utils import canonicalize_name
+
+    stage = stages[LOADTEST_STAGE]
+    (entrypoint,) = [json.loads(arguments) for keyword, arguments in stage if keyword == "ENTRYPOINT"]
+    assert entrypoint[-1] == "/src/" + LOCUSTFILE.relative_to(REPO_ROOT).as_posix()
+    needed, foreign = first_party_closure(LOCUSTFILE)
+    missing = sorted(p.relative_to(REPO_ROOT).as_posix() for p in needed - stage_copied_files(stage))
+    assert not missing, f"the loadtest stage does not COPY {missing}"
+    installed = requirement_closure(stage_requirements(stage))
+    providers = importlib.metadata.packages_distributions()
+    unprovided = sorted(
+        top for top in foreign if not {canonicalize_name(d) for d in providers.get(top, [])} & installed
+    )
+    assert not unprovided, f"the loadtest stage installs nothing that provides {unprovided}"
+
+
+def test_a_locustfile_import_the_image_lacks_is_found(tmp_path):
+    """The closure follows imports through the repository's packages: the gateway's app,
+    imported for one constant, brings FastAPI and the library's audio with it."""
+    needed, foreign = first_party_closure(REPO_ROOT / "gateway" / "app.py")
+    assert REPO_ROOT / "gateway" / "__init__.py" in needed and "fastapi" in foreign
+    assert "gevent" in requirement_closure(["locust==2.47.0"])
+    assert "grpcio" in requirement_closure(["tritonclient[grpc]==2.73.0"])

@@ -24,7 +24,8 @@ from conftest import (
     whisper_triton_command,
 )
 
-from gateway.app import API_KEY_ENV, GatewaySettings, create_app
+from gateway.api_key import API_KEY_ENV
+from gateway.app import GatewaySettings, create_app
 from gateway.openai_api import FORM_FIELDS, SEARCH_FIELDS, AudioRequest, parse_form
 from gateway.openai_errors import ApiError, InvalidRequest, api_error, error_from_triton
 from python_backend_lib.contract import tensor_names

@@ -676,7 +676,7 @@ def test_the_documentation_names_what_the_manifests_use(resources, adapter_rules
 def test_the_gateway_takes_its_api_key_from_an_optional_secret(containers):
     """The key reaches the gateway under the name it reads, from a Secret the pod
     starts without (no key asked for then), and /health, the probes' path, stays open."""
-    from gateway.app import API_KEY_ENV, PROTECTED_PREFIX
+    from gateway.api_key import API_KEY_ENV, PROTECTED_PREFIX
 
     (variable,) = [v for v in containers[GATEWAY].get("env", []) if v["name"] == API_KEY_ENV]
     secret = variable["valueFrom"]["secretKeyRef"]

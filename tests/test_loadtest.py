@@ -214,7 +214,7 @@ def test_a_live_run_brings_the_gateways_key(server: RunningServer, tmp_path):
 
     from test_gateway import start_gateway
 
-    from gateway.app import API_KEY_ENV
+    from gateway.api_key import API_KEY_ENV
 
     key = "sk-live-load"
     process, base_url = start_gateway(server.grpc_url, tmp_path, [f"--api-key={key}"])
