@@ -13,8 +13,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from clients.connection import ServerAddress, connection_failure, triton_message
+from python_backend_lib.contract.faults import Fault, fault_of_message
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.serving.responses import Fault, fault_of_message
 
 if TYPE_CHECKING:
     from tritonclient.utils import InferenceServerException

@@ -9,11 +9,12 @@ from concurrent.futures import CancelledError
 
 import pytest
 
+from python_backend_lib.contract.faults import Fault
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.serving.admission import Overloaded, RequestLedger
 from python_backend_lib.serving.metrics import OUTCOMES, WhisperMetrics, audio_seconds, outcome_label
-from python_backend_lib.serving.responses import Fault, describe_failure
+from python_backend_lib.serving.responses import describe_failure
 
 
 def test_the_ledger_refuses_one_more_than_its_limit_and_names_it():

@@ -16,6 +16,7 @@ import pytest
 
 from python_backend_lib.audio.decode import MAX_CHANNELS, AudioError, decode_audio, pcm_to_waveform
 from python_backend_lib.contract.decoded_tensors import DecodedTensors, from_tensors
+from python_backend_lib.contract.faults import Fault, fault_of_message
 from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
@@ -24,7 +25,7 @@ from python_backend_lib.engine.scheduler import EngineUnavailable
 from python_backend_lib.serving.admission import AdmissionPolicy, Overloaded
 from python_backend_lib.serving.cancellation import POSTED_FOR_S, STOPPING, CancelBoard, CancellationWatcher
 from python_backend_lib.serving.inputs import check_log_mel, nonfinite, single_row
-from python_backend_lib.serving.responses import Fault, describe_failure, fault_of_message
+from python_backend_lib.serving.responses import describe_failure
 from python_backend_lib.serving.settings import (
     CHECKPOINT_ENV,
     DEFAULT_MAX_AUDIO_SECONDS,

@@ -20,6 +20,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 
+from python_backend_lib.contract.faults import FAULT_PREFIXES, Fault
+
 # Finished requests kept for a metrics reader between two reads; older ones are dropped.
 MAX_RECENT_REQUESTS = 10_000
 
@@ -92,7 +94,7 @@ class RequestLedger:
                 self._room.wait_for(lambda: self._in_flight < self.limit, timeout=deadline - time.monotonic())
             if self._in_flight >= self.limit:
                 raise Overloaded(
-                    f"server overloaded: {self._in_flight} requests in flight, the limit "
+                    f"{FAULT_PREFIXES[Fault.OVERLOADED]}{self._in_flight} requests in flight, the limit "
                     f"(decoding slots + {self._setting}) is {self.limit}; retry later"
                 )
             self._in_flight += 1

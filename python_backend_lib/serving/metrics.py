@@ -27,8 +27,9 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from python_backend_lib.contract.faults import Fault
 from python_backend_lib.serving.admission import RequestLedger
-from python_backend_lib.serving.responses import Fault, describe_failure
+from python_backend_lib.serving.responses import describe_failure
 
 log = logging.getLogger(__name__)
 

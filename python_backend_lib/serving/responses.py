@@ -7,7 +7,6 @@ Nothing here imports Triton (the `pb_utils` module is passed in), so it is teste
 
 from __future__ import annotations
 
-import enum
 import traceback
 from collections.abc import Mapping
 from concurrent.futures import CancelledError
@@ -16,19 +15,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.faults import FAULT_PREFIXES, FAULT_STATUS, Fault
 from python_backend_lib.core.errors import RequestError, ServerUnavailable
 from python_backend_lib.serving.admission import Overloaded
 from python_backend_lib.text.formats import Document, ResponseFormat, segments_to_json
-
-
-class Fault(enum.Enum):
-    """Whose a failed request's error is; decides its Triton error code."""
-
-    CLIENT = "client"  # a RequestError (bad audio, parameters or tensors): INVALID_ARG
-    CANCELLED = "cancelled"  # the client went away: CANCELLED
-    OVERLOADED = "overloaded"  # too many requests in flight, retry later: UNAVAILABLE
-    UNAVAILABLE = "unavailable"  # out of service (stopping, or an engine gave up), retry elsewhere: UNAVAILABLE
-    SERVER = "server"  # ours: INTERNAL, and logged with its traceback
 
 
 class Failure(NamedTuple):
@@ -36,22 +26,6 @@ class Failure(NamedTuple):
 
     message: str
     fault: Fault
-
-
-# How each fault's message begins but the client's (`describe_failure`; an Overloaded
-# says it itself). A gRPC stream (stream_infer) carries a failed response's message
-# without its code: `fault_of_message` reads the fault back from these.
-FAULT_PREFIXES = {
-    Fault.CANCELLED: "cancelled: ",
-    Fault.OVERLOADED: "server overloaded: ",
-    Fault.UNAVAILABLE: "server unavailable: ",
-    Fault.SERVER: "internal error: ",
-}
-# Triton's own messages for a full queue, and for a model process that failed.
-TRITON_FAULT_PREFIXES = {
-    "Exceeds maximum queue size": Fault.OVERLOADED,
-    "Failed to process the request": Fault.SERVER,
-}
 
 
 def describe_failure(error: BaseException) -> Failure:
@@ -71,34 +45,16 @@ def describe_failure(error: BaseException) -> Failure:
     return Failure(f"{FAULT_PREFIXES[Fault.SERVER]}{type(error).__name__}: {error}", Fault.SERVER)
 
 
-def fault_of_message(message: str) -> Fault:
-    """Whose fault a failed response was, from its message alone (without Triton's "in
-    ensemble ..." preface): the inverse of `describe_failure`, for a gRPC stream's errors."""
-    for fault, prefix in FAULT_PREFIXES.items():
-        if message.startswith(prefix):
-            return fault
-    for prefix, fault in TRITON_FAULT_PREFIXES.items():
-        if prefix in message:
-            return fault
-    return Fault.CLIENT
-
-
 def error_response(pb_utils: Any, error: BaseException) -> Any:
     """An `InferenceResponse` carrying only `error`, with the code its `Fault` calls for.
 
     pb_utils: the `triton_python_backend_utils` module (only importable inside Triton).
     """
     message, fault = describe_failure(error)
-    codes = {
-        Fault.CLIENT: pb_utils.TritonError.INVALID_ARG,
-        Fault.CANCELLED: pb_utils.TritonError.CANCELLED,
-        Fault.OVERLOADED: pb_utils.TritonError.UNAVAILABLE,
-        Fault.UNAVAILABLE: pb_utils.TritonError.UNAVAILABLE,
-        Fault.SERVER: pb_utils.TritonError.INTERNAL,
-    }
     if fault is Fault.SERVER:
         pb_utils.Logger.log_error(f"{message}\n{''.join(traceback.format_exception(error))}")
-    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, codes[fault]))
+    code = getattr(pb_utils.TritonError, FAULT_STATUS[fault])
+    return pb_utils.InferenceResponse(error=pb_utils.TritonError(message, code))
 
 
 def tensors_response(pb_utils: Any, arrays: Mapping[str, np.ndarray]) -> Any:
