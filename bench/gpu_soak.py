@@ -47,6 +47,7 @@ from bench.references import with_references
 from bench.served import MODELS, STATE_DIR, describe_point, free_gpu_memory, measure_point, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 from loadtest.metrics import per_instance
+from loadtest.outcomes import is_overloaded
 from loadtest.provenance import provenance
 
 RESULTS = "gpu-soak"
@@ -215,7 +216,7 @@ def problems(record: dict) -> list[str]:
         return [record["error"]]
     found = []
     point = record["point"]
-    refused = {r: n for r, n in point["reasons"].items() if r.startswith("UNAVAILABLE: server overloaded")}
+    refused = {r: n for r, n in point["reasons"].items() if is_overloaded(*r.partition(": ")[::2])}
     refused_count = sum(refused.values())
     other = {s: n for s, n in point["statuses"].items() if s not in ("OK", "UNAVAILABLE")}
     if point["statuses"].get("UNAVAILABLE", 0) > refused_count:

@@ -34,10 +34,10 @@ from dataclasses import dataclass
 
 from bench.stats import BAD_TRANSCRIPT, OK, Outcome, PointStats, summarize
 from bench.transcripts import TranscriptCheck, Verdict, judge_json
+from loadtest.outcomes import status_name
 from python_backend_lib.contract import tensor_names
 
 START_DELAY_S = 0.5  # orders reach every process before the shared start time
-GRPC_STATUS_PREFIX = "StatusCode."
 REASON_CHARS = 120  # of an error's message, kept with its outcome
 # Each process opens one gRPC connection per this many slots, as that many separate
 # clients would: no one HTTP/2 connection's stream limit or lock caps the load.
@@ -249,7 +249,7 @@ async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) 
             client_timeout=timeout_s,
         )
     except InferenceServerException as error:
-        status = str(error.status() or "UNKNOWN").removeprefix(GRPC_STATUS_PREFIX)
+        status = status_name(error)
         return status, Verdict(tokens=0, fallback=False, problem=None), error_reason(str(error.message()))
     verdict = judge_json(result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0], request.check)
     return (OK if verdict.ok else BAD_TRANSCRIPT), verdict, ""

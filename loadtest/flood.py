@@ -34,6 +34,7 @@ from clients.connection import AddressError, Protocol, parse_address
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR
 from loadtest.metrics import whisper_gauge
+from loadtest.outcomes import Verdict, judge
 from python_backend_lib.contract import tensor_names
 
 CLIP = DEFAULT_AUDIO_DIR / "cards_001.wav"  # 1.1 s: one short window
@@ -59,6 +60,10 @@ class Outcome:
     seconds: float
     text: str | None = None
     error: InferenceServerException | None = None
+
+    @property
+    def verdict(self) -> Verdict:
+        return Verdict.ANSWERED if self.error is None else judge(self.error).verdict
 
 
 def audio_input(audio: bytes) -> list:
@@ -190,7 +195,8 @@ class FloodReport:
     peak_rate_per_s: float
     sent: int
     answered: int
-    refused: int
+    refused: int  # as overloaded
+    failed: int  # any other error (`loadtest.outcomes`)
     lost: int
     answered_median_s: float
     answered_max_s: float
@@ -198,6 +204,7 @@ class FloodReport:
     latency_before_s: float
     latency_after_s: float
     refusals: dict[str, int]  # "status: message" -> count
+    failures: dict[str, int]
     outcomes: tuple[Outcome, ...] = ()
 
     def summary(self) -> str:
@@ -205,7 +212,7 @@ class FloodReport:
             f"capacity {self.capacity_per_s:.1f}/s at {self.slots} clients; flood of {self.flood_s:.0f} s at "
             f"{OVERLOAD:g}x the answer rate (up to {self.peak_rate_per_s:.1f}/s): {self.sent} sent, "
             f"{self.answered} answered (median {self.answered_median_s:.2f} s, max {self.answered_max_s:.2f} s), "
-            f"{self.refused} refused (median {self.refused_median_s:.2f} s), {self.lost} lost; "
+            f"{self.refused} refused (median {self.refused_median_s:.2f} s), {self.failed} failed, {self.lost} lost; "
             f"latency before {self.latency_before_s:.2f} s, after {self.latency_after_s:.2f} s"
         )
 
@@ -232,9 +239,11 @@ def run_flood(grpc_url: str, metrics_url: str, audio: bytes | None = None, say=p
     seconds = flood_seconds(measured, limit)
     say(f"flood: capacity {measured:.2f}/s at {slots} clients; flooding for {seconds:.0f} s (request limit {limit})")
     run = flood(grpc_url, audio, measured, seconds)
-    succeeded = [o for o in run.outcomes if o.error is None]
-    refused = [o for o in run.outcomes if o.error is not None]
-    refusals = collections.Counter(f"{o.error.status()}: {o.error.message()}" for o in refused)
+    succeeded = [o for o in run.outcomes if o.verdict is Verdict.ANSWERED]
+    refused = [o for o in run.outcomes if o.verdict is Verdict.REFUSED]
+    failed = [o for o in run.outcomes if o.verdict is Verdict.FAILED]
+    refusals = collections.Counter(judge(o.error).reason for o in refused)
+    failures = collections.Counter(judge(o.error).reason for o in failed)
     return FloodReport(
         expected_text=expected.text,
         slots=slots,
@@ -245,6 +254,7 @@ def run_flood(grpc_url: str, metrics_url: str, audio: bytes | None = None, say=p
         sent=run.sent,
         answered=len(succeeded),
         refused=len(refused),
+        failed=len(failed),
         lost=run.sent - len(run.outcomes),
         answered_median_s=_median([o.seconds for o in succeeded]),
         answered_max_s=max((o.seconds for o in succeeded), default=float("nan")),
@@ -252,6 +262,7 @@ def run_flood(grpc_url: str, metrics_url: str, audio: bytes | None = None, say=p
         latency_before_s=baseline,
         latency_after_s=median_latency(grpc_url, audio),
         refusals=dict(refusals.most_common()),
+        failures=dict(failures.most_common()),
         outcomes=tuple(run.outcomes),
     )
 
@@ -269,7 +280,8 @@ def markdown(report: FloodReport) -> list[str]:
         f"| sent | {report.sent} |",
         f"| answered with the right transcript | {report.answered} (median {report.answered_median_s:.2f} s, "
         f"max {report.answered_max_s:.2f} s) |",
-        f"| refused with UNAVAILABLE | {report.refused} (median {report.refused_median_s:.2f} s) |",
+        f"| refused with UNAVAILABLE as overloaded | {report.refused} (median {report.refused_median_s:.2f} s) |",
+        f"| failed otherwise | {report.failed} |",
         f"| lost (no answer within {REQUEST_TIMEOUT_S:.0f} s) | {report.lost} |",
         f"| median latency before / after (one client) | {report.latency_before_s:.2f} s / "
         f"{report.latency_after_s:.2f} s |",
@@ -277,6 +289,8 @@ def markdown(report: FloodReport) -> list[str]:
         "Refusals, by status and message:",
         "",
         *[f"- {count} x `{message}`" for message, count in report.refusals.items()],
+        *(["", "Failures, by status and message:", ""] if report.failures else []),
+        *[f"- {count} x `{message}`" for message, count in report.failures.items()],
     ]
 
 

@@ -47,6 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from gateway.api_key import API_KEY_ENV  # noqa: E402
 from loadtest.clips import DEFAULT_AUDIO_DIR, Clip, RequestStats, Summary, load_clips, request_name  # noqa: E402
 from loadtest.live_user import LiveTranscriptionUser  # noqa: E402
+from loadtest.outcomes import Verdict, judge  # noqa: E402
 from python_backend_lib.contract import tensor_names  # noqa: E402
 
 DEFAULT_HTTP_URL = "localhost:8000"
@@ -60,10 +61,14 @@ class BadTranscript(Exception):
     """Triton answered, but not with what a transcript must be."""
 
 
-class TritonError(Exception):
-    """Triton (or the connection to it) failed the request; the message says how.
+class Refused(Exception):
+    """The server refused the request as overloaded (`loadtest.outcomes`): retry later."""
 
-    tritonclient's own exception shows no message in locust's error report.
+
+class TritonError(Exception):
+    """Triton (or the connection to it) failed the request otherwise; the message
+    gives its status and says how. tritonclient's own exception shows no message in
+    locust's error report.
     """
 
 
@@ -167,7 +172,8 @@ class TranscribeUser(User):
             response_length = len(text) + len(segments)
             check_transcript(clip, text, segments)
         except InferenceServerException as error:
-            exception = TritonError(error.message() or str(error))
+            judged = judge(error)
+            exception = (Refused if judged.verdict is Verdict.REFUSED else TritonError)(judged.reason)
         except Exception as error:  # every failure is reported to locust, not raised
             exception = error
         self.environment.events.request.fire(

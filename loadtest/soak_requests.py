@@ -25,6 +25,7 @@ import tritonclient.http
 from tritonclient.utils import InferenceServerException
 
 from loadtest.clips import Clip
+from loadtest.outcomes import is_overloaded, status_name
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.core import geometry
 
@@ -48,20 +49,6 @@ class Outcome:
     result: Result
     detail: str  # the error's name, how the client went away, or what was wrong
     seconds: float
-
-
-# Triton's codes over HTTP and gRPC, by one name.
-STATUS_NAMES = {
-    "400": "INVALID_ARG", "StatusCode.INVALID_ARGUMENT": "INVALID_ARG",
-    "500": "INTERNAL", "StatusCode.INTERNAL": "INTERNAL",
-    "503": "UNAVAILABLE", "StatusCode.UNAVAILABLE": "UNAVAILABLE",
-    "StatusCode.CANCELLED": "CANCELLED",
-}  # fmt: skip
-OVERLOADED = "server overloaded"
-
-
-def status_name(error: InferenceServerException) -> str:
-    return STATUS_NAMES.get(str(error.status()), str(error.status()))
 
 
 @dataclass(frozen=True)
@@ -270,7 +257,7 @@ class SoakClient:
 def judge_error(kind: str, error: InferenceServerException, refusal: tuple[str, str] | None,
                 seconds: float) -> Outcome:  # fmt: skip
     name, message = status_name(error), error.message() or ""
-    if name == "UNAVAILABLE" and OVERLOADED in message:
+    if is_overloaded(name, message):
         return Outcome(kind, Result.REFUSED, "UNAVAILABLE (overloaded)", seconds)
     if refusal is not None and name == refusal[0] and refusal[1] in message:
         return Outcome(kind, Result.REFUSED, name, seconds)
