@@ -44,8 +44,8 @@ if TYPE_CHECKING:
 DEFAULT_MAX_SESSIONS = 100
 # A hypothesis once the turn has this much audio, then each time it has grown by HYPOTHESIS_STEP_S
 # (one at a time per turn: a slow server gets fewer, longer ones). On real hypotheses a 0.25 s
-# cadence committed no misreading (docs/benchmarks/live-agreement); on an H100 it halved a lone
-# session's word-to-delta time against 0.5 s and was no slower at 100 (docs/benchmarks/live-gpu).
+# cadence committed no misreading (docs/benchmarks/live-agreement), and on a GPU it gave a lone
+# session its words sooner than 0.5 s did, and many sessions no later (docs/benchmarks/live-gpu).
 FIRST_HYPOTHESIS_S = 1.0
 HYPOTHESIS_STEP_S = 0.25
 MAX_HYPOTHESIS_STEP_S = 30.0

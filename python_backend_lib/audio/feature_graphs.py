@@ -1,8 +1,8 @@
 """The log-mel of several clips as one CUDA graph replay (`FeatureGraphs`).
 
 Eagerly, `audio.features.features_for_many` launches about twenty PyTorch
-operations per call. At one clip their host time (about a millisecond on an H100
-host: `execute`'s share before the engine has the request) is latency, and under
+operations per call. At one clip their host time (`execute`'s share before the
+engine has the request) is latency, and under
 load it holds the GIL that the engine thread needs. Clips of up to 30 s all
 become one 30 s window, so the same operations are captured once per bucket of
 clips (`BUCKETS`) and replayed: the host writes the clips end to end into pinned

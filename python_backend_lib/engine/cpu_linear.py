@@ -2,10 +2,9 @@
 
 PyTorch's float32 `F.linear` on the CPU calls MKL, which takes its AVX2 code
 path on AMD processors; oneDNN picks the widest instructions the processor has
-(AVX-512 on Zen 4 and 5). On the 2-core AMD EPYC of docs/benchmarks/cpu.md a
-[1500, 384] x [384, 1536] product (an encoder MLP layer) takes 8 ms instead of
-18, and the tied output projection (51,864 x 384 floats, all read at every
-decoder step) 2.5 ms instead of 6 to 9. The products are the same float32
+(AVX-512 on Zen 4 and 5), which makes the encoder's products and the tied output
+projection (read whole at every decoder step) several times faster on AMD
+(docs/benchmarks/cpu.md). The products are the same float32
 arithmetic summed in another order: logits differ from MKL's in the last bits
 (about 1e-5 relative), and the greedy tokens stay those of transformers on every
 test clip (tests/test_transcribe.py).

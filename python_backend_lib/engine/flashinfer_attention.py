@@ -18,12 +18,11 @@ the fa3 prefill module). `PromptKernel.PREFILL` runs them through FlashInfer's
 batch prefill kernels instead (causal self, non-causal cross).
 
 The encoder's own attention goes through PyTorch SDPA (the default) or
-FlashInfer's ragged prefill kernel, fa3 on Hopper (`EncoderKernel`). On an H100
-fa3 was 1.2 to 1.4 times as fast as SDPA there (32 clips: 0.25 against 0.29 ms a
-layer for tiny, 0.79 against 0.94 ms for large-v3), but attention is about a
-tenth of an encoder layer, new requests are encoded through CUDA graphs (which
-use SDPA: `encoder_graphs`), and fa3's module takes about 80 s to compile on
-first use, which a new replica would pay at start.
+FlashInfer's ragged prefill kernel, fa3 on Hopper (`EncoderKernel`). fa3 is the
+faster kernel there (docs/gpu.md), but attention is a small part of an encoder
+layer, new requests are encoded through CUDA graphs (which use SDPA:
+`encoder_graphs`), and fa3's module compiles on first use, which a new replica
+would wait for at start.
 
 flashinfer-python==0.6.4 is imported only when a backend is built, so this
 module imports on machines without it. The pure bookkeeping (`page_table`,

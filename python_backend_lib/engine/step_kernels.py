@@ -4,8 +4,8 @@ Whisper's logit rules, the greedy choice and the no-speech probability.
 Done with PyTorch operations (`overlap.fed_inputs`, `rules.LogitRules`,
 `rules.sample`), that tail is about 80 kernels a step: the rules' masks over
 [rows, vocab], and five reductions over the vocabulary that each run one row on
-one block of threads (11 to 14 us apiece at one row on an H100). At small batches
-it was a third of a graph step's GPU time. Here:
+one block of threads; at small batches that tail was a large share of a graph
+step's GPU time (docs/gpu.md). Here:
 
 - `_feed`: each row's token and rule facts, the picks of the step before written
   in for rows that follow (what `overlap.fed_inputs` computes), and the fill of

@@ -57,9 +57,8 @@ class AdmissionPolicy:
         model with several engines (instances) waits: while one engine's
         `execute` waits, Triton hands its queue to the others, so that requests
         go where there is room. Accepted up to a deep queue each, nothing keeps the
-        engines' loads even: at twice tiny's saturating load on an H100 the GPU
-        was busy 70 to 79% and goodput fell to 0.84 to 0.86 of the saturating
-        load's (docs/benchmarks/engines.md, section 7)."""
+        engines' loads even, and beyond saturation the GPU idled while goodput fell
+        (docs/benchmarks/engines.md, section 7)."""
 
     limit: int
     wait_s: float = 0.0

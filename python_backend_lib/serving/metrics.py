@@ -12,8 +12,8 @@ delays a request. Each metric call is an IPC round trip to the Triton process
 during which the stub holds the GIL (every Python thread of the model waits), so
 a publish makes a fixed number of calls however many requests it covers: counts
 are summed first, and the histograms are kept here and handed over as their
-cumulative `_bucket{le}`, `_sum` and `_count` counters (one call per observation
-kept the metrics thread busy 38% of the time at 544 requests/s on an H100).
+cumulative `_bucket{le}`, `_sum` and `_count` counters: one call per observation
+kept the metrics thread busy for much of the time under GPU load (docs/operating.md).
 """
 
 from __future__ import annotations

@@ -267,10 +267,8 @@ class GpuInstances:
 # serve more, and its preprocessing instances (audio decoding and the log-mel's launches)
 # must keep up with them; larger checkpoints keep the GPU busy with one engine. Without
 # MPS every process takes the GPU in time slices, and more of them only split it.
-# Measured with tiny.en on one H100 (docs/benchmarks/mps-bb9e702, served-variants):
-# under MPS, 4 engines with 8 preprocessing carry 1.35 times the two-model server, 4 with
-# 4 no more than it; without MPS (docs/benchmarks/shape-39a00cc, engines.md) 3 engines
-# with 4 preprocessing were best; large-v3 gained nothing from a second engine.
+# The choices below are the best measured with tiny.en and large-v3 on one GPU, with and
+# without MPS (docs/benchmarks/mps-bb9e702, shape-39a00cc and engines.md hold the runs).
 INSTANCES_BY_ENCODER_WIDTH = {
     True: ((384, GpuInstances(whisper=4, preprocessing=8)), (1 << 30, GpuInstances(whisper=1, preprocessing=4))),
     False: ((384, GpuInstances(whisper=3, preprocessing=4)), (1 << 30, GpuInstances(whisper=1, preprocessing=4))),
