@@ -24,6 +24,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 import numpy as np
@@ -34,7 +35,7 @@ from clients.connection import AddressError, Protocol, parse_address
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR
 from loadtest.metrics import whisper_gauge
-from loadtest.outcomes import Verdict, judge
+from loadtest.outcomes import Judged, Verdict, judge
 from python_backend_lib.contract import tensor_names
 
 CLIP = DEFAULT_AUDIO_DIR / "cards_001.wav"  # 1.1 s: one short window
@@ -61,9 +62,14 @@ class Outcome:
     text: str | None = None
     error: InferenceServerException | None = None
 
+    @cached_property
+    def judged(self) -> Judged | None:
+        """How the error counts (`loadtest.outcomes`); None for an answer."""
+        return None if self.error is None else judge(self.error)
+
     @property
     def verdict(self) -> Verdict:
-        return Verdict.ANSWERED if self.error is None else judge(self.error).verdict
+        return Verdict.ANSWERED if self.judged is None else self.judged.verdict
 
 
 def audio_input(audio: bytes) -> list:
@@ -242,8 +248,8 @@ def run_flood(grpc_url: str, metrics_url: str, audio: bytes | None = None, say=p
     succeeded = [o for o in run.outcomes if o.verdict is Verdict.ANSWERED]
     refused = [o for o in run.outcomes if o.verdict is Verdict.REFUSED]
     failed = [o for o in run.outcomes if o.verdict is Verdict.FAILED]
-    refusals = collections.Counter(judge(o.error).reason for o in refused)
-    failures = collections.Counter(judge(o.error).reason for o in failed)
+    refusals = collections.Counter(o.judged.reason for o in refused)
+    failures = collections.Counter(o.judged.reason for o in failed)
     return FloodReport(
         expected_text=expected.text,
         slots=slots,

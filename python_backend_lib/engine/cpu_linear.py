@@ -4,9 +4,9 @@ PyTorch's float32 `F.linear` on the CPU calls MKL, which takes its AVX2 code
 path on AMD processors; oneDNN picks the widest instructions the processor has
 (AVX-512 on Zen 4 and 5), which is the faster path on AMD for the encoder's
 products and the tied output projection (read whole at every decoder step). The
-products are the same float32 arithmetic summed in another order: logits differ from MKL's in the last bits
-(about 1e-5 relative), and the greedy tokens stay those of transformers on every
-test clip (tests/test_transcribe.py).
+products are the same float32 arithmetic summed in another order: logits differ
+from MKL's in the last bits (about 1e-5 relative), and the greedy tokens stay those
+of transformers on every test clip (tests/test_transcribe.py).
 
 Packing is for float32 on the CPU only; elsewhere the model stays as it is.
 """
