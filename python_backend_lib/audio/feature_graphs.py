@@ -24,6 +24,7 @@ import torch
 from python_backend_lib.audio.features import features_for, log_mel_spectrogram
 from python_backend_lib.core.geometry import N_SAMPLES
 from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
+from python_backend_lib.devices.graph_capture import CapturedGraph, capture_graphs
 from python_backend_lib.devices.placement import on_device
 from python_backend_lib.devices.transfers import PinnedRing
 
@@ -37,7 +38,7 @@ OFFSET, LENGTH = 0, 1  # rows of a bucket's [2, clips] metadata: where each clip
 
 
 class _Bucket:
-    """One captured replay for `clips` clips: its static input, metadata and output."""
+    """One captured replay's buffers for `clips` clips: its static input and metadata."""
 
     def __init__(self, clips: int, device: torch.device) -> None:
         self.clips = clips
@@ -45,8 +46,6 @@ class _Bucket:
         self.meta = torch.zeros(2, clips, dtype=torch.long, device=device)
         self.staged_samples = PinnedRing((clips * N_SAMPLES,), torch.float32, depth=2)
         self.staged_meta = PinnedRing((2, clips), torch.long, depth=2)
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.out: torch.Tensor | None = None  # [clips, n_mels, N_FRAMES], rewritten by every replay
 
 
 class FeatureGraphs:
@@ -57,37 +56,22 @@ class FeatureGraphs:
         self.device = device
         self.buckets = bucket_sizes(max(buckets), buckets)
         self._columns = torch.arange(N_SAMPLES, device=device)
-        self._by_clips: dict[int, _Bucket] = {}
+        self._by_clips: dict[int, CapturedGraph[_Bucket, torch.Tensor]] = {}
         self._lock = threading.Lock()  # one replay at a time: the buckets' buffers are shared
         self.capture_bytes = 0
 
     def capture(self) -> None:
-        """Capture every bucket, largest first, into one private memory pool."""
+        """Capture every bucket (`devices.graph_capture`)."""
         with on_device(self.device):
-            self._capture()
-
-    def _capture(self) -> None:
-        torch.cuda.synchronize(self.device)
-        reserved = torch.cuda.memory_reserved(self.device)
-        pool = torch.cuda.graph_pool_handle()
-        for clips in sorted(self.buckets, reverse=True):
-            bucket = _Bucket(clips, self.device)
-            side = torch.cuda.Stream(self.device)
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: the FFT plans and the filters exist before capture
-                    self._forward(bucket)
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            bucket.graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(bucket.graph, pool=pool, stream=side):  # on this GPU (engine.device)
-                bucket.out = self._forward(bucket)
-            self._by_clips[clips] = bucket
-        torch.cuda.synchronize(self.device)
-        self.capture_bytes = torch.cuda.memory_reserved(self.device) - reserved
+            self._by_clips, cost = capture_graphs(
+                self.buckets, lambda clips: _Bucket(clips, self.device), self._forward, self.device
+            )
+        self.capture_bytes = cost.bytes
         log.info("captured the log-mel for %s clips, holding %.1f MiB", self.buckets, self.capture_bytes / 2**20)
 
     def _forward(self, bucket: _Bucket) -> torch.Tensor:
-        """The captured work: [clips, N_SAMPLES] zero-padded clips -> their log-mel."""
+        """The captured work: [clips, N_SAMPLES] zero-padded clips -> their log-mel
+        [clips, n_mels, N_FRAMES], rewritten by every replay."""
         offsets, lengths = bucket.meta[OFFSET], bucket.meta[LENGTH]
         index = (offsets[:, None] + self._columns).clamp(max=bucket.samples.numel() - 1)  # [clips, N_SAMPLES]
         padded = torch.where(self._columns < lengths[:, None], bucket.samples[index], 0.0)
@@ -117,7 +101,8 @@ class FeatureGraphs:
     def _replay(self, waveforms: Sequence[np.ndarray]) -> torch.Tensor:
         """[len(waveforms), n_mels, N_FRAMES]: one replay of the smallest bucket that holds them."""
         n = len(waveforms)
-        bucket = self._by_clips[choose_bucket(self.buckets, n)]
+        captured = self._by_clips[choose_bucket(self.buckets, n)]
+        bucket = captured.buffers
         arrays = [np.asarray(w, dtype=np.float32).reshape(-1) for w in waveforms]
         lengths = np.array([len(a) for a in arrays], dtype=np.int64)
         total = int(lengths.sum())
@@ -132,5 +117,4 @@ class FeatureGraphs:
             bucket.staged_samples.queued(samples)
             bucket.meta.copy_(meta.buffer, non_blocking=True)
             bucket.staged_meta.queued(meta)
-            bucket.graph.replay()
-            return bucket.out[:n].clone()  # the next replay rewrites the graph's output
+            return captured.replay()[:n].clone()  # the next replay rewrites the graph's output

@@ -55,7 +55,6 @@ Static buffers, and the rules for them:
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -64,6 +63,7 @@ import torch
 
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.devices.buckets import DEFAULT_BUCKETS, bucket_sizes, choose_bucket
+from python_backend_lib.devices.graph_capture import CapturedGraph, capture_graphs
 from python_backend_lib.devices.transfers import PinnedRing, pinned, to_device
 from python_backend_lib.engine import step_kernels as fused_tail
 from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
@@ -135,9 +135,6 @@ class _Entry:
         self.self_state: tuple | None = None
         self.cross_slots: tuple | None = None
         self.captured_plan: tuple | None = None
-        self.graph: torch.cuda.CUDAGraph | None = None
-        self.logits: torch.Tensor | None = None
-        self.picked: torch.Tensor | None = None
 
     def prepare(self, inputs: StepInputs) -> Prepared:
         """Write the step's plans for `inputs` (the rest of the bucket padding) and
@@ -224,9 +221,8 @@ class DecodeGraphs:
         self.buckets = bucket_sizes(max_batch, buckets)
         self.timestamp_begin = config.special.timestamp_begin
         self.picks = torch.zeros(self.max_batch, dtype=torch.long, device=attention.workspace.device)
-        self._entries: dict[GraphKey, _Entry] = {}
-        self._by_batch: dict[int, _Entry] = {}  # the same entries by their batch, for each step
-        self._mempool = None
+        # Each bucket's graph, its buffers (`_Entry`) and outputs (filtered logits, picked).
+        self._by_batch: dict[int, CapturedGraph[_Entry, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the captured graphs hold
 
@@ -253,24 +249,18 @@ class DecodeGraphs:
     def replay(self, n: int) -> None:
         """Replay the graph that holds `n` rows on its buffers as they stand: nothing
         written in, nothing read back (a benchmark times the GPU's part of a step)."""
-        self._by_batch[choose_bucket(self.buckets, n)].graph.replay()
+        self._by_batch[choose_bucket(self.buckets, n)].replay()
 
     # capture ---------------------------------------------------------------
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket, largest first, into one private memory pool.
-        Call after the weights and the KV pool exist and FlashInfer has been
-        JIT-compiled; nothing may be reallocated afterwards."""
-        start = time.perf_counter()
-        torch.cuda.synchronize()
-        reserved = torch.cuda.memory_reserved()
-        self._mempool = torch.cuda.graph_pool_handle()
-        for batch in sorted(self.buckets, reverse=True):
-            self._capture(batch)
-        torch.cuda.synchronize()
-        self.capture_seconds = time.perf_counter() - start
-        self.capture_bytes = torch.cuda.memory_reserved() - reserved
+        """Capture every bucket (`devices.graph_capture`). Call after the weights and
+        the KV pool exist and FlashInfer has been JIT-compiled; nothing may be
+        reallocated afterwards."""
+        device = self.attention.workspace.device
+        self._by_batch, cost = capture_graphs(self.buckets, self._entry, self._forward, device)
+        self.capture_seconds, self.capture_bytes = cost.seconds, cost.bytes
         log.info(
             "captured %d decode graphs (batch %s) in %.2f s, holding %.1f MiB",
             len(self.buckets),
@@ -279,26 +269,15 @@ class DecodeGraphs:
             self.capture_bytes / 2**20,
         )
 
-    def _capture(self, batch: int) -> None:
-        key = self.key(batch)
-        entry = _Entry(key, self.attention)
+    def _entry(self, batch: int) -> _Entry:
+        """A bucket's buffers, every row padding, planned: its plan is the one captured."""
+        entry = _Entry(self.key(batch), self.attention)
         nothing = np.zeros(0, dtype=np.int64)
         empty = StepInputs(nothing, nothing, nothing, np.zeros((N_RULE_FACTS, 0), np.int64), np.zeros(0), nothing,
                            draw_keys=nothing)
-        entry.meta.copy_(entry.prepare(empty).pinned)  # every row padding
+        entry.meta.copy_(entry.prepare(empty).pinned)
         entry.captured_plan = entry.decode.plan_info
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            for _ in range(2):  # warm-up: lazy initialisation stays out of the graph
-                self._forward(entry)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._mempool, stream=side):  # on this GPU (engine.device)
-            entry.logits, entry.picked = self._forward(entry)
-        entry.graph = graph
-        self._entries[key] = entry
-        self._by_batch[batch] = entry
+        return entry
 
     def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         meta, b = entry.meta, entry.key.batch
@@ -346,7 +325,7 @@ class DecodeGraphs:
         batch = choose_bucket(self.buckets, n)
         if batch is None:
             raise ValueError(f"{n} rows do not fit the largest captured batch {self.max_batch}")
-        return self._by_batch[batch].prepare(inputs)
+        return self._by_batch[batch].buffers.prepare(inputs)
 
     @torch.inference_mode()
     def launch(self, prepared: Prepared, *, replay: bool = True, keep_logits: bool = False) -> PendingStep:
@@ -362,8 +341,7 @@ class DecodeGraphs:
         entry.meta.copy_(prepared.pinned, non_blocking=True)
         entry.staging.queued(prepared.lease)
         if replay:
-            entry.graph.replay()
-            logits, picked = entry.logits, entry.picked
+            logits, picked = self._by_batch[entry.key.batch].replay()
         else:
             logits, picked = self._forward(entry)
         hot = np.flatnonzero(inputs.temperatures > 0)

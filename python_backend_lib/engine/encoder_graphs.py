@@ -20,7 +20,6 @@ outside the graphs' memory, so nothing is read back.
 from __future__ import annotations
 
 import logging
-import time
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -29,6 +28,7 @@ import torch
 
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
+from python_backend_lib.devices.graph_capture import CapturedGraph, capture_graphs
 from python_backend_lib.devices.transfers import pinned
 from python_backend_lib.engine.attention import SdpaAttention
 from python_backend_lib.engine.kv_cache import SCRATCH_SLOT, KVSlotPool
@@ -41,8 +41,7 @@ ENCODER_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 
 
 @dataclass
-class _Entry:
-    graph: torch.cuda.CUDAGraph
+class _Buffers:
     mel: torch.Tensor  # [batch, n_mels, N_FRAMES]
     slots: torch.Tensor  # [batch] long
 
@@ -55,7 +54,7 @@ class EncoderGraphs:
         self.buckets = bucket_sizes(max(buckets), buckets)
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
-        self._entries: dict[int, _Entry] = {}
+        self._graphs: dict[int, CapturedGraph[_Buffers, None]] = {}
         self.capture_seconds = 0.0
 
     @property
@@ -67,41 +66,39 @@ class EncoderGraphs:
 
     @torch.inference_mode()
     def capture(self) -> None:
-        """Capture every bucket, largest first, into one private memory pool of their own."""
-        start = time.perf_counter()
-        pool = torch.cuda.graph_pool_handle()
-        for batch in sorted(self.buckets, reverse=True):
-            mel = torch.zeros(batch, self.model.dims.n_mels, N_FRAMES, device=self.device, dtype=self.dtype)
-            slots = torch.full((batch,), SCRATCH_SLOT, dtype=torch.long, device=self.device)
-            side = torch.cuda.Stream()
-            side.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(side):
-                for _ in range(2):  # warm-up: lazy initialisation stays out of the graph
-                    self._encode(mel, slots)
-            torch.cuda.current_stream().wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool, stream=side):  # on this GPU (engine.device)
-                self._encode(mel, slots)
-            self._entries[batch] = _Entry(graph, mel, slots)
-        torch.cuda.synchronize()
-        self.capture_seconds = time.perf_counter() - start
+        """Capture every bucket (`devices.graph_capture`)."""
+        self._graphs, cost = capture_graphs(self.buckets, self._buffers, self._forward, self.device)
+        self.capture_seconds = cost.seconds
         sizes = ",".join(map(str, self.buckets))
         log.info("captured %d encoder graphs (batch %s) in %.2f s", len(self.buckets), sizes, self.capture_seconds)
 
-    def _encode(self, mel: torch.Tensor, slots: torch.Tensor) -> None:
-        audio = self.model.encode(mel, self.attention)
-        self.pool.write_cross(slots, self.model.cross_kv(audio))
+    def _buffers(self, batch: int) -> _Buffers:
+        mel = torch.zeros(batch, self.model.dims.n_mels, N_FRAMES, device=self.device, dtype=self.dtype)
+        return _Buffers(mel, torch.full((batch,), SCRATCH_SLOT, dtype=torch.long, device=self.device))
+
+    def _forward(self, buffers: _Buffers) -> None:
+        """The captured work: encode the clips, write their cross K/V into their slots."""
+        audio = self.model.encode(buffers.mel, self.attention)
+        self.pool.write_cross(buffers.slots, self.model.cross_kv(audio))
 
     @torch.inference_mode()
-    def run(self, mel: torch.Tensor, slots: Sequence[int]) -> None:
-        """Encode `mel` [n, n_mels, 3000] (the model's dtype) into `slots` (n of them)."""
+    def run(self, mel: torch.Tensor, slots: Sequence[int], *, replay: bool = True) -> None:
+        """Encode `mel` [n, n_mels, 3000] (the model's dtype) into `slots` (n of them).
+
+        replay=False launches the captured pass's kernels directly on the same buffers
+        instead of replaying the graph: the same bits (tests check it)."""
         n = len(slots)
         batch = choose_bucket(self.buckets, n)
         if batch is None:
             raise ValueError(f"{n} clips do not fit the largest captured encoder batch {self.max_batch}")
-        entry = self._entries[batch]
-        entry.mel[:n].copy_(mel)
-        entry.mel[n:].zero_()
+        captured = self._graphs[batch]
+        buffers = captured.buffers
+        buffers.mel[:n].copy_(mel)
+        buffers.mel[n:].zero_()
         # From pinned memory: a decoder step may still run, and admitting must not wait for it.
-        entry.slots.copy_(pinned(np.array([*slots, *[SCRATCH_SLOT] * (batch - n)], dtype=np.int64)), non_blocking=True)
-        entry.graph.replay()
+        padded_slots = np.array([*slots, *[SCRATCH_SLOT] * (batch - n)], dtype=np.int64)
+        buffers.slots.copy_(pinned(padded_slots), non_blocking=True)
+        if replay:
+            captured.replay()
+        else:
+            self._forward(buffers)

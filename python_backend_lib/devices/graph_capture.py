@@ -1,0 +1,77 @@
+"""The one capture loop behind every table of CUDA graphs keyed by batch size: the
+log-mel (`audio.feature_graphs`), the encoder (`engine.encoder_graphs`) and the decode
+step (`engine.cuda_graphs`). Each table supplies only its static buffers for a size and
+the forward pass over them; this loop owns what all three must get right alike.
+
+- Largest size first, into one private memory pool: the smaller graphs reuse the
+  largest one's blocks instead of each reserving its own.
+- Warm-up on a side stream before capture, twice: lazy initialisation (cuBLAS
+  handles, FFT plans, Triton's kernel cache, FlashInfer's first launch) happens
+  outside the graph, and capture never runs on the legacy default stream.
+- The seconds and the device memory the table took, for the start-up log and the
+  benchmarks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import torch
+
+Buffers = TypeVar("Buffers")
+Outputs = TypeVar("Outputs")
+
+WARM_UPS = 2  # runs of the forward pass before its capture
+
+
+@dataclass
+class CapturedGraph(Generic[Buffers, Outputs]):
+    """One size's graph, the static buffers it reads and the outputs it rewrites."""
+
+    graph: torch.cuda.CUDAGraph
+    buffers: Buffers
+    outputs: Outputs
+
+    def replay(self) -> Outputs:
+        self.graph.replay()
+        return self.outputs
+
+
+@dataclass(frozen=True)
+class CaptureCost:
+    seconds: float
+    bytes: int  # device memory reserved by the capture: the graphs' pool and the buffers
+
+
+def capture_graphs(
+    sizes: Sequence[int],
+    buffers_for: Callable[[int], Buffers],
+    forward: Callable[[Buffers], Outputs],
+    device: torch.device,
+) -> tuple[dict[int, CapturedGraph[Buffers, Outputs]], CaptureCost]:
+    """Capture `forward(buffers_for(size))` for every size on `device`, largest first,
+    into one private memory pool. `buffers_for` runs before the size's warm-up, on the
+    current stream, so what it writes is in place before the forward pass reads it."""
+    torch.cuda.synchronize(device)
+    reserved = torch.cuda.memory_reserved(device)
+    start = time.perf_counter()
+    pool = torch.cuda.graph_pool_handle()
+    captured: dict[int, CapturedGraph[Buffers, Outputs]] = {}
+    for size in sorted(sizes, reverse=True):
+        buffers = buffers_for(size)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):
+            for _ in range(WARM_UPS):
+                forward(buffers)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            outputs = forward(buffers)
+        captured[size] = CapturedGraph(graph, buffers, outputs)
+    torch.cuda.synchronize(device)
+    cost = CaptureCost(time.perf_counter() - start, torch.cuda.memory_reserved(device) - reserved)
+    return captured, cost
