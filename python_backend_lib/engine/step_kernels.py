@@ -11,12 +11,12 @@ step's GPU time (docs/gpu.md). Here:
   in for rows that follow (what `overlap.fed_inputs` computes), and the fill of
   its last self-attention page, which FlashInfer reads (so the host copies none);
 - `_chunk_stats`: one program per (row, chunk of the vocabulary) masks its chunk
-  by the rules (what `LogitRules.apply` masks before its timestamp test), writes
-  it out, and reduces it: the best token below the timestamps and the sums of
-  exponentials that a softmax needs, for the tokens below the timestamps, the
-  timestamps, and the raw logits;
+  by the masking rules (`_masked`), writes it out, and reduces it: the best token
+  below the timestamps and the sums of exponentials that a softmax needs, for the
+  tokens below the timestamps, the timestamps, and the raw logits;
 - `_row_choice`: one program per row merges its chunks, applies the rule that
-  forces a timestamp when the timestamps together outweigh every token below them,
+  forces a timestamp when the timestamps together outweigh every token below them
+  (`_force_a_timestamp`),
   and writes the token, its log-probability and the no-speech probability;
 - `_forced_text_mask`: masks everything but the timestamps in the written
   logits of the rows forced to a timestamp (what the rule's masked_fill does).
@@ -25,8 +25,9 @@ Tokens equal the PyTorch path's: the masks are the same, a maximum is exact
 whatever the order it is taken in, and ties go to the lower token id as
 `argmax`'s do. Log-probabilities, the no-speech probability and the timestamp
 test sum their exponentials in another order: they agree to float32 rounding
-(tests/test_step_kernels.py compares both paths; on a machine without a GPU, in
-Triton's interpreter).
+(tests/unit/test_step_kernels.py compares both paths; on a machine without a GPU,
+in Triton's interpreter). Each rule of `rules.DECODING_RULES` has its Triton twin
+here, and tests/unit/test_rule_table.py compares them rule by rule.
 """
 
 from __future__ import annotations
@@ -107,6 +108,91 @@ if triton is not None:
         """The lowest index where x equals its maximum `top` (as argmax breaks ties)."""
         return tl.min(tl.where(x == top, index, 2**30), axis=0)
 
+    # The rules of `rules.DECODING_RULES`, each the twin of its PyTorch function there.
+    # A masking rule takes the token classes' fields (`rules.TokenClasses`: [BLOCK]
+    # vectors over a chunk of the vocabulary) and then the row's facts (`rules.RuleFacts`,
+    # scalars), in their order, and returns the tokens it bars.
+
+    @triton.jit
+    def _blank_at_begin(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                        at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed):
+        return (at_begin & suppress_blank) & blank
+
+    @triton.jit
+    def _suppressed_tokens(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                           at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial,
+                           end_allowed):
+        return suppressed
+
+    @triton.jit
+    def _end_before_min_new_tokens(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                                   at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial,
+                                   end_allowed):
+        return (~end_allowed) & is_end
+
+    @triton.jit
+    def _no_timestamps_token(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                             at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial,
+                             end_allowed):
+        return timestamps & is_no_timestamps
+
+    @triton.jit
+    def _text_after_a_timestamp_pair(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                                     at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial,
+                                     end_allowed):
+        return (timestamps & last_is & penultimate_is) & is_timestamp
+
+    @triton.jit
+    def _timestamp_or_end_after_a_lone_one(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                                           at_begin, suppress_blank, timestamps, last_is, penultimate_is, last,
+                                           max_initial, end_allowed):
+        return (timestamps & last_is & (~penultimate_is)) & is_text
+
+    @triton.jit
+    def _timestamps_never_go_back(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                                  at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial,
+                                  end_allowed):
+        after_single = timestamps & last_is & (~penultimate_is)
+        floor = tl.where(after_single, last, last + 1)
+        return (timestamps & (last >= 0)) & is_timestamp & (ids < floor)
+
+    @triton.jit
+    def _first_a_timestamp_not_too_late(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                                        at_begin, suppress_blank, timestamps, last_is, penultimate_is, last,
+                                        max_initial, end_allowed):
+        return (timestamps & at_begin) & ((~is_timestamp) | (ids > max_initial))
+
+    @triton.jit
+    def _masked(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+                at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed):
+        """The tokens the masking rules bar together, in `rules.DECODING_RULES`' order."""
+        masked = ids < 0
+        masked |= _blank_at_begin(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank, at_begin,
+            suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed)
+        masked |= _suppressed_tokens(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+            at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed)
+        masked |= _end_before_min_new_tokens(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed,
+            blank, at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed)
+        masked |= _no_timestamps_token(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+            at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed)
+        masked |= _text_after_a_timestamp_pair(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed,
+            blank, at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed)
+        masked |= _timestamp_or_end_after_a_lone_one(ids, is_timestamp, is_text, is_no_timestamps, is_end,
+            suppressed, blank, at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial,
+            end_allowed)
+        masked |= _timestamps_never_go_back(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed, blank,
+            at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed)
+        masked |= _first_a_timestamp_not_too_late(ids, is_timestamp, is_text, is_no_timestamps, is_end, suppressed,
+            blank, at_begin, suppress_blank, timestamps, last_is, penultimate_is, last, max_initial, end_allowed)
+        return masked
+
+    @triton.jit
+    def _force_a_timestamp(timestamp_mass, best_below, timestamps):
+        """Whether a row must take a timestamp: the timestamps' summed log-probability
+        against the likeliest token below them (text, <|endoftext|> or another special
+        token: `rules.force_a_timestamp` compares with all)."""
+        return timestamps & (timestamp_mass > best_below)
+
     @triton.jit(do_not_specialize=["facts_stride"])
     def _chunk_stats(
         raw_ptr, raw_stride, facts_ptr, facts_stride, flags_ptr, logits_ptr, logits_stride, stats_ptr,
@@ -123,27 +209,20 @@ if triton is not None:
         raw = tl.load(raw_ptr + row * raw_stride + v, mask=inside, other=float("-inf")).to(tl.float32)
         flags = tl.load(flags_ptr + v, mask=inside, other=0)
         at_begin = _fact(facts_ptr, facts_stride, row, AT_BEGIN) != 0
-        blank = at_begin & (_fact(facts_ptr, facts_stride, row, SUPPRESS_BLANK) != 0)
+        suppress_blank = _fact(facts_ptr, facts_stride, row, SUPPRESS_BLANK) != 0
         stamps = _fact(facts_ptr, facts_stride, row, TIMESTAMPS) != 0
         last_is = _fact(facts_ptr, facts_stride, row, LAST_IS_TIMESTAMP) != 0
-        penultimate = _fact(facts_ptr, facts_stride, row, PENULTIMATE_IS_TIMESTAMP)
+        penultimate = _fact(facts_ptr, facts_stride, row, PENULTIMATE_IS_TIMESTAMP) != 0
         last = _fact(facts_ptr, facts_stride, row, LAST_TIMESTAMP)
         max_initial = _fact(facts_ptr, facts_stride, row, MAX_INITIAL)
-        end_barred = _fact(facts_ptr, facts_stride, row, END_ALLOWED) == 0
+        end_allowed = _fact(facts_ptr, facts_stride, row, END_ALLOWED) != 0
 
         is_stamp = v >= timestamp_begin
-        is_text = v < eot
-        # The rules of `LogitRules.apply`, in its order.
-        masked = (flags & SUPPRESSED_BIT) != 0
-        masked |= blank & ((flags & BLANK_BIT) != 0)
-        masked |= end_barred & (v == eot)
-        masked |= stamps & (v == no_timestamps)
-        after_single = stamps & last_is & (penultimate == 0)
-        masked |= (stamps & last_is & (penultimate != 0)) & is_stamp
-        masked |= after_single & is_text
-        floor = tl.where(after_single, last, last + 1)
-        masked |= (stamps & (last >= 0)) & is_stamp & (v < floor)
-        masked |= (stamps & at_begin) & ((v < timestamp_begin) | (v > max_initial))
+        masked = _masked(
+            v, is_stamp, v < eot, v == no_timestamps, v == eot, (flags & SUPPRESSED_BIT) != 0,
+            (flags & BLANK_BIT) != 0, at_begin, suppress_blank, stamps, last_is, penultimate, last, max_initial,
+            end_allowed,
+        )
         x = tl.where(masked | (v >= vocab), float("-inf"), raw)
         tl.store(logits_ptr + row * logits_stride + v, x, mask=inside)
 
@@ -208,12 +287,10 @@ if triton is not None:
         below_part = tl.where(below_max == float("-inf"), 0.0, below_sum * tl.exp(below_max - safe))
         stamp_part = tl.where(stamp_max == float("-inf"), 0.0, stamp_sum * tl.exp(stamp_max - safe))
         log_total = tl.log(below_part + stamp_part)
-        # The timestamps' summed probability against the likeliest token below them (text,
-        # <|endoftext|> or another special token: `LogitRules.apply` compares with all), in log space.
+        # In log space, as `rules.force_a_timestamp` computes them.
         timestamp_mass = (stamp_max - top) + tl.log(stamp_sum) - log_total
         best_below = (below_max - top) - log_total
-        stamps = _fact(facts_ptr, facts_stride, row, TIMESTAMPS) != 0
-        forced = stamps & (timestamp_mass > best_below)
+        forced = _force_a_timestamp(timestamp_mass, best_below, _fact(facts_ptr, facts_stride, row, TIMESTAMPS) != 0)
         # Forced: the likeliest timestamp, its log-probability among the timestamps alone.
         take_stamp = forced | (stamp_max > below_max)
         token = tl.where(take_stamp, stamp_arg, below_arg)
