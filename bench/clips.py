@@ -18,7 +18,7 @@ Every step is deterministic: the same files give the same clips.
    with less than MIN_SPEECH_S of non-quiet frames is left out.
 
 From the 15 recordings this gives 96 clips, 0.5 to 29.9 s, mean 5.48 s
-(tests/test_bench_clips.py pins these figures).
+(tests/unit/test_bench_clips.py pins these figures).
 """
 
 from __future__ import annotations

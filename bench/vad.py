@@ -3,7 +3,7 @@ recording transcribed with and without it.
 
 Two recordings made of the test clips (tests/data/audio): `sparse`, three clips
 with 8 to 30 s of faint noise between them (four fifths not speech, as in
-tests/test_vad_served.py), and `dense`, the 53 s sonnet read without long pauses.
+tests/served/test_vad_served.py), and `dense`, the 53 s sonnet read without long pauses.
 Each is sent to one `whisper-triton serve` (the packaged tiny.en) `--repeats`
 times, one request at a time, with vad_filter off and on; the VAD alone is timed
 in this process on one thread, as preprocessing runs it.

@@ -2,7 +2,7 @@
 
 Apart from the app so that the load generator names the same variable without
 importing the gateway's web stack: the locust image holds only what the
-locustfile imports (tests/test_compose.py checks that it does).
+locustfile imports (tests/infrastructure/test_compose.py checks that it does).
 """
 
 API_KEY_ENV = "WHISPER_TRITON_API_KEY"

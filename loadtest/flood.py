@@ -10,7 +10,7 @@ OVERLOAD times the rate the server answers, for as long as it takes the excess
 to add up to LIMIT_MARGIN times the whisper model's request limit (slots +
 max_queued_requests), so that the limit is reached whatever the machine's speed.
 Without a limit the excess would wait inside the engine ever longer; the limit
-refuses it at once instead. tests/test_overload.py runs it and checks each
+refuses it at once instead. tests/served/test_overload.py runs it and checks each
 outcome; docs/operating.md quotes the record this writes.
 """
 

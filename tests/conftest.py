@@ -34,7 +34,7 @@ if not torch.cuda.is_available():
 
 AUDIO_DIR = Path(__file__).parent / "data" / "audio"
 # The session server fails every decoder step holding a request with this prompt
-# (FAULT_PROMPT_ENV): tests/test_faults.py shows the failure stays with that
+# (FAULT_PROMPT_ENV): tests/served/test_faults.py shows the failure stays with that
 # request. No other request carries it.
 FAULT_PROMPT = "fail this request inside the engine"
 # ... and with this one the engine loop itself fails (ENGINE_FAULT_PROMPT_ENV): it
@@ -50,7 +50,7 @@ SHUTDOWN_TIMEOUT_S = 60
 def release_freed_memory() -> Iterator[None]:
     """After each test module, hand the heap memory it freed back to the system.
     glibc keeps freed blocks for reuse: after the large-v3 comparison in
-    tests/test_random_models.py this process stayed at 13 GB, and the servers the
+    tests/served/test_random_models.py this process stayed at 13 GB, and the servers the
     later modules start then ran the 24 GB CI machine out of memory."""
     yield
     gc.collect()
@@ -61,7 +61,7 @@ def release_freed_memory() -> Iterator[None]:
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
-        "--soak-seconds", type=float, default=0.0, help="run tests/test_soak.py's long soak for this long (e.g. 600)"
+        "--soak-seconds", type=float, default=0.0, help="run tests/served/test_soak.py's long soak for this long (e.g. 600)"
     )
 
 

@@ -9,7 +9,7 @@ one token per row, the tied projection, the no-speech probability, the language,
 Whisper's rules, the pick, draws at a temperature),
 through PyTorch SDPA instead of FlashInfer. `launch` runs the step at once: on the
 CPU there is nothing to overlap, only the order of the host's work to check. The
-real table runs on a GPU in tests/test_gpu.py.
+real table runs on a GPU in tests/gpu/test_gpu.py.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 The clips follow one another with `GAP_S` of silence between them, so where
 each one starts is known exactly: a forced alignment that needs no other tool
-to verify. `tests/test_long_audio.py` transcribes the recording through the
+to verify. `tests/served/test_long_audio.py` transcribes the recording through the
 server; `python tests/long_recording.py` measures both long-form modes on it
 for docs/long-audio.md.
 """

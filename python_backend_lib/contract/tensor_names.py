@@ -1,7 +1,7 @@
 """Names of every tensor that crosses a Triton model boundary, defined once.
 
 The `config.pbtxt` files in `model_repository/` must agree with these names;
-`tests/test_model_repository.py` checks that they do. Each model may be called on
+`tests/infrastructure/test_model_repository.py` checks that they do. Each model may be called on
 its own, so every name here is part of the interface clients see.
 """
 

@@ -24,7 +24,7 @@ from python_backend_lib.core.segments import Segment, Word
 from python_backend_lib.text.transcript import Transcript
 
 # How far Whisper's segment times (timestamp tokens) stray from the speech they
-# hold: tiny.en's start up to about 2 s early (tests/test_long_audio.py).
+# hold: tiny.en's start up to about 2 s early (tests/served/test_long_audio.py).
 MAX_STRAY_S = 2.0
 
 

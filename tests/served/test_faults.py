@@ -38,8 +38,8 @@ from conftest import (
     launch_server,
     model_repository_with,
 )
+from pbtxt import load, one
 from reference import clips
-from test_model_repository import load, one
 from tritonclient.utils import InferenceServerException
 
 from clients.api import LogMel
@@ -61,7 +61,7 @@ from python_backend_lib.serving.stall_watch import CHECK_INTERVAL_S as STALL_CHE
 from python_backend_lib.serving.stall_watch import Beat, StallClock
 
 # loadtest/ is a folder of the checkout, not part of the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from whisper_calls import decoded_text, library_log_mel, whisper_inputs
 
 from loadtest.metrics import ENGINE_LABELS

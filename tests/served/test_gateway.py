@@ -124,7 +124,7 @@ def test_timestamp_granularities(client, granularities, segments):
     assert "".join(w.word for w in words).strip() == result.text
     assert all(0 <= w.start <= w.end <= result.duration for w in words)
     assert [w.start for w in words] == sorted(w.start for w in words)
-    # The second "ask" follows a pause that ends at 8.18 s (tests/test_alignment.py).
+    # The second "ask" follows a pause that ends at 8.18 s (tests/unit/test_alignment.py).
     second_ask = [w for w in words if w.word.strip(" ,.") == "ask"][1]
     assert abs(second_ask.start - 8.18) < 0.2
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from conftest import FAULT_PROMPT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(REPO_ROOT))
 

@@ -2,7 +2,7 @@
 captured CUDA graphs and of FlashInfer's paged attention, beside greedy rows.
 
 On the packaged tiny.en weights (fp16) and real speech. The CPU tests
-(tests/test_beam_search.py) hold the exact rule against openai-whisper; here:
+(tests/unit/test_beam_search.py) hold the exact rule against openai-whisper; here:
 the overlapped graph steps give the beams of steps taken one after another
 (the same kernels on the same rows: bit for bit), the text is the float32
 reference's, and beams share a running batch with greedy and sampled rows.

@@ -57,7 +57,7 @@ def test_translation_tokens_equal_transformers(pipe, hf, waveforms, language):
     """Same prompt (language given or detected, <|translate|>), then the same forced tokens.
 
     A random model with tied embeddings mostly repeats the last prompt token, so
-    the tokens say little beyond the prompt; tests/test_random_models.py shows the
+    the tokens say little beyond the prompt; tests/served/test_random_models.py shows the
     logits themselves equal transformers' for any prompt.
     """
     options = DecodingOptions(task=Task.TRANSLATE, language=language, max_new_tokens=STEPS, min_new_tokens=STEPS)

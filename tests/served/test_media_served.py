@@ -1,6 +1,6 @@
 """Media files through the real server: M4A, MP4 with video, WebM (with and
 without video), AMR and raw AAC over HTTP and gRPC, and through the gateway with
-the official openai client. (tests/test_media.py decodes more kinds, unserved.)
+the official openai client. (tests/unit/test_media.py decodes more kinds, unserved.)
 
 Each file is made from jfk.wav (tests/media.py) and must be transcribed exactly
 as the WAV is. Some differ from the WAV by their coding: AMR, telephone-band

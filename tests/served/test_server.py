@@ -23,7 +23,7 @@ from python_backend_lib.core.options import DecodingOptions
 from python_backend_lib.text.formats import TimedText
 
 # loadtest/ is a folder of the checkout, not part of the installed package.
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from whisper_calls import library_log_mel
 
 from loadtest.processes import stub_processes

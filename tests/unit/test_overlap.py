@@ -3,7 +3,7 @@ results as steps taken one after another, and the engine's handling of failures,
 cancellations and silence around a step in flight.
 
 The graph table here is the CPU stand-in (`cpu_steps.CpuStepTable`): the same
-inputs and outputs as the captured steps, computed eagerly. tests/test_gpu.py
+inputs and outputs as the captured steps, computed eagerly. tests/gpu/test_gpu.py
 runs the real table the same way on a GPU.
 """
 

@@ -26,7 +26,7 @@ import yaml
 from python_backend_lib.apps.server import STOP_GRACE_S
 from python_backend_lib.apps.server_watch import DRAIN_TIMEOUT_S
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = REPO_ROOT / "docker-compose.yml"
 DOCKERFILE = REPO_ROOT / "docker" / "Dockerfile"
 README = REPO_ROOT / "README.md"

@@ -21,7 +21,7 @@ from gateway.local_agreement import (
 )
 from python_backend_lib.core.segments import Word
 
-RECORD = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "live-agreement"
+RECORD = Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "live-agreement"
 SURE, UNSURE = 0.9, MIN_PROBABILITY / 2
 
 

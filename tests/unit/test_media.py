@@ -28,7 +28,7 @@ from python_backend_lib.core.geometry import SAMPLE_RATE
 
 av = pytest.importorskip("av")
 
-AUDIO_DIR = Path(__file__).parent / "data" / "audio"
+AUDIO_DIR = Path(__file__).resolve().parents[1] / "data" / "audio"
 JFK, JFK_RATE = soundfile.read(AUDIO_DIR / "jfk.wav", dtype="float32")
 # AAC and Opus at their encoders' default bit rates keep speech this far above
 # the coding error (measured: 46 dB for AAC, 27 dB for Opus).

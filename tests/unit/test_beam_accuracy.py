@@ -31,7 +31,7 @@ ctranslate2 = pytest.importorskip("ctranslate2")
 pytestmark = pytest.mark.slow
 
 CHECKPOINT = "base"
-DATA = Path(__file__).parent / "data" / "multilingual"
+DATA = Path(__file__).resolve().parents[1] / "data" / "multilingual"
 
 
 @dataclass(frozen=True)

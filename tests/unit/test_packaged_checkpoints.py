@@ -35,7 +35,7 @@ def test_the_names_and_what_they_serve():
 
 def test_each_extra_installs_exactly_its_checkpoints_packages():
     """pyproject's extras (as installed) and the table name the same packages, and
-    the [test] extra pulls base, which tests/test_languages.py serves."""
+    the [test] extra pulls base, which tests/served/test_languages.py serves."""
     requirements = [Requirement(r) for r in importlib.metadata.requires("whisper-triton")]
     for checkpoint in packaged.PACKAGED:
         if checkpoint.extra is None:  # a dependency of every installation

@@ -141,7 +141,7 @@ def check_deltas(recorder: Recorder, item_id: str, transcript: str) -> None:
     """The item's deltas only add text; joined, they hold every word of the turn's transcript in
     its place (none lost), and differ from it only where two sure hypotheses misread a stretch
     that the whole turn reads otherwise: on real hypotheses up to 2.4% of the words committed early
-    (docs/benchmarks/live-agreement, tests/test_local_agreement.py), here at most one in ten."""
+    (docs/benchmarks/live-agreement, tests/unit/test_local_agreement.py), here at most one in ten."""
     deltas = [e["delta"] for e in recorder.of(DELTA) if e["item_id"] == item_id]
     assert deltas, "no delta for the item"
     assert all(d.strip() for d in deltas)

@@ -29,7 +29,7 @@ from python_backend_lib.transcription.pipeline import Pipeline
 pytestmark = pytest.mark.slow
 
 CHECKPOINT = "base"
-DATA = Path(__file__).parent / "data" / "multilingual"
+DATA = Path(__file__).resolve().parents[1] / "data" / "multilingual"
 # Our float32 CPU logits against transformers' (its SDPA attention): the softmax over
 # the language tokens agrees to about 1e-6.
 PROBABILITY_TOLERANCE = 1e-4

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = REPO_ROOT / "docs" / "benchmarks"
 TOOLS = {"loadtest": "loadtest.run", "flood": "loadtest.flood", "soak": "loadtest.soak"}
 

@@ -22,7 +22,7 @@ from python_backend_lib.audio.features import (
 from python_backend_lib.core import geometry
 from python_backend_lib.core.geometry import HOP_LENGTH, N_FRAMES, N_SAMPLES, SAMPLE_RATE
 
-AUDIO_DIR = Path(__file__).parent / "data" / "audio"
+AUDIO_DIR = Path(__file__).resolve().parents[1] / "data" / "audio"
 CLIPS = sorted(p.name for p in AUDIO_DIR.glob("*.wav"))
 FEATURE_ATOL = 1e-4
 # Lossy codecs at their default bitrates keep speech at least this far above the error.

@@ -20,7 +20,7 @@ from packaging.requirements import Requirement
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 INSTALLER = REPO_ROOT / "scripts" / "install_gpu_bundle.sh"
 
 

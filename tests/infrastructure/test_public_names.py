@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOOLS = ("bench", "loadtest")
 SERVER_PACKAGES = ("python_backend_lib", "clients", "gateway", "whisper_triton")
 # Private names of other projects that they document for use, and why each is needed.

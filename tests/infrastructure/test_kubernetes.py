@@ -36,7 +36,7 @@ from python_backend_lib.core.cache import CACHE_ENV
 from python_backend_lib.serving.settings import CHECKPOINT_ENV
 from whisper_triton.cli import build_parser
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = REPO_ROOT / "deploy" / "kubernetes"
 ADAPTER = DEPLOY / "prometheus-adapter"
 TIMINGS = DEPLOY / "timings.yaml"

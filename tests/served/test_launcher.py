@@ -113,7 +113,7 @@ def test_a_taken_port_is_refused_before_starting(tmp_path):
 
 def test_mps_without_a_gpu_is_refused_in_one_line(tmp_path):
     """`serve --mps on` shares GPUs between processes: with none to share, the command says so
-    and starts nothing (auto, the default, serves the CPU without it; tests/test_gpu_serving.py
+    and starts nothing (auto, the default, serves the CPU without it; tests/gpu/test_gpu_serving.py
     serves under MPS on a GPU)."""
     ports = [f"--{name}-port={free_port()}" for name in ("http", "grpc", "metrics")]
     result = subprocess.run([*whisper_triton_command(), "serve", "--mps=on", "--gpus", "none", *ports],

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FOLDERS = ("python_backend_lib", "gateway", "clients", "whisper_triton")
 MEASURED = re.compile(r"\b(H100|H200|A100|L4|EPYC|Xeon)\b|requests/s|req/s|\bRTFx\b|tokens/s")
 

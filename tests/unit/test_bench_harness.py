@@ -478,7 +478,7 @@ def test_other_instance_groups_are_served_from_a_copy_that_differs_only_there(tm
 def test_the_ceiling_comparison_reports_each_stored_runs_best_point_and_instances(tmp_path):
     from bench.ceiling_compare import load_variant, main
 
-    stored = sorted((Path(__file__).parent.parent / "docs" / "benchmarks" / "ceiling").glob("*.json"))
+    stored = sorted((Path(__file__).resolve().parents[2] / "docs" / "benchmarks" / "ceiling").glob("*.json"))
     assert len(stored) >= 2
     main([*map(str, stored), "--out", str(tmp_path)])
     report = (tmp_path / "ceiling.md").read_text()
