@@ -9,7 +9,7 @@ clips (`BUCKETS`) and replayed: the host writes the clips end to end into pinned
 memory, one copy takes them to the device, and the graph pads each to 30 s
 (zeros after its own samples, as `pad_or_trim` does) and computes its log-mel.
 Longer recordings keep the eager path. The features equal `features_for`'s, bit
-for bit (tests/test_gpu_features.py).
+for bit (tests/gpu/test_gpu_features.py).
 """
 
 from __future__ import annotations

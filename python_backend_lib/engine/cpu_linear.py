@@ -6,7 +6,7 @@ path on AMD processors; oneDNN picks the widest instructions the processor has
 products and the tied output projection (read whole at every decoder step). The
 products are the same float32 arithmetic summed in another order: logits differ
 from MKL's in the last bits (about 1e-5 relative), and the greedy tokens stay those
-of transformers on every test clip (tests/test_transcribe.py).
+of transformers on every test clip (tests/unit/test_transcribe.py).
 
 Packing is for float32 on the CPU only; elsewhere the model stays as it is.
 """

@@ -133,7 +133,7 @@ def force_a_timestamp(filtered: torch.Tensor, rows: RuleFacts, timestamp_begin: 
 
 class DecodingRule(NamedTuple):
     """One of Whisper's logit rules: its PyTorch function here and its kernel's function
-    in `engine.step_kernels`, which must agree (tests/test_step_kernels.py, per rule)."""
+    in `engine.step_kernels`, which must agree (tests/unit/test_rule_table.py, per rule)."""
 
     name: str
     torch: Callable
