@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import pytest
 import tritonclient.grpc
+import tritonclient.utils
 from long_recording import (
     GAP_S,
     SAMPLE_RATE,
@@ -33,8 +34,10 @@ from long_recording import (
 )
 from reference import DATA, clips, normalize
 
+from gateway.openai_api import AudioRequest
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.contract import tensor_names
+from python_backend_lib.core.options import Task
 from python_backend_lib.text.formats import Document, TimedText
 
 openai = pytest.importorskip("openai")
@@ -68,7 +71,14 @@ def recording():
 def transcripts(server, gateway, recording):
     """Every format through both paths, sequential long-form with timestamps (words
     in verbose_json), plus batched requests and the sonnet in both modes: all at once,
-    sharing the batch."""
+    sharing the batch.
+
+    verbose_json goes through the whole `transcribe` ensemble by both paths (the
+    openai client through the gateway). The other formats render one decode: each
+    model of the ensemble is called alone (preprocessing, then whisper once, then
+    postprocessing once per format), and the gateway's shaping of its reply is
+    applied to postprocessing's, as the gateway does to the ensemble's; eight more
+    decodes of the same three minutes would tell nothing more."""
     wav = recording.wav_bytes()
 
     def by_tritonclient(response_format: str, audio: bytes = wav, **parameters) -> str:
@@ -90,18 +100,65 @@ def transcripts(server, gateway, recording):
             )
         return result if isinstance(result, str) else result.model_dump_json(exclude_unset=True)
 
-    jobs = {("tritonclient", f): (by_tritonclient, f) for f in FORMATS}
-    jobs.update({("openai", f): (by_openai, f) for f in FORMATS})
-    with ThreadPoolExecutor(max_workers=len(jobs) + 1) as pool:
-        futures = {key: pool.submit(function, f) for key, (function, f) in jobs.items()}
+    def by_each_model(formats: tuple[str, ...]) -> dict[tuple[str, str], str]:
+        """The recording through preprocessing, whisper and postprocessing called one
+        by one, as the ensemble calls them; one decode, rendered in every format."""
+        client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+
+        def call(model: str, tensors: dict[str, np.ndarray], outputs: tuple[str, ...], **parameters):
+            inputs = []
+            for name, value in tensors.items():
+                tensor = tritonclient.grpc.InferInput(name, list(value.shape), tritonclient.utils.np_to_triton_dtype(value.dtype))
+                tensor.set_data_from_numpy(value)
+                inputs.append(tensor)
+            requested = [tritonclient.grpc.InferRequestedOutput(name) for name in outputs]
+            response = client.infer(model, inputs, outputs=requested, parameters=parameters)
+            return {name: response.as_numpy(name) for name in outputs}
+
+        parameters = {"timestamps": True, "word_timestamps": False, "task": "transcribe"}
+        features = call(
+            tensor_names.PREPROCESSING_NAME, {tensor_names.AUDIO: np.array([[wav]], dtype=np.object_)},
+            (tensor_names.LOG_MEL, tensor_names.SAMPLES, tensor_names.SPEECH_SPANS, tensor_names.RECORDING_SAMPLES),
+            **parameters,
+        )
+        decoded = call(
+            tensor_names.WHISPER_NAME,
+            {name: features[name] for name in (tensor_names.LOG_MEL, tensor_names.SAMPLES)},
+            (tensor_names.TOKENS, tensor_names.WINDOWS, tensor_names.ALIGNMENT, tensor_names.LANGUAGE,
+             tensor_names.LANGUAGE_PROBABILITY),
+            **parameters,
+        )
+        decision = {
+            **decoded,
+            **{name: features[name] for name in (tensor_names.SAMPLES, tensor_names.SPEECH_SPANS, tensor_names.RECORDING_SAMPLES)},
+        }
+
+        def formatted(response_format: str) -> str:
+            body = call(tensor_names.POSTPROCESSING_NAME, decision, (tensor_names.FORMATTED,),
+                        **parameters, response_format=response_format)
+            return body[tensor_names.FORMATTED][0, 0].decode()
+
+        results = {}
+        for response_format in formats:
+            results["tritonclient", response_format] = formatted(response_format)
+            asked = AudioRequest(model="whisper-1", task=Task.TRANSCRIBE, response_format=response_format)
+            results["openai", response_format] = asked.shape(formatted(asked.triton_format.value))
+        return results
+
+    whole = {("tritonclient", "verbose_json"): by_tritonclient, ("openai", "verbose_json"): by_openai}
+    with ThreadPoolExecutor(max_workers=len(whole) + 4) as pool:
+        futures = {key: pool.submit(function, "verbose_json") for key, function in whole.items()}
+        one_by_one = pool.submit(by_each_model, tuple(f for f in FORMATS if f != "verbose_json"))
         batched = pool.submit(by_tritonclient, "verbose_json", long_form="batched")
         sonnet = {
             mode: pool.submit(by_tritonclient, "verbose_json", audio=SONNET.read_bytes(), long_form=mode)
             for mode in LONG_FORM_MODES
         }
         results = {key: future.result() for key, future in futures.items()}
+        results.update(one_by_one.result())
         results["batched"] = batched.result()
         results.update({("sonnet", mode): future.result() for mode, future in sonnet.items()})
+    assert set(results) >= {(path, f) for path in PATHS for f in FORMATS}
     return results
 
 
