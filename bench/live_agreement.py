@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.clips import AUDIO_DIR
-from gateway.local_agreement import MIN_PROBABILITY, LocalAgreement, comparison_key
+from gateway.local_agreement import DOUBTFUL_AGREEMENT, MIN_PROBABILITY, LocalAgreement, comparison_key
 from loadtest.provenance import commit_info, machine_info
 from python_backend_lib.core.segments import Word
 
@@ -208,7 +208,8 @@ def main() -> None:
     header = (f"# LocalAgreement on real hypotheses\n\nHypotheses: {source['model']}, commit `{source['commit']}`, "
               f"{source['recorded']}, {source['machine']}; {len(recorded)} recordings, every {GRID_S:g} s from {FIRST_S:g} s. "
               f"Command: `python -m bench.live_agreement --out {args.out}`. "
-              f"The shipped threshold (gateway.local_agreement.MIN_PROBABILITY) is in bold.")
+              f"The shipped threshold (gateway.local_agreement.MIN_PROBABILITY) is in bold; a word under it is "
+              f"committed once {DOUBTFUL_AGREEMENT} hypotheses in a row read it the same way (DOUBTFUL_AGREEMENT).")
     (args.out / "README.md").write_text(markdown(rows, header) + "\n![misread share and delay](agreement.png)\n")
     plot(rows, args.out / "agreement.png")
     print(markdown(rows, header))

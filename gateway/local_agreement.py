@@ -16,9 +16,10 @@ Two hypotheses of a short prefix can agree on a misreading that more audio
 corrects: tiny.en read the start of jfk.wav as "And so am I fellow Americans"
 in hypotheses 0.5 s apart, where the whole turn reads "And so my fellow
 Americans". Such words are the ones the model is unsure of, so a word is
-committed only if both hypotheses give it at least MIN_PROBABILITY; a doubtful
-word, and every word after it, waits for a later pair or for the turn's final
-transcript. Pure: words in, words out.
+committed by two hypotheses only if both give it at least MIN_PROBABILITY; a
+doubtful word, and every word after it, waits until DOUBTFUL_AGREEMENT hypotheses
+in a row read it the same way, or for the turn's final transcript. Pure: words
+in, words out.
 """
 
 from __future__ import annotations
@@ -29,10 +30,16 @@ from dataclasses import dataclass, field
 
 from python_backend_lib.core.segments import Word
 
-# On real hypotheses of growing prefixes of seven recordings (tiny.en, docs/benchmarks/live-agreement),
-# committing at any probability let 5% of committed words be misreadings at a 0.25-0.5 s cadence;
-# at 0.5, 0 to 1.6% there (2.4% at most at slower cadences); at 0.6 none, with twice the delay.
+# How sure two hypotheses in a row must both be of a word to commit it: below it, misreadings
+# of a short prefix that more audio corrects got committed (docs/benchmarks/live-agreement:
+# real tiny.en hypotheses of seven recordings, the trade at each threshold and cadence).
 MIN_PROBABILITY = 0.5
+# A word the model stays unsure of, read the same way by this many hypotheses in a row (with
+# every word before it), is committed too: else one doubtful word early in a long turn ("1."
+# opening a sonnet, which every hypothesis read so, each giving it under 0.5) held back every
+# word after it until the turn ended. On the recorded hypotheses (docs/benchmarks/live-agreement)
+# five commit about a third more words early and misread no more than pairs alone; four misread more.
+DOUBTFUL_AGREEMENT = 5
 # Word timings of two hypotheses differ by a few tens of milliseconds: a committed word read again
 # can end just past where it was committed. Up to this many words at the joint are compared as text.
 MAX_OVERLAP_WORDS = 5
@@ -58,37 +65,45 @@ def words_after(committed: Sequence[Word], words: Sequence[Word]) -> list[Word]:
     return tail
 
 
-def confident_prefix(words: Sequence[Word], min_probability: float = MIN_PROBABILITY) -> list[Word]:
-    """The words up to the first the model gives less than `min_probability`."""
-    prefix = []
-    for word in words:
-        if word.probability < min_probability:
-            break
-        prefix.append(word)
-    return prefix
+@dataclass(frozen=True)
+class Reading:
+    """A word of the last hypothesis past the committed ones, and how many hypotheses in a
+    row read it so, with every word before it."""
+
+    word: Word
+    times: int
 
 
 @dataclass
 class LocalAgreement:
-    """The committed words of one turn, and the last hypothesis's tail they are checked against;
-    min_probability: how sure both hypotheses must be of a word to commit it."""
+    """The committed words of one turn, and the last hypothesis's words past them.
+
+    min_probability: how sure two hypotheses in a row must both be of a word to commit it;
+    doubtful_agreement: how many hypotheses in a row commit a word they read the same way
+    however unsure of it (0: never; such a word then waits for the turn's end)."""
 
     min_probability: float = MIN_PROBABILITY
+    doubtful_agreement: int = DOUBTFUL_AGREEMENT
     committed: list[Word] = field(default_factory=list)
-    pending: list[Word] | None = None  # the last hypothesis's confident words past the committed; None before the first
+    pending: list[Reading] | None = None  # None before the first hypothesis
 
     def insert(self, hypothesis: Sequence[Word]) -> list[Word]:
         """Take the next hypothesis of the whole turn; returns the words it newly commits
         (as this hypothesis times and spells them)."""
-        tail = confident_prefix(words_after(self.committed, hypothesis), self.min_probability)
+        readings, chain = [], True
+        for i, word in enumerate(words_after(self.committed, hypothesis)):
+            before = self.pending[i] if self.pending is not None and i < len(self.pending) else None
+            chain = chain and before is not None and comparison_key(before.word) == comparison_key(word)
+            readings.append(Reading(word, before.times + 1 if chain else 1))
         agreed = []
-        if self.pending is not None:
-            for old, new in zip(self.pending, tail):
-                if comparison_key(old) != comparison_key(new):
-                    break
-                agreed.append(new)
+        for i, reading in enumerate(readings):
+            sure = reading.times >= 2 and min(reading.word.probability,
+                                              self.pending[i].word.probability) >= self.min_probability
+            if not (sure or 0 < self.doubtful_agreement <= reading.times):
+                break
+            agreed.append(reading.word)
         self.committed.extend(agreed)
-        self.pending = tail[len(agreed):]
+        self.pending = readings[len(agreed):]
         return agreed
 
     def finish(self, transcript: Sequence[Word]) -> list[Word]:

@@ -13,6 +13,7 @@ import pytest
 
 from bench import live_agreement
 from gateway.local_agreement import (
+    DOUBTFUL_AGREEMENT,
     MIN_PROBABILITY,
     LocalAgreement,
     comparison_key,
@@ -66,6 +67,22 @@ def test_a_doubtful_word_waits_and_holds_back_the_words_after_it():
     assert agreement.insert(timed("And so am I fellow Americans ask")) == []
     assert spelled(agreement.insert(timed("And so am I fellow Americans ask not"))) == ["am", "I", "fellow",
                                                                                        "Americans", "ask"]
+
+
+def test_a_word_always_doubtful_is_committed_once_enough_hypotheses_in_a_row_read_it_so():
+    """"1." opening a sonnet, under MIN_PROBABILITY in every hypothesis, held back the whole
+    turn; DOUBTFUL_AGREEMENT readings in a row commit it and the sure words after it."""
+    agreement = LocalAgreement()
+    words = "1. From fairest creatures we desire increase".split()
+    for n in range(1, DOUBTFUL_AGREEMENT + 1):
+        committed = agreement.insert(timed(" ".join(words[:n]), unsure=("1.",)))
+        if n < DOUBTFUL_AGREEMENT:
+            assert committed == []
+    assert spelled(committed) == words[:DOUBTFUL_AGREEMENT - 1]  # the newest word is read once
+    # A reading that changes the doubtful word starts its count again.
+    agreement = LocalAgreement()
+    for text in ("1. From", "1. From fairest", "One. From fairest", "1. From fairest creatures"):
+        assert agreement.insert(timed(text, unsure=("1.", "One."))) == []
 
 
 def test_words_past_the_committed_ones_are_found_by_time_not_by_count():
