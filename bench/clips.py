@@ -29,9 +29,9 @@ from pathlib import Path
 
 import numpy as np
 
-from gateway.live_transcriber import wav_bytes
 from loadtest.clips import DEFAULT_AUDIO_DIR, read_manifest
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.encode import wav_bytes
 from python_backend_lib.core.geometry import SAMPLE_RATE
 
 AUDIO_DIR = DEFAULT_AUDIO_DIR

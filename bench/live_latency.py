@@ -54,10 +54,10 @@ import soxr
 from bench.clips import AUDIO_DIR
 from bench.host import process_cpu_seconds
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
-from gateway.live_transcriber import wav_bytes
 from gateway.local_agreement import comparison_key
 from loadtest.processes import child_pids
 from loadtest.provenance import commit_info, machine_info
+from python_backend_lib.audio.encode import wav_bytes
 
 RATE = 24_000  # what the Realtime API takes
 CHUNK_S = 0.1
@@ -342,13 +342,14 @@ class Gateway:
 
 
 @contextlib.contextmanager
-def gateway_process(triton_grpc: str, log: Path, hypothesis_every_s: float | None = None, workers: int = 1):
+def gateway_process(triton_grpc: str, log: Path, hypothesis_every_s: float | None = None, workers: int = 1,
+                    extra_args: tuple[str, ...] | list[str] = ()):
     port = free_port()
     cadence = [] if hypothesis_every_s is None else [f"--live-hypothesis-every={hypothesis_every_s:g}"]
     with log.open("w") as out:
         process = subprocess.Popen([*whisper_triton(), "gateway", f"--triton-url={triton_grpc}", f"--port={port}",
                                     f"--model-id={MODEL}", "--max-live-sessions=1000", f"--workers={workers}",
-                                    *cadence], stdout=out, stderr=subprocess.STDOUT)
+                                    *cadence, *extra_args], stdout=out, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/v1"
     try:
         import urllib.request

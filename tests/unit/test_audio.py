@@ -192,6 +192,14 @@ def test_wav_bytes_decode_to_soundfiles_samples():
     assert decode_audio(memoryview(data)).shape == expected.shape
 
 
+def test_wav_bytes_decode_back_to_their_samples_to_16_bit_rounding(speech):
+    from python_backend_lib.audio.encode import wav_bytes
+
+    decoded = decode_audio(wav_bytes(speech))
+    assert decoded.shape == speech.shape
+    assert np.abs(decoded - speech).max() <= 1 / 32767
+
+
 def test_flac_round_trip_is_lossless(speech):
     np.testing.assert_array_equal(decode_audio(encode(speech, SAMPLE_RATE, "FLAC", "PCM_16")), speech)
 
