@@ -88,6 +88,10 @@ def server_command(
         f"--backend-config=python,shm-region-prefix-name={shm_prefix}",
         "--strict-readiness=true",
         "--exit-on-error=true",
+        # Every config.pbtxt served names its backend, inputs and outputs; with auto-complete
+        # on, the Python backend starts a throwaway stub per model, importing its model.py
+        # (torch), only to ask for a completion none needs: start-up waited for it.
+        "--disable-auto-complete-config",
         f"--exit-timeout-secs={EXIT_TIMEOUT_S}",
         *(() if gpu else triton_output.NO_GPU_FLAGS),
         *repository.cuda_pool_flags(model_repository, triton_output.visible_gpus(s.gpus) if gpu else 0),
