@@ -550,8 +550,20 @@ def steps_the_recording_needs(log_mel: LogMel) -> int:
     return windows // FEW_SLOTS * words_a_window
 
 
+@pytest.fixture(scope="module")
+def few_slots_server(tmp_path_factory: pytest.TempPathFactory):
+    """A server with FEW_SLOTS decoding slots and a drain of DRAIN_S: the cancelling test
+    fills its slots, then the drain test stops it (one start for the two; neither
+    setting touches what the other test checks)."""
+    folder = tmp_path_factory.mktemp("few-slots-server")
+    repository = model_repository_with(folder, "whisper", kv_slots=str(FEW_SLOTS))
+    arguments = (f"--model-repository={repository}", "--drain-timeout", str(DRAIN_S))
+    with launch_server(folder, arguments=arguments) as launched:
+        yield launched
+
+
 @pytest.mark.server
-def test_cancelling_frees_a_full_servers_slots_for_the_request_behind_it(tmp_path):
+def test_cancelling_frees_a_full_servers_slots_for_the_request_behind_it(few_slots_server):
     """A server with FEW_SLOTS decoding slots, all held by one long recording
     decoded in batched mode (its twenty windows take every slot, the rest wait
     ahead of anything sent later). A short request waits behind it; the client
@@ -563,44 +575,42 @@ def test_cancelling_frees_a_full_servers_slots_for_the_request_behind_it(tmp_pat
     kept the slots until the recording ended would run them all. That the engine drops
     a cancelled request between two steps is test_engine.py's and test_overlap.py's.
     """
-    repository = model_repository_with(tmp_path, "whisper", kv_slots=str(FEW_SLOTS))
-    with launch_server(tmp_path, arguments=(f"--model-repository={repository}",)) as launched:
-        server = launched.server
-        client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
-        assert settled(server)["whisper_decoding_slots"] == FEW_SLOTS
-        short = library_log_mel(decode_audio(CARDS))
-        alone = []  # twice: the first request of a fresh server warms it up
-        for _ in range(2):
-            answers = []
-            before = decoder_steps(settled(server))
-            whisper_call(client, short, answers)
-            alone.append(wait_for_answer(answers))
-        assert all(error is None for _, _, error in alone), alone
-        steps_before = decoder_steps(settled(server))
-        short_steps = steps_before - before
-        reference = decoded_text(alone[-1][1], short.samples)
-        assert reference and decoded_text(alone[0][1], short.samples) == reference
+    server = few_slots_server.server
+    client = tritonclient.grpc.InferenceServerClient(server.grpc_url)
+    assert settled(server)["whisper_decoding_slots"] == FEW_SLOTS
+    short = library_log_mel(decode_audio(CARDS))
+    alone = []  # twice: the first request of a fresh server warms it up
+    for _ in range(2):
+        answers = []
+        before = decoder_steps(settled(server))
+        whisper_call(client, short, answers)
+        alone.append(wait_for_answer(answers))
+    assert all(error is None for _, _, error in alone), alone
+    steps_before = decoder_steps(settled(server))
+    short_steps = steps_before - before
+    reference = decoded_text(alone[-1][1], short.samples)
+    assert reference and decoded_text(alone[0][1], short.samples) == reference
 
-        long = long_log_mel(minutes=10)
-        recording = []
-        call = whisper_call(client, long, recording, long_form="batched")
-        full = wait_for(server, lambda s: s["whisper_running_batch_size"] == FEW_SLOTS and s["whisper_waiting_windows"] > 0)
-        assert full["whisper_running_batch_size"] == FEW_SLOTS and full["whisper_waiting_windows"] > 0, full
-        waiting = []
-        whisper_call(client, short, waiting)
-        time.sleep(1.0)
-        assert not waiting and not recording, "the slots were not all held"
-        call.cancel()
-        seconds, result, error = wait_for_answer(waiting)
-        assert error is None, error
-        assert decoded_text(result, short.samples) == reference
-        idle = settled(server)
-        assert idle['whisper_requests_total{outcome="cancelled"}'] == 1
-        assert idle["whisper_running_batch_size"] == idle["whisper_waiting_windows"] == 0
-        recording_steps = decoder_steps(idle) - steps_before - short_steps
-        needs = steps_the_recording_needs(long)
-        print(f"the recording ran {recording_steps:.0f} decoder steps; decoded whole, it needs {needs} at least")
-        assert recording_steps < needs / 2
+    long = long_log_mel(minutes=10)
+    recording = []
+    call = whisper_call(client, long, recording, long_form="batched")
+    full = wait_for(server, lambda s: s["whisper_running_batch_size"] == FEW_SLOTS and s["whisper_waiting_windows"] > 0)
+    assert full["whisper_running_batch_size"] == FEW_SLOTS and full["whisper_waiting_windows"] > 0, full
+    waiting = []
+    whisper_call(client, short, waiting)
+    time.sleep(1.0)
+    assert not waiting and not recording, "the slots were not all held"
+    call.cancel()
+    seconds, result, error = wait_for_answer(waiting)
+    assert error is None, error
+    assert decoded_text(result, short.samples) == reference
+    idle = settled(server)
+    assert idle['whisper_requests_total{outcome="cancelled"}'] == 1
+    assert idle["whisper_running_batch_size"] == idle["whisper_waiting_windows"] == 0
+    recording_steps = decoder_steps(idle) - steps_before - short_steps
+    needs = steps_the_recording_needs(long)
+    print(f"the recording ran {recording_steps:.0f} decoder steps; decoded whole, it needs {needs} at least")
+    assert recording_steps < needs / 2
 
 
 # ------------------------------------------------------------------------- shutdown
@@ -645,26 +655,26 @@ def long_wav(minutes: float) -> bytes:
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_a_stop_answers_what_its_drain_could_not_finish(tmp_path):
+def test_a_stop_answers_what_its_drain_could_not_finish(few_slots_server):
     """A request still decoding when the drain runs out fails at once with UNAVAILABLE
     naming the stop, and the server exits without waiting out Triton's own exit timeout
-    (before, the client got no answer and the stop took the drain plus that timeout)."""
-    with launch_server(tmp_path, arguments=("--drain-timeout", str(DRAIN_S))) as launched:
-        server, process = launched.server, launched.process
-        with ThreadPoolExecutor(max_workers=1) as pool:
-            reply = pool.submit(transcribe, server.grpc_url, "grpc", long_wav(minutes=10))
-            busy = wait_for(server, lambda s: s["whisper_requests_in_flight"] >= 1)
-            assert busy["whisper_requests_in_flight"] >= 1
-            stopped = time.monotonic()
-            process.send_signal(signal.SIGTERM)
-            error = reply.result(timeout=REQUEST_TIMEOUT_S)
-            answered_s = time.monotonic() - stopped
-        assert isinstance(error, InferenceServerException), error
-        assert error.status() == UNAVAILABLE["grpc"], error
-        assert "server unavailable: the server stopped before this request was transcribed" in error.message()
-        assert answered_s < DRAIN_S + 10.0, f"answered {answered_s:.1f} s after SIGTERM"
-        assert process.wait(timeout=DRAIN_S + 60.0) == 0, _log_tail(server.log)
-        stopped_s = time.monotonic() - stopped
+    (before, the client got no answer and the stop took the drain plus that timeout).
+    The server is the cancelling test's (`serve --drain-timeout DRAIN_S`), stopped here."""
+    server, process = few_slots_server.server, few_slots_server.process
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        reply = pool.submit(transcribe, server.grpc_url, "grpc", long_wav(minutes=10))
+        busy = wait_for(server, lambda s: s["whisper_requests_in_flight"] >= 1)
+        assert busy["whisper_requests_in_flight"] >= 1
+        stopped = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        error = reply.result(timeout=REQUEST_TIMEOUT_S)
+        answered_s = time.monotonic() - stopped
+    assert isinstance(error, InferenceServerException), error
+    assert error.status() == UNAVAILABLE["grpc"], error
+    assert "server unavailable: the server stopped before this request was transcribed" in error.message()
+    assert answered_s < DRAIN_S + 10.0, f"answered {answered_s:.1f} s after SIGTERM"
+    assert process.wait(timeout=DRAIN_S + 60.0) == 0, _log_tail(server.log)
+    stopped_s = time.monotonic() - stopped
     said = server.log.read_text()
     assert "exit timeout" not in said, said[-3000:]
     assert stopped_s < DRAIN_S + 30.0, f"stopped {stopped_s:.1f} s after SIGTERM"
