@@ -1,5 +1,6 @@
 """Live sessions' transcriptions: 16 kHz audio through Triton's `transcribe` ensemble,
-as a WAV file, on the gateway's connection (`triton_calls`), with word timestamps
+as raw float32 samples (`pcm_f32le`: no WAV to write, nor 16-bit rounding), on the
+gateway's connection (`triton_calls`), with word timestamps
 (which `local_agreement` lines hypotheses up by); a transcription whose
 session ends is cancelled on the server too. tritonclient is imported when a
 transcription is made, as `triton_calls` is: the `whisper-triton` command starts
@@ -8,8 +9,6 @@ without it."""
 from __future__ import annotations
 
 import asyncio
-import io
-import wave
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -18,6 +17,7 @@ import numpy as np
 from clients.api import new_request_id
 from gateway.openai_api import WORD, AudioRequest
 from python_backend_lib.contract import tensor_names
+from python_backend_lib.contract.parameters import InputFormat
 from python_backend_lib.core.geometry import SAMPLE_RATE
 from python_backend_lib.core.options import Task
 from python_backend_lib.core.segments import Word
@@ -50,11 +50,13 @@ class Transcriber:
         request = AudioRequest(model=model, task=Task.TRANSCRIBE, response_format=ResponseFormat.VERBOSE_JSON,
                                language=language, prompt=prompt, granularities=(WORD,))
         tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
-        tensor.set_data_from_numpy(np.array([[wav_bytes(audio)]], dtype=np.object_))
+        tensor.set_data_from_numpy(np.array([[pcm_f32le(audio)]], dtype=np.object_))
         request_id = new_request_id()
+        parameters = {**request.triton_parameters(), "request_id": request_id,
+                      "input_format": InputFormat.PCM_F32LE.value, "sample_rate": SAMPLE_RATE}
         call = asyncio.ensure_future(self.calls.client.infer(
             self.calls.model, [tensor], outputs=[triton.InferRequestedOutput(tensor_names.FORMATTED)],
-            parameters={**request.triton_parameters(), "request_id": request_id}, client_timeout=self.calls.timeout_s,
+            parameters=parameters, client_timeout=self.calls.timeout_s,
         ))  # fmt: skip
         try:
             result = await call
@@ -65,13 +67,6 @@ class Transcriber:
         return LiveTranscript(text=document.text.strip(), words=document.words)
 
 
-def wav_bytes(audio: np.ndarray) -> bytes:
-    """16 kHz float samples as a 16-bit mono WAV file."""
-    pcm = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
-    buffer = io.BytesIO()
-    with wave.open(buffer, "wb") as out:
-        out.setnchannels(1)
-        out.setsampwidth(2)
-        out.setframerate(SAMPLE_RATE)
-        out.writeframes(pcm.tobytes())
-    return buffer.getvalue()
+def pcm_f32le(audio: np.ndarray) -> bytes:
+    """16 kHz float samples as the AUDIO bytes of input_format pcm_f32le."""
+    return np.ascontiguousarray(audio, dtype="<f4").tobytes()
