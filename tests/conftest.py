@@ -70,15 +70,24 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # on one worker, so that each server starts once, and every other file on one
 # worker, so that its module-scoped servers and models load once.
 SHARED_SERVER_GROUPS = {"server": "session-server", "gateway": "session-server", "base_server": "base-server"}
+# A file with tests of the base server keeps its other tests in that group too, so that
+# the module fixtures they share (test_languages.py's models) load on one worker only.
+# Not so for the session server: its group is the longest already.
+WHOLE_FILE_GROUPS = ("base-server",)
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     if not hasattr(config, "workerinput"):  # not an xdist worker
         return
+    groups = {}
     for item in items:
         shared = [SHARED_SERVER_GROUPS[name] for name in item.fixturenames if name in SHARED_SERVER_GROUPS]
-        group = shared[0] if shared else item.nodeid.split("::")[0]
+        groups[item] = shared[0] if shared else item.nodeid.split("::")[0]
+    whole_files = {item.nodeid.split("::")[0]: group for item, group in groups.items() if group in WHOLE_FILE_GROUPS}
+    for item, group in groups.items():
+        if group == item.nodeid.split("::")[0]:
+            group = whole_files.get(group, group)
         item.add_marker(pytest.mark.xdist_group(name=group))
 
 
