@@ -398,7 +398,8 @@ def test_no_model_process_outlives_a_killed_tritonserver(tmp_path):
     """tritonserver and the launcher killed at once (kill -9, nothing stops cleanly):
     every model's process ends by itself. Triton 2.51's own check leaves the whisper
     model's running once it has served a request; its ParentWatch ends it."""
-    with launch_server(tmp_path) as launched:
+    # The packaged repository as it is: every instance it asks for, not the tests' fewer.
+    with launch_server(tmp_path, arguments=(f"--model-repository={packaged_model_repository()}",)) as launched:
         server = launched.server
         assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
         grpc_port = int(server.grpc_url.rpartition(":")[2])
