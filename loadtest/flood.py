@@ -34,7 +34,7 @@ from tritonclient.utils import InferenceServerException
 from clients.connection import AddressError, Protocol, parse_address
 from loadtest import records
 from loadtest.clips import DEFAULT_AUDIO_DIR
-from loadtest.metrics import whisper_gauge
+from loadtest.metrics import per_instance
 from loadtest.outcomes import Judged, Verdict, judge
 from python_backend_lib.contract import tensor_names
 
@@ -110,6 +110,16 @@ def capacity(grpc_url: str, audio: bytes, concurrency: int, seconds: float = MEA
         for future in [pool.submit(client_loop) for _ in range(concurrency)]:
             future.result()
     return len(answered) / (time.monotonic() - started)
+
+
+def transcribe_engines_gauge(metrics_url: str, name: str) -> float:
+    """A gauge summed over the `whisper` model's engines, which the `transcribe` ensemble
+    calls; not the streamed path's (`whisper_stream`), whose slots and request limit the
+    flood never reaches. ValueError when the endpoint has no such series."""
+    values = per_instance(metrics_url, name, model=tensor_names.WHISPER_NAME)
+    if not values:
+        raise ValueError(f"no {name} of the {tensor_names.WHISPER_NAME} model at {metrics_url}")
+    return sum(values.values())
 
 
 def flood_seconds(capacity_per_s: float, request_limit: int) -> float:
@@ -239,8 +249,8 @@ def run_flood(grpc_url: str, metrics_url: str, audio: bytes | None = None, say=p
     if expected.error is not None or not expected.text:
         raise RuntimeError(f"the server does not transcribe the clip: {expected.error or 'no text'}")
     baseline = median_latency(grpc_url, audio)
-    slots = int(whisper_gauge(metrics_url, "whisper_decoding_slots"))
-    limit = int(whisper_gauge(metrics_url, "whisper_request_limit"))
+    slots = int(transcribe_engines_gauge(metrics_url, "whisper_decoding_slots"))
+    limit = int(transcribe_engines_gauge(metrics_url, "whisper_request_limit"))
     measured = capacity(grpc_url, audio, concurrency=slots)
     seconds = flood_seconds(measured, limit)
     say(f"flood: capacity {measured:.2f}/s at {slots} clients; flooding for {seconds:.0f} s (request limit {limit})")

@@ -6,6 +6,12 @@ The flood follows the rate at which the server answers and lasts until its
 excess adds up to twice the whisper model's request limit: a capacity measured
 while the machine was busy (it is shared) once made a 20 s flood at twice that
 rate too gentle to reach the limit, and the test failed for want of a refusal.
+
+It floods a server of its own with SMALL_SLOTS decoding slots and SMALL_QUEUE
+queued requests: against the session server's request limit of 32 on the CPU,
+the flood had to last some 40 s on a quiet machine (85 s beside the other tests)
+before its excess reached twice the limit, and the queue it left took 20 s to
+drain. The limit is met and refused the same way at either size.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import launch_server, model_repository_with
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # loadtest/ is a folder of the checkout, not part of the installed package.
@@ -24,12 +31,24 @@ sys.path.insert(0, str(REPO_ROOT))
 from loadtest.flood import LIMIT_MARGIN, MAX_FLOOD_S, MIN_FLOOD_S, OVERLOAD, flood_seconds, run_flood  # noqa: E402
 
 UNAVAILABLE = "StatusCode.UNAVAILABLE"
+SMALL_SLOTS, SMALL_QUEUE = 4, 4
+
+
+@pytest.fixture(scope="module")
+def small_server(tmp_path_factory: pytest.TempPathFactory):
+    """`whisper-triton serve` whose whisper model has SMALL_SLOTS decoding slots and SMALL_QUEUE queued requests."""
+    folder = tmp_path_factory.mktemp("small-server")
+    repository = model_repository_with(folder, "whisper", kv_slots=str(SMALL_SLOTS), max_queued_requests=str(SMALL_QUEUE))
+    with launch_server(folder, arguments=(f"--model-repository={repository}",)) as launched:
+        yield launched.server
 
 
 @pytest.mark.server
 @pytest.mark.slow
-def test_a_flood_at_twice_capacity_is_answered_or_refused_cleanly_and_the_server_recovers(server):
+def test_a_flood_at_twice_capacity_is_answered_or_refused_cleanly_and_the_server_recovers(small_server):
+    server = small_server
     report = run_flood(server.grpc_url, server.metrics_url)
+    assert (report.slots, report.request_limit) == (SMALL_SLOTS, SMALL_SLOTS + SMALL_QUEUE)
     print(report.summary())
     outcomes = report.outcomes
 
