@@ -73,8 +73,34 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 SHARED_SERVER_GROUPS = {"server": "session-server", "gateway": "session-server", "base_server": "base-server"}
 # A file with tests of the base server keeps its other tests in that group too, so that
 # the module fixtures they share (test_languages.py's models) load on one worker only.
-# Not so for the session server: its group is the longest already.
+# Not so for the session server: its tests are many already.
 WHOLE_FILE_GROUPS = ("base-server",)
+# The session server's tests are two groups, by file: each worker starts a session
+# server of its own (a session fixture is one per worker) for the half it gets. As
+# one group (1,399 s of 3,200 at fe226e1) it was the longest path of the run on two
+# workers. The halves are balanced by these files' seconds in that group (setup, call
+# and teardown summed, `--durations=0`, at fe226e1); a file not named counts
+# SESSION_FILE_DEFAULT_S. xdist hands out the largest groups (by test count) first,
+# so the two halves start on the two workers.
+SESSION_SERVER_HALVES = ("session-server-1", "session-server-2")
+SESSION_FILE_SECONDS = {
+    "test_server.py": 246, "test_transcribe_command.py": 161, "test_soak.py": 138,
+    "test_long_audio.py": 101, "test_streaming.py": 96, "test_gateway.py": 82, "test_loadtest.py": 75,
+    "test_bad_input.py": 63, "test_realtime.py": 59, "test_media_served.py": 51, "test_quantization.py": 47,
+    "test_faults.py": 46, "test_transcribe_cancel.py": 32, "test_vad_served.py": 19, "test_page.py": 18,
+}  # fmt: skip
+SESSION_FILE_DEFAULT_S = 10
+
+
+def session_server_halves(files: list[str]) -> dict[str, str]:
+    """Each file of session-server tests -> its half: the longest first, each to the half with less so far."""
+    totals = dict.fromkeys(SESSION_SERVER_HALVES, 0)
+    halves = {}
+    for file in sorted(set(files), key=lambda f: (-SESSION_FILE_SECONDS.get(Path(f).name, SESSION_FILE_DEFAULT_S), f)):
+        half = min(SESSION_SERVER_HALVES, key=lambda h: totals[h])
+        halves[file] = half
+        totals[half] += SESSION_FILE_SECONDS.get(Path(file).name, SESSION_FILE_DEFAULT_S)
+    return halves
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
@@ -86,9 +112,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         shared = [SHARED_SERVER_GROUPS[name] for name in item.fixturenames if name in SHARED_SERVER_GROUPS]
         groups[item] = shared[0] if shared else item.nodeid.split("::")[0]
     whole_files = {item.nodeid.split("::")[0]: group for item, group in groups.items() if group in WHOLE_FILE_GROUPS}
+    halves = session_server_halves([item.nodeid.split("::")[0] for item, group in groups.items() if group == "session-server"])
     for item, group in groups.items():
-        if group == item.nodeid.split("::")[0]:
+        file = item.nodeid.split("::")[0]
+        if group == file:
             group = whole_files.get(group, group)
+        elif group == "session-server":
+            group = halves[file]
         item.add_marker(pytest.mark.xdist_group(name=group))
 
 
