@@ -25,6 +25,12 @@ import torch
 
 from python_backend_lib.core.model_facts import ModelDims
 
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU torch of a CI machine
+    triton = None
+
 SCRATCH_SLOT = 0
 PAGE_SIZE = 16
 
@@ -109,8 +115,13 @@ class KVSlotPool:
     def write_cross(self, slots: torch.Tensor, layer_kv: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """Store each layer's cross-attention K/V ([B, audio_ctx, heads, head_dim]) in `slots`."""
         for layer, (k, v) in enumerate(layer_kv):
-            self.cross_k[layer].index_copy_(0, slots, k.to(self.cross_k[layer].dtype))
-            self.cross_v[layer].index_copy_(0, slots, v.to(self.cross_v[layer].dtype))
+            for storage, view, values in ((self._cross_k[layer], self.cross_k[layer], k),
+                                          (self._cross_v[layer], self.cross_v[layer], v)):
+                values = values.to(storage.dtype)
+                if triton is not None and storage.is_cuda:
+                    _copy_into_slots(values, storage, slots)
+                else:
+                    view.index_copy_(0, slots, values)
 
     def copy_cross(self, sources: torch.Tensor, targets: torch.Tensor) -> None:
         """Give `targets` the cross-attention K/V of `sources` (slot ids, [k] each): one
@@ -145,3 +156,30 @@ class KVSlotPool:
 def _as_pages(t: torch.Tensor) -> torch.Tensor:
     """[slots, positions, heads, head_dim] (positions a multiple of PAGE_SIZE) -> [pages, PAGE_SIZE, heads, head_dim]"""
     return t.view(-1, PAGE_SIZE, t.shape[-2], t.shape[-1])
+
+
+# Elements each program of `_copy_rows` copies.
+COPY_BLOCK = 4096
+
+
+def _copy_into_slots(values: torch.Tensor, storage: torch.Tensor, slots: torch.Tensor) -> None:
+    """storage[slots[i], :audio_ctx] = values[i]. `index_copy_` into the padded view
+    copies two bytes at a time (the view is not contiguous across slots); each slot's
+    first audio_ctx positions are contiguous, so a kernel copies whole vectors."""
+    values = values.contiguous()
+    clips, per_clip = values.shape[0], values[0].numel()
+    _copy_rows[(clips, triton.cdiv(per_clip, COPY_BLOCK))](
+        values, storage, slots, per_clip, storage.stride(0), BLOCK=COPY_BLOCK
+    )
+
+
+if triton is not None:
+
+    @triton.jit
+    def _copy_rows(values_ptr, storage_ptr, slots_ptr, per_clip, slot_stride, BLOCK: tl.constexpr):
+        clip = tl.program_id(0)
+        offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
+        inside = offsets < per_clip
+        slot = tl.load(slots_ptr + clip).to(tl.int64)
+        row = tl.load(values_ptr + clip.to(tl.int64) * per_clip + offsets, mask=inside)
+        tl.store(storage_ptr + slot * slot_stride + offsets, row, mask=inside)

@@ -97,8 +97,9 @@ class Encoder(nn.Module):
     def forward(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         """mel [B, n_mels, 3000] -> audio features [B, 1500, width]"""
         x = F.gelu(self.conv1(mel))
-        x = F.gelu(self.conv2(x)).transpose(1, 2)  # [B, 1500, width]
-        x = x + self.embed_positions.weight
+        # [B, 1500, width], made contiguous once: the transposed layout would otherwise
+        # carry through every residual addition, and every layer norm would copy it.
+        x = (F.gelu(self.conv2(x)).transpose(1, 2) + self.embed_positions.weight).contiguous()
         for layer in self.layers:
             x = layer(x, attention)
         return self.layer_norm(x)

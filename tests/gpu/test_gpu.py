@@ -461,3 +461,21 @@ def test_large_v3_rows_forced_to_the_limit_fill_the_context_through_the_graphs()
             assert len(result.prompt_tokens) + len(detected) + len(result.tokens) == MAX_TEXT_POSITIONS
     finally:
         pipeline.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_writing_cross_kv_into_slots_equals_index_copy(dtype):
+    """`KVSlotPool.write_cross`'s copy kernel against `index_copy_` into the same view."""
+    config = load_checkpoint("random:tiny:0").config
+    pool = KVSlotPool(PoolShape.for_model(config.dims, 6), device=CUDA, dtype=dtype)
+    heads, head_dim = config.dims.n_text_head, config.dims.n_text_state // config.dims.n_text_head
+    layer_kv = [tuple(torch.randn(3, config.dims.n_audio_ctx, heads, head_dim, device=CUDA, dtype=dtype)
+                      for _ in range(2)) for _ in range(config.dims.n_text_layer)]
+    slots = torch.tensor([5, 2, 3], device=CUDA)
+    pool.write_cross(slots, layer_kv)
+    for layer, (k, v) in enumerate(layer_kv):
+        for written, padded, values in ((pool.cross_k[layer], pool._cross_k[layer], k),
+                                        (pool.cross_v[layer], pool._cross_v[layer], v)):
+            expected = torch.zeros_like(padded)
+            expected[:, : config.dims.n_audio_ctx].index_copy_(0, slots, values)
+            torch.testing.assert_close(padded, expected, rtol=0, atol=0)  # the padding and other slots untouched
