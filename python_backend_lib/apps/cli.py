@@ -143,8 +143,9 @@ def add_arguments(serve: argparse.ArgumentParser) -> None:
         type=_quantization,
         metavar="{" + ",".join(q.value for q in Quantization) + "}",
         help="how the whisper engines' linear layers multiply: none (the shipped config's, exact: the "
-        "checkpoint's weights as they are) or int8, on the CPU only (--gpus none where there are GPUs): "
-        f"faster, its words close to float32's but not always the same (sets {QUANTIZE_ENV})",
+        "checkpoint's weights as they are); int8, on the CPU only (--gpus none where there are GPUs); or fp8, "
+        "on GPUs with FP8 tensor cores (Hopper, Ada), the products over the encoder's positions in FP8: "
+        f"faster, its words close to the exact ones' but not always the same (sets {QUANTIZE_ENV})",
     )
     serve.add_argument(
         "--drain-timeout",

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from python_backend_lib.apps import repository
 from python_backend_lib.checkpoints import packaged
-from python_backend_lib.core.quantization import CPU_ONLY, Quantization
+from python_backend_lib.core.quantization import CPU_ONLY, GPU_ONLY, Quantization
 
 
 def numpy_problem() -> str | None:
@@ -42,20 +42,28 @@ def checkpoint_problem(source: str | None) -> str | None:
 
 
 def quantization_problem(quantization: Quantization | None, model_repository: Path, gpus: int) -> str | None:
-    """`--quantize int8` where the whisper model would run on GPUs: each engine would refuse
-    to load, after Triton started. A whisper model placed on the CPU (KIND_CPU) is served."""
-    if quantization not in CPU_ONLY or gpus == 0:
+    """`--quantize int8` where the whisper model would run on GPUs, or `--quantize fp8`
+    where it would run on the CPU: each engine would refuse to load, after Triton started.
+    A whisper model placed on the CPU (KIND_CPU) is served in int8, and not in fp8."""
+    if quantization not in CPU_ONLY | GPU_ONLY:
         return None
     config = repository.whisper_config(model_repository)
     try:
-        if config.exists() and repository.read_instance_group(config.read_text()).kind == "KIND_CPU":
-            return None
-    except ValueError:  # several instance groups: the engines on a GPU say so themselves
+        placed = repository.read_instance_group(config.read_text()).kind if config.exists() else None
+        on_cpu = gpus == 0 or placed == "KIND_CPU"
+    except ValueError:  # several instance groups: the engines say so themselves
         return None
-    return (
-        f"--quantize {quantization.value} runs on the CPU only, and this server would run its whisper "
-        f"engines on {gpus} GPU{'s' * (gpus > 1)}: add --gpus none to serve on the CPU"
-    )
+    if quantization in CPU_ONLY and not on_cpu:
+        return (
+            f"--quantize {quantization.value} runs on the CPU only, and this server would run its whisper "
+            f"engines on {gpus} GPU{'s' * (gpus > 1)}: add --gpus none to serve on the CPU"
+        )
+    if quantization in GPU_ONLY and on_cpu:
+        return (
+            f"--quantize {quantization.value} runs on a GPU with FP8 tensor cores only, and this server would run "
+            "its whisper engines on the CPU"
+        )
+    return None
 
 
 def packaged_checkpoint_problem(

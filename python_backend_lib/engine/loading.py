@@ -111,8 +111,11 @@ def default_device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
-def default_dtype(device: torch.device) -> torch.dtype:
-    return torch.float16 if device.type == "cuda" else torch.float32
+def default_dtype(device: torch.device, quantization: Quantization = DEFAULT_QUANTIZATION) -> torch.dtype:
+    """float16 on a GPU (bfloat16 with FP8 products, which return it), float32 on the CPU."""
+    if device.type != "cuda":
+        return torch.float32
+    return torch.bfloat16 if quantization is Quantization.FP8 else torch.float16
 
 
 def build_batch(

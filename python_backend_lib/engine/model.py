@@ -18,7 +18,7 @@ from torch import nn
 from python_backend_lib.checkpoints.weights import Checkpoint
 from python_backend_lib.core.model_facts import ModelDims
 from python_backend_lib.core.quantization import Quantization
-from python_backend_lib.engine import cpu_int8, cpu_linear
+from python_backend_lib.engine import cpu_int8, cpu_linear, fp8_linear
 from python_backend_lib.engine.attention import AttentionBackend, StepLayout
 
 
@@ -33,6 +33,7 @@ class Projections(nn.Module):
         self.out_proj = nn.Linear(width, width)
 
         self.fused = False  # `fuse_qkv` ran: fused_qkv_weight [3 * width, width] and fused_qkv_bias exist
+        self.fp8_qkv: nn.Module | None = None  # `quantize_fp8` ran: q, k and v in one FP8 product
 
     def fuse_qkv(self) -> None:
         """q, k and v from one matrix product (k's bias zero): two launches fewer. The
@@ -47,8 +48,21 @@ class Projections(nn.Module):
         self.register_buffer("fused_qkv_weight", weight, persistent=False)
         self.fused = True
 
+    def quantize_fp8(self) -> None:
+        """q, k and v from one FP8 product, and the output projection in FP8 (`fp8_linear`)."""
+        width = self.q_proj.weight.shape[0]
+        fused = nn.Linear(width, 3 * width, device=self.q_proj.weight.device, dtype=self.q_proj.weight.dtype)
+        with torch.no_grad():
+            fused.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
+            fused.bias.copy_(torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]))
+        self.fp8_qkv = fp8_linear.Fp8Linear(fused)
+        self.out_proj = fp8_linear.Fp8Linear(self.out_proj)
+        del self.q_proj, self.k_proj, self.v_proj
+
     def qkv(self, x: torch.Tensor, n_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """[..., width] -> q, k, v each [..., heads, head_dim]"""
+        if self.fp8_qkv is not None:
+            return tuple(_heads(part, n_heads) for part in self.fp8_qkv(x).chunk(3, dim=-1))
         if self.fused:
             fused = F.linear(x, self.fused_qkv_weight, self.fused_qkv_bias)  # [..., 3 * width]
             return tuple(_heads(part, n_heads) for part in fused.chunk(3, dim=-1))
@@ -73,7 +87,10 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         q, k, v = self.self_attn.qkv(self.self_attn_layer_norm(x), self.n_heads)
         x = x + self.self_attn.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        hidden = self.fc1(self.final_layer_norm(x))
+        if isinstance(self.fc2, fp8_linear.Fp8Linear):  # GELU inside its input's quantization
+            return x + self.fc2.of_gelu(hidden)
+        return x + self.fc2(F.gelu(hidden))
 
 
 def unfilled_embedding(rows: int, width: int) -> nn.Embedding:
@@ -170,7 +187,11 @@ class Whisper(nn.Module):
         quantization: Quantization = Quantization.NONE,
     ) -> "Whisper":
         """ValueError for a `quantization` that cannot run on `device` or with `dtype`."""
-        problem = cpu_int8.problem(device, dtype) if quantization is Quantization.INT8 else None
+        problem = None
+        if quantization is Quantization.INT8:
+            problem = cpu_int8.problem(device, dtype)
+        elif quantization is Quantization.FP8:
+            problem = fp8_linear.problem(device, dtype)
         if problem is not None:
             raise ValueError(problem)
         with torch.device("meta"):
@@ -180,6 +201,8 @@ class Whisper(nn.Module):
         model = model.to(device=device, dtype=dtype).eval()
         if quantization is Quantization.INT8:
             model.quantize_for_cpu()
+        elif quantization is Quantization.FP8:
+            model.quantize_fp8()
         elif cpu_linear.can_pack(device, dtype):
             model.pack_for_cpu()
         if device.type == "cuda":  # a decoder step launches two matrix products fewer per layer
@@ -199,10 +222,23 @@ class Whisper(nn.Module):
         packed = cpu_int8.pack(self.decoder.embed_tokens.weight, None)
         self.cpu_output = partial(cpu_int8.int8_linear, packed=packed)
 
+    def quantize_fp8(self) -> None:
+        """Run the products over the encoder's positions in FP8 (`fp8_linear`): every
+        encoder layer's, and the decoder's cross-attention K/V projections."""
+        for layer in self.encoder.layers:
+            layer.self_attn.quantize_fp8()
+            layer.fc1, layer.fc2 = fp8_linear.Fp8Linear(layer.fc1), fp8_linear.Fp8Linear(layer.fc2)
+        for layer in self.decoder.layers:
+            cross = layer.encoder_attn
+            cross.k_proj, cross.v_proj = fp8_linear.Fp8Linear(cross.k_proj), fp8_linear.Fp8Linear(cross.v_proj)
+
     def encode(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         return self.encoder(mel, attention)
 
     def cross_kv(self, audio_features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        if isinstance(self.decoder.layers[0].encoder_attn.k_proj, fp8_linear.Fp8Linear):
+            # quantized once for every layer's K and V projections
+            audio_features = fp8_linear.QuantizedInput.of(audio_features)
         return [layer.cross_kv(audio_features) for layer in self.decoder.layers]
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:

@@ -48,7 +48,7 @@ from python_backend_lib.contract.decoded_tensors import to_tensors
 from python_backend_lib.contract.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.core.decoded import DecodedRecording
 from python_backend_lib.core.errors import RequestError, ServerUnavailable
-from python_backend_lib.core.quantization import device_problem
+from python_backend_lib.core.quantization import GPU_ONLY, device_problem
 from python_backend_lib.devices.placement import single_threaded_host
 from python_backend_lib.devices.transfers import through_pinned
 from python_backend_lib.serving.admission import Entry, RequestLedger
@@ -377,10 +377,11 @@ def load_pipeline(
 
     problem = device_problem(settings.quantization, str(device or default_device()))
     if problem is not None:
-        raise ValueError(
-            f"model {settings.name!r}: {problem}; serve it on the CPU (`whisper-triton serve --gpus none`, "
-            "or kind: KIND_CPU in its config.pbtxt), or set quantize to none"
+        where = (
+            "on a GPU (kind: KIND_GPU in its config.pbtxt)" if settings.quantization in GPU_ONLY
+            else "on the CPU (`whisper-triton serve --gpus none`, or kind: KIND_CPU in its config.pbtxt)"
         )
+        raise ValueError(f"model {settings.name!r}: {problem}; serve it {where}, or set quantize to none")
     setup = EngineSetup(
         slots=settings.kv_slots,
         kv_memory_fraction=settings.kv_memory_fraction or DEFAULT_KV_MEMORY_FRACTION,

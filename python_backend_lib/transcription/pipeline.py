@@ -77,7 +77,7 @@ class Pipeline:
         False where the log-mels come from elsewhere (the served whisper model's).
         """
         device = torch.device(device) if device is not None else default_device()
-        dtype = dtype or default_dtype(device)
+        dtype = dtype or default_dtype(device, setup.quantization)
         times = LoadTimes()
         start = time.perf_counter()
         checkpoint = load_checkpoint(source)

