@@ -14,7 +14,7 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.served_report import _table
+from bench.markdown import markdown_table
 
 
 @dataclass(frozen=True)
@@ -52,7 +52,7 @@ def markdown(variants: list[Variant]) -> str:
              "`bench.served --phases ceiling`: the ensemble with a stand-in `whisper` that answers at once, "
              "so requests/s is what Triton and the preprocessing model carry. "
              "Made by `python -m bench.ceiling_compare`; the numbers are in the JSON files beside this one.", ""]
-    lines.append(_table(
+    lines.append(markdown_table(
         ["variant", "instances", "best req/s", "at concurrency", "p50 ms there", "host cores busy there",
          "commit", "machine", "date", "command"],
         [[v.name, v.instances, v.best["goodput_per_s"], v.best["concurrency"], v.best["latency_ms"]["p50"],
@@ -68,7 +68,7 @@ def markdown(variants: list[Variant]) -> str:
             point = next((p for p in v.points if p["concurrency"] == c), None)
             cells.append(f"{point['goodput_per_s']} ({point['latency_ms']['p50']})" if point else None)
         rows.append([c, *cells])
-    lines.append(_table(["concurrency", *(v.name for v in variants)], rows))
+    lines.append(markdown_table(["concurrency", *(v.name for v in variants)], rows))
     return "\n".join(lines) + "\n"
 
 

@@ -10,18 +10,14 @@ import argparse
 import json
 from pathlib import Path
 
+from bench.markdown import markdown_table
+
 # The targets: (what, how to read it from the results, threshold, higher is better).
 TARGET_RTFX_TINY_TRITON = 4000
 TARGET_P50_MS_TINY_TRITON = 15
 TARGET_SPEEDUP_VS_HF = 10
 TARGET_GRAPH_SPEEDUP_BATCH1 = 2
 TARGET_RTFX_LARGE = 500
-
-
-def _table(headers: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _best(records, **match):
@@ -93,7 +89,7 @@ def markdown(data: dict) -> str:
         "",
         "## Targets",
         "",
-        _table(["target", "wanted", "measured", ""], targets(data)),
+        markdown_table(["target", "wanted", "measured", ""], targets(data)),
     ]
     offline = data.get("offline", [])
     if offline:
@@ -106,7 +102,7 @@ def markdown(data: dict) -> str:
         ]
         parts += ["", "## Offline: all requests submitted at once", "",
                   "Latency is from the submission of all requests to each one's result; features are computed beforehand.", "",
-                  _table(["model", "workload", "system", "requests", "RTFx", "vs HF", "req/s", "p50 ms", "p95 ms", "p99 ms",
+                  markdown_table(["model", "workload", "system", "requests", "RTFx", "vs HF", "req/s", "p50 ms", "p95 ms", "p99 ms",
                           "peak GPU GiB"], rows)]
     steps = data.get("steps", [])
     if steps:
@@ -120,27 +116,27 @@ def markdown(data: dict) -> str:
         parts += ["", "## Decode step time", "",
                   "Wall time of one `DecodeBatch.step` with every row decoding (host work and the token readback "
                   "included), and the GPU time of the graph replay alone.", "",
-                  _table(["model", "batch", "eager ms", "graph ms", "replay on GPU ms", "eager / graph"], rows)]
+                  markdown_table(["model", "batch", "eager ms", "graph ms", "replay on GPU ms", "eager / graph"], rows)]
     breakdown = data.get("breakdown", [])
     if breakdown:
         parts += ["", "## Where an offline run's time goes", "",
                   "One more run of the first workload with timers around the batch's calls (admission "
                   "timed to a synchronize): encoding and cross K/V (admit), the decode steps (with how "
                   "many eager passes and graph replays they took), and the rest (engine loop, callbacks).", "",
-                  _table(["model", "system", "workload", "wall s", "admit s (calls)", "steps s (calls)",
+                  markdown_table(["model", "system", "workload", "wall s", "admit s (calls)", "steps s (calls)",
                           "eager passes", "graph replays", "other s"],
                          [[b["model"], b["system"], b["workload"], b["wall_s"], f"{b['admit_s']} ({b['admit_calls']})",
                            f"{b['steps_s']} ({b['steps_calls']})", b["eager_passes"], b["graph_replays"],
                            b["other_s"]] for b in breakdown])]
     memory = data.get("memory", [])
     if memory:
-        parts += ["", "## Memory", "", _table(
+        parts += ["", "## Memory", "", markdown_table(
             ["model", "slots", "weights GiB", "KV pool GiB", "graphs MiB", "capture s", "buckets"],
             [[m["model"], m["slots"], m["weights_gib"], m["kv_pool_gib"], m["graphs_mib"], m["capture_s"],
               " ".join(map(str, m["buckets"]))] for m in memory])]
     encoder = data.get("encoder_attention", [])
     if encoder:
-        parts += ["", "## Encoder self-attention kernel", "", _table(
+        parts += ["", "## Encoder self-attention kernel", "", markdown_table(
             ["model", "batch", "heads", "kernel", "ms", "first call s", "rel. error vs SDPA"],
             [[e["model"], e["batch"], e["heads"], e["kernel"], e["ms"], e["first_call_s"], e["relative_error_vs_sdpa"]]
              for e in encoder])]
@@ -152,7 +148,7 @@ def markdown(data: dict) -> str:
         parts += ["", "## Through Triton (ensemble `transcribe`, WAV in, text out)", "",
                   "Per-model times are Triton's statistics over the same requests, per request: "
                   "preprocessing's execute() (audio decoding and log-mel on the CPU) and the time requests "
-                  "queue for it and for whisper.", "", _table(
+                  "queue for it and for whisper.", "", markdown_table(
             ["model repository", "protocol", "workload", "concurrency", "requests", "RTFx", "req/s", "p50 ms", "p95 ms",
              "p99 ms", "preprocessing execute ms", "preprocessing queue ms", "whisper queue ms", "forced tokens"],
             [[t.get("repository", "as shipped"), t["protocol"], t["workload"], t["concurrency"], t["requests"], t["rtfx"],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from bench.markdown import markdown_table
 from bench.stats import OVERLOAD_SHARE
 
 TARGET_TINY_RTFX = 5000
@@ -23,12 +24,6 @@ TARGET_LARGE_SERVED_OVER_ENGINE = 0.8
 TARGET_CEILING_REQUESTS_PER_S = 1000  # below this the design must change (the first requirement)
 MODEL_ORDER = ("tiny", "large-v3", "tiny-random")
 PER_MODEL_COLUMNS = ("preprocessing", "whisper")
-
-
-def _table(headers: list[str], rows: list[list]) -> str:
-    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
-    lines += ["| " + " | ".join("" if v is None else str(v) for v in row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
@@ -134,7 +129,7 @@ def provenance_section(data: dict) -> list[str]:
     if dirty:
         lines += [f"Run {r['id']}: the tree differed from the commit in {', '.join(r['changed'])}." for r in dirty]
         lines.append("")
-    return lines + [_table(["run", "model", "phases", "commit", "machine", "software", "date", "command"], rows)]
+    return lines + [markdown_table(["run", "model", "phases", "commit", "machine", "software", "date", "command"], rows)]
 
 
 def summary_rows(name: str, model: dict) -> list[list]:
@@ -189,7 +184,7 @@ def sweep_table(section: dict) -> str:
                      p["latency_ms"]["p99"], statuses + (" FAILED" if p["failed"] else ""), p["mean_tokens"],
                      _fallbacks(p), f"{p['client_cpu_cores']} ({p['client_processes']})", p["host_busy_cores"],
                      p.get("gpu_utilisation_pct"), p.get("gpu_memory_used_gib"), *queue_execute])
-    return _table(["concurrency", "good req/s", "RTFx", "answered/s", "p50 ms", "p99 ms", "requests sent (status)",
+    return markdown_table(["concurrency", "good req/s", "RTFx", "answered/s", "p50 ms", "p99 ms", "requests sent (status)",
                    "tokens/request", "fallbacks", "client CPU cores (processes)", "host CPU cores busy", "GPU %",
                    "GPU GiB", *(f"{m} queue / execute ms" for m in PER_MODEL_COLUMNS)], rows)
 
@@ -208,7 +203,7 @@ def model_section(name: str, model: dict) -> list[str]:
     elif model.get("tokens_per_audio_s"):
         parts.append(f"Real decode lengths: {model['tokens_per_audio_s']} text tokens per second of audio; "
                      f"request parameters {model.get('request_parameters')}.")
-    parts += ["", _table(["system", "RTFx", "req/s", "p50 ms", "p99 ms", "tokens/request", ""],
+    parts += ["", markdown_table(["system", "RTFx", "req/s", "p50 ms", "p99 ms", "tokens/request", ""],
                          summary_rows(name, model))]
     for phase in ("ceiling", "served"):
         section = model.get(phase)
@@ -222,7 +217,7 @@ def model_section(name: str, model: dict) -> list[str]:
     if hf.get("rows"):
         parts += ["", f"### {name}: transformers {hf['transformers']}", "",
                   f"{hf['dtype']}, {hf['attention']}, {hf['decoding']}; features by {hf['feature_extraction']}.", "",
-                  _table(["variant", "batch", "batches", "requests", "RTFx with features", "RTFx generate alone", "req/s",
+                  markdown_table(["variant", "batch", "batches", "requests", "RTFx with features", "RTFx generate alone", "req/s",
                           "tokens/request", "feature s", "generate s", "peak GiB"],
                          [[r.get("variant", ""), r["batch"], r.get("batches"), r.get("requests"), r.get("rtfx"),
                            r.get("generate_rtfx"), r.get("requests_per_s"),
@@ -230,7 +225,7 @@ def model_section(name: str, model: dict) -> list[str]:
                            r.get("peak_memory_gib") if "error" not in r else r["error"]] for r in hf["rows"]])]
     if clips:
         parts += ["", "<details><summary>clips</summary>", "",
-                  _table(["clip", "recording", "start s", "end s", "seconds", "forced tokens"],
+                  markdown_table(["clip", "recording", "start s", "end s", "seconds", "forced tokens"],
                          [[c["name"], c["recording"], c["start_s"], c["end_s"], c["duration_s"], c["forced_tokens"]]
                           for c in clips]), "", "</details>"]
     return parts
@@ -245,7 +240,7 @@ def markdown(data: dict) -> str:
     if any(r.get("quick") for r in data.get("runs", [])):
         parts += ["**Quick run (`--quick`): short points on a few clips, a check of the harness. "
                   "These are not figures to quote.**", ""]
-    parts += [_table(["target", "wanted", "measured", ""], targets(data)), ""]
+    parts += [markdown_table(["target", "wanted", "measured", ""], targets(data)), ""]
     parts += provenance_section(data)
     for name in _models(data):
         parts += model_section(name, data["models"][name])

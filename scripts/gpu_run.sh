@@ -26,6 +26,8 @@
 #                 (default 100), with LIVE_BATCH (default 64) batch clients beside (needs install, the weights,
 #                 and the gateway's wheels: fastapi, uvicorn, websockets, openai...); LIVE_ARGS="..." adds arguments
 #   bench         bench.gpu: transformers against the engine, step times, memory
+#   encoder       bench.encoder_cost: the captured encoder pass per admission size, float16, bfloat16 and
+#                 fp8, its TFLOP/s and kernels by kind (needs install; ENCODER_ARGS="..." adds arguments)
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
 #                 (transformers in a second run, with the image's numpy 2, kept aside at install, first on PYTHONPATH)
 #                 SERVED_PHASES="served engine" names the first run's phases (default: ceiling served engine)
@@ -227,6 +229,13 @@ if has bench; then
         --sections steps offline encoder --out "$OUT" --profile-dir "$OUT"
     say "bench exit $?"
     save_jit
+fi
+
+# 5b. The encoder's pass per admission size and precision (needs install).
+if has encoder; then
+    say "encoder (budget $(($(left) - 10)) s)"
+    timeout $(($(left) - 10)) $PY -m bench.encoder_cost --out "$OUT/encoder" ${ENCODER_ARGS:-}
+    say "encoder exit $?"
 fi
 
 # 6. Issue 9's served table, one model per phase; bench.served keeps every phase inside its budget.
