@@ -76,9 +76,9 @@ def english_clips() -> list[Clip]:
     return [Clip(ENGLISH / r.name, "en", r.transcript) for r in read_manifest(ENGLISH)]
 
 
-def multilingual_clips(per_language: int) -> list[Clip]:
+def multilingual_clips(per_language: int, folders: tuple[Path, ...] = MULTILINGUAL) -> list[Clip]:
     clips: list[Clip] = []
-    for folder in MULTILINGUAL:
+    for folder in folders:
         if not (folder / "manifest.tsv").exists():
             continue
         with open(folder / "manifest.tsv", newline="") as f:

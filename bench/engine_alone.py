@@ -40,6 +40,7 @@ class EnginePlan:
     min_requests: int  # each process's timed run repeats the jobs until at least this many
     processes: int = 1  # engine processes on the device, each with its own Pipeline (as the server's instances)
     mps: bool = False  # run them under a CUDA MPS daemon of their own (as `serve --mps on` does)
+    quantize: str = "none"  # `serve --quantize`'s value (`core.quantization`)
 
 
 def run_engine(jobs: list[Job], plan: EnginePlan, say) -> dict:
@@ -131,6 +132,7 @@ def _engine_process(jobs: list[Job], plan: EnginePlan, rounds: int, ready) -> di
     """One engine: load, warm up on every job once, wait for the others (`ready`), run the jobs `rounds` times."""
     import torch
 
+    from python_backend_lib.core.quantization import Quantization
     from python_backend_lib.devices.placement import single_threaded_host
     from python_backend_lib.engine.loading import EngineSetup
     from python_backend_lib.transcription.pipeline import Pipeline
@@ -139,7 +141,7 @@ def _engine_process(jobs: list[Job], plan: EnginePlan, rounds: int, ready) -> di
         single_threaded_host()  # as each served engine process runs
     started = time.monotonic()
     pipeline = Pipeline.load(plan.checkpoint, device=plan.device,
-                             setup=EngineSetup(engines_on_device=plan.processes))
+                             setup=EngineSetup(engines_on_device=plan.processes, quantization=Quantization(plan.quantize)))
     load_s = time.monotonic() - started
     try:
         _run_all(pipeline, jobs)  # warm-up: every job once

@@ -65,6 +65,7 @@ from python_backend_lib.apps.mps import MpsDaemon
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.contract.parameters import parse_request_parameters
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.serving.settings import auto_instances_per_gpu
 
 PHASES = ("ceiling", "served", "engine", "transformers")
@@ -82,6 +83,7 @@ class ModelSpec:
 MODELS = {
     "tiny": ModelSpec("default", random=False),
     "large-v3": ModelSpec("random:large-v3:0", random=True),
+    "large-v3-turbo": ModelSpec("random:large-v3-turbo:0", random=True),
     "tiny-random": ModelSpec("random:tiny:0", random=True),
     "base-random": ModelSpec("random:base:0", random=True),
     "small-random": ModelSpec("random:small:0", random=True),
@@ -301,10 +303,10 @@ def run_phase(phase: str, spec: ModelSpec, checkpoint: str, jobs: list[Job], arg
             repository = write_standin_repository(STATE_DIR / "ceiling-repository", args.model_repository)
             canned = canned_check(jobs[0].check.eot)  # every answer is the canned transcript
             standin_jobs = [dataclasses.replace(j, check=canned) for j in jobs]
-            server_phase(phase, ServeCommand(checkpoint, repository, args.gpus), standin_jobs, args, settings, deadline, results,
+            server_phase(phase, ServeCommand(checkpoint, repository, args.gpus, quantize=args.quantize), standin_jobs, args, settings, deadline, results,
                          section)
         elif phase == "served":
-            server_phase(phase, ServeCommand(checkpoint, args.model_repository, args.gpus), jobs, args, settings, deadline,
+            server_phase(phase, ServeCommand(checkpoint, args.model_repository, args.gpus, quantize=args.quantize), jobs, args, settings, deadline,
                          results, section)
             rate = served_tokens_per_second(section)
             if rate and not spec.random:
@@ -337,7 +339,7 @@ def engine_plan(checkpoint: str, args, settings: Settings) -> EnginePlan:
     if processes == "auto":
         processes = auto_instances_per_gpu(load_config(checkpoint).dims, mps).whisper if args.device.startswith("cuda") else 1
     return EnginePlan(checkpoint, args.device, settings.engine_min_requests, processes=int(processes),
-                      mps=mps and int(processes) > 1)
+                      mps=mps and int(processes) > 1, quantize=args.quantize or "none")
 
 
 def served_tokens_per_second(section: dict) -> float | None:
@@ -388,6 +390,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "Compare GPU counts with one --results file each")
     parser.add_argument("--engine-processes", default="auto",
                         help="engine processes of the engine phase (auto: as many as `serve` runs on one GPU)")
+    parser.add_argument("--quantize", choices=[q.value for q in Quantization],
+                        help="`serve --quantize` for the served phases, and the engine phase's (default: exact)")
     parser.add_argument("--tokens-per-second", type=float,
                         help="forced lengths of random-weight models (default: tiny's, from the results file)")
     parser.add_argument("--parameter", action="append", type=request_parameter, default=[], metavar="KEY=VALUE",
@@ -430,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     run = {"id": len(results.data["runs"]), "model": args.model, "phases": args.phases, "quick": args.quick,
            "settings": asdict(settings), "client_processes": args.clients, "gpus": args.gpus,
            "instances": {model: asdict(group) for model, group in args.instances.items()},
-           "added_parameters": args.parameters, **provenance()}
+           "added_parameters": args.parameters, "quantize": args.quantize or "none", **provenance()}
     results.data["runs"].append(run)
     say(f"run {run['id']}: commit {run['commit']} (dirty: {run['dirty']}, checked by {run['checked_by']}), "
         f"{run['machine']['gpu'] or 'no GPU'}, {run['machine']['cpu_count']} CPUs")

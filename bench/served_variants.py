@@ -9,7 +9,8 @@ Each `--variant LABEL=KEY:VALUE[,KEY:VALUE...]` is a server:
                   DIR/COMMIT), served as that commit served;
 - log_mel_output:host|device, preprocessing:COUNT[:KIND], postprocessing:COUNT[:KIND],
   whisper:COUNT[:KIND]   a copy of this checkout's repository so changed (`repository_copy`);
-- mps:on|off      `serve --mps on|off` (with a checkout too; default: the launcher's auto).
+- mps:on|off      `serve --mps on|off` (with a checkout too; default: the launcher's auto);
+- quantize:MODE   `serve --quantize MODE` (e.g. fp8; with a checkout too; default: the config's).
 
 For each, in turn: `whisper-triton serve --gpus GPU`, one ~5 s clip at concurrency 1
 (`--latency-s`), then each of `--concurrency`. Every answer is judged against the
@@ -32,6 +33,7 @@ from bench.repository_copy import Instances, copy_repository, instance_group, re
 from bench.served import POINT_MARGIN_S, STATE_DIR, Settings, describe_point, latency_job, measure_point
 from bench.server_process import ServeCommand, ServerProcess
 from python_backend_lib.contract import tensor_names
+from python_backend_lib.core.quantization import Quantization
 
 RESULTS = "served-variants.json"
 INSTANCE_MODELS = (tensor_names.PREPROCESSING_NAME, tensor_names.WHISPER_NAME, tensor_names.POSTPROCESSING_NAME)
@@ -49,12 +51,13 @@ class Variant:
     log_mel_output: str | None = None
     instances: dict[str, Instances] = field(default_factory=dict)
     mps: bool | None = None
+    quantize: str | None = None
 
 
 def parse_variant(text: str) -> Variant:
     """LABEL=KEY:VALUE[,KEY:VALUE...] (module docstring), as argparse's `type`."""
     label, _, spec = text.partition("=")
-    checkout, output, instances, mps = None, None, {}, None
+    checkout, output, instances, mps, quantize = None, None, {}, None, None
     try:
         for item in filter(None, spec.split(",")):
             key, _, value = item.partition(":")
@@ -64,6 +67,8 @@ def parse_variant(text: str) -> Variant:
                 output = value
             elif key == "mps" and value in ("on", "off"):
                 mps = value == "on"
+            elif key == "quantize" and value in {q.value for q in Quantization}:
+                quantize = value
             elif key in INSTANCE_MODELS:
                 instances.update([instance_group(f"{key}={value}")])
             else:
@@ -72,7 +77,7 @@ def parse_variant(text: str) -> Variant:
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: {error}; see python -m bench.served_variants -h")
     if not label or (checkout and (output or instances)):
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: a label, and a checkout alone or changes alone")
-    return Variant(label, spec, checkout, output, instances, mps)
+    return Variant(label, spec, checkout, output, instances, mps, quantize)
 
 
 def repository_for(variant: Variant) -> Path | None:
@@ -90,7 +95,8 @@ def repository_for(variant: Variant) -> Path | None:
 
 
 def run_variant(variant: Variant, checkpoint: str, jobs: list, args, settings: Settings, deadline: float) -> dict:
-    command = ServeCommand(checkpoint, repository_for(variant), args.gpus, checkout=variant.checkout, mps=variant.mps)
+    command = ServeCommand(checkpoint, repository_for(variant), args.gpus, checkout=variant.checkout, mps=variant.mps,
+                           quantize=variant.quantize)
     log_path = args.out / f"variant-{variant.label}.log"
     record: dict = {"label": variant.label, "spec": variant.spec, "command": command.display, "points": [],
                     "log": log_path.name}

@@ -45,6 +45,7 @@ class ServeCommand:
     engines: int | None = None  # `serve --engines` (None: auto)
     trace_file: Path | None = None  # `serve --trace-file`, every request traced
     mps: bool | None = None  # `serve --mps on` / `off` (None: the launcher's auto)
+    quantize: str | None = None  # `serve --quantize` (None: the config's, exact)
     # Serve the code of another checkout (its library and its packaged repository), as of another
     # commit: `python -m python_backend_lib.apps.cli serve`, which every commit has, with that
     # folder first on PYTHONPATH.
@@ -68,6 +69,8 @@ class ServeCommand:
             argv += [f"--trace-file={self.trace_file}", "--trace-rate=1"]
         if self.mps is not None:
             argv.append(f"--mps={'on' if self.mps else 'off'}")
+        if self.quantize is not None:
+            argv.append(f"--quantize={self.quantize}")
         return argv
 
     def environ(self) -> dict[str, str]:

@@ -1,0 +1,211 @@
+"""`--quantize fp8` against float16 on a GPU: the same weights, the same clips, error
+rates and how many transcripts are identical (issue 38's accuracy gate).
+
+    python -m bench.fp8_accuracy --out OUT [--multilingual DIR ...]
+
+Sets (`bench.beam_wer`'s readers):
+- english: the packaged tiny.en on every recording of tests/data/audio (the 53 s sonnet
+  long-form), language "en";
+- english-base: the same recordings on the packaged base (`--checkpoint base`), language "en";
+- multilingual: base on tests/data/multilingual and the `--multilingual` folders
+  (../shared/audio/multilingual by default), the language detected.
+Systems (SYSTEMS): `Pipeline.load(checkpoint, device="cuda")` as shipped (float16), with
+`Quantization.FP8` (bfloat16 beside the FP8 products), and variants that show where
+fp8's differences come from (bfloat16 alone, some products left in bfloat16). Every clip is transcribed with
+the library's defaults, as the server does: greedy with temperature fallback,
+timestamps, the previous text as prompt.
+
+The gate: each set's WER and CER within GATE_POINTS (0.3 points, absolute) of
+float16's. Writes `<out>/fp8-accuracy.json` and `.md`; `--plot JSON` draws the plot
+from a written record (where matplotlib is).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+from bench.beam_wer import MULTILINGUAL, Clip, english_clips, multilingual_clips, score
+from loadtest.provenance import REPO_ROOT, provenance
+
+GATE_POINTS = 0.3
+REFERENCE = "float16"
+PER_LANGUAGE = 10  # every multilingual recording of the shared set (at most 8 per language there)
+# Each system: the model's dtype, whether FP8 products run, and which of them stay in
+# bfloat16 (None: every one `Whisper.quantize_fp8` quantizes). The shipped `--quantize fp8`
+# is "fp8"; the others measure where its differences come from.
+SYSTEMS = {
+    "float16": ("float16", False, None),
+    "bfloat16": ("bfloat16", False, None),
+    "fp8": ("bfloat16", True, None),
+    "fp8, cross K/V in bfloat16": ("bfloat16", True, "cross"),
+    "fp8, first and last two encoder layers in bfloat16": ("bfloat16", True, "edges"),
+}
+
+
+@contextlib.contextmanager
+def keeping(kept: str | None):
+    """`Whisper.quantize_fp8` leaving some products in bfloat16, while loading."""
+    from python_backend_lib.engine import fp8_linear
+    from python_backend_lib.engine.model import Whisper
+
+    shipped = Whisper.quantize_fp8
+
+    def partly(model) -> None:
+        layers = model.encoder.layers
+        edges = {0, 1, len(layers) - 2, len(layers) - 1} if kept == "edges" else set()
+        for i, layer in enumerate(layers):
+            if i not in edges:
+                layer.self_attn.quantize_fp8()
+                layer.fc1, layer.fc2 = fp8_linear.Fp8Linear(layer.fc1), fp8_linear.Fp8Linear(layer.fc2)
+        if kept != "cross":
+            for layer in model.decoder.layers:
+                cross = layer.encoder_attn
+                cross.k_proj, cross.v_proj = fp8_linear.Fp8Linear(cross.k_proj), fp8_linear.Fp8Linear(cross.v_proj)
+
+    Whisper.quantize_fp8 = shipped if kept is None else partly
+    try:
+        yield
+    finally:
+        Whisper.quantize_fp8 = shipped
+
+
+def transcriber(source: str, system: str, given_language: bool):
+    import torch
+
+    from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+    from python_backend_lib.core.quantization import Quantization
+    from python_backend_lib.engine.loading import EngineSetup
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    dtype, fp8, kept = SYSTEMS[system]
+    quantization = Quantization.FP8 if fp8 else Quantization.NONE
+    with keeping(kept):
+        pipeline = Pipeline.load(source, device="cuda", dtype=getattr(torch, dtype),
+                                 setup=EngineSetup(quantization=quantization))
+
+    def transcribe(clip: Clip) -> tuple[str, str | None]:
+        decoding = DecodingOptions(timestamps=True, language=clip.language if given_language else None)
+        transcript = pipeline.transcribe(clip.path.read_bytes(), TranscribeOptions(decoding=decoding))
+        return transcript.text.strip(), transcript.language
+
+    return transcribe, pipeline.close
+
+
+def run_set(name: str, source: str, clips: list[Clip], given_language: bool, systems: list[str], say) -> dict:
+    say(f"{name}: {len(clips)} clips, checkpoint {source}")
+    scored = {}
+    for system in systems:
+        transcribe, close = transcriber(source, system, given_language)
+        try:
+            scored[system] = score(system, clips, transcribe, lambda message: None)
+        finally:
+            close()
+        say(f"  {system}: WER {scored[system].wer:.4f}, CER {scored[system].cer:.4f} in {scored[system].seconds} s")
+    reference = scored[REFERENCE]
+    compared = {}
+    for system, result in scored.items():
+        wer_points, cer_points = 100 * (result.wer - reference.wer), 100 * (result.cer - reference.cer)
+        compared[system] = {
+            "identical": sum(a == b for a, b in zip(reference.transcripts, result.transcripts)),
+            "wer_points": round(wer_points, 3), "cer_points": round(cer_points, 3),
+            "within_gate": wer_points <= GATE_POINTS and cer_points <= GATE_POINTS,
+        }
+        say(f"  {system}: identical {compared[system]['identical']} of {len(clips)}; "
+            f"WER {wer_points:+.2f} points, CER {cer_points:+.2f} points")
+    return {
+        "set": name, "checkpoint": source, "clips": [str(c.path.relative_to(c.path.parents[1])) for c in clips],
+        "references": [c.reference for c in clips], "systems": {k: asdict(v) for k, v in scored.items()},
+        "against_float16": compared,
+    }
+
+
+def report(record: dict) -> str:
+    provenance_ = record["provenance"]
+    lines = [
+        "# FP8 against float16: error rates on real weights", "",
+        f"{provenance_['machine'].get('gpu')}, {provenance_['machine'].get('cpu_count')} CPUs; commit "
+        f"{provenance_['commit']} (dirty: {provenance_['dirty']}), {provenance_['date']}; "
+        f"`{provenance_['command']}`.", "",
+        "| set | checkpoint | clips | system | WER | CER | WER points | CER points | identical to float16 "
+        "| within 0.3 points |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for s in record["sets"]:
+        for system, result in s["systems"].items():
+            c = s["against_float16"][system]
+            lines.append(
+                f"| {s['set']} | {s['checkpoint']} | {result['clips']} | {system} | {result['wer']:.4f} | "
+                f"{result['cer']:.4f} | {c['wer_points']:+.2f} | {c['cer_points']:+.2f} | "
+                f"{c['identical']} of {result['clips']} | {'yes' if c['within_gate'] else 'no'} |"
+            )
+    lines += ["", "Greedy with fallback, timestamps, the library's defaults (as served). Transcripts "
+              "are in the JSON record.", ""]
+    return "\n".join(lines)
+
+
+def plot(record: dict, path: Path) -> None:
+    """Each set's WER and CER, float16 beside fp8."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    sets = record["sets"]
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for ax, metric in zip(axes, ("wer", "cer")):
+        systems = list(sets[0]["systems"])
+        width = 0.8 / len(systems)
+        for k, system in enumerate(systems):
+            ax.bar([i - 0.4 + (k + 0.5) * width for i in range(len(sets))],
+                   [s["systems"][system][metric] for s in sets], width, label=system)
+        ax.set_xticks(range(len(sets)), [f"{s['set']}\n({s['checkpoint']})" for s in sets])
+        ax.set_ylabel(metric.upper())
+    axes[0].legend(fontsize=7)
+    fig.suptitle("FP8 against float16, same weights and clips")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--multilingual", type=Path, nargs="*", default=list(MULTILINGUAL[1:]),
+                        help="folders with a manifest.tsv besides tests/data/multilingual")
+    parser.add_argument("--sets", nargs="+", default=["english", "english-base", "multilingual"])
+    parser.add_argument("--systems", nargs="+", default=[REFERENCE, "fp8"], choices=list(SYSTEMS),
+                        help=f"what to compare ({REFERENCE} always first)")
+    parser.add_argument("--plot", type=Path, help="only draw the plot of this written record")
+    args = parser.parse_args(argv)
+    if args.plot:
+        plot(json.loads(args.plot.read_text()), args.plot.with_suffix(".png"))
+        return 0
+    start = time.perf_counter()
+
+    def say(message: str) -> None:
+        print(f"[{time.perf_counter() - start:6.1f} s] {message}", flush=True)
+
+    folders = (REPO_ROOT / "tests" / "data" / "multilingual", *args.multilingual)
+    sets = {
+        "english": ("default", english_clips(), True),
+        "english-base": ("base", english_clips(), True),
+        "multilingual": ("base", multilingual_clips(PER_LANGUAGE, folders), False),
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    record = {"provenance": provenance(), "gate_points": GATE_POINTS, "sets": []}
+    for name in args.sets:
+        source, clips, given = sets[name]
+        systems = [REFERENCE, *(s for s in args.systems if s != REFERENCE)]
+        record["sets"].append(run_set(name, source, clips, given, systems, say))
+        (args.out / "fp8-accuracy.json").write_text(json.dumps(record, indent=1, ensure_ascii=False))
+    (args.out / "fp8-accuracy.md").write_text(report(record))
+    say(f"wrote {args.out}")
+    return 0 if all(s["against_float16"].get("fp8", {"within_gate": True})["within_gate"] for s in record["sets"]) else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
