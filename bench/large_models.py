@@ -1,0 +1,155 @@
+"""The big checkpoints' record (issue 38): the served runs, the encoder's pass and fp8's
+accuracy, from their benchmarks' JSON files, as one record with its table and plot.
+
+    python -m bench.large_models --out docs/benchmarks/large-models \
+        --served OUT/sv/served-variants.json OUT/svt/served-variants.json \
+        --encoder OUT/enc/encoder-cost.json --encoder-before BEFORE/enc/encoder-cost.json \
+        --accuracy OUT/acc/fp8-accuracy.json
+
+Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` after and
+before the encoder's changes, `bench.fp8_accuracy`. Writes large-models.json (the
+inputs, keyed), large-models.md and large-models.png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from bench.comparisons import best_point
+from bench.markdown import markdown_table
+
+# Issue 38's targets: served RTFx on one GPU, through the ensemble.
+TARGETS = {"large-v3": 1000, "large-v3-turbo": 1500}
+PROFILED_BATCH = 16
+
+
+def served_rows(served: list[dict], code: str = "this checkout") -> list[list]:
+    rows = []
+    for run in served:
+        for variant in run["variants"]:
+            top, alone = best_point(variant), variant["latency_5s"]["latency_ms"]
+            rows.append([run["model"], variant["label"], variant.get("checkout_commit", code)[:12],
+                         top["rtfx"], top["goodput_per_s"], top["concurrency"], f"{alone['p50']} / {alone['p99']}",
+                         TARGETS[run["model"]]])
+    return rows
+
+
+def encoder_rows(encoder: dict, label: str) -> list[list]:
+    rows = []
+    for run in encoder["runs"]:
+        by_size = {s["batch"]: s for s in run["sizes"]}
+        one, many = by_size[1], by_size[PROFILED_BATCH]
+        rows.append([label, run["model"], run["variant"], one["ms_per_window"], many["ms_per_window"], many["tflops"]])
+    return rows
+
+
+def kernel_rows(encoder: dict) -> tuple[list[str], list[list]]:
+    kinds = sorted({kind for run in encoder["runs"] for kind in run["kernels_at_largest_ms"]})
+    rows = []
+    for run in encoder["runs"]:
+        total = sum(run["kernels_at_largest_ms"].values())
+        shares = [f"{run['kernels_at_largest_ms'].get(k, 0.0):.1f} ({100 * run['kernels_at_largest_ms'].get(k, 0.0) / total:.0f}%)"
+                  for k in kinds]
+        rows.append([run["model"], run["variant"], *shares])
+    return kinds, rows
+
+
+def accuracy_rows(accuracy: dict) -> list[list]:
+    rows = []
+    for s in accuracy["sets"]:
+        for system, result in s["systems"].items():
+            c = s["against_float16"][system]
+            rows.append([s["set"], s["checkpoint"], system, f"{result['wer']:.4f}", f"{result['cer']:.4f}",
+                         f"{c['wer_points']:+.2f}", f"{c['cer_points']:+.2f}", f"{c['identical']} of {result['clips']}"])
+    return rows
+
+
+def machine(record: dict) -> str:
+    m = record["machine"]
+    return f"{m['gpu']}, {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']}"
+
+
+def markdown(data: dict) -> str:
+    served, encoder, before, accuracy = data["served"], data["encoder"], data["encoder_before"], data["accuracy"]
+    kinds, kernels = kernel_rows(encoder)
+    return "\n".join([
+        "# The big checkpoints: served, the encoder's pass, fp8's accuracy", "",
+        f"Served and encoder runs: {machine(served[0]['run'])}. Random weights of the real shapes; every request "
+        "decodes round(2.728 x its length) text tokens (tiny.en's measured rate), 96 clips of 0.5 to 29.9 s "
+        "(mean 5.48 s), four client processes, one run each (no spread). Commands: "
+        + "; ".join(f"`{run['command']}`" for run in served) + ".", "",
+        "## Served through the ensemble, at the point of most good requests a second", "",
+        markdown_table(["model", "variant", "code", "RTFx", "good req/s", "concurrency", "a 5 s clip alone, p50 / p99 ms",
+                        "target RTFx"], served_rows(served, data["code"])), "",
+        f"## The encoder's pass (encoder and cross K/V), per window, one clip and {PROFILED_BATCH} together", "",
+        f"`{encoder['provenance']['command']}`; before: `{before['provenance']['command']}` on the code before "
+        "b4a5f22.", "",
+        markdown_table(["code", "model", "variant", "ms a window, 1 clip", f"ms a window, {PROFILED_BATCH} clips",
+                        f"TFLOP/s at {PROFILED_BATCH}"],
+                       encoder_rows(before, "before b4a5f22") + encoder_rows(encoder, "after")), "",
+        f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel (share of the pass):", "",
+        markdown_table(["model", "variant", *kinds], kernels), "",
+        "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
+        f"{machine(accuracy['provenance'])}; `{accuracy['provenance']['command']}`.", "",
+        markdown_table(["set", "checkpoint", "system", "WER", "CER", "WER points", "CER points", "identical to float16"],
+                       accuracy_rows(accuracy)), "",
+    ])
+
+
+def plot(data: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+    rows = served_rows(data["served"])
+    labels = [f"{r[0]}\n{r[1]}" for r in rows]
+    left.bar(range(len(rows)), [r[3] for r in rows], color=["#999" if r[1] == "main" else "#4477aa" for r in rows])
+    for model, target in TARGETS.items():
+        left.axhline(target, linestyle=":", color="#aa3377", linewidth=1)
+        left.text(len(rows) - 0.5, target, f"{model} target", fontsize=7, ha="right", va="bottom")
+    left.set_xticks(range(len(rows)), labels, fontsize=7)
+    left.set_ylabel("served RTFx")
+    for label, record, style in (("before", data["encoder_before"], "--"), ("after", data["encoder"], "-")):
+        for run in record["runs"]:
+            if run["model"] != "large-v3":
+                continue
+            sizes = run["sizes"]
+            right.plot([s["batch"] for s in sizes], [s["ms_per_window"] for s in sizes], style, marker="o",
+                       label=f"{run['variant']} ({label})")
+    right.set_xscale("log", base=2)
+    right.set_xlabel("windows encoded together")
+    right.set_ylabel("ms a window (large-v3)")
+    right.legend(fontsize=7)
+    fig.suptitle(f"large-v3 and turbo on {data['served'][0]['run']['machine']['gpu']}")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--served", type=Path, nargs="+", required=True)
+    parser.add_argument("--encoder", type=Path, required=True)
+    parser.add_argument("--encoder-before", type=Path, required=True)
+    parser.add_argument("--accuracy", type=Path, required=True)
+    parser.add_argument("--code", default="this checkout", help="what the variants without a checkout served")
+    args = parser.parse_args(argv)
+
+    def read(path: Path) -> dict:
+        return json.loads(path.read_text(encoding="utf-8"))
+
+    data = {"served": [read(p) for p in args.served], "encoder": read(args.encoder),
+            "encoder_before": read(args.encoder_before), "accuracy": read(args.accuracy), "code": args.code}
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "large-models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
+    (args.out / "large-models.md").write_text(markdown(data), encoding="utf-8")
+    plot(data, args.out / "large-models.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
