@@ -183,6 +183,10 @@ class DecodingResult:
     finished: bool = True  # False when stopped by max_new_tokens or the 448 positions
     prompt_tokens: tuple[int, ...] = field(default=(), repr=False)
     language_probability: float | None = None  # set when the language was detected
+    # The KV slot that still holds the window's encoder K/V while the result's callback
+    # runs, for a window submitted with keep_audio (word timestamps align on them
+    # instead of encoding the window again); None otherwise. Freed once the callback returns.
+    audio_slot: int | None = field(default=None, compare=False)
 
 
 class LongFormMode(str, enum.Enum):

@@ -15,6 +15,7 @@ The engine drives a batch from its thread; `offline.decode` drives it to complet
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -109,6 +110,7 @@ class DecodeBatch:
         self._in_flight: Launched | None = None  # a graph step launched, its results not yet handled
         self._unheard: dict[Row, None] = {}  # rows whose silence check has not been read, oldest first
         self._beam_rows = 0  # rows of beam groups in the batch: while none, greedy steps never look for them
+        self._kept: list[int] = []  # slots of finished rows kept for their callbacks (`release_kept`)
 
     @property
     def free_slots(self) -> int:
@@ -153,17 +155,36 @@ class DecodeBatch:
             self._retire(row)
         return bool(rows)
 
-    def _retire(self, row: Row) -> None:
-        """Remove a row and free its slot (a step in flight may still write there: one stream orders it first)."""
+    def _retire(self, row: Row, *, keep: bool = False) -> None:
+        """Remove a row and free its slot (a step in flight may still write there: one stream
+        orders it first), or keep the slot, with its encoder K/V, until `release_kept`."""
         self.rows.remove(row)
         self._unheard.pop(row, None)
-        self.pool.release(row.slot)
+        if keep:
+            self._kept.append(row.slot)
+        else:
+            self.pool.release(row.slot)
         if isinstance(row.group, beams.BeamGroup):
             self._beam_rows -= 1
+
+    def _answered(self, rows: Sequence[Row], result: DecodingResult) -> DecodingResult:
+        """Retire a request's last rows; where it asked to keep its audio, one slot stays
+        held for its callback, named in the result."""
+        keeper = next((row for row in rows if row.keep_audio), None)
+        for row in rows:
+            self._retire(row, keep=row is keeper)
+        return result if keeper is None else dataclasses.replace(result, audio_slot=keeper.slot)
+
+    def release_kept(self) -> None:
+        """Free the slots kept for the callbacks of the results just answered."""
+        for slot in self._kept:
+            self.pool.release(slot)
+        self._kept.clear()
 
     def reset(self) -> None:
         """Forget every row and the step in flight; every slot is free."""
         self._in_flight = None
+        self._kept.clear()
         self.rows.clear()
         self._unheard.clear()
         self._beam_rows = 0
@@ -333,11 +354,11 @@ class DecodeBatch:
         if not self._beam_rows or not (searching := [k for k, r in enumerate(rows) if r.group and r.group.lockstep]):
             return self._advance(rows, tokens, logprobs, followed)
         ended = beams.advance_beams([rows[k] for k in searching], logits[searching], self.pool, self.eot)
-        for group, _ in ended:
-            self.drop(group.tag)
+        answered = [(group.tag, self._answered([r for r in self.rows if r.tag is group.tag], result))
+                    for group, result in ended]
         alone = [k for k, r in enumerate(rows) if not (r.group and r.group.lockstep)]
         picks = [rows[k] for k in alone], [tokens[k] for k in alone], [logprobs[k] for k in alone]
-        return [(group.tag, result) for group, result in ended] + self._advance(*picks, followed)
+        return answered + self._advance(*picks, followed)
 
     def _advance(self, rows: list[Row], tokens: list[int], logprobs: list[float], followed: set[Row]) -> list[Finished]:
         """Append each row's chosen token; retire the rows that finished. A row in
@@ -356,9 +377,10 @@ class DecodeBatch:
             elif row not in followed:
                 row.pending = [token]
         for row, completed in done:
-            self._retire(row)
             result = row.result(completed) if row.group is None else row.group.end(row, completed)
-            if result is not None:  # a sample's group answers when its last sample ends
-                finished.append((row.tag, result))
+            if result is None:  # a sample's group answers when its last sample ends
+                self._retire(row)
+            else:
+                finished.append((row.tag, self._answered([row], result)))
         return finished
 

@@ -82,6 +82,7 @@ class Admission:
     options: DecodingOptions
     prompt: Prompt
     content_frames: int | None = None
+    keep_audio: bool = False  # its slot's encoder K/V outlive it until its callback returns
 
 
 class _TimestampScan(NamedTuple):
@@ -112,6 +113,7 @@ class Row:
     silence: SilenceCheck | None = None  # whether its window holds digital silence, until read
     group: RowGroup | None = None  # the beams or samples it decodes with (`engine.beams`); None: alone
     stream: int = 0  # its place among its request's rows: best_of samples draw apart (`engine.draws`)
+    keep_audio: bool = False  # as its admission's
     _scan: _TimestampScan = field(default=_TimestampScan(None, 0, -1), repr=False)
 
     def draw_key(self, ahead: int = 0) -> int:
@@ -162,7 +164,7 @@ def new_row(admission: Admission, slot: int, config: ModelConfig, stream: int = 
     limit = min(admission.options.max_new_tokens or room, room)
     prompt = admission.prompt
     return Row(admission.tag, admission.options, prompt, slot, limit, list(prompt.tokens), language=prompt.language,
-               stream=stream)
+               stream=stream, keep_audio=admission.keep_audio)
 
 
 

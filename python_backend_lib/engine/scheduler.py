@@ -142,12 +142,16 @@ class Engine:
         is_cancelled: Callable[[], bool] | None = None,
         *,
         content_frames: int | None = None,
+        keep_audio: bool = False,
     ) -> None:
         """Queue one window for decoding; `on_done` later receives its result or
         exception on the engine thread.
 
         content_frames: the frames of `features` that hold audio; when given, a
             window of digital silence is answered as silent without decoding.
+        keep_audio: the window's encoder K/V stay in their slot while `on_done` runs,
+            which the result names (`DecodingResult.audio_slot`): word timestamps align
+            on them instead of encoding the window again.
         Raises RequestError at once when the options do not fit the checkpoint,
         EngineUnavailable when the engine is shut down or unhealthy.
         """
@@ -159,7 +163,7 @@ class Engine:
             raise RequestError(
                 f"beam_size/best_of {needed} needs {needed} decoding slots; this server has {self.slots}"
             )
-        admission = Admission(_Job(on_done, is_cancelled), features, options, prompt, content_frames)
+        admission = Admission(_Job(on_done, is_cancelled), features, options, prompt, content_frames, keep_audio)
         with self._lock:
             if self._closing:
                 raise EngineUnavailable("the engine is shut down")
@@ -379,6 +383,7 @@ class Engine:
     def _deliver(self, finished: list[Finished]) -> None:
         for job, result in finished:
             self._answer(job, result)
+        self.batch.release_kept()  # the slots kept for these callbacks (`submit`'s keep_audio)
 
     def _answer(self, job: _Job, outcome: DecodingResult | BaseException) -> None:
         if isinstance(outcome, CancelledError):

@@ -6,10 +6,12 @@ decoder once, teacher-forced over `<|startoftranscript|> ... <|notimestamps|>
 text <|endoftext|>`, record those heads' attention, smooth it, and find the
 monotonic token-to-frame path of least cost (DTW): each text token starts
 where the path reaches it. Words are made from those times by `text.words`,
-wherever the transcript is written. This costs one extra encoder and decoder pass,
-paid only by requests that ask for word timestamps; everything else keeps the
-fast attention path. It runs in the engine's callback, on the engine thread, so
-the running batch's next step waits for it.
+wherever the transcript is written. This costs one extra decoder pass, paid only
+by requests that ask for word timestamps; everything else keeps the fast attention
+path. The window's cross-attention K/V are those its decoding used, still in its
+KV slot while the result's callback runs (`Engine.submit`'s keep_audio); without a
+slot (a caller that did not keep it) the window is encoded again. It runs in the
+engine's callback, on the engine thread, so the running batch's next step waits for it.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import Task
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.engine.attention import StepLayout, sdpa_encoder_attention
+from python_backend_lib.engine.kv_cache import KVSlotPool
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.prompt import transcript_prefix
 from python_backend_lib.text.tokenizer import Tokenizer
@@ -64,31 +67,52 @@ class Aligner:
     model: Whisper
     config: ModelConfig
     tokenizer: Tokenizer
+    pool: KVSlotPool | None = None  # the engine's, whose kept slots hold windows' encoder K/V
 
     @torch.inference_mode()
     def align(
         self,
         segments: tuple[Segment, ...],
-        features: torch.Tensor,
+        features: torch.Tensor | None,
         content_frames: int,
         language: str | None,
         task: Task,
+        *,
+        audio_slot: int | None = None,
     ) -> tuple[tuple[float, ...], tuple[float, ...]]:
         """When each text token of one window's segments starts (seconds into the window),
         then when the last one ends, and each token's probability: what `text.words`
-        makes the words from (`DecodedWindow.token_times`). features: [n_mels, 3000]."""
+        makes the words from (`DecodedWindow.token_times`). The window is the pool's
+        `audio_slot`, else encoded from `features` ([n_mels, 3000])."""
         tokens = [t for mine in text_tokens(segments, self.config.special.eot) for t in mine]
         if not tokens or not self.config.alignment_heads:
             return (), ()
-        starts, probabilities = self.token_starts(features, tokens, content_frames, language, task)
+        audio = self.window_audio(features, audio_slot)
+        starts, probabilities = self.token_starts(audio, tokens, content_frames, language, task)
         return tuple(float(t) for t in starts), tuple(probabilities)
+
+    def window_audio(
+        self, features: torch.Tensor | None, audio_slot: int | None = None
+    ) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each decoder layer's cross-attention K and V of the window, [1, 1500, heads, head_dim]."""
+        if audio_slot is not None and self.pool is not None:
+            return [(k[audio_slot : audio_slot + 1], v[audio_slot : audio_slot + 1])
+                    for k, v in zip(self.pool.cross_k, self.pool.cross_v)]
+        if features is None:
+            raise ValueError("a window to align needs its features or its kept KV slot")
+        parameter = next(self.model.parameters())
+        audio_features = self.model.encode(features[None].to(parameter.device, parameter.dtype),
+                                           _RecordingAttention([], set()))
+        return self.model.cross_kv(audio_features)
 
     @torch.inference_mode()
     def token_starts(
-        self, features: torch.Tensor, text_tokens: list[int], content_frames: int, language: str | None, task: Task
+        self, audio: list[tuple[torch.Tensor, torch.Tensor]], text_tokens: list[int], content_frames: int,
+        language: str | None, task: Task,
     ) -> tuple[np.ndarray, list[float]]:
         """When each text token starts (seconds into the window), plus one more
-        entry for the end of the last token; and each token's probability."""
+        entry for the end of the last token; and each token's probability. audio:
+        each decoder layer's cross-attention K and V of the window (`window_audio`)."""
         special = self.config.special
         # Through <|notimestamps|>, whose position predicts the first text token.
         prompt = transcript_prefix(self.config, language or "en", task, timestamps=False)
@@ -98,17 +122,14 @@ class Aligner:
         # last aligned one ends, with probability 0 (the model never weighed them).
         fits = self.config.dims.n_text_ctx - len(prompt) - 1
         if len(text_tokens) > fits:
-            starts, probabilities = self.token_starts(features, text_tokens[:fits], content_frames, language, task)
+            starts, probabilities = self.token_starts(audio, text_tokens[:fits], content_frames, language, task)
             beyond = len(text_tokens) - fits
             return np.concatenate([starts, np.full(beyond, starts[-1])]), probabilities + [0.0] * beyond
         sequence = [*prompt, *text_tokens, special.eot]
         first = len(prompt) - 1  # the position that predicts text_tokens[0]
         device = next(self.model.parameters()).device
-        dtype = next(self.model.parameters()).dtype
-
-        audio_features = self.model.encode(features[None].to(device, dtype), _RecordingAttention([], set()))
         heads = self.config.alignment_heads
-        recorder = _RecordingAttention(self.model.cross_kv(audio_features), {layer for layer, _ in heads})
+        recorder = _RecordingAttention(audio, {layer for layer, _ in heads})
         ids = torch.tensor(sequence, device=device)
         layout = StepLayout(torch.zeros(1, dtype=torch.long, device=device), (len(sequence),), (0,))
         logits = self.model.decode_step(ids, layout, recorder, torch.arange(len(sequence), device=device))

@@ -94,8 +94,9 @@ class WindowAt:
     attempt: int = 0
 
 
-Submit = Callable[..., None]  # Engine.submit(features, options, on_done, is_cancelled, content_frames=...)
-# Aligner.align(segments, features, content_frames, language, task) -> (token times, probabilities)
+# Engine.submit(features, options, on_done, is_cancelled, content_frames=..., keep_audio=...)
+Submit = Callable[..., None]
+# Aligner.align(segments, features, content_frames, language, task, audio_slot=...) -> (token times, probabilities)
 Align = Callable[..., tuple[tuple[float, ...], tuple[float, ...]]]
 
 
@@ -219,6 +220,7 @@ class LongFormJob:
             lambda outcome: self._on_window(window, outcome),
             self.is_cancelled,
             content_frames=frames,
+            keep_audio=self.options.word_timestamps,  # aligned on the K/V the decoding used
         )
 
     def _on_window(self, window: WindowAt, outcome: DecodingResult | BaseException) -> None:
@@ -256,10 +258,12 @@ class LongFormJob:
         )
         split = window_segments(decoded, self.tokenizer)
         if self.options.word_timestamps and split.segments:
-            # Runs on the engine thread, between decoder steps.
-            features, _ = self._window(chunk, seek)
+            # Runs on the engine thread, between decoder steps, on the window's encoder
+            # K/V still in its slot (else, encoded again from its features).
+            features = None if result.audio_slot is not None else self._window(chunk, seek)[0]
             times, probabilities = self.align(
-                split.segments, features, frames, self.language, self.options.decoding.task
+                split.segments, features, frames, self.language, self.options.decoding.task,
+                audio_slot=result.audio_slot,
             )
             decoded = dataclasses.replace(decoded, token_times=times, token_probabilities=probabilities)
         segments, next_seek = split.segments, seek + split.advance

@@ -54,7 +54,7 @@ class Pipeline:
         self.tokenizer = tokenizer
         self.engine = engine
         has_heads = tokenizer is not None and bool(config.alignment_heads)
-        self.aligner = Aligner(model, config, tokenizer) if has_heads else None
+        self.aligner = Aligner(model, config, tokenizer, engine.batch.pool) if has_heads else None
         self.attention_backend = AttentionBackendName.SDPA  # set by `load`
         self.load_times = LoadTimes()
         self.feature_graphs: FeatureGraphs | None = None  # captured log-mel passes (`load`, on a GPU)

@@ -77,7 +77,8 @@ def test_word_timestamps_of_a_window_that_filled_the_context(pipe, waveform):
     features = window_features(waveform, pipe.n_mels)
     prompt = len(transcript_prefix(config, "de", Task.TRANSCRIBE, timestamps=False))
     tokens = list(range(1000, 1000 + MAX_TEXT_POSITIONS - 2))  # 446 text tokens: more than fit behind the prompt
-    starts, probabilities = aligner.token_starts(features, tokens, geometry.N_FRAMES, "de", Task.TRANSCRIBE)
+    audio = aligner.window_audio(features)
+    starts, probabilities = aligner.token_starts(audio, tokens, geometry.N_FRAMES, "de", Task.TRANSCRIBE)
     fits = MAX_TEXT_POSITIONS - prompt - 1
     assert len(starts) == len(tokens) + 1 and len(probabilities) == len(tokens)
     assert all(0.0 <= p <= 1.0 for p in probabilities[:fits]) and probabilities[fits:] == [0.0] * (len(tokens) - fits)

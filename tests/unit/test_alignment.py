@@ -45,9 +45,8 @@ def test_word_times_equal_openai_whisper(pipe, openai, clip):
     text = [t for t in result.tokens if t < pipe.config.special.eot]
 
     expected = whisper_timing.find_alignment(model, tokenizer, text, features, frames)
-    starts, probabilities = Aligner(pipe.model, pipe.config, pipe.tokenizer).token_starts(
-        features, text, frames, "en", Task.TRANSCRIBE
-    )
+    aligner = Aligner(pipe.model, pipe.config, pipe.tokenizer)
+    starts, probabilities = aligner.token_starts(aligner.window_audio(features), text, frames, "en", Task.TRANSCRIBE)
     words = split_words(pipe.tokenizer, text)
     bounds = np.cumsum([0] + [len(tokens) for _, tokens in words])
     assert [w for w, _ in words] == [t.word for t in expected]
@@ -92,6 +91,36 @@ def test_transcript_words_lie_in_their_segments(pipe):
     # Ordinary requests carry no words and do not pay for them.
     plain = pipe.transcribe((DATA / "jfk.wav").read_bytes(), TranscribeOptions())
     assert all(s.words == () for s in plain.segments)
+
+
+@pytest.mark.parametrize("search", [{}, {"beam_size": 5}], ids=["greedy", "beams"])
+def test_words_align_on_the_kept_slot_as_on_the_window_encoded_again(pipe, monkeypatch, search):
+    """Word timestamps read the window's encoder K/V where its decoding left them (the
+    slot kept for the callback) and equal those of the window encoded again; every slot
+    is free afterwards."""
+    options = TranscribeOptions(decoding=DecodingOptions(timestamps=True, **search), word_timestamps=True)
+    audio = (DATA / "sonnet1_longform.wav").read_bytes()  # several windows, each aligned
+    slots = []
+    aligner = pipe.aligner
+
+    class Spying:
+        def align(self, *args, audio_slot=None, **kwargs):
+            slots.append(audio_slot)
+            return aligner.align(*args, audio_slot=audio_slot, **kwargs)
+
+    monkeypatch.setattr(pipe, "aligner", Spying())
+    kept = pipe.transcribe(audio, options)
+    assert len(slots) >= 2 and all(slot is not None for slot in slots)  # no window encoded again
+
+    submit = pipe.engine.submit
+    monkeypatch.setattr(pipe.engine, "submit", lambda *args, keep_audio, **kwargs: submit(*args, **kwargs))
+    slots.clear()
+    encoded_again = pipe.transcribe(audio, options)
+    assert slots and all(slot is None for slot in slots)
+
+    words = [w for s in kept.segments for w in s.words]
+    assert words and words == [w for s in encoded_again.segments for w in s.words]
+    assert pipe.engine.batch.free_slots == pipe.engine.batch.pool.shape.n_slots
 
 
 def test_a_segment_opening_after_a_pause_is_cut_to_two_median_words():
