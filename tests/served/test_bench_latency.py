@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
+from conftest import lean_model_repository
 
-from bench import latency_breakdown
+from bench import latency_breakdown, latency_rounds
 from bench.latency_breakdown import covered, main
 
 
@@ -36,6 +38,9 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
     has the ensemble's and the models' events, in the order a request goes through them, and
     Triton's statistics of the window count each request once in every model."""
     monkeypatch.setattr(latency_breakdown, "STATE_DIR", tmp_path / "state")
+    # The tests' instance counts (tests/conftest.py), as every server of the tests runs.
+    serve = functools.partial(latency_rounds.ServeCommand, model_repository=lean_model_repository(tmp_path))
+    monkeypatch.setattr(latency_rounds, "ServeCommand", serve)
     main(["--model", "tiny-random", "--tokens-per-second", "2.732", "--device", "cpu", "--warmup", "1",
           "--requests", "1", "--profiled", "1", "--served", "--served-seconds", "2", "--out", str(tmp_path)])  # fmt: skip
     served = json.loads((tmp_path / "latency-breakdown.json").read_text())["served"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+from conftest import lean_model_repository
 
 from bench.clips import load_clips
 from bench.engine_alone import EnginePlan, run_engine
@@ -38,7 +39,8 @@ def test_the_stand_in_answers_every_request_at_once_with_the_canned_transcript(t
     canned = canned_check(eot)
     requests = [j.load_request() for j in real_jobs(short_clips, eot)]
     requests = [dataclasses.replace(r, check=canned) for r in requests]
-    command = ServeCommand("default", write_standin_repository(tmp_path / "repository"))
+    # The tests' instance counts (tests/conftest.py), as every server of the tests runs.
+    command = ServeCommand("default", write_standin_repository(tmp_path / "repository", lean_model_repository(tmp_path)))
     with ServerProcess(command, tmp_path / "serve.log", STARTUP_S) as server, \
             LoadGenerator(command.grpc_url, requests, processes=2) as load:
         assert server.metadata()["version"] == "2.51.0"
@@ -55,7 +57,7 @@ def test_random_weights_decode_exactly_the_forced_text_tokens_through_the_server
     folder = write_served_checkpoint("random:tiny:0", tmp_path / "checkpoint", emit_text=True)
     eot = load_config(str(folder)).special.eot
     jobs = forced_jobs(short_clips, eot, tokens_per_second=3.0)
-    command = ServeCommand(str(folder))
+    command = ServeCommand(str(folder), lean_model_repository(tmp_path))
     with ServerProcess(command, tmp_path / "serve.log", STARTUP_S), \
             LoadGenerator(command.grpc_url, [j.load_request() for j in jobs], processes=1) as load:
         stats = load.run(PointPlan(concurrency=2, warmup_s=0.5, duration_s=4.0, timeout_s=120.0)).stats
