@@ -1,8 +1,9 @@
 """Live sessions' transcriptions: 16 kHz audio through Triton's `transcribe` ensemble,
 as raw float32 samples (`pcm_f32le`: no WAV to write, nor 16-bit rounding), on the
 gateway's connection (`triton_calls`), with word timestamps
-(which `local_agreement` lines hypotheses up by); a transcription whose
-session ends is cancelled on the server too. tritonclient is imported when a
+(which `local_agreement` lines hypotheses up by), marked `live` (the engine
+admits them before batch windows); a transcription whose session ends is
+cancelled on the server too. tritonclient is imported when a
 transcription is made, as `triton_calls` is: the `whisper-triton` command starts
 without it."""
 
@@ -52,7 +53,7 @@ class Transcriber:
         tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
         tensor.set_data_from_numpy(np.array([[pcm_f32le(audio)]], dtype=np.object_))
         request_id = new_request_id()
-        parameters = {**request.triton_parameters(), "request_id": request_id,
+        parameters = {**request.triton_parameters(), "request_id": request_id, "live": True,
                       "input_format": InputFormat.PCM_F32LE.value, "sample_rate": SAMPLE_RATE}
         call = asyncio.ensure_future(self.calls.client.infer(
             self.calls.model, [tensor], outputs=[triton.InferRequestedOutput(tensor_names.FORMATTED)],

@@ -108,6 +108,7 @@ _TRANSCRIBE_KEYS: dict[str, tuple[str, tuple[type, ...]]] = {
     "no_speech_threshold": ("no_speech_threshold", (int, float)),
     "hallucination_silence_threshold": ("hallucination_silence_threshold", (int, float)),
     "window_padding": ("window_padding", (str,)),
+    "live": ("live", (bool,)),
 }
 # faster-whisper's names; vad_parameters is a JSON object of `audio.vad.VadOptions`
 # fields, as Triton's request parameters hold no nested values.

@@ -237,6 +237,8 @@ class TranscribeOptions:
         many seconds of silence around it is dropped, and decoding seeks past
         the silence (openai-whisper's option); None: off.
     window_padding: what a window holds past the end of the audio (`WindowPadding`).
+    live: a live session's request: its windows join the engine's batch before every
+        other waiting window, without waiting for others to encode with (`Engine.submit`).
     """
 
     decoding: DecodingOptions = DecodingOptions()
@@ -249,6 +251,7 @@ class TranscribeOptions:
     word_timestamps: bool = False
     hallucination_silence_threshold: float | None = None
     window_padding: WindowPadding = WindowPadding.OPENAI_WHISPER
+    live: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "mode", choice(LongFormMode, self.mode, "long_form"))

@@ -83,6 +83,7 @@ class Admission:
     prompt: Prompt
     content_frames: int | None = None
     keep_audio: bool = False  # its slot's encoder K/V outlive it until its callback returns
+    live: bool = False  # admitted before every admission that is not, without waiting to batch
 
 
 class _TimestampScan(NamedTuple):

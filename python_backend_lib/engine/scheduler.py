@@ -143,6 +143,7 @@ class Engine:
         *,
         content_frames: int | None = None,
         keep_audio: bool = False,
+        live: bool = False,
     ) -> None:
         """Queue one window for decoding; `on_done` later receives its result or
         exception on the engine thread.
@@ -152,6 +153,9 @@ class Engine:
         keep_audio: the window's encoder K/V stay in their slot while `on_done` runs,
             which the result names (`DecodingResult.audio_slot`): word timestamps align
             on them instead of encoding the window again.
+        live: admitted before every waiting window that is not live (FIFO among
+            each), at once rather than waiting for others to encode with it: a live
+            session's hypothesis never waits behind batch windows.
         Raises RequestError at once when the options do not fit the checkpoint,
         EngineUnavailable when the engine is shut down or unhealthy.
         """
@@ -163,7 +167,7 @@ class Engine:
             raise RequestError(
                 f"beam_size/best_of {needed} needs {needed} decoding slots; this server has {self.slots}"
             )
-        admission = Admission(_Job(on_done, is_cancelled), features, options, prompt, content_frames, keep_audio)
+        admission = Admission(_Job(on_done, is_cancelled), features, options, prompt, content_frames, keep_audio, live)
         with self._lock:
             if self._closing:
                 raise EngineUnavailable("the engine is shut down")
@@ -255,6 +259,7 @@ class Engine:
                 item = self._waiting.get_nowait()
         except queue.Empty:
             pass
+        pending.sort(key=lambda admission: not admission.live)  # stable: live first, FIFO within each
         return stop or self._closing
 
     def _admit(self, pending: list[Admission]) -> None:
@@ -262,7 +267,8 @@ class Engine:
         if n == 0:
             return
         waited = time.monotonic() - pending[0].tag.submitted_at
-        if self.batch.rows and n < self.options.max_admit and waited < self.options.admit_wait_s:
+        batching = self.batch.rows and n < self.options.max_admit and waited < self.options.admit_wait_s
+        if batching and not pending[0].live:
             return
         admitted, pending[:] = pending[:n], pending[n:]
         live = []

@@ -94,7 +94,7 @@ class WindowAt:
     attempt: int = 0
 
 
-# Engine.submit(features, options, on_done, is_cancelled, content_frames=..., keep_audio=...)
+# Engine.submit(features, options, on_done, is_cancelled, content_frames=..., keep_audio=..., live=...)
 Submit = Callable[..., None]
 # Aligner.align(segments, features, content_frames, language, task, audio_slot=...) -> (token times, probabilities)
 Align = Callable[..., tuple[tuple[float, ...], tuple[float, ...]]]
@@ -221,6 +221,7 @@ class LongFormJob:
             self.is_cancelled,
             content_frames=frames,
             keep_audio=self.options.word_timestamps,  # aligned on the K/V the decoding used
+            live=self.options.live,
         )
 
     def _on_window(self, window: WindowAt, outcome: DecodingResult | BaseException) -> None:

@@ -60,6 +60,35 @@ def test_requests_join_a_running_batch(pipe, features):
     assert pipe.engine.batch.free_slots == SLOTS
 
 
+def test_a_live_window_joins_before_the_batch_windows_waiting_for_slots(pipe, features):
+    """Every slot busy, four batch windows waiting, then a live one: the live window
+    takes the first slot that frees, ahead of the batch windows submitted before it."""
+    forced = lambda n: DecodingOptions(min_new_tokens=n, max_new_tokens=n)  # noqa: E731
+    busy = [_submit(pipe, f, forced(40)) for f in features[:SLOTS]]
+    deadline = time.monotonic() + 60
+    while pipe.engine.running < SLOTS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pipe.engine.running == SLOTS
+    order: list[str] = []
+    done = threading.Event()
+
+    def submit(name: str, f, live: bool) -> None:
+        def on_done(outcome) -> None:
+            order.append(name)
+            if len(order) == SLOTS + 1:
+                done.set()
+
+        pipe.engine.submit(f, forced(30), on_done, live=live)
+
+    for i in range(SLOTS):
+        submit(f"batch-{i}", features[i], live=False)
+    submit("live", features[SLOTS], live=True)
+    assert done.wait(120) and all(len(b.result().tokens) == 40 for b in busy)
+    # Without the live priority it would join after the four batch windows, and end last.
+    assert order.index("live") < order.index(f"batch-{SLOTS - 1}"), order
+    assert pipe.engine.batch.free_slots == SLOTS
+
+
 def test_cancelled_request_frees_its_slot(pipe, features):
     steps = 0
     lock = threading.Lock()

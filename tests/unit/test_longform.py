@@ -150,7 +150,7 @@ def first_window(waveform: np.ndarray, options: TranscribeOptions) -> torch.Tens
     """The features of the first window a `LongFormJob` submits for `waveform` (tiny.en)."""
     submitted: list[torch.Tensor] = []
 
-    def submit(features, options, on_done, is_cancelled, content_frames=None, keep_audio=False):  # a stand-in for the engine
+    def submit(features, options, on_done, is_cancelled, content_frames=None, keep_audio=False, live=False):  # a stand-in for the engine
         submitted.append(features)
         on_done(DecodingResult((), "en", -0.2, 0.1, options.temperature))
 

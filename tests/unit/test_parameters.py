@@ -12,7 +12,13 @@ from python_backend_lib.audio.decode import (
 )
 from python_backend_lib.contract.parameters import InputFormat, RequestParameters, parse_request_parameters
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.core.options import DecodingOptions, LongFormMode, Task, TranscribeOptions, WindowPadding
+from python_backend_lib.core.options import (
+    DecodingOptions,
+    LongFormMode,
+    Task,
+    TranscribeOptions,
+    WindowPadding,
+)
 from python_backend_lib.text.formats import ResponseFormat
 
 
@@ -44,6 +50,7 @@ def test_every_documented_parameter_is_parsed():
             "logprob_threshold": -0.5,
             "no_speech_threshold": 0.9,
             "window_padding": "transformers",
+            "live": True,
             "response_format": "srt",
             "input_format": "pcm_f32le",
             "sample_rate": 8000,
@@ -74,6 +81,7 @@ def test_every_documented_parameter_is_parsed():
             logprob_threshold=-0.5,
             no_speech_threshold=0.9,
             window_padding=WindowPadding.TRANSFORMERS,
+            live=True,
         ),
         response_format=ResponseFormat.SRT,
         input_format=InputFormat.PCM_F32LE,
@@ -130,6 +138,7 @@ def test_every_format_decodes_with_timestamps_unless_told_otherwise(response_for
         ({"min_new_tokens": 500}, "min_new_tokens must be an integer from 0 to max_new_tokens"),
         ({"long_form": "parallel"}, "long_form must be one of"),
         ({"window_padding": "silence"}, "window_padding must be one of .'transformers', 'openai-whisper'., got 'silence'"),
+        ({"live": "yes"}, "'live' must be bool, got str"),
         ({"temperature_increment": 2}, "temperature_increment must be from 0 to 1"),
         ({"temperature_increment": True}, "'temperature_increment' must be int or float, got bool"),
         ({"response_format": "diarized_json"}, "'response_format' must be one of"),

@@ -93,7 +93,7 @@ def test_the_first_windows_language_is_kept_and_reported(pipe, mode):
     tokenizer = Tokenizer(load_config("default").tokenizer_path, config.special)  # no windows hold text here
     asked: list[DecodingOptions] = []
 
-    def submit(features, options, on_done, is_cancelled, content_frames=None, keep_audio=False):  # a stand-in for the engine
+    def submit(features, options, on_done, is_cancelled, content_frames=None, keep_audio=False, live=False):  # a stand-in for the engine
         asked.append(options)
         detected = ("de", 0.87) if options.language is None else (None, None)
         on_done(DecodingResult((), detected[0], -0.2, 0.1, options.temperature, language_probability=detected[1]))
@@ -117,7 +117,7 @@ def test_batched_chunks_start_together_when_the_language_is_given(pipe):
     asked: list[DecodingOptions] = []
     waiting: list = []
 
-    def submit(features, options, on_done, is_cancelled, content_frames=None, keep_audio=False):  # answers once every chunk has asked
+    def submit(features, options, on_done, is_cancelled, content_frames=None, keep_audio=False, live=False):  # answers once every chunk has asked
         asked.append(options)
         waiting.append(lambda: on_done(DecodingResult((), None, -0.2, 0.1, options.temperature)))
 
