@@ -50,22 +50,14 @@ SYSTEMS = {
 @contextlib.contextmanager
 def keeping(kept: str | None):
     """`Whisper.quantize_fp8` leaving some products in bfloat16, while loading."""
-    from python_backend_lib.engine import fp8_linear
     from python_backend_lib.engine.model import Whisper
 
     shipped = Whisper.quantize_fp8
 
     def partly(model) -> None:
-        layers = model.encoder.layers
-        edges = {0, 1, len(layers) - 2, len(layers) - 1} if kept == "edges" else set()
-        for i, layer in enumerate(layers):
-            if i not in edges:
-                layer.self_attn.quantize_fp8()
-                layer.fc1, layer.fc2 = fp8_linear.Fp8Linear(layer.fc1), fp8_linear.Fp8Linear(layer.fc2)
-        if kept != "cross":
-            for layer in model.decoder.layers:
-                cross = layer.encoder_attn
-                cross.k_proj, cross.v_proj = fp8_linear.Fp8Linear(cross.k_proj), fp8_linear.Fp8Linear(cross.v_proj)
+        last = len(model.encoder.layers) - 1
+        edges = frozenset({0, 1, last - 1, last}) if kept == "edges" else frozenset()
+        shipped(model, keep_encoder_layers=edges, cross_kv=kept != "cross")
 
     Whisper.quantize_fp8 = shipped if kept is None else partly
     try:

@@ -135,14 +135,17 @@ class Fp8Linear(nn.Module):
     """An nn.Linear whose product runs in FP8. The float weight is dropped; the FP8 one
     and its scales are buffers, the bias stays (in bfloat16)."""
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None) -> None:
         super().__init__()
-        self.in_features, self.out_features = linear.in_features, linear.out_features
-        weight, scales = quantize_weight(linear.weight)
-        self.register_buffer("weight_fp8", weight)
+        self.out_features, self.in_features = weight.shape
+        values, scales = quantize_weight(weight)
+        self.register_buffer("weight_fp8", values)
         self.register_buffer("weight_scales", scales)
-        bias = None if linear.bias is None else linear.bias.detach().to(OUTPUT_DTYPE)
-        self.register_buffer("bias", bias)
+        self.register_buffer("bias", None if bias is None else bias.detach().to(OUTPUT_DTYPE))
+
+    @classmethod
+    def of(cls, linear: nn.Linear) -> Fp8Linear:
+        return cls(linear.weight, linear.bias)
 
     def forward(self, x: torch.Tensor | QuantizedInput) -> torch.Tensor:
         return fp8_linear(x, self.weight_fp8, self.weight_scales, self.bias)

@@ -40,23 +40,23 @@ class Projections(nn.Module):
         three projections' weights become views of the fused one (until the model is
         moved or cast), so changing them in place changes it too, and no memory is added."""
         width = self.q_proj.weight.shape[0]
-        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
-        bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]).detach()
+        weight, bias = self._stacked_qkv()
         for i, projection in enumerate((self.q_proj, self.k_proj, self.v_proj)):
             projection.weight.data = weight[i * width : (i + 1) * width]
         self.register_buffer("fused_qkv_bias", bias, persistent=False)
         self.register_buffer("fused_qkv_weight", weight, persistent=False)
         self.fused = True
 
+    def _stacked_qkv(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """q's, k's and v's weights stacked [3 * width, width], and biases [3 * width] (k's zero)."""
+        weight = torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]).detach()
+        bias = torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]).detach()
+        return weight, bias
+
     def quantize_fp8(self) -> None:
         """q, k and v from one FP8 product, and the output projection in FP8 (`fp8_linear`)."""
-        width = self.q_proj.weight.shape[0]
-        fused = nn.Linear(width, 3 * width, device=self.q_proj.weight.device, dtype=self.q_proj.weight.dtype)
-        with torch.no_grad():
-            fused.weight.copy_(torch.cat([self.q_proj.weight, self.k_proj.weight, self.v_proj.weight]))
-            fused.bias.copy_(torch.cat([self.q_proj.bias, torch.zeros_like(self.q_proj.bias), self.v_proj.bias]))
-        self.fp8_qkv = fp8_linear.Fp8Linear(fused)
-        self.out_proj = fp8_linear.Fp8Linear(self.out_proj)
+        self.fp8_qkv = fp8_linear.Fp8Linear(*self._stacked_qkv())
+        self.out_proj = fp8_linear.Fp8Linear.of(self.out_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
     def qkv(self, x: torch.Tensor, n_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -222,15 +222,19 @@ class Whisper(nn.Module):
         packed = cpu_int8.pack(self.decoder.embed_tokens.weight, None)
         self.cpu_output = partial(cpu_int8.int8_linear, packed=packed)
 
-    def quantize_fp8(self) -> None:
+    def quantize_fp8(self, *, keep_encoder_layers: frozenset[int] = frozenset(), cross_kv: bool = True) -> None:
         """Run the products over the encoder's positions in FP8 (`fp8_linear`): every
-        encoder layer's, and the decoder's cross-attention K/V projections."""
-        for layer in self.encoder.layers:
+        encoder layer's, and the decoder's cross-attention K/V projections. What
+        bench.fp8_accuracy's variants leave in the model's dtype: `keep_encoder_layers`
+        (their indices), and the cross K/V projections unless `cross_kv`."""
+        for index, layer in enumerate(self.encoder.layers):
+            if index in keep_encoder_layers:
+                continue
             layer.self_attn.quantize_fp8()
-            layer.fc1, layer.fc2 = fp8_linear.Fp8Linear(layer.fc1), fp8_linear.Fp8Linear(layer.fc2)
-        for layer in self.decoder.layers:
+            layer.fc1, layer.fc2 = fp8_linear.Fp8Linear.of(layer.fc1), fp8_linear.Fp8Linear.of(layer.fc2)
+        for layer in self.decoder.layers if cross_kv else ():
             cross = layer.encoder_attn
-            cross.k_proj, cross.v_proj = fp8_linear.Fp8Linear(cross.k_proj), fp8_linear.Fp8Linear(cross.v_proj)
+            cross.k_proj, cross.v_proj = fp8_linear.Fp8Linear.of(cross.k_proj), fp8_linear.Fp8Linear.of(cross.v_proj)
 
     def encode(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         return self.encoder(mel, attention)

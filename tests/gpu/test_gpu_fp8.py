@@ -65,7 +65,7 @@ def test_an_fp8_product_is_close_to_the_bfloat16_one():
     torch.manual_seed(0)
     linear = torch.nn.Linear(1280, 5120, device=CUDA, dtype=torch.bfloat16)
     x = torch.randn(3, 1500, 1280, device=CUDA, dtype=torch.bfloat16)
-    quantized = fp8_linear.Fp8Linear(linear)
+    quantized = fp8_linear.Fp8Linear.of(linear)
     got = quantized(x)
     want = F.linear(x, linear.weight, linear.bias)
     assert got.shape == want.shape and got.dtype == torch.bfloat16
@@ -77,14 +77,14 @@ def test_an_fp8_product_is_close_to_the_bfloat16_one():
 
 def test_cross_kv_from_one_quantized_input_equals_each_projection_quantizing_its_own():
     torch.manual_seed(1)
-    linear = fp8_linear.Fp8Linear(torch.nn.Linear(384, 384, device=CUDA, dtype=torch.bfloat16))
+    linear = fp8_linear.Fp8Linear.of(torch.nn.Linear(384, 384, device=CUDA, dtype=torch.bfloat16))
     x = torch.randn(2, 1500, 384, device=CUDA, dtype=torch.bfloat16)
     torch.testing.assert_close(linear(fp8_linear.QuantizedInput.of(x)), linear(x), rtol=0, atol=0)
 
 
 def test_the_gelu_inside_the_quantization_is_the_gelu_before_it():
     torch.manual_seed(2)
-    linear = fp8_linear.Fp8Linear(torch.nn.Linear(1536, 384, device=CUDA, dtype=torch.bfloat16))
+    linear = fp8_linear.Fp8Linear.of(torch.nn.Linear(1536, 384, device=CUDA, dtype=torch.bfloat16))
     x = torch.randn(3000, 1536, device=CUDA, dtype=torch.bfloat16) * 3
     fused, separate = linear.of_gelu(x).float(), linear(F.gelu(x)).float()
     # GELU's bfloat16 rounding before the quantization is all that differs: it moves some

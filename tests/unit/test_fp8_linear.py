@@ -46,7 +46,7 @@ def test_an_fp8_product_is_close_to_the_bfloat16_one_and_each_row_its_own():
     torch.manual_seed(1)
     linear = torch.nn.Linear(384, 1536, dtype=torch.bfloat16)
     x = torch.randn(2, 300, 384, dtype=torch.bfloat16)
-    quantized = fp8_linear.Fp8Linear(linear)
+    quantized = fp8_linear.Fp8Linear.of(linear)
     got, want = quantized(x), F.linear(x, linear.weight, linear.bias)
     assert got.shape == want.shape and got.dtype == torch.bfloat16
     assert ((got.float() - want.float()).norm() / want.float().norm()).item() < 0.05
