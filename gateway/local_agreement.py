@@ -28,6 +28,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from python_backend_lib.core.geometry import SECONDS_PER_POSITION
 from python_backend_lib.core.segments import Word
 
 # How sure two hypotheses in a row must both be of a word to commit it: below it, misreadings
@@ -53,11 +54,16 @@ def comparison_key(word: Word | str) -> str:
 
 
 def words_after(committed: Sequence[Word], words: Sequence[Word]) -> list[Word]:
-    """The words of a hypothesis past the committed ones: those centred after the last
-    committed word's end, less any committed words they begin with again."""
+    """The words of a hypothesis past the committed ones: those centred at or after the
+    last committed word's end (word times fall on the 20 ms grid of timestamps: within
+    half a step is at), less any committed words they begin with again.
+
+    At, not only after: the word after a committed one read again shorter ("the" at
+    1.74-2.04 s, then 1.74-1.94 with "writer" at 1.94-2.14) is centred on the committed
+    end, and was lost from the deltas."""
     if not committed:
         return list(words)
-    end = committed[-1].end
+    end = committed[-1].end - SECONDS_PER_POSITION / 2
     tail = [w for w in words if (w.start + w.end) / 2 > end]
     for overlap in range(min(MAX_OVERLAP_WORDS, len(committed), len(tail)), 0, -1):
         if [comparison_key(w) for w in committed[-overlap:]] == [comparison_key(w) for w in tail[:overlap]]:

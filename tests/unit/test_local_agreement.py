@@ -93,6 +93,18 @@ def test_words_past_the_committed_ones_are_found_by_time_not_by_count():
     assert spelled(words_after(committed, rereading)) == ["fellow", "Americans"]
 
 
+def test_the_word_after_a_committed_one_read_again_shorter_is_not_lost():
+    """Real tiny.en hypotheses of the sonnet: "the" committed at 1.74-2.04 s, then read at
+    1.74-1.94 with "writer" after it, centred on the committed end."""
+    committed = [Word(" as", 1.52, 1.74, SURE), Word(" the", 1.74, 2.04, SURE)]
+    rereading = [Word(" as", 1.52, 1.74, SURE), Word(" the", 1.74, 1.94, SURE), Word(" writer", 1.94, 2.14, SURE),
+                 Word(" should", 2.14, 2.52, SURE)]
+    assert spelled(words_after(committed, rereading)) == ["writer", "should"]
+    shifted = [Word(w.word, w.start + 7.92, w.end + 7.92, w.probability) for w in rereading]
+    at = [Word(w.word, w.start + 7.92, w.end + 7.92, w.probability) for w in committed]
+    assert spelled(words_after(at, shifted)) == ["writer", "should"]  # times in a later window
+
+
 def test_a_committed_word_timed_a_little_later_is_not_sent_twice():
     committed = timed("he was not")  # "not" ends at 1.2
     later = [Word(" he", 0.0, 0.4, SURE), Word(" was", 0.4, 0.8, SURE), Word(" not", 0.9, 1.5, SURE),
