@@ -4,13 +4,14 @@
 The client streams 24 kHz pcm16 (`input_audio_buffer.append`); it is resampled
 to Whisper's 16 kHz as it comes. Turns are cut by `server_vad` turn detection
 (`turn_detection`) or by the client's `input_audio_buffer.commit`. While a turn
-grows, hypotheses of its audio so far are transcribed through Triton, and the
-words two consecutive hypotheses agree on, and are sure of, are sent as deltas
-(`local_agreement`); when the turn ends, its whole audio is transcribed once
-more, as a file would be, and that is the `completed` transcript (the last delta
-is its words past the committed ones). Every transcription is an ordinary
-request to Triton's `transcribe` ensemble, so live sessions share the engine
-with batch requests; a session that ends cancels its requests in flight.
+grows, hypotheses of its audio so far are transcribed through Triton (from near
+the words already committed on: `hypothesis_window`), and the words two consecutive
+hypotheses agree on, and are sure of, are sent as deltas (`local_agreement`); when
+the turn ends, its whole audio is transcribed once more, as a file would be, and
+that is the `completed` transcript (the last delta is its words past the committed
+ones). Every transcription is an ordinary request to Triton's `transcribe`
+ensemble, so live sessions share the engine with batch requests; a session that
+ends cancels its requests in flight.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway import realtime_protocol as protocol
+from gateway.hypothesis_window import Window, in_turn, next_window
 from gateway.live_transcriber import LiveTranscript, Transcriber
 from gateway.local_agreement import LocalAgreement, delta_text
 from gateway.openai_errors import unauthorized
@@ -297,15 +299,17 @@ class Session:
 
     async def transcribe_turn(self, turn: Turn, settings: SessionSettings) -> None:
         """Deltas while the turn grows, then its completed transcript."""
-        agreement, decoded = LocalAgreement(), 0
+        agreement, decoded, window = LocalAgreement(), 0, Window(prompt=settings.prompt)
         try:
             while not turn.closed:
                 grown_s = (turn.samples - decoded) / SAMPLE_RATE
                 if turn.samples >= FIRST_HYPOTHESIS_S * SAMPLE_RATE and grown_s >= self.options.hypothesis_every_s:
                     decoded = turn.samples
-                    hypothesis = await self._unless_ended(turn, self._hypothesis(turn.audio()[:decoded], settings))
+                    audio = turn.audio()[window.start_sample:decoded]
+                    hypothesis = await self._unless_ended(turn, self._hypothesis(audio, settings, window.prompt))
                     if hypothesis is not None and not turn.closed:
-                        await self._delta(turn, agreement, agreement.insert(hypothesis.words))
+                        await self._delta(turn, agreement, agreement.insert(in_turn(hypothesis.words, window)))
+                        window = next_window(window, agreement.committed, settings.prompt)
                 else:
                     turn.changed.clear()
                     await turn.changed.wait()
@@ -342,12 +346,15 @@ class Session:
             await task
         return None
 
-    async def _hypothesis(self, audio: np.ndarray, settings: SessionSettings) -> LiveTranscript | None:
-        """A transcript of the turn so far; None if the server could not give one (the next try may)."""
+    async def _hypothesis(
+        self, audio: np.ndarray, settings: SessionSettings, prompt: str | None
+    ) -> LiveTranscript | None:
+        """A transcript of the turn's audio so far from its window's start; None if the server
+        could not give one (the next try may)."""
         from tritonclient.utils import InferenceServerException
 
         try:
-            return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+            return await self.transcriber.transcribe(audio, settings.model, settings.language, prompt)
         except InferenceServerException as error:
             log.warning("a live hypothesis failed: %s", error)
             return None
