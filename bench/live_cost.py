@@ -34,6 +34,7 @@ import soxr
 from bench.clips import AUDIO_DIR
 from bench.host import ServerProcesses
 from bench.live_latency import RATE, STARTUP_TIMEOUT_S, gateway_process
+from bench.live_quality import reference_text, wer
 from bench.server_process import ServeCommand, ServerProcess
 from gateway.local_agreement import comparison_key
 from loadtest.metrics import whisper_samples
@@ -60,6 +61,8 @@ class Row:
     misread: int  # words of the deltas that differ from the transcript's
     completed_after_commit_s: float
     transcript: str
+    deltas_wer: float | None = None  # the deltas joined against the recording's own transcript
+    completed_wer: float | None = None  # the completed transcript against it
 
 
 def steps(samples: dict[str, float]) -> float:
@@ -96,7 +99,7 @@ async def session(url: str, pcm: np.ndarray, speed: float) -> dict:
     return {"events": events, "started": started, "sent_at": sent_at, "sent_events": sent_events}
 
 
-def row(audio_s: float, run: dict, before: dict, after: dict, cpu_s: float) -> Row:
+def row(audio_s: float, run: dict, before: dict, after: dict, cpu_s: float, reference: str) -> Row:
     events = run["events"]
     deltas = [(t, e["delta"]) for t, e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
     completed = next(e for _, e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
@@ -116,18 +119,20 @@ def row(audio_s: float, run: dict, before: dict, after: dict, cpu_s: float) -> R
         words=len(heard), lost=sum(j2 - j1 for op, _, _, j1, j2 in opcodes if op == "insert"),
         misread=sum(i2 - i1 for op, i1, i2, _, _ in opcodes if op in ("replace", "delete")),
         completed_after_commit_s=round(events[-1][0] - committed_at, 2), transcript=completed["transcript"],
+        deltas_wer=wer(reference, "".join(d for _, d in deltas)), completed_wer=wer(reference, completed["transcript"]),
     )
 
 
 def markdown(rows: list[Row], header: str) -> str:
     lines = [header, "", "| audio | whisper requests | decoder steps | server CPU s | "
              "CPU s per audio s | CPU s per request | steps per request | first delta | deltas while sent | "
-             "words lost / misread of | completed after commit |", "|" + "---|" * 11]
+             "words lost / misread of | completed after commit | WER of the deltas / the completed transcript "
+             "against the recording's own |", "|" + "---|" * 12]
     for r in rows:
         lines.append(f"| {r.audio_s} s | {r.whisper_requests} | {r.decode_steps} | {r.server_cpu_s} | "
                      f"**{r.server_cpu_s_per_audio_s}** | {r.cpu_s_per_request} | {r.steps_per_request} | "
                      f"{r.first_delta_s} s | {r.deltas_while_sent} | {r.lost} / {r.misread} of {r.words} | "
-                     f"{r.completed_after_commit_s} s |")
+                     f"{r.completed_after_commit_s} s | {r.deltas_wer} / {r.completed_wer} |")
     return "\n".join(lines) + "\n"
 
 
@@ -155,7 +160,7 @@ def main() -> None:
                 after, cpu_after = whisper_samples(metrics_url), processes.cpu_seconds()
                 cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_before
                             if cpu_before[p] is not None and cpu_after.get(p) is not None)
-                rows.append(row(audio_s, run, before, after, cpu_s))
+                rows.append(row(audio_s, run, before, after, cpu_s, reference_text(args.recording)))
                 print(markdown(rows[-1:], ""), flush=True)
     commit, machine = commit_info(), machine_info()
     header = (f"# A live session's cost on the server\n\nCommit {commit.commit[:7]}"
