@@ -28,6 +28,14 @@ from python_backend_lib.apps.repository import InstanceGroup, read_instance_grou
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
 
+# .ci/run runs one xdist worker per core. Each worker, and every server it starts (they
+# inherit the variable), keeps to its share of the cores: a process with a thread per core
+# beside another keeps its threads spinning on the cores the other one needs.
+if "OMP_NUM_THREADS" not in os.environ:
+    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
 # Without a GPU, Triton kernels (engine.step_kernels) run in Triton's interpreter,
 # which is chosen when they are decorated: before any test module imports them.
 if not torch.cuda.is_available():
