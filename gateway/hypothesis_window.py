@@ -50,12 +50,15 @@ class Window:
 
 def next_window(window: Window, committed: Sequence[Word], session_prompt: str | None) -> Window:
     """The window of the next hypothesis, once `committed` are the turn's committed words
-    (timed in the turn); `session_prompt` is the session's own prompt, which stays in front."""
+    (timed in the turn). A session with a prompt of its own keeps it as the previous text:
+    the server refuses a prompt over its token limit, and the gateway cannot count tokens,
+    so the committed words are not added to one that may be near it."""
     if not committed or committed[-1].start - window.start_s < TRIM_AFTER_S:
         return window
+    if session_prompt and session_prompt.strip():
+        return Window(committed[-1].start, session_prompt)
     context = " ".join(w.word.strip() for w in committed[:-1][-PROMPT_WORDS:])
-    prompt = " ".join(p for p in (session_prompt, context) if p and p.strip()) or None
-    return Window(committed[-1].start, prompt)
+    return Window(committed[-1].start, context or None)
 
 
 def in_turn(words: Sequence[Word], window: Window) -> list[Word]:

@@ -45,9 +45,13 @@ def test_the_window_stays_until_the_committed_words_reach_past_the_trim_point():
 
 def test_the_window_moves_to_the_last_committed_word_and_prompts_with_the_words_before_it():
     committed = [word(w, i * 0.5, i * 0.5 + 0.4) for i, w in enumerate("a b c d e f g h i j k l".split())]
-    moved = next_window(Window(prompt="Glossary: Dashwood."), committed, "Glossary: Dashwood.")
+    moved = next_window(Window(), committed, None)
     assert moved.start_s == committed[-1].start == 5.5
-    assert moved.prompt == "Glossary: Dashwood. " + " ".join("h i j k".split()[-PROMPT_WORDS:])
+    assert moved.prompt == " ".join("h i j k".split()[-PROMPT_WORDS:])
+    # A session's own prompt stays as it is: with the committed words it could pass the
+    # server's token limit, which the gateway cannot count.
+    own = next_window(Window(prompt="Glossary: Dashwood."), committed, "Glossary: Dashwood.")
+    assert (own.start_s, own.prompt) == (5.5, "Glossary: Dashwood.")
     # Measured from the moved window's start, and only once the committed words reach past it again.
     assert next_window(moved, committed, None) is moved
     later = [*committed, word("m", moved.start_s + TRIM_AFTER_S, moved.start_s + TRIM_AFTER_S + 0.3)]
