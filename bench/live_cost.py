@@ -148,6 +148,7 @@ def main() -> None:
     audio, rate = soundfile.read(AUDIO_DIR / args.recording, dtype="float32")
     pcm = (np.clip(soxr.resample(audio, rate, RATE), -1, 1) * 32767).astype("<i2")
     audio_s = len(pcm) / RATE
+    reference = reference_text(args.recording)  # the manifest read once, not per session
     command = ServeCommand(checkpoint=args.checkpoint)
     rows = []
     with ServerProcess(command, args.out / "serve.log", STARTUP_TIMEOUT_S):
@@ -160,7 +161,7 @@ def main() -> None:
                 after, cpu_after = whisper_samples(metrics_url), processes.cpu_seconds()
                 cpu_s = sum(cpu_after[p] - cpu_before[p] for p in cpu_before
                             if cpu_before[p] is not None and cpu_after.get(p) is not None)
-                rows.append(row(audio_s, run, before, after, cpu_s, reference_text(args.recording)))
+                rows.append(row(audio_s, run, before, after, cpu_s, reference))
                 print(markdown(rows[-1:], ""), flush=True)
     commit, machine = commit_info(), machine_info()
     header = (f"# A live session's cost on the server\n\nCommit {commit.commit[:7]}"

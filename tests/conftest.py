@@ -32,9 +32,9 @@ from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_P
 # inherit the variable), keeps to its share of the cores: a process with a thread per core
 # beside another keeps its threads spinning on the cores the other one needs.
 if "OMP_NUM_THREADS" not in os.environ:
-    _workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // _workers))
-    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 # Without a GPU, Triton kernels (engine.step_kernels) run in Triton's interpreter,
 # which is chosen when they are decorated: before any test module imports them.
