@@ -141,6 +141,9 @@ class Turn:
     changed: asyncio.Event = field(default_factory=asyncio.Event)  # more audio, or closed
     ended: asyncio.Event = field(default_factory=asyncio.Event)  # closed
     task: asyncio.Task | None = None
+    # Its completed transcription ended (answered, failed or cancelled): the next turn's
+    # waits for it, so that turns complete in the order they were committed.
+    transcribed: asyncio.Event = field(default_factory=asyncio.Event)
 
     def add(self, audio: np.ndarray) -> None:
         self.chunks.append(audio)
@@ -178,6 +181,7 @@ class Session:
         self.detector = self._turn_detector()
         self.finishing: set[Turn] = set()  # committed turns still being transcribed
         self.previous_item_id: str | None = None
+        self.last_turn: Turn | None = None  # the turn opened last, which the next completes after
         self.send_lock = asyncio.Lock()
         self.closed = False
 
@@ -284,9 +288,10 @@ class Session:
         await self.send(protocol.server_event("input_audio_buffer.cleared"))
 
     def open_turn(self, start: int, audio: np.ndarray) -> None:
-        self.turn = Turn(protocol.new_id("item"), start)
+        before, self.turn = self.last_turn, Turn(protocol.new_id("item"), start)
+        self.last_turn = self.turn
         self.turn.add(audio)
-        self.turn.task = asyncio.create_task(self.transcribe_turn(self.turn, self.settings))
+        self.turn.task = asyncio.create_task(self.transcribe_turn(self.turn, self.settings, before))
 
     async def close_turn(self, samples: int | None = None) -> None:
         turn, self.turn = self.turn, None
@@ -297,8 +302,10 @@ class Session:
                                               previous_item_id=self.previous_item_id))
         self.previous_item_id = turn.item_id
 
-    async def transcribe_turn(self, turn: Turn, settings: SessionSettings) -> None:
-        """Deltas while the turn grows, then its completed transcript."""
+    async def transcribe_turn(self, turn: Turn, settings: SessionSettings, before: Turn | None = None) -> None:
+        """Deltas while the turn grows, then its completed transcript, sent once the turn
+        `before` it completed: completed events come in turn order, as captions follow the
+        speech, whichever transcription the server answers first."""
         agreement, decoded, window = LocalAgreement(), 0, Window(prompt=settings.prompt)
         try:
             while not turn.closed:
@@ -315,6 +322,8 @@ class Session:
                     await turn.changed.wait()
             audio = turn.audio()
             transcript = await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+            if before is not None:
+                await before.transcribed.wait()
             await self._delta(turn, agreement, agreement.finish(transcript.words))
             await self.send(protocol.completed_event(turn.item_id, transcript.text, len(audio) / SAMPLE_RATE))
         except asyncio.CancelledError:
@@ -325,6 +334,8 @@ class Session:
                 "conversation.item.input_audio_transcription.failed", item_id=turn.item_id, content_index=0,
                 error={"type": "server_error", "code": "transcription_failed", "message": str(error), "param": None},
             ))  # fmt: skip
+        finally:
+            turn.transcribed.set()
 
     @staticmethod
     async def _unless_ended(turn: Turn, hypothesis: Awaitable[LiveTranscript | None]) -> LiveTranscript | None:
