@@ -2,21 +2,11 @@
 
 from __future__ import annotations
 
-import os
-
-# .ci/run runs one xdist worker per core; each worker, and every server it starts (they
-# inherit the variables), may use every core while the other leaves them idle. But an
-# OpenMP thread waiting for work spins on its core by default, taking it from the
-# processes beside it; a passive one sleeps. Two spinning threads per process were
-# slower than one; two passive ones are faster (docs/benchmarks/test-suite.md). Set
-# before torch is imported, which reads them once.
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
-
 import contextlib
 import ctypes
 import ctypes.util
 import gc
+import os
 import re
 import shutil
 import signal
@@ -37,6 +27,14 @@ from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.repository import InstanceGroup, read_instance_group, with_instance_group
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
+
+# .ci/run runs one xdist worker per core. Each worker, and every server it starts (they
+# inherit the variable), keeps to its share of the cores: a process with a thread per core
+# beside another keeps its threads spinning on the cores the other one needs.
+if "OMP_NUM_THREADS" not in os.environ:
+    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
+    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    torch.set_num_threads(_threads)
 
 # Without a GPU, Triton kernels (engine.step_kernels) run in Triton's interpreter,
 # which is chosen when they are decorated: before any test module imports them.
