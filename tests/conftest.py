@@ -87,15 +87,16 @@ WHOLE_FILE_GROUPS = ("base-server",)
 # server of its own (a session fixture is one per worker) for the half it gets. As
 # one group (1,399 s of 3,200 at fe226e1) it was the longest path of the run on two
 # workers. The halves are balanced by these files' seconds in that group (setup, call
-# and teardown summed, `--durations=0`, at fe226e1); a file not named counts
+# and teardown summed, `--durations=0`, at 697ef47); a file not named counts
 # SESSION_FILE_DEFAULT_S. xdist hands out the largest groups (by test count) first,
 # so the two halves start on the two workers.
 SESSION_SERVER_HALVES = ("session-server-1", "session-server-2")
 SESSION_FILE_SECONDS = {
-    "test_server.py": 246, "test_transcribe_command.py": 161, "test_soak.py": 138,
-    "test_long_audio.py": 101, "test_streaming.py": 96, "test_gateway.py": 82, "test_loadtest.py": 75,
-    "test_bad_input.py": 63, "test_realtime.py": 59, "test_media_served.py": 51, "test_quantization.py": 47,
-    "test_faults.py": 46, "test_transcribe_cancel.py": 32, "test_vad_served.py": 19, "test_page.py": 18,
+    "test_server.py": 172, "test_transcribe_command.py": 160, "test_soak.py": 129,
+    "test_streaming.py": 99, "test_loadtest.py": 77, "test_long_audio.py": 74, "test_gateway.py": 74,
+    "test_bad_input.py": 62, "test_realtime.py": 59, "test_faults.py": 46, "test_media_served.py": 34,
+    "test_quantization.py": 32, "test_transcribe_cancel.py": 31, "test_page.py": 19, "test_bench_streamed_file.py": 19,
+    "test_vad_served.py": 15,
 }  # fmt: skip
 SESSION_FILE_DEFAULT_S = 10
 
