@@ -28,13 +28,19 @@ from python_backend_lib.apps.repository import InstanceGroup, read_instance_grou
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
 
-# .ci/run runs one xdist worker per core. Each worker, and every server it starts (they
-# inherit the variable), keeps to its share of the cores: a process with a thread per core
-# beside another keeps its threads spinning on the cores the other one needs.
+# .ci/run runs one xdist worker per core. Each worker, and the commands its tests run,
+# keeps to its share of the cores: a process with a thread per core beside another keeps
+# its threads spinning on the cores the other one needs, and its parallel work waits for
+# its slowest thread. The servers the tests start (launch_server) are the exception:
+# their work comes in bursts between a test's requests, so they may take every core, their
+# OpenMP threads waiting passively (asleep, not spinning) between bursts. Both measured
+# on the whole suite (docs/benchmarks/test-suite.md).
+SERVER_THREADS: dict[str, str] = {}
 if "OMP_NUM_THREADS" not in os.environ:
     _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
     os.environ["OMP_NUM_THREADS"] = str(_threads)
     torch.set_num_threads(_threads)
+    SERVER_THREADS = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))), "OMP_WAIT_POLICY": "PASSIVE"}
 
 # Without a GPU, Triton kernels (engine.step_kernels) run in Triton's interpreter,
 # which is chosen when they are decorated: before any test module imports them.
@@ -210,8 +216,8 @@ def lean_model_repository(folder: Path) -> Path:
 def launch_server(
     folder: Path, environ: Mapping[str, str] | None = None, arguments: tuple[str, ...] = ()
 ) -> Iterator[LaunchedServer]:
-    """`whisper-triton serve` on free ports, as a user would start it, with `environ`
-    added to this process's environment, once it is ready; its log in `folder`.
+    """`whisper-triton serve` on free ports, as a user would start it, with SERVER_THREADS
+    and `environ` added to this process's environment, once it is ready; its log in `folder`.
     Without --model-repository in `arguments`, it serves `lean_model_repository` (on a host without a GPU).
     Stopped at the end if it still runs (SIGTERM, then SIGKILL; stop it first to check how it stops)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -223,7 +229,7 @@ def launch_server(
     ]
     with log.open("w") as log_file:
         process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(environ or {})}
+            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_THREADS, **(environ or {})}
         )
     try:
         _wait_until_ready(process, http_port, log)
