@@ -35,10 +35,15 @@ from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_P
 # their work comes in bursts between a test's requests, so they may take every core, their
 # OpenMP threads waiting passively (asleep, not spinning) between bursts. Both measured
 # on the whole suite (docs/benchmarks/test-suite.md).
+# pytest-xdist's workers inherit the environment of the process that starts them, which
+# reads this file first, as one process: THREADS_SET marks its OMP_NUM_THREADS as set
+# here, so that each worker sets its own share (without it, the workers ran with a
+# thread per core; any OMP_NUM_THREADS of the user's own is kept).
+THREADS_SET = "WHISPER_TRITON_TESTS_SET_THREADS"
 SERVER_THREADS: dict[str, str] = {}
-if "OMP_NUM_THREADS" not in os.environ:
+if "OMP_NUM_THREADS" not in os.environ or THREADS_SET in os.environ:
     _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    os.environ["OMP_NUM_THREADS"] = str(_threads)
+    os.environ.update({"OMP_NUM_THREADS": str(_threads), THREADS_SET: "1"})
     torch.set_num_threads(_threads)
     SERVER_THREADS = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))), "OMP_WAIT_POLICY": "PASSIVE"}
 
