@@ -28,24 +28,15 @@ from python_backend_lib.apps.repository import InstanceGroup, read_instance_grou
 from python_backend_lib.apps.server import packaged_model_repository
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
 
-# .ci/run runs one xdist worker per core. Each worker, and the commands its tests run,
-# keeps to its share of the cores: a process with a thread per core beside another keeps
-# its threads spinning on the cores the other one needs, and its parallel work waits for
-# its slowest thread. The servers the tests start (launch_server) are the exception:
-# their work comes in bursts between a test's requests, so they may take every core, their
-# OpenMP threads waiting passively (asleep, not spinning) between bursts. Both measured
-# on the whole suite (docs/benchmarks/test-suite.md).
-# pytest-xdist's workers inherit the environment of the process that starts them, which
-# reads this file first, as one process: THREADS_SET marks its OMP_NUM_THREADS as set
-# here, so that each worker sets its own share (without it, the workers ran with a
-# thread per core; any OMP_NUM_THREADS of the user's own is kept).
-THREADS_SET = "WHISPER_TRITON_TESTS_SET_THREADS"
-SERVER_THREADS: dict[str, str] = {}
-if "OMP_NUM_THREADS" not in os.environ or THREADS_SET in os.environ:
-    _threads = max(1, len(os.sched_getaffinity(0)) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-    os.environ.update({"OMP_NUM_THREADS": str(_threads), THREADS_SET: "1"})
-    torch.set_num_threads(_threads)
-    SERVER_THREADS = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))), "OMP_WAIT_POLICY": "PASSIVE"}
+# Every test process, and every server or command it starts, may use every core: the two
+# xdist workers of .ci/run compute at different times as often as together. Their OpenMP
+# threads wait passively (asleep) between parallel regions: spinning, they took the cores
+# from the processes beside them. xdist's controller reads this file before it starts the
+# workers, which inherit both variables before they import torch; one worker thread each
+# while their servers took both, and spinning threads everywhere, were both slower on the
+# whole suite (docs/benchmarks/test-suite.md). A value of the user's own is kept.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("OMP_NUM_THREADS", str(len(os.sched_getaffinity(0))))
 
 # Without a GPU, Triton kernels (engine.step_kernels) run in Triton's interpreter,
 # which is chosen when they are decorated: before any test module imports them.
@@ -221,8 +212,8 @@ def lean_model_repository(folder: Path) -> Path:
 def launch_server(
     folder: Path, environ: Mapping[str, str] | None = None, arguments: tuple[str, ...] = ()
 ) -> Iterator[LaunchedServer]:
-    """`whisper-triton serve` on free ports, as a user would start it, with SERVER_THREADS
-    and `environ` added to this process's environment, once it is ready; its log in `folder`.
+    """`whisper-triton serve` on free ports, as a user would start it, with `environ`
+    added to this process's environment, once it is ready; its log in `folder`.
     Without --model-repository in `arguments`, it serves `lean_model_repository` (on a host without a GPU).
     Stopped at the end if it still runs (SIGTERM, then SIGKILL; stop it first to check how it stops)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -234,7 +225,7 @@ def launch_server(
     ]
     with log.open("w") as log_file:
         process = subprocess.Popen(
-            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **SERVER_THREADS, **(environ or {})}
+            command, stdout=log_file, stderr=subprocess.STDOUT, env={**os.environ, **(environ or {})}
         )
     try:
         _wait_until_ready(process, http_port, log)
