@@ -198,24 +198,25 @@ class Load:
 
 
 def run_load(server: Server, inputs: Inputs, expected: Expected, seconds: float, concurrency: int, seed: int,
-             say: Callable[[str], None], phase: str = "soak") -> Load:  # fmt: skip
-    """`concurrency` workers, each sending one request at a time until `seconds` have passed."""
+             say: Callable[[str], None], phase: str = "soak", every_kind_first: bool = False) -> Load:  # fmt: skip
+    """`concurrency` workers, each sending one request at a time until `seconds` have passed;
+    with `every_kind_first`, each kind is sent once before the random draws."""
     tally = Tally()
     deadline = time.monotonic() + seconds
     errors: list[BaseException] = []
     whisper = next(stub.pid for stub in stub_processes(server.grpc_port) if stub.model == "whisper")
-    # Each kind is sent once first, whichever worker is free, then the workers draw at
-    # random: on a busy machine a short phase makes few requests, and a kind drawn rarely
-    # (a soak of 59 requests drew no `disconnect`) would go untried.
-    unsent: list[collections.deque] = []  # the kinds not sent yet, once a worker has them
+    # The warm-up sends each kind once first, whichever worker is free: on a busy machine a
+    # short soak makes few requests, and a kind drawn rarely (59 requests drew no
+    # `disconnect`) would go untried. The soak proper draws at random from its start, so
+    # that a burst of every kind at once does not land between the two memory readings.
+    unsent = collections.deque(sorted(WEIGHTS) if every_kind_first else ())  # `fault` skipped where not armed
     lock = threading.Lock()
 
     def next_kind(names: list[str], rng: random.Random) -> str:
         with lock:
-            if not unsent:
-                unsent.append(collections.deque(names))
-            if unsent[0]:
-                return unsent[0].popleft()
+            while unsent:
+                if (kind := unsent.popleft()) in names:
+                    return kind
         return rng.choices(names, weights=[WEIGHTS[name] for name in names])[0]
 
     def worker(index: int) -> None:
@@ -312,7 +313,8 @@ def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY,
         expected = references(client)
     finally:
         client.close()
-    warmup = run_load(server, inputs, expected, warmup_seconds, concurrency, seed, say, phase="warm-up")
+    warmup = run_load(server, inputs, expected, warmup_seconds, concurrency, seed, say, phase="warm-up",
+                      every_kind_first=True)
     before = settle(server, say)
     say(f"soak: {seconds:.0f} s with {concurrency} workers; whisper stub {before.rss_mib['whisper']:.0f} MiB")
     load = run_load(server, inputs, expected, seconds, concurrency, seed, say)
