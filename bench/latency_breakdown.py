@@ -192,7 +192,7 @@ def served_part(checkpoint: str, job, args, say) -> dict:
     record = {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms,
               "models": measured.models}  # fmt: skip
     try:  # written only by a server that stopped within Triton's exit timeout
-        record["trace"] = asdict(timeline(read_trace(trace_file), "transcribe", last_s=args.served_seconds))
+        record["trace"] = asdict(timeline(read_trace(trace_file), "transcribe", measured.request_ids))
     except FileNotFoundError:
         record["trace_missing"] = f"Triton wrote no trace file at {trace_file} (see {log})"
         say(record["trace_missing"])

@@ -27,6 +27,7 @@ from bench.triton_stats import model_stats, stats_delta
 class Round:
     stats: PointStats  # the client's view of the window
     models: dict  # Triton's statistics over the window, per model (bench.triton_stats.stats_delta)
+    request_ids: str  # what the ids of the window's requests start with, in Triton's trace
 
 
 def one_clip_rounds(
@@ -42,8 +43,8 @@ def one_clip_rounds(
             load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
             for _ in range(rounds):
                 before = model_stats(command.grpc_url)
-                stats = load.run(PointPlan(1, 0.0, seconds, 60.0)).stats
-                yield Round(stats, stats_delta(before, model_stats(command.grpc_url)))
+                point = load.run(PointPlan(1, 0.0, seconds, 60.0))
+                yield Round(point.stats, stats_delta(before, model_stats(command.grpc_url)), point.request_ids)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -25,6 +25,7 @@ BAD_TRANSCRIPT, never as throughput.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import os
 import re
@@ -47,6 +48,7 @@ CHANNEL_ARGS = [
     ("grpc.max_receive_message_length", 2**31 - 1),
     ("grpc.use_local_subchannel_pool", 1),  # a connection of its own, not one shared by every channel
 ]
+_POINTS = itertools.count(1)  # numbers the points this process runs, for their request ids
 
 
 @dataclass(frozen=True)
@@ -76,6 +78,7 @@ class _Order:
     slots: int
     plan: PointPlan
     start: float  # time.monotonic() at which warm-up begins
+    point: str  # the point's part of its request ids
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,9 @@ class PointResult:
     stats: PointStats
     processes: int
     client_cpu_cores: float  # the client processes' CPU time over the window's length
+    # The request ids of the requests sent inside the window start with it, and only theirs:
+    # Triton's trace records them (`bench.triton_trace.timeline`).
+    request_ids: str = ""
 
     def to_dict(self) -> dict:
         return {**self.stats.to_dict(), "client_processes": self.processes,
@@ -138,8 +144,9 @@ class LoadGenerator:
         window's edges (to read the server's statistics there)."""
         shares = split_slots(plan.concurrency, len(self._workers))
         start = time.monotonic() + START_DELAY_S
+        point = f"{os.getpid()}-{next(_POINTS)}"
         for (first, slots), (_, pipe) in zip(shares, self._workers):
-            pipe.send(_Order(first, slots, plan, start))
+            pipe.send(_Order(first, slots, plan, start, point))
         window = (start + plan.warmup_s, start + plan.warmup_s + plan.duration_s)
         for edge, when in zip(("start", "end"), window):
             time.sleep(max(0.0, when - time.monotonic()))
@@ -155,7 +162,8 @@ class LoadGenerator:
         problems = [p for r in reports for p in r.problems]
         stats = summarize(outcomes, [r.duration_s for r in self.requests], window, plan.concurrency, problems)
         cores = sum(r.cpu_s for r in reports) / plan.duration_s
-        return PointResult(stats=stats, processes=len(shares), client_cpu_cores=round(cores, 3))
+        return PointResult(stats=stats, processes=len(shares), client_cpu_cores=round(cores, 3),
+                           request_ids=window_request_ids(point))  # fmt: skip
 
 
 # ------------------------------------------------------------------ in each client process
@@ -198,6 +206,17 @@ def _audio_input(grpc_aio, wav: bytes):
     return audio
 
 
+def window_request_ids(point: str) -> str:
+    """What the request ids of a point's requests sent inside its window start with."""
+    return f"{point}/window/"
+
+
+def request_id(point: str, in_window: bool, slot: int, sent: int) -> str:
+    """A request's id: its point, whether it was sent inside the window (the requests whose
+    latencies count), its slot, and how many the slot had sent before it."""
+    return f"{window_request_ids(point) if in_window else f'{point}/warm-up/'}{slot}-{sent}"
+
+
 def first_clip(slot: int, concurrency: int, clips: int) -> int:
     """The clip slot `slot` of `concurrency` sends first: the slots' starts spread evenly over the list."""
     return slot * clips // concurrency
@@ -219,11 +238,13 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
     async def slot(index: int) -> None:
         client, k = client_for(index - order.first_slot), first_clip(index, plan.concurrency, len(requests))
         await asyncio.sleep(max(0.0, order.start - time.monotonic()))
-        while time.monotonic() < end:
+        for count in itertools.count():
+            if (sent := time.monotonic()) >= end:
+                break
             clip = k % len(requests)
             k += 1
-            sent = time.monotonic()
-            status, verdict, reason = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s)
+            identity = request_id(order.point, window_start <= sent, index, count)
+            status, verdict, reason = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s, identity)
             outcomes.append(Outcome(clip, sent, time.monotonic(), status, verdict.tokens, verdict.fallback,
                                     verdict.long_sample, verdict.exact, reason))  # fmt: skip
             problem = verdict.problem
@@ -239,14 +260,16 @@ def error_reason(message: str) -> str:
     return re.sub(r"\d+(\.\d+)?", "N", " ".join(message.split()))[:REASON_CHARS]
 
 
-async def _send(client, request: LoadRequest, audio, outputs, timeout_s: float) -> tuple[str, Verdict, str]:
+async def _send(
+    client, request: LoadRequest, audio, outputs, timeout_s: float, identity: str
+) -> tuple[str, Verdict, str]:
     """One request's status, its transcript's verdict (an empty one for an error) and an error's reason."""
     from tritonclient.utils import InferenceServerException
 
     try:
         result = await client.infer(
             tensor_names.ENSEMBLE_NAME, [audio], outputs=outputs, parameters=request.parameters,
-            client_timeout=timeout_s,
+            client_timeout=timeout_s, request_id=identity,
         )
     except InferenceServerException as error:
         status = status_name(error)

@@ -60,6 +60,7 @@ class Trace:
 
     model: str | None = None
     parent: int | None = None
+    request_id: str = ""  # the client's, as Triton records it
     ns: dict[str, int] = field(default_factory=dict)  # event name -> its first timestamp
 
     def received_ns(self) -> int | None:
@@ -73,14 +74,16 @@ def read_trace(path: Path) -> dict[int, Trace]:
         trace = traces[record["id"]]
         if "model_name" in record:
             trace.model, trace.parent = record["model_name"], record.get("parent_id")
+            trace.request_id = record.get("request_id", "")
         for stamp in record.get("timestamps", ()):
             trace.ns.setdefault(stamp["name"], stamp["ns"])
     return dict(traces)
 
 
-def timeline(traces: dict[int, Trace], ensemble: str, last_s: float | None = None) -> Timeline:
-    """The median timeline of `ensemble` requests; with last_s, of those the front end read
-    in the last_s seconds before the last one (a measured window after a warm-up)."""
+def timeline(traces: dict[int, Trace], ensemble: str, request_ids: str = "") -> Timeline:
+    """The median timeline of the `ensemble` requests whose request ids start with
+    `request_ids` (a load point's measured window: `bench.load.PointResult.request_ids`), so
+    that it covers the very requests whose latencies the client measured."""
     children: dict[int, list[Trace]] = collections.defaultdict(list)
     for trace in traces.values():
         if trace.parent is not None:
@@ -88,15 +91,10 @@ def timeline(traces: dict[int, Trace], ensemble: str, last_s: float | None = Non
     received_ns = {
         trace_id: trace.received_ns()
         for trace_id, trace in traces.items()
-        if trace.model == ensemble and trace.received_ns() is not None
+        if trace.model == ensemble and trace.request_id.startswith(request_ids) and trace.received_ns() is not None
     }
-    since_ns = max(received_ns.values()) - last_s * 1e9 if received_ns and last_s is not None else 0
     offsets_s: dict[str, list[float]] = collections.defaultdict(list)
-    requests = 0
     for trace_id, received in received_ns.items():
-        if received < since_ns:
-            continue
-        requests += 1
         events = [(label, traces[trace_id].ns.get(name)) for name, label in ENSEMBLE_EVENTS.items()]
         events += [(f"{child.model}: {label}", child.ns.get(name))
                    for child in children[trace_id] for name, label in MODEL_EVENTS.items()]  # fmt: skip
@@ -105,7 +103,7 @@ def timeline(traces: dict[int, Trace], ensemble: str, last_s: float | None = Non
                 offsets_s[label].append((at_ns - received) / 1e9)
     summaries = {label: percentile_summary(values) for label, values in offsets_s.items()}
     events = [TimelineEvent(label, summary["p50"], summary["p90"]) for label, summary in summaries.items()]
-    return Timeline(requests, sorted(events, key=lambda event: event.median_ms))
+    return Timeline(len(received_ns), sorted(events, key=lambda event: event.median_ms))
 
 
 def markdown(line: Timeline, client_p50_ms: float | None = None) -> list[str]:

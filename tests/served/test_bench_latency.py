@@ -10,11 +10,29 @@ from conftest import lean_model_repository
 
 from bench import latency_breakdown, latency_rounds
 from bench.latency_breakdown import covered, main
+from bench.load import request_id, window_request_ids
+from bench.triton_trace import Trace, timeline
 
 
 def test_overlapping_kernels_count_once_and_gaps_not_at_all():
     assert covered([(5.0, 6.0), (0.0, 2.0), (1.0, 3.0), (1.5, 2.5)]) == 4.0
     assert covered([]) == 0.0
+
+
+def test_the_timeline_holds_exactly_the_requests_sent_inside_the_point_s_window():
+    """The client's latencies count the requests sent inside a point's window; the trace's
+    timeline must cover the same ones, not its warm-up's nor another point's."""
+    traces: dict[int, Trace] = {}
+    for point, in_window, latency_ms in [("7-1", True, 10.0), ("7-1", True, 20.0), ("7-1", False, 900.0),
+                                         ("7-10", True, 800.0), ("7-2", True, 700.0)]:  # fmt: skip
+        ensemble_id = len(traces) + 1
+        identity = request_id(point, in_window, 0, ensemble_id)
+        stamps = {"GRPC_WAITREAD_END": 0, "GRPC_SEND_END": int(latency_ms * 1e6)}
+        traces[ensemble_id] = Trace("transcribe", None, identity, stamps)
+        traces[ensemble_id + 100] = Trace("whisper", ensemble_id, identity, {"QUEUE_START": 1_000_000})
+    line = timeline(traces, "transcribe", window_request_ids("7-1"))
+    assert line.requests == 2
+    assert {event.label: event.median_ms for event in line.events} == {"gRPC sent the answer": 15.0, "whisper: queued": 1.0}
 
 
 def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
