@@ -8,12 +8,12 @@ Workers send, each one request at a time, a random mix (`WEIGHTS`) of short clip
 a long recording, word timestamps, bad input, requests their client cancels or
 abandons mid-request, and, where the server arms a fault prompt
 (WHISPER_TRITON_FAULT_PROMPT), requests that break their decoder step. Each is
-judged (`soak_requests`). A warm-up of the same load comes first (its requests
-are judged too), then the soak proper. At the end the soak requires: no
-UNEXPECTED outcome, nothing left in the whisper model (requests in flight,
-windows decoding or waiting), the engine healthy and Triton ready, and the
-whisper stub's resident memory within `RSS_TOLERANCE_MIB` of where it was after
-the warm-up.
+judged (`soak_requests`). A warm-up comes first (its requests are judged too):
+the heaviest kinds at once, each kind once, then the same mix; then the soak
+proper. At the end the soak requires: no UNEXPECTED outcome, nothing left in the
+whisper model (requests in flight, windows decoding or waiting), the engine
+healthy and Triton ready, and the whisper stub's resident memory within
+`RSS_TOLERANCE_MIB` of where it was after the warm-up.
 
 `--serve` starts a server of its own with a fault prompt armed; otherwise the
 server must run on this machine (its memory is read from /proc). Progress is
@@ -30,7 +30,7 @@ import random
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -57,16 +57,15 @@ PROGRESS_S = 15.0
 # Abandoned requests (cancelled through the ensemble, hung up) are still decoded
 # after the soak; this long at most until nothing is left.
 SETTLE_TIMEOUT_S = 180.0
-# Under concurrent load the whisper stub's RSS first grows by some 300 MiB over
-# what sequential requests leave, then stays level (measured: 1,180 MiB after the
-# references, 1,480 after 30 s of this load, then 1,500, 1,480, 1,500 after three
-# more minutes): freed memory is not all returned to the system, since glibc keeps
-# a heap per thread (the engine, four responders, Triton's) with its fragments,
-# and keeps large blocks of the sizes seen once its mmap threshold has risen.
-# So memory is compared after WARMUP_S of the same load, and may then grow by
-# RSS_TOLERANCE_MIB: twice the largest rise seen after the warm-up (64 MiB). A
-# leak of each request's audio or features (the 2-minute waveform alone is 7.5
-# MiB), or of a slot, grows with the requests (over 1,000 in 10 minutes) instead.
+# The whisper stub's RSS rises to a level set by the most memory its requests held at
+# once, and the allocator keeps what it freed. So the warm-up opens with HEAVIEST at
+# once, one per worker, then each kind once, then the random mix, and memory is compared
+# after it. The server runs with two malloc arenas (`triton_environment.MALLOC_ARENAS`):
+# with glibc's default of a heap per thread, RSS kept rising after such a warm-up with no
+# leak. RSS_TOLERANCE_MIB is twice the largest rise seen before that change; the
+# measurements are in docs/benchmarks/soak.md. A leak of each request's audio or
+# features, or of a slot, grows with the requests (over 1,000 in 10 minutes) instead.
+HEAVIEST = ("cancel_decoding", "long")  # the two-minute waveform, the 53 s recording
 WARMUP_S = 30.0
 RSS_TOLERANCE_MIB = 128.0
 SEED = 11
@@ -198,25 +197,25 @@ class Load:
 
 
 def run_load(server: Server, inputs: Inputs, expected: Expected, seconds: float, concurrency: int, seed: int,
-             say: Callable[[str], None], phase: str = "soak", every_kind_first: bool = False) -> Load:  # fmt: skip
-    """`concurrency` workers, each sending one request at a time until `seconds` have passed;
-    with `every_kind_first`, each kind is sent once before the random draws."""
+             say: Callable[[str], None], phase: str = "soak", first: Sequence[str] = ()) -> Load:  # fmt: skip
+    """`concurrency` workers, each sending one request at a time: the kinds of `first` in
+    order, whichever worker is free, then random draws until `seconds` have passed."""
     tally = Tally()
     deadline = time.monotonic() + seconds
     errors: list[BaseException] = []
     whisper = next(stub.pid for stub in stub_processes(server.grpc_port) if stub.model == "whisper")
-    # The warm-up sends each kind once first, whichever worker is free: on a busy machine a
-    # short soak makes few requests, and a kind drawn rarely (59 requests drew no
-    # `disconnect`) would go untried. The soak proper draws at random from its start, so
-    # that a burst of every kind at once does not land between the two memory readings.
-    unsent = collections.deque(sorted(WEIGHTS) if every_kind_first else ())  # `fault` skipped where not armed
+    unsent = collections.deque(first)  # kinds not offered (`fault` where not armed) are skipped
     lock = threading.Lock()
 
-    def next_kind(names: list[str], rng: random.Random) -> str:
+    def next_kind(names: list[str], rng: random.Random) -> str | None:
+        """The next kind of `first` even past the deadline (each is sent, however slow the
+        machine), else a random draw until the deadline, then None."""
         with lock:
             while unsent:
                 if (kind := unsent.popleft()) in names:
                     return kind
+        if time.monotonic() >= deadline:
+            return None
         return rng.choices(names, weights=[WEIGHTS[name] for name in names])[0]
 
     def worker(index: int) -> None:
@@ -225,8 +224,7 @@ def run_load(server: Server, inputs: Inputs, expected: Expected, seconds: float,
         names = sorted(kinds)
         rng = random.Random(f"{seed} {phase} {index}")
         try:
-            while time.monotonic() < deadline:
-                kind = next_kind(names, rng)
+            while (kind := next_kind(names, rng)) is not None:
                 tally.add(kinds[kind](expected, rng))
         except BaseException as error:  # a bug of the soak itself: stop and say so
             errors.append(error)
@@ -303,6 +301,15 @@ class SoakReport:
         return data
 
 
+def warmup_kinds(concurrency: int) -> list[str]:
+    """What the warm-up sends before its random draws: the heaviest kinds, one per worker
+    at once, to reach the memory's high-water mark before it is read (see HEAVIEST); then
+    each kind once, since on a busy machine a short soak makes few requests and a kind drawn
+    rarely (59 requests drew no `disconnect`) would go untried. The soak proper draws at
+    random from its start."""
+    return [kind for kind in HEAVIEST for _ in range(concurrency)] + sorted(WEIGHTS)
+
+
 def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY, seed: int = SEED,
          warmup_seconds: float = WARMUP_S, say: Callable[[str], None] = print) -> SoakReport:  # fmt: skip
     """References, a warm-up of the load, the soak proper, and the server once settled."""
@@ -314,7 +321,7 @@ def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY,
     finally:
         client.close()
     warmup = run_load(server, inputs, expected, warmup_seconds, concurrency, seed, say, phase="warm-up",
-                      every_kind_first=True)
+                      first=warmup_kinds(concurrency))
     before = settle(server, say)
     say(f"soak: {seconds:.0f} s with {concurrency} workers; whisper stub {before.rss_mib['whisper']:.0f} MiB")
     load = run_load(server, inputs, expected, seconds, concurrency, seed, say)

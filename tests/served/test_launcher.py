@@ -60,6 +60,15 @@ def test_the_backend_is_assembled_under_the_one_cache_root(tmp_path, monkeypatch
         assert installation.backend_directory.parent == tmp_path
 
 
+def test_the_server_runs_with_two_malloc_arenas_unless_the_user_set_them(tmp_path, monkeypatch):
+    installation = triton_installation.TritonInstallation(binary=Path("/bin/true"), backend_directory=tmp_path)
+    settings = ServerSettings(model_repository=tmp_path)
+    monkeypatch.delenv("MALLOC_ARENA_MAX", raising=False)
+    assert triton_environment.server_environment(installation, settings)["MALLOC_ARENA_MAX"] == "2"
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "8")
+    assert triton_environment.server_environment(installation, settings)["MALLOC_ARENA_MAX"] == "8"
+
+
 def test_environment_puts_this_python_first_and_passes_the_checkpoint(tmp_path):
     installation = triton_installation.TritonInstallation(
         binary=Path("/bin/true"), backend_directory=tmp_path, library_path=(tmp_path / "libs",)
