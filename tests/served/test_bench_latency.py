@@ -69,8 +69,12 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
     # whisper gets the waveform only once preprocessing answered, and the ensemble its answer from whisper.
     assert at["preprocessing: execute starts"] < at["whisper: queued"] <= at["whisper: execute starts"]
     assert at["whisper: execute starts"] < at["ensemble has the answer"] <= at["gRPC sent the answer"]
-    # The client waited for all of it: its median latency covers the server's timeline.
-    assert at["gRPC sent the answer"] <= served["latency_ms"]["p50"]
+    # The client sent each request before the front end read it, and had its answer only
+    # once the front end began to send it: per request, and so in the medians of the same
+    # requests, its latency covers the server's span up to then. (The front end marks the
+    # send's end once its write completes, which on a busy machine can come after the
+    # client has read the answer.)
+    assert at["gRPC sends the answer"] <= served["latency_ms"]["p50"]
     # Triton's statistics of the same window: every request went through the three models once.
     models = served["models"]
     assert {"transcribe", "preprocessing", "whisper", "postprocessing"} <= set(models)
