@@ -249,7 +249,9 @@ class Engine:
         """Move submitted windows to `pending`; True once close() was called."""
         stop = False
         try:
-            item = self._waiting.get(block=block)
+            # Never wait once closing: close()'s marker may have been taken by an earlier
+            # collect, while windows were still decoding, and no other comes.
+            item = self._waiting.get(block=block and not self._closing)
             while True:
                 if item is None:
                     stop = True

@@ -223,6 +223,20 @@ def test_an_engine_that_keeps_failing_gives_up_and_refuses_at_once():
         pipeline.close()
 
 
+def test_close_with_a_window_decoding_answers_it_and_ends_the_engine_thread():
+    """close() while a window decodes: the engine finishes it, then its thread ends. (It
+    took close()'s marker on a collect while the window was decoding, then waited for
+    another once idle, and close() gave up on the thread after its timeout.)"""
+    pipeline = Pipeline.load("default", device="cpu", setup=EngineSetup(slots=SLOTS))
+    feature = window_features(decode_audio(clips()[0].read())[: geometry.N_SAMPLES], pipeline.n_mels)
+    decoding = _submit(pipeline, feature, DecodingOptions(min_new_tokens=20, max_new_tokens=20))
+    while pipeline.engine.turns < 2:  # admitted and stepping: close()'s marker comes mid-decode
+        time.sleep(0.001)
+    pipeline.engine.close(timeout=20.0)
+    assert len(decoding.result(timeout=0).tokens) == 20
+    assert not pipeline.engine.thread.is_alive()
+
+
 def test_a_stuck_step_stops_the_turns_and_a_stalled_engine_refuses_at_once():
     """A step that never returns (the stall prompt) leaves `turns` standing, which is
     what the stall watch reads; `stall` then makes the engine refuse new windows at
