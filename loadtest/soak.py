@@ -9,11 +9,11 @@ a long recording, word timestamps, bad input, requests their client cancels or
 abandons mid-request, and, where the server arms a fault prompt
 (WHISPER_TRITON_FAULT_PROMPT), requests that break their decoder step. Each is
 judged (`soak_requests`). A warm-up comes first (its requests are judged too):
-the heaviest kinds at once, each kind once, then the same mix; then the soak
-proper. At the end the soak requires: no UNEXPECTED outcome, nothing left in the
-whisper model (requests in flight, windows decoding or waiting), the engine
-healthy and Triton ready, and the whisper stub's resident memory within
-`RSS_TOLERANCE_MIB` of where it was after the warm-up.
+each kind once, then the same mix; then the soak proper. At the end the soak
+requires: no UNEXPECTED outcome, nothing left in the whisper model (requests in
+flight, windows decoding or waiting), the engine healthy and Triton ready, and
+the whisper stub's resident memory within `RSS_TOLERANCE_MIB` of where it was
+after the warm-up.
 
 `--serve` starts a server of its own with a fault prompt armed; otherwise the
 server must run on this machine (its memory is read from /proc). Progress is
@@ -57,15 +57,14 @@ PROGRESS_S = 15.0
 # Abandoned requests (cancelled through the ensemble, hung up) are still decoded
 # after the soak; this long at most until nothing is left.
 SETTLE_TIMEOUT_S = 180.0
-# The whisper stub's RSS rises to a level set by the most memory its requests held at
-# once, and the allocator keeps what it freed. So the warm-up opens with HEAVIEST at
-# once, one per worker, then each kind once, then the random mix, and memory is compared
-# after it. The server runs with two malloc arenas (`triton_environment.MALLOC_ARENAS`):
-# with glibc's default of a heap per thread, RSS kept rising after such a warm-up with no
-# leak. RSS_TOLERANCE_MIB is twice the largest rise seen before that change; the
-# measurements are in docs/benchmarks/soak.md. A leak of each request's audio or
-# features, or of a slot, grows with the requests (over 1,000 in 10 minutes) instead.
-HEAVIEST = ("cancel_decoding", "long")  # the two-minute waveform, the 53 s recording
+# The whisper stub's RSS rises with the most memory its requests held at once, and the
+# allocator keeps what they freed until the idle engine gives it back
+# (`engine.scheduler.IDLE_RELEASE_S`); the server runs with two malloc arenas
+# (`apps.triton_environment.MALLOC_ARENAS`), which hold less of it meanwhile. So memory
+# is read with the server settled, after a warm-up of the same load, and may then grow by
+# RSS_TOLERANCE_MIB, twice the largest rise seen after the warm-up before either change.
+# The measurements: docs/reliability.md. A leak of each request's audio or features, or
+# of a slot, grows with the requests (over 1,000 in 10 minutes) and survives the release.
 WARMUP_S = 30.0
 RSS_TOLERANCE_MIB = 128.0
 SEED = 11
@@ -168,7 +167,7 @@ def settle(server: Server, say: Callable[[str], None], timeout: float = SETTLE_T
             say(f"settling: {now.in_flight:g} requests in the whisper model, {now.running:g} windows decoding, "
                 f"{now.waiting:g} waiting ({said - started:.0f} s)")  # fmt: skip
         time.sleep(0.5)
-    time.sleep(2.5)
+    time.sleep(2.5)  # by then the idle engine gave its freed memory back (engine.scheduler.IDLE_RELEASE_S)
     return snapshot(server)
 
 
@@ -301,13 +300,11 @@ class SoakReport:
         return data
 
 
-def warmup_kinds(concurrency: int) -> list[str]:
-    """What the warm-up sends before its random draws: the heaviest kinds, one per worker
-    at once, to reach the memory's high-water mark before it is read (see HEAVIEST); then
-    each kind once, since on a busy machine a short soak makes few requests and a kind drawn
-    rarely (59 requests drew no `disconnect`) would go untried. The soak proper draws at
-    random from its start."""
-    return [kind for kind in HEAVIEST for _ in range(concurrency)] + sorted(WEIGHTS)
+def warmup_kinds() -> list[str]:
+    """What the warm-up sends before its random draws: each kind once, since on a busy
+    machine a short soak makes few requests and a kind drawn rarely (59 requests drew no
+    `disconnect`) would go untried. The soak proper draws at random from its start."""
+    return sorted(WEIGHTS)
 
 
 def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY, seed: int = SEED,
@@ -321,7 +318,7 @@ def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY,
     finally:
         client.close()
     warmup = run_load(server, inputs, expected, warmup_seconds, concurrency, seed, say, phase="warm-up",
-                      first=warmup_kinds(concurrency))
+                      first=warmup_kinds())
     before = settle(server, say)
     say(f"soak: {seconds:.0f} s with {concurrency} workers; whisper stub {before.rss_mib['whisper']:.0f} MiB")
     load = run_load(server, inputs, expected, seconds, concurrency, seed, say)

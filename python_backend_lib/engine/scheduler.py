@@ -39,6 +39,7 @@ from python_backend_lib.core.errors import RequestError, ServerUnavailable
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
+from python_backend_lib.devices.host_memory import release_free_memory
 from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
 from python_backend_lib.engine.beams import admissible, rows_needed, with_beam_mates
@@ -58,6 +59,9 @@ CANCEL_CHECK_INTERVAL_S = 0.05
 # Restarts in a row, with no decoder step succeeding in between, after which the
 # engine gives up and reports itself unhealthy.
 MAX_CONSECUTIVE_RESTARTS = 3
+# Idle this long, the engine gives freed host memory back (`devices.host_memory`): long
+# enough that a server under load never pays for it between two requests.
+IDLE_RELEASE_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -90,6 +94,7 @@ class EngineStats:
     cancelled: int = 0
     failed_steps: int = 0  # steps that raised and were retried row by row
     restarts: int = 0  # times the loop failed everything it held and started again
+    memory_releases: int = 0  # times the idle engine gave freed host memory back
     recent_waits: collections.deque = field(default_factory=lambda: collections.deque(maxlen=MAX_RECENT_WAITS))
 
 
@@ -251,7 +256,7 @@ class Engine:
         try:
             # Never wait once closing: close()'s marker may have been taken by an earlier
             # collect, while windows were still decoding, and no other comes.
-            item = self._waiting.get(block=block and not self._closing)
+            item = self._next(block=block and not self._closing)
             while True:
                 if item is None:
                     stop = True
@@ -263,6 +268,18 @@ class Engine:
             pass
         pending.sort(key=lambda admission: not admission.live)  # stable: live first, FIFO within each
         return stop or self._closing
+
+    def _next(self, block: bool) -> Admission | None:
+        """The next submitted item (queue.Empty if none and not `block`). Idle for
+        IDLE_RELEASE_S, the engine gives the memory its windows freed back to the system
+        first: otherwise the process keeps the peak of its last burst."""
+        if not block:
+            return self._waiting.get_nowait()
+        try:
+            return self._waiting.get(timeout=IDLE_RELEASE_S)
+        except queue.Empty:
+            self.stats.memory_releases += release_free_memory()
+            return self._waiting.get()
 
     def _admit(self, pending: list[Admission]) -> None:
         n = admissible([a.options for a in pending[: self.options.max_admit]], self.batch.free_slots)
