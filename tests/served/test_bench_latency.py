@@ -63,7 +63,9 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
           "--requests", "1", "--profiled", "1", "--served", "--served-seconds", "2", "--out", str(tmp_path)])  # fmt: skip
     served = json.loads((tmp_path / "latency-breakdown.json").read_text())["served"]
     trace = served["trace"]
-    assert trace["requests"] >= 2
+    # On a busy machine one request can outlast the window: one request or more, the same
+    # ones the client measured and Triton's statistics count.
+    assert trace["requests"] == served["models"]["transcribe"]["requests"] >= 1
     at = {event["label"]: event["median_ms"] for event in trace["events"]}
     assert 0 <= at["ensemble starts"] <= at["preprocessing: queued"] <= at["preprocessing: execute starts"]
     # whisper gets the waveform only once preprocessing answered, and the ensemble its answer from whisper.
@@ -79,7 +81,7 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
     models = served["models"]
     assert {"transcribe", "preprocessing", "whisper", "postprocessing"} <= set(models)
     for name in ("preprocessing", "whisper", "postprocessing"):
-        assert models[name]["requests"] == models["transcribe"]["requests"] >= 2
+        assert models[name]["requests"] == models["transcribe"]["requests"]
         assert models[name]["failures"] == 0 and models[name]["execute_ms"] > 0
     report = (tmp_path / "latency-breakdown.md").read_text()
     assert "## The served request, by Triton's statistics" in report
