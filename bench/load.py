@@ -214,7 +214,8 @@ def window_request_ids(point: str) -> str:
 def request_id(point: str, in_window: bool, slot: int, sent: int) -> str:
     """A request's id: its point, whether it was sent inside the window (the requests whose
     latencies count), its slot, and how many the slot had sent before it."""
-    return f"{window_request_ids(point) if in_window else f'{point}/warm-up/'}{slot}-{sent}"
+    prefix = window_request_ids(point) if in_window else f"{point}/warm-up/"
+    return f"{prefix}{slot}-{sent}"
 
 
 def first_clip(slot: int, concurrency: int, clips: int) -> int:

@@ -24,9 +24,10 @@ if TYPE_CHECKING:
 # glibc gives each thread that allocates its own heap (arena), up to eight per core, and
 # returns little of a heap's freed memory to the system. A whisper stub's threads (the
 # engine, the responders, Triton's) each took large blocks in turn, so its resident memory
-# kept rising under mixed load with no leak; with two arenas it returns to where it was.
-# A user's own value is kept.
+# kept rising under mixed load with no leak; two arenas hold less of it, and the idle
+# engine gives the rest back (engine.scheduler.IDLE_RELEASE_S). A user's own value is kept.
 MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
+
 
 def server_environment(installation: TritonInstallation, settings: ServerSettings) -> dict[str, str]:
     """tritonserver's environment: this Python first on PATH, the wheel's libraries, the
