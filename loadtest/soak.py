@@ -31,6 +31,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -99,12 +100,17 @@ def load_inputs(audio_dir: Path = DEFAULT_AUDIO_DIR) -> Inputs:
 
 
 def references(client: SoakClient) -> Expected:
-    """Each input transcribed alone, before the load: what every answer must equal."""
+    """Each input transcribed before the load: what every answer must equal. Sent all at
+    once over gRPC (its client is thread-safe), so that the engine batches them, as the
+    load batches every answer they are compared with."""
     inputs = client.inputs
-    texts = {clip.name: text_of(client.transcribe("grpc", clip.audio)) for clip in (*inputs.short, inputs.long)}
-    texts[Expected.WORDS_KEY] = text_of(client.transcribe("grpc", inputs.words.audio, word_timestamps=True))
-    log_mel = client.log_mel(inputs.waveform)
-    return Expected(texts, log_mel, tokens_of(client.decode(log_mel)))
+    with ThreadPoolExecutor(len(inputs.short) + 3) as pool:
+        texts = {clip.name: pool.submit(client.transcribe, "grpc", clip.audio) for clip in (*inputs.short, inputs.long)}
+        texts[Expected.WORDS_KEY] = pool.submit(client.transcribe, "grpc", inputs.words.audio, word_timestamps=True)
+        log_mel = client.log_mel(inputs.waveform)
+        tokens = pool.submit(client.decode, log_mel)
+        return Expected({key: text_of(reply.result()) for key, reply in texts.items()}, log_mel,
+                        tokens_of(tokens.result()))
 
 
 @dataclass(frozen=True)
