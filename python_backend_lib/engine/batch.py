@@ -360,6 +360,11 @@ class DecodeBatch:
         picks = [rows[k] for k in alone], [tokens[k] for k in alone], [logprobs[k] for k in alone]
         return answered + self._advance(*picks, followed)
 
+    def _ends_segment(self, generated: list[int]) -> bool:
+        """The last token is a timestamp right after text: it ends a segment (Whisper's
+        timestamp grammar; text tokens lie below <|endoftext|>)."""
+        return generated[-1] >= self.timestamp_begin and len(generated) > 1 and generated[-2] < self.eot
+
     def _advance(self, rows: list[Row], tokens: list[int], logprobs: list[float], followed: set[Row]) -> list[Finished]:
         """Append each row's chosen token; retire the rows that finished. A row in
         `followed` feeds its token in the step launched already: nothing is pending."""
@@ -372,6 +377,8 @@ class DecodeBatch:
                 continue
             row.generated.append(token)
             row.sum_logprob += logprob
+            if row.on_segment is not None and row.group is None and self._ends_segment(row.generated):
+                row.on_segment(row.result(finished=False))
             if len(row.generated) >= row.max_new_tokens:
                 done.append((row, False))
             elif row not in followed:

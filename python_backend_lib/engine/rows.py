@@ -8,7 +8,7 @@ compared by identity: the batch, the graphs and the engine all hold the same obj
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -24,6 +24,11 @@ from python_backend_lib.engine.rules import RuleFacts
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.beams import RowGroup
+
+# Called on the engine thread with a row's result so far (`Row.result(finished=False)`)
+# each time it ends a segment: a timestamp token right after text. The streamed path shows
+# the segment before the window ends (`transcription.longform`). It must not block.
+SegmentListener = Callable[[DecodingResult], None]
 
 # Rows of a [N_RULE_FACTS, rows] facts table (`RuleFacts` field order).
 AT_BEGIN, LAST_IS_TIMESTAMP, PENULTIMATE_IS_TIMESTAMP, LAST_TIMESTAMP, END_ALLOWED = (
@@ -84,6 +89,7 @@ class Admission:
     content_frames: int | None = None
     keep_audio: bool = False  # its slot's encoder K/V outlive it until its callback returns
     live: bool = False  # admitted before every admission that is not, without waiting to batch
+    on_segment: SegmentListener | None = None  # told of each segment it ends, as it ends it
 
 
 class _TimestampScan(NamedTuple):
@@ -115,6 +121,7 @@ class Row:
     group: RowGroup | None = None  # the beams or samples it decodes with (`engine.beams`); None: alone
     stream: int = 0  # its place among its request's rows: best_of samples draw apart (`engine.draws`)
     keep_audio: bool = False  # as its admission's
+    on_segment: SegmentListener | None = None  # as its admission's; only a row decoding alone calls it
     _scan: _TimestampScan = field(default=_TimestampScan(None, 0, -1), repr=False)
 
     def draw_key(self, ahead: int = 0) -> int:
@@ -165,7 +172,7 @@ def new_row(admission: Admission, slot: int, config: ModelConfig, stream: int = 
     limit = min(admission.options.max_new_tokens or room, room)
     prompt = admission.prompt
     return Row(admission.tag, admission.options, prompt, slot, limit, list(prompt.tokens), language=prompt.language,
-               stream=stream, keep_audio=admission.keep_audio)
+               stream=stream, keep_audio=admission.keep_audio, on_segment=admission.on_segment)
 
 
 

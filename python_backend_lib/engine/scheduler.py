@@ -44,7 +44,7 @@ from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
 from python_backend_lib.engine.beams import admissible, rows_needed, with_beam_mates
 from python_backend_lib.engine.prompt import initial_tokens
-from python_backend_lib.engine.rows import Admission, RowState
+from python_backend_lib.engine.rows import Admission, RowState, SegmentListener
 from python_backend_lib.text.tokenizer import Tokenizer
 
 log = logging.getLogger(__name__)
@@ -149,6 +149,7 @@ class Engine:
         content_frames: int | None = None,
         keep_audio: bool = False,
         live: bool = False,
+        on_segment: SegmentListener | None = None,
     ) -> None:
         """Queue one window for decoding; `on_done` later receives its result or
         exception on the engine thread.
@@ -161,6 +162,9 @@ class Engine:
         live: admitted before every waiting window that is not live (FIFO among
             each), at once rather than waiting for others to encode with it: a live
             session's hypothesis never waits behind batch windows.
+        on_segment: told on the engine thread of each segment the window ends, with
+            its result so far (`rows.SegmentListener`), when it decodes as one row
+            (neither beams nor best_of candidates, whose text is chosen at the end).
         Raises RequestError at once when the options do not fit the checkpoint,
         EngineUnavailable when the engine is shut down or unhealthy.
         """
@@ -172,7 +176,9 @@ class Engine:
             raise RequestError(
                 f"beam_size/best_of {needed} needs {needed} decoding slots; this server has {self.slots}"
             )
-        admission = Admission(_Job(on_done, is_cancelled), features, options, prompt, content_frames, keep_audio, live)
+        admission = Admission(
+            _Job(on_done, is_cancelled), features, options, prompt, content_frames, keep_audio, live, on_segment
+        )
         with self._lock:
             if self._closing:
                 raise EngineUnavailable("the engine is shut down")

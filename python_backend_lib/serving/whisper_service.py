@@ -90,9 +90,9 @@ class _Request:
     passed_on: dict[str, np.ndarray] = field(default_factory=dict)  # decoupled: inputs every response repeats
     entry: Entry | None = None  # None: refused before admission
     watch: Watch | None = None
-    # Decoupled: the responses' order. Windows already sent, and whether the final one went.
+    # Decoupled: the responses' order: what went already (`sent`), and whether the final one did.
     sending: threading.Lock = field(default_factory=threading.Lock)
-    sent_windows: int = 0
+    sent: tuple[int, int] = (0, 0)  # decoupled: the windows and the last one's tokens last sent
     closed: bool = False
 
 
@@ -244,14 +244,16 @@ class WhisperService:
         self._responders.submit(self._send_progress, pending, record)
 
     def _send_progress(self, pending: _Request, record: DecodedRecording) -> None:
-        """A response with the record so far, unless a later one (or the final one) went first."""
+        """A response with the record so far, unless a later one (or the final one) went first:
+        later means more windows, or more tokens in the last one (a segment in progress)."""
+        progress = (len(record.windows), len(record.windows[-1].tokens) if record.windows else 0)
         with pending.sending:
-            if pending.closed or len(record.windows) <= pending.sent_windows:
+            if pending.closed or progress <= pending.sent:
                 return
             try:
                 response = tensors_response(self.pb_utils, self._outputs(pending, record))
                 pending.sender.send(response, flags=0)
-                pending.sent_windows = len(record.windows)
+                pending.sent = progress
             except Exception:  # the final response still comes, and says what failed
                 log.warning("could not send a partial response", exc_info=True)
 

@@ -19,15 +19,20 @@ A `LongFormJob` is a small state machine whose transitions run in engine
 callbacks, so it never blocks the engine thread. Given `on_progress`, it also
 reports the recording decoded so far whenever its settled beginning grows (the
 windows from the start with no gap left before them): the streamed path's
-partial transcripts, made by the same rules as the whole one.
+partial transcripts, made by the same rules as the whole one. Where it can, it
+reports each segment as the decoder ends it, too (`_on_segment`): the window in
+progress after the settled ones, up to its last complete segment. That window is
+provisional: a temperature fallback may decode it again, to other text.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import zlib
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -50,6 +55,8 @@ from python_backend_lib.text.windows import window_segments
 from python_backend_lib.text.words import with_words
 from python_backend_lib.transcription.chunking import Chunk, frame_loudness, plan_chunks
 from python_backend_lib.transcription.hallucination import cut_window, first_segments
+
+log = logging.getLogger(__name__)
 
 # Conditioning on text decoded at a high temperature tends to propagate errors.
 MAX_CONDITIONING_TEMPERATURE = 0.5
@@ -159,6 +166,17 @@ class LongFormJob:
         self._pending = 0  # windows submitted or about to be, not yet handled
         self._failed = False
         self._finished = False
+        # Segments reported as the decoder ends them: in SEQUENTIAL mode, where the window in
+        # progress is the one after the settled ones, and with nothing decided at the window's
+        # end but the fallback (word timestamps align, and the hallucination check reads
+        # words, once the window is decoded); segments need timestamps.
+        self._streams_segments = (
+            on_progress is not None
+            and options.mode is LongFormMode.SEQUENTIAL
+            and options.decoding.timestamps
+            and not options.word_timestamps
+            and options.hallucination_silence_threshold is None
+        )
 
     def start(self) -> None:
         """Submit the first window; raises RequestError when the options do not
@@ -213,6 +231,7 @@ class LongFormJob:
     def _decode(self, window: WindowAt) -> None:
         """Submit one window, already counted in `_pending`."""
         features, frames = self._window(window.chunk, window.seek)
+        streamed = {"on_segment": partial(self._on_segment, window)} if self._streams_segments else {}
         # A window of digital silence is answered as silent by the engine, undecoded.
         self.submit(
             features.contiguous(),
@@ -222,6 +241,7 @@ class LongFormJob:
             content_frames=frames,
             keep_audio=self.options.word_timestamps,  # aligned on the K/V the decoding used
             live=self.options.live,
+            **streamed,
         )
 
     def _on_window(self, window: WindowAt, outcome: DecodingResult | BaseException) -> None:
@@ -346,6 +366,15 @@ class LongFormJob:
 
     # -- progress
 
+    def _settled_windows(self) -> tuple[list[DecodedWindow], int]:
+        """The accepted windows from the start with no gap before them, and the seek after
+        them (the caller holds the lock)."""
+        settled, at = [], 0
+        while at in self._accepted:
+            settled.append(self._accepted[at])
+            at = self._follows[at]
+        return settled, at
+
     def _report_progress(self) -> None:
         """Hand `on_progress` the settled windows when there are more of them than last
         time: in BATCHED mode a later chunk's windows wait until every one before them is in.
@@ -353,14 +382,39 @@ class LongFormJob:
         if self.on_progress is None:
             return
         with self._lock:
-            settled, at = [], 0
-            while at in self._accepted:
-                settled.append(self._accepted[at])
-                at = self._follows[at]
+            settled, _ = self._settled_windows()
             if len(settled) <= self._settled or self._failed or self._finished:
                 return
             self._settled = len(settled)
         self.on_progress(self._record(settled))
+
+    def _on_segment(self, window: WindowAt, so_far: DecodingResult) -> None:
+        """The engine's word that `window` has ended one more segment (on its thread):
+        hand `on_progress` the settled windows and this one's tokens so far, unless the
+        window may yet be skipped as silent (its no-speech probability over the
+        threshold: whether it is depends on the whole window's log-probability). A
+        report that fails is logged and the decoding goes on: the window's own report,
+        or the final answer, still comes."""
+        no_speech = self.options.no_speech_threshold
+        if no_speech is not None and so_far.no_speech_prob > no_speech:
+            return
+        try:
+            with self._lock:
+                settled, at = self._settled_windows()
+                if at != window.seek or self._failed or self._finished:
+                    return
+            provisional = DecodedWindow(
+                tokens=so_far.tokens,
+                seek=window.seek,
+                frames=_frames(window.chunk, window.seek),
+                temperature=so_far.temperature,
+                avg_logprob=so_far.avg_logprob,
+                compression_ratio=compression_ratio(self.tokenizer.decode(so_far.tokens)),
+                no_speech_prob=so_far.no_speech_prob,
+            )
+            self.on_progress(self._record([*settled, provisional]))
+        except Exception:
+            log.warning("could not report a segment in progress", exc_info=True)
 
     def _record(self, windows: list[DecodedWindow]) -> DecodedRecording:
         return DecodedRecording(

@@ -24,7 +24,7 @@ from clients.api import TranscriptionError, WhisperClient, new_request_id
 from clients.streaming import EMPTY_FINAL_RESPONSE, is_final, verbose_line
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.options import LongFormMode
-from python_backend_lib.text.formats import Document
+from python_backend_lib.text.formats import Document, segments_from_json
 
 pytestmark = [pytest.mark.server, pytest.mark.slow]
 
@@ -63,6 +63,17 @@ def test_streamed_segments_make_the_batch_transcript(grpc_client, mode):
     # They came window by window: the first segments before the last one was decoded.
     assert len(updates) >= 2
     assert streamed[-1] not in updates[0].segments and streamed[0] in updates[0].segments
+
+
+def test_a_window_streams_each_segment_as_the_decoder_ends_it(grpc_client):
+    """jfk.wav is one window of two segments: the first comes in a response of its own,
+    before the window is decoded, and the last response is the batch answer."""
+    batch = grpc_client.outputs(JFK, response_format="verbose_json")
+    updates = list(grpc_client.stream(JFK, response_format="verbose_json"))
+    assert len(segments_from_json(batch.segments)) == 2
+    first, last = updates[0], updates[-1]
+    assert not first.final and first.segments == last.segments[:1], [u.segments for u in updates]
+    assert last.final and (last.outputs.text, last.outputs.segments) == (batch.text, batch.segments)
 
 
 def assert_same_document(streamed: Document, batch: Document) -> None:
@@ -210,6 +221,16 @@ def test_gateway_streams_openais_events(openai_client):
     assert done.type == "transcript.text.done"
     assert "".join(e.delta for e in deltas) == done.text == whole.text
     assert (done.usage.type, done.usage.seconds) == (whole.usage.type, whole.usage.seconds)
+
+
+def test_gateway_streams_a_windows_segments_one_by_one(openai_client):
+    """Each of jfk.wav's two segments is a delta of its own, though the file is one window."""
+    with open(JFK, "rb") as audio:
+        *deltas, done = openai_client.audio.transcriptions.create(model="whisper-1", file=audio, stream=True)
+    with open(JFK, "rb") as audio:
+        whole = openai_client.audio.transcriptions.create(model="whisper-1", file=audio)
+    assert len(deltas) == 2 and "".join(e.delta for e in deltas) == done.text == whole.text
+    assert deltas[0].delta.strip() and whole.text.startswith(deltas[0].delta)
 
 
 def test_gateway_streams_text_format_too(openai_client):

@@ -122,6 +122,36 @@ def test_progress_reports_growing_beginnings_of_the_whole(pipe, mode):
         assert report.samples == whole.samples and report.language == whole.language
 
 
+def test_progress_reports_each_segment_of_the_window_in_progress(pipe):
+    """SEQUENTIAL with timestamps: the settled windows, then the window in progress up
+    to each segment it ends: every report a beginning of the whole record, each longer
+    than the one before, one per segment that a timestamp closes."""
+    waveform = decode_audio(SONNET.read_bytes())
+    reports, done = [], Future()
+    (features,) = pipe.features([waveform])
+    options = TranscribeOptions(decoding=DecodingOptions(timestamps=True))
+    pipe.start(features, len(waveform), options, done.set_result, on_progress=reports.append)
+    whole = done.result(timeout=600)
+    assert all(window.temperature == 0.0 for window in whole.windows)  # no fallback decoded a window again
+    progress = [(len(report.windows), len(report.windows[-1].tokens)) for report in reports]
+    assert progress == sorted(set(progress))
+    for report in reports:
+        *settled, last = report.windows
+        assert tuple(settled) == whole.windows[: len(settled)]
+        assert whole.windows[len(settled)].tokens[: len(last.tokens)] == last.tokens
+        assert report.samples == whole.samples
+    special = pipe.config.special
+    ends = sum(
+        1
+        for window in whole.windows
+        if window.no_speech_prob <= options.no_speech_threshold  # else it might yet be skipped as silent
+        for before, token in zip(window.tokens, window.tokens[1:])
+        if token >= special.timestamp_begin and before < special.eot
+    )
+    # Each closing timestamp once, and each window but the last once more, as it settles.
+    assert ends >= len(whole.windows) and len(reports) == ends + len(whole.windows) - 1
+
+
 @pytest.mark.parametrize("mode", list(LongFormMode))
 @pytest.mark.parametrize(
     "name, waveform",
