@@ -2,6 +2,7 @@
 
     python -m bench.streamed_file --out DIR                      # starts `whisper-triton serve`
     python -m bench.streamed_file --triton-grpc HOST:PORT --out DIR
+    python -m bench.streamed_file --gateway --out DIR            # and the gateway's stream=True
 
 One request at a time, for each recording: the batch path (`transcribe`, unary gRPC)
 and the streamed path (`transcribe_stream` over `stream_infer`, as
@@ -16,6 +17,8 @@ is the streamed path's own cost), after the requests.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
 import json
 import statistics
 import time
@@ -24,6 +27,7 @@ from pathlib import Path
 
 from bench.clips import AUDIO_DIR
 from bench.host import ServerProcesses, query_gpus
+from bench.live_latency import gateway_process
 from bench.server_process import ServeCommand, ServerProcess
 from loadtest.provenance import provenance
 
@@ -44,21 +48,54 @@ class FileTimes:
     first_over_batch: float  # first_segment_p50_ms / batch_p50_ms
     updates: int  # responses with new segments in the last streamed request
     equal: bool  # every streamed final transcript equals the batch transcript
+    # With --gateway: the openai client's `stream=True` through the gateway (server-sent events).
+    sse_first_delta_p50_ms: float | None = None  # its first transcript.text.delta
+    sse_done_p50_ms: float | None = None  # its transcript.text.done
+    sse_first_over_batch: float | None = None  # sse_first_delta_p50_ms / batch_p50_ms
+    sse_deltas: int | None = None  # deltas in the last streamed request
+    sse_equal: bool | None = None  # every time, the deltas joined = the done text = the batch text
 
 
 def _ms(seconds: list[float]) -> float:
     return round(1e3 * statistics.median(seconds), 1)
 
 
-def time_file(url: str, path: Path, repeats: int) -> FileTimes:
-    """`repeats` batch and streamed requests of one recording, alternately, after one of each."""
+@dataclass(frozen=True)
+class SseTimes:
+    first_delta_s: float
+    done_s: float
+    deltas: int
+    equal: bool  # the deltas joined = the done text = `text`
+
+
+def time_sse(gateway: str, path: Path, text: str) -> SseTimes:
+    """One `stream=True` transcription of `path` through the gateway, by the openai client."""
+    import openai
+
+    started, first, deltas = time.perf_counter(), None, []
+    with openai.OpenAI(base_url=gateway, api_key="unused", max_retries=0, timeout=600) as client, path.open("rb") as f:
+        for event in client.audio.transcriptions.create(model="whisper-1", file=f, stream=True):
+            if event.type == "transcript.text.delta":
+                first = first if first is not None else time.perf_counter() - started
+                deltas.append(event.delta)
+            elif event.type == "transcript.text.done":
+                done = time.perf_counter() - started
+                if first is None:
+                    raise RuntimeError(f"{path.name}: the stream ended without a delta")
+                return SseTimes(first, done, len(deltas), "".join(deltas) == event.text == text)
+    raise RuntimeError(f"{path.name}: the stream ended without transcript.text.done")
+
+
+def time_file(url: str, path: Path, repeats: int, gateway: str | None = None) -> FileTimes:
+    """`repeats` batch and streamed requests of one recording, alternately, after one of each;
+    with a gateway, a `stream=True` transcription through it after each streamed request."""
     import soundfile
 
     from clients.api import WhisperClient
 
     audio = path.read_bytes()
     client = WhisperClient(url, "grpc")
-    batch_s, first_s, final_s, equal, updates = [], [], [], True, 0
+    batch_s, first_s, final_s, equal, updates, sse = [], [], [], True, 0, []
     try:
         for attempt in range(repeats + 1):
             started = time.perf_counter()
@@ -75,15 +112,25 @@ def time_file(url: str, path: Path, repeats: int) -> FileTimes:
                     equal = equal and update.outputs == batch
             if first is None or final_time is None:
                 raise RuntimeError(f"{path.name}: the stream ended without a segment or a final response")
+            streamed_sse = time_sse(gateway, path, batch.text) if gateway else None
             if attempt:  # the first round warms both paths up
                 batch_s.append(batch_time)
                 first_s.append(first)
                 final_s.append(final_time)
+                sse += [streamed_sse] if streamed_sse else []
     finally:
         client.close()
     batch_ms = _ms(batch_s)
-    return FileTimes(path.name, round(soundfile.info(str(path)).duration, 2), repeats, batch_ms, _ms(first_s),
-                     _ms(final_s), round(_ms(first_s) / batch_ms, 3), updates, equal)  # fmt: skip
+    times = FileTimes(path.name, round(soundfile.info(str(path)).duration, 2), repeats, batch_ms, _ms(first_s),
+                      _ms(final_s), round(_ms(first_s) / batch_ms, 3), updates, equal)  # fmt: skip
+    if not sse:
+        return times
+    first_delta_ms = _ms([t.first_delta_s for t in sse])
+    return dataclasses.replace(
+        times, sse_first_delta_p50_ms=first_delta_ms, sse_done_p50_ms=_ms([t.done_s for t in sse]),
+        sse_first_over_batch=round(first_delta_ms / batch_ms, 3), sse_deltas=sse[-1].deltas,
+        sse_equal=all(t.equal for t in sse),
+    )  # fmt: skip
 
 
 def markdown(record: dict) -> str:
@@ -100,9 +147,17 @@ def markdown(record: dict) -> str:
         "first / batch | updates with segments | streamed = batch |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
-    for f in map(lambda row: FileTimes(**row), record["files"]):
+    files = [FileTimes(**row) for row in record["files"]]
+    for f in files:
         lines.append(f"| {f.recording} | {f.audio_s} | {f.requests} | {f.batch_p50_ms} | **{f.first_segment_p50_ms}** | "
                      f"{f.streamed_final_p50_ms} | {f.first_over_batch} | {f.updates} | {f.equal} |")  # fmt: skip
+    if any(f.sse_first_delta_p50_ms is not None for f in files):
+        lines += ["", "Through the gateway, the openai client's `stream=True` (server-sent events), after each "
+                  "streamed request:", "",
+                  "| recording | first delta p50 ms | done p50 ms | first delta / batch | deltas | deltas joined = "
+                  "done = batch |", "|---|---|---|---|---|---|"]  # fmt: skip
+        lines += [f"| {f.recording} | **{f.sse_first_delta_p50_ms}** | {f.sse_done_p50_ms} | {f.sse_first_over_batch} "
+                  f"| {f.sse_deltas} | {f.sse_equal} |" for f in files]  # fmt: skip
     memory = record.get("gpu_memory")
     if memory:
         lines += ["", "GPU memory after the requests, by nvidia-smi's compute processes (GiB):", "",
@@ -121,16 +176,20 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--checkpoint", help="as `whisper-triton serve --checkpoint` takes it (default: packaged)")
     parser.add_argument("--triton-grpc", help="a running server's gRPC address (HOST:PORT) instead of starting one")
+    parser.add_argument("--gateway", action="store_true",
+                        help="also time `stream=True` through a gateway started in front of the server")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
 
     def measure(url: str) -> list[dict]:
-        files = []
-        for name in args.recordings:
-            times = time_file(url, AUDIO_DIR / name, args.repeats)
-            print(f"[streamed-file] {times}", flush=True)
-            files.append(asdict(times))
-        return files
+        with contextlib.ExitStack() as stack:
+            gateway = stack.enter_context(gateway_process(url, args.out / "gateway.log")).url if args.gateway else None
+            files = []
+            for name in args.recordings:
+                times = time_file(url, AUDIO_DIR / name, args.repeats, gateway)
+                print(f"[streamed-file] {times}", flush=True)
+                files.append(asdict(times))
+            return files
 
     record = {"checkpoint": args.checkpoint or "packaged tiny.en", "provenance": provenance()}
     if args.triton_grpc:
