@@ -3,10 +3,13 @@
 Each response of `transcribe_stream` holds the transcript so far (TEXT, SEGMENTS,
 FORMATTED), and the last one, with Triton's final flag, the whole. A response
 can be overtaken by the next on its way (postprocessing runs several instances),
-so a `TranscriptStream` keeps the longest transcript seen and hands on only the
-segments no earlier response had; an overtaken response adds nothing. Pure, so
-that the client (`api.WhisperClient.stream`), the CLI and the gateway read a
-stream alike.
+so a `TranscriptStream` keeps the transcript that extends the ones before it and
+hands on only the segments no earlier response had; an overtaken response adds
+nothing. A temperature fallback may read a window's first segments otherwise after
+they were sent: a later response that does not extend what was handed on adds
+nothing either, but the final one replaces it, and hands on its segments from
+where the two part. Pure, so that the client (`api.WhisperClient.stream`), the CLI
+and the gateway read a stream alike.
 """
 
 from __future__ import annotations
@@ -56,14 +59,26 @@ class TranscriptStream:
         new: tuple[TimedText, ...] = ()
         if outputs is not None:
             segments = segments_from_json(outputs.segments)
-            if self._outputs is None or len(segments) > len(self._segments):
-                new = segments[len(self._segments):]
+            shared = _shared_beginning(self._segments, segments)
+            extends = shared == len(self._segments) < len(segments)
+            # Neither a beginning of the other: the final reading replaces what was handed on.
+            reread = final and shared < min(len(self._segments), len(segments))
+            if self._outputs is None or extends or reread:
+                new = segments[shared:]
                 self._segments, self._outputs = segments, outputs
         if not new and not final:
             return None
         if self._outputs is None:  # a stream that ended without a transcript: its error said why
             raise ValueError("the stream ended without a transcript")
         return StreamUpdate(new_segments=new, segments=self._segments, outputs=self._outputs, final=final)
+
+
+def _shared_beginning(first: tuple[TimedText, ...], second: tuple[TimedText, ...]) -> int:
+    """How many segments the two begin with alike."""
+    shared = 0
+    while shared < min(len(first), len(second)) and first[shared] == second[shared]:
+        shared += 1
+    return shared
 
 
 def is_final(response_parameters: Any) -> bool:

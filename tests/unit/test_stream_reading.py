@@ -37,6 +37,20 @@ def test_overtaken_responses_add_nothing(order):
     assert tuple(told) == SEGMENTS and last.outputs == so_far(3) and last.final
 
 
+def test_a_reading_that_does_not_extend_the_segments_waits_for_the_final_one():
+    """A window decoded again by the temperature fallback read its first segment otherwise:
+    the response with that reading adds nothing; the final one replaces the transcript and
+    hands on its segments from where the readings part."""
+    reread = (TimedText(0.0, 4.0, " Won."), *SEGMENTS[1:])
+    outputs = [TranscriptOutputs(text="", segments=segments_to_json(segments), formatted="")
+               for segments in (SEGMENTS[:1], reread[:2], reread)]
+    stream = TranscriptStream()
+    assert stream.update(outputs[0], final=False).new_segments == SEGMENTS[:1]
+    assert stream.update(outputs[1], final=False) is None
+    last = stream.update(outputs[2], final=True)
+    assert last.new_segments == reread and last.segments == reread and last.outputs == outputs[2]
+
+
 def test_the_final_flag_on_an_overtaken_response_keeps_the_whole_transcript():
     stream = TranscriptStream()
     assert stream.update(so_far(3), final=False).new_segments == SEGMENTS
