@@ -7,9 +7,11 @@ with OpenAI's events, each a `data:` line of JSON:
     {"type": "transcript.text.delta", "delta": "..."}     as more text is decoded
     {"type": "transcript.text.done", "text": "...", "usage": {"type": "duration", "seconds": ...}}
 
-The deltas joined are the done event's text, which is the text the same request
-without `stream` answers. `usage` is the one OpenAI gives whisper-1, the audio's
-duration. A failure before the first event is an ordinary error reply (its
+A delta comes as the decoder ends a segment. The deltas joined are the done event's
+text, which is the text the same request without `stream` answers, unless a temperature
+fallback read a window's first segments otherwise after they went: no delta is taken
+back, so the deltas then stop there and the done event alone has the rest. `usage` is
+the one OpenAI gives whisper-1, the audio's duration. A failure before the first event is an ordinary error reply (its
 status, OpenAI's error body); once events have gone, it is one more event,
 `{"error": {...}}`, which the `openai` client raises as an APIError. A client
 that leaves mid-stream gets its request cancelled on the server by its id, and
