@@ -81,21 +81,24 @@ RESTARTS = "whisper_engine_restarts_total"
 
 
 def transcribe(url: str, protocol: str, audio: bytes = JFK, **parameters):
-    """TEXT of the reply, or the InferenceServerException (a hang is one too, after REQUEST_TIMEOUT_S)."""
+    """TEXT of the reply, or the InferenceServerException (a hang is one too, after REQUEST_TIMEOUT_S).
+    The client is closed either way: the exception's traceback would keep it, and an HTTP
+    connection left open makes Triton's stop wait out its exit timeout."""
     triton = TRITON[protocol]
     tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
     tensor.set_data_from_numpy(np.array([[audio]], dtype=np.object_))
+    if protocol == "http":
+        client = tritonclient.http.InferenceServerClient(url, network_timeout=REQUEST_TIMEOUT_S)
+        options = {}
+    else:
+        client = tritonclient.grpc.InferenceServerClient(url)
+        options = {"client_timeout": REQUEST_TIMEOUT_S}
     try:
-        if protocol == "http":
-            client = tritonclient.http.InferenceServerClient(url, network_timeout=REQUEST_TIMEOUT_S)
-            reply = client.infer(tensor_names.ENSEMBLE_NAME, [tensor], parameters=parameters)
-        else:
-            client = tritonclient.grpc.InferenceServerClient(url)
-            reply = client.infer(
-                tensor_names.ENSEMBLE_NAME, [tensor], parameters=parameters, client_timeout=REQUEST_TIMEOUT_S
-            )
+        reply = client.infer(tensor_names.ENSEMBLE_NAME, [tensor], parameters=parameters, **options)
     except InferenceServerException as error:
         return error
+    finally:
+        client.close()
     return reply.as_numpy(tensor_names.TEXT).reshape(-1)[0].decode("utf-8")
 
 
