@@ -3,6 +3,7 @@
     python -m bench.streamed_file --out DIR                      # starts `whisper-triton serve`
     python -m bench.streamed_file --triton-grpc HOST:PORT --out DIR
     python -m bench.streamed_file --gateway --out DIR            # and the gateway's stream=True
+    python -m bench.streamed_file --concurrency 16 64 --out DIR  # then streamed requests kept in flight
 
 One request at a time, for each recording: the batch path (`transcribe`, unary gRPC)
 and the streamed path (`transcribe_stream` over `stream_infer`, as
@@ -17,10 +18,12 @@ is the streamed path's own cost), after the requests.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import dataclasses
 import json
 import statistics
+import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -133,6 +136,74 @@ def time_file(url: str, path: Path, repeats: int, gateway: str | None = None) ->
     )  # fmt: skip
 
 
+@dataclass(frozen=True)
+class LoadTimes:
+    """`--concurrency`: streamed requests of one recording kept in flight for a while."""
+
+    recording: str
+    concurrency: int
+    seconds: float
+    answered: int  # streams that ended with the whole transcript, equal to the batch one
+    wrong: int  # streams whose final transcript differed from the batch one
+    failed: int  # streams that ended in an error or the client's timeout (`LOAD_TIMEOUT_S`)
+    rtfx: float  # the answered streams' audio over the wall time
+    final_p50_ms: float | None
+    final_p90_ms: float | None
+    responses_per_stream: float  # responses with new segments, on average over the answered
+
+
+# Each streamed request of a load gives up after this long (it then counts as failed).
+LOAD_TIMEOUT_S = 120.0
+
+
+def time_load(url: str, path: Path, concurrency: int, seconds: float) -> LoadTimes:
+    """`concurrency` clients, each streaming `path` again and again for `seconds` (the last
+    streams started before the end finish), every final transcript compared with the
+    batch one; a warm-up stream first."""
+    import soundfile
+
+    from clients.api import WhisperClient
+
+    audio = path.read_bytes()
+    with WhisperClient(url, "grpc", timeout_s=LOAD_TIMEOUT_S) as client:
+        expected = client.outputs(audio)
+        list(client.stream(audio))
+    finals, updates, outcomes = [], [], collections.Counter()
+    lock = threading.Lock()
+    deadline = time.perf_counter() + seconds
+
+    def worker() -> None:
+        with WhisperClient(url, "grpc", timeout_s=LOAD_TIMEOUT_S) as client:
+            while time.perf_counter() < deadline:
+                started, count, outcome = time.perf_counter(), 0, "failed"
+                try:
+                    for update in client.stream(audio):
+                        count += bool(update.new_segments)
+                        if update.final:
+                            outcome = "answered" if update.outputs == expected else "wrong"
+                except Exception:  # TranscriptionError (an error reply, the client's timeout), a broken stream
+                    outcome = "failed"
+                with lock:
+                    outcomes[outcome] += 1
+                    if outcome == "answered":
+                        finals.append(time.perf_counter() - started)
+                        updates.append(count)
+
+    began = time.perf_counter()
+    threads = [threading.Thread(target=worker) for _ in range(concurrency)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    wall = time.perf_counter() - began
+    audio_s = soundfile.info(str(path)).duration
+    quantile = (lambda q: round(1e3 * statistics.quantiles(finals, n=10)[q], 1)) if len(finals) > 1 else None
+    return LoadTimes(path.name, concurrency, round(wall, 1), outcomes["answered"], outcomes["wrong"],
+                     outcomes["failed"], round(audio_s * outcomes["answered"] / wall, 1),
+                     _ms(finals) if finals else None, quantile(8) if quantile else None,
+                     round(statistics.mean(updates), 2) if updates else 0.0)  # fmt: skip
+
+
 def markdown(record: dict) -> str:
     made = record["provenance"]
     lines = [
@@ -158,6 +229,13 @@ def markdown(record: dict) -> str:
                   "done = batch |", "|---|---|---|---|---|---|"]  # fmt: skip
         lines += [f"| {f.recording} | **{f.sse_first_delta_p50_ms}** | {f.sse_done_p50_ms} | {f.sse_first_over_batch} "
                   f"| {f.sse_deltas} | {f.sse_equal} |" for f in files]  # fmt: skip
+    loads = [LoadTimes(**row) for row in record.get("loads", [])]
+    if loads:
+        lines += ["", "Streamed requests kept in flight (`--concurrency`), each final transcript against the batch one:",
+                  "", "| recording | concurrency | seconds | answered | wrong | failed | RTFx | final p50 ms | "
+                  "final p90 ms | responses with segments per stream |", "|---|---|---|---|---|---|---|---|---|---|"]
+        lines += [f"| {x.recording} | {x.concurrency} | {x.seconds} | {x.answered} | {x.wrong} | {x.failed} | "
+                  f"**{x.rtfx}** | {x.final_p50_ms} | {x.final_p90_ms} | {x.responses_per_stream} |" for x in loads]
     memory = record.get("gpu_memory")
     if memory:
         lines += ["", "GPU memory after the requests, by nvidia-smi's compute processes (GiB):", "",
@@ -176,6 +254,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--checkpoint", help="as `whisper-triton serve --checkpoint` takes it (default: packaged)")
     parser.add_argument("--triton-grpc", help="a running server's gRPC address (HOST:PORT) instead of starting one")
+    parser.add_argument("--concurrency", type=int, nargs="*", default=[],
+                        help="then keep this many streamed requests of each recording in flight (each count in turn)")
+    parser.add_argument("--load-seconds", type=float, default=30.0, help="how long each --concurrency load lasts")
     parser.add_argument("--gateway", action="store_true",
                         help="also time `stream=True` through a gateway started in front of the server")
     args = parser.parse_args(argv)
@@ -189,6 +270,11 @@ def main(argv: list[str] | None = None) -> None:
                 times = time_file(url, AUDIO_DIR / name, args.repeats, gateway)
                 print(f"[streamed-file] {times}", flush=True)
                 files.append(asdict(times))
+            for name in args.recordings:
+                for concurrency in args.concurrency:
+                    load = time_load(url, AUDIO_DIR / name, concurrency, args.load_seconds)
+                    print(f"[streamed-file] {load}", flush=True)
+                    record.setdefault("loads", []).append(asdict(load))
             return files
 
     record = {"checkpoint": args.checkpoint or "packaged tiny.en", "provenance": provenance()}

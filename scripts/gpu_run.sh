@@ -21,7 +21,9 @@
 #   latency       bench.latency_breakdown --model tiny --served: where one 5 s clip's time goes at
 #                 concurrency 1 (the engine's parts, the GPU's kernels, the served path beside it; needs the weights)
 #   stream        bench.streamed_file: a file's first streamed segment against its whole transcript, one request
-#                 at a time, and each server process's GPU memory (needs install, the weights)
+#                 at a time, and each server process's GPU memory (needs install, the weights); STREAM_ARGS="..."
+#                 adds arguments (--concurrency 64: then streamed requests kept in flight); with `stream-before`
+#                 too, the same again on the carried .before checkout (a whole tree here: git archive)
 #   live          bench.live_latency: live sessions' word end to delta, one session then LIVE_SESSIONS
 #                 (default 100), with LIVE_BATCH (default 64) batch clients beside (needs install, the weights,
 #                 and the gateway's wheels: fastapi, uvicorn, websockets, openai...); LIVE_ARGS="..." adds arguments
@@ -207,8 +209,14 @@ fi
 if has stream; then
     budget=$(($(left) - 10 < 240 ? $(left) - 10 : 240))  # the live phase after it needs most of a call
     say "stream (budget $budget s)"
-    timeout $budget $PY -m bench.streamed_file --out "$OUT/stream"
+    timeout $budget $PY -m bench.streamed_file --out "$OUT/stream" ${STREAM_ARGS:-}
     say "stream exit $?"
+    if [[ -d .before/bench ]] && has stream-before; then  # the same, on the carried earlier checkout
+        budget=$(($(left) - 10 < 240 ? $(left) - 10 : 240))
+        say "stream-before (budget $budget s)"
+        (cd .before && PYTHONPATH=$PWD timeout $budget $PY -m bench.streamed_file --out "$OUT/stream-before" ${STREAM_ARGS:-})
+        say "stream-before exit $?"
+    fi
 fi
 
 # 4e. Live sessions: word end to delta, alone and beside batch load (needs install and the weights).
