@@ -16,8 +16,9 @@ recording: its id goes on the server's `CancelBoard`, and it is answered at once
 with no outputs.
 
 Decoupled (the `whisper_stream` model of the streamed path, `settings.decoupled`),
-a request is also answered while it is decoded: each time more windows are
-settled (`LongFormJob`'s progress), a response with the record so far, then the
+a request is also answered while it is decoded: each time the window in progress
+ends a segment and each time more windows are settled (`LongFormJob`'s progress),
+a response with the record so far, then the
 whole record (or the error) with the final flag, always last. Every response
 carries SAMPLES too, and vad_filter's SPEECH_SPANS and RECORDING_SAMPLES when
 they came, since an ensemble hands the next step only tensors of the same
