@@ -144,12 +144,13 @@ class LoadTimes:
     concurrency: int
     seconds: float
     answered: int  # streams that ended with the whole transcript, equal to the batch one
-    wrong: int  # streams whose final transcript differed from the batch one
+    wrong: int  # streams whose final outputs differed from the batch ones (any field of any output)
     failed: int  # streams that ended in an error or the client's timeout (`LOAD_TIMEOUT_S`)
     rtfx: float  # the answered streams' audio over the wall time
     final_p50_ms: float | None
     final_p90_ms: float | None
     responses_per_stream: float  # responses with new segments, on average over the answered
+    wrong_text: int = 0  # of the wrong, those whose text differed (else only the segments' other fields)
 
 
 # Each streamed request of a load gives up after this long (it then counts as failed).
@@ -181,10 +182,12 @@ def time_load(url: str, path: Path, concurrency: int, seconds: float) -> LoadTim
                         count += bool(update.new_segments)
                         if update.final:
                             outcome = "answered" if update.outputs == expected else "wrong"
+                            outcome += " text" if update.outputs.text != expected.text else ""
                 except Exception:  # TranscriptionError (an error reply, the client's timeout), a broken stream
                     outcome = "failed"
                 with lock:
                     outcomes[outcome] += 1
+                    outcomes["wrong"] += outcome == "wrong text"
                     if outcome == "answered":
                         finals.append(time.perf_counter() - started)
                         updates.append(count)
@@ -201,7 +204,7 @@ def time_load(url: str, path: Path, concurrency: int, seconds: float) -> LoadTim
     return LoadTimes(path.name, concurrency, round(wall, 1), outcomes["answered"], outcomes["wrong"],
                      outcomes["failed"], round(audio_s * outcomes["answered"] / wall, 1),
                      _ms(finals) if finals else None, quantile(8) if quantile else None,
-                     round(statistics.mean(updates), 2) if updates else 0.0)  # fmt: skip
+                     round(statistics.mean(updates), 2) if updates else 0.0, outcomes["wrong text"])  # fmt: skip
 
 
 def markdown(record: dict) -> str:
@@ -232,9 +235,9 @@ def markdown(record: dict) -> str:
     loads = [LoadTimes(**row) for row in record.get("loads", [])]
     if loads:
         lines += ["", "Streamed requests kept in flight (`--concurrency`), each final transcript against the batch one:",
-                  "", "| recording | concurrency | seconds | answered | wrong | failed | RTFx | final p50 ms | "
+                  "", "| recording | concurrency | seconds | answered | wrong (text) | failed | RTFx | final p50 ms | "
                   "final p90 ms | responses with segments per stream |", "|---|---|---|---|---|---|---|---|---|---|"]
-        lines += [f"| {x.recording} | {x.concurrency} | {x.seconds} | {x.answered} | {x.wrong} | {x.failed} | "
+        lines += [f"| {x.recording} | {x.concurrency} | {x.seconds} | {x.answered} | {x.wrong} ({x.wrong_text}) | {x.failed} | "
                   f"**{x.rtfx}** | {x.final_p50_ms} | {x.final_p90_ms} | {x.responses_per_stream} |" for x in loads]
     memory = record.get("gpu_memory")
     if memory:
