@@ -363,7 +363,7 @@ class DecodeBatch:
     def _ends_segment(self, generated: list[int]) -> bool:
         """The last token is a timestamp right after text: it ends a segment (Whisper's
         timestamp grammar; text tokens lie below <|endoftext|>)."""
-        return generated[-1] >= self.timestamp_begin and len(generated) > 1 and generated[-2] < self.eot
+        return len(generated) > 1 and generated[-1] >= self.timestamp_begin and generated[-2] < self.eot
 
     def _advance(self, rows: list[Row], tokens: list[int], logprobs: list[float], followed: set[Row]) -> list[Finished]:
         """Append each row's chosen token; retire the rows that finished. A row in
@@ -375,10 +375,12 @@ class DecodeBatch:
             if token == eot:
                 done.append((row, True))
                 continue
+            if row.on_segment is not None and row.group is None and self._ends_segment(row.generated):
+                # The segment is told once the row goes on past it: one that ends the window
+                # comes with the window's own answer, a step later, instead of twice.
+                row.on_segment(row.result(finished=False))
             row.generated.append(token)
             row.sum_logprob += logprob
-            if row.on_segment is not None and row.group is None and self._ends_segment(row.generated):
-                row.on_segment(row.result(finished=False))
             if len(row.generated) >= row.max_new_tokens:
                 done.append((row, False))
             elif row not in followed:

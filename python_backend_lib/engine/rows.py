@@ -26,8 +26,9 @@ if TYPE_CHECKING:
     from python_backend_lib.engine.beams import RowGroup
 
 # Called on the engine thread with a row's result so far (`Row.result(finished=False)`)
-# each time it ends a segment: a timestamp token right after text. The streamed path shows
-# the segment before the window ends (`transcription.longform`). It must not block.
+# each time it has ended a segment (a timestamp token right after text) and goes on past it.
+# The streamed path shows the segment before the window ends (`transcription.longform`).
+# It must not block.
 SegmentListener = Callable[[DecodingResult], None]
 
 # Rows of a [N_RULE_FACTS, rows] facts table (`RuleFacts` field order).

@@ -162,8 +162,9 @@ class Engine:
         live: admitted before every waiting window that is not live (FIFO among
             each), at once rather than waiting for others to encode with it: a live
             session's hypothesis never waits behind batch windows.
-        on_segment: told on the engine thread of each segment the window ends, with
-            its result so far (`rows.SegmentListener`), when it decodes as one row
+        on_segment: told on the engine thread of each segment the window ends and
+            goes on past (the last comes with `on_done`), with its result up to that
+            segment's end (`rows.SegmentListener`), when it decodes as one row
             (neither beams nor best_of candidates, whose text is chosen at the end).
         Raises RequestError at once when the options do not fit the checkpoint,
         EngineUnavailable when the engine is shut down or unhealthy.

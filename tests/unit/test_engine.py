@@ -51,17 +51,18 @@ def _submit(pipe, features, options, **kwargs) -> Future:
 
 
 def test_a_row_decoding_alone_reports_each_segment_as_it_ends_it(pipe):
-    """jfk.wav, one window of two segments: the listener hears the row's result at each
-    closing timestamp, its tokens a beginning of the final ones; beams, whose text is
-    chosen only at the end, never call it."""
+    """jfk.wav, one window of two segments: the listener hears the row's result at the
+    first's closing timestamp, as the row goes on, its tokens a beginning of the final
+    ones; not at the second's, which ends the window (its answer tells it); beams, whose
+    text is chosen only at the end, never call it."""
     jfk = window_features(decode_audio((AUDIO_DIR / "jfk.wav").read_bytes()), pipe.n_mels)
     special = pipe.config.special
     heard, beams_heard = [], []
     final = _submit(pipe, jfk, DecodingOptions(timestamps=True), on_segment=heard.append).result()
     tokens = final.tokens
     ends = [n for n in range(2, len(tokens) + 1) if tokens[n - 1] >= special.timestamp_begin and tokens[n - 2] < special.eot]
-    assert len(ends) == 2
-    assert [partial.tokens for partial in heard] == [tokens[:n] for n in ends]
+    assert len(ends) == 2 and ends[-1] == len(tokens)
+    assert [partial.tokens for partial in heard] == [tokens[: ends[0]]]
     assert not any(partial.finished for partial in heard)
     searched = _submit(pipe, jfk, DecodingOptions(timestamps=True, beam_size=2), on_segment=beams_heard.append)
     assert searched.result().tokens and beams_heard == []

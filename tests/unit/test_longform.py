@@ -124,8 +124,8 @@ def test_progress_reports_growing_beginnings_of_the_whole(pipe, mode):
 
 def test_progress_reports_each_segment_of_the_window_in_progress(pipe):
     """SEQUENTIAL with timestamps: the settled windows, then the window in progress up
-    to each segment it ends: every report a beginning of the whole record, each longer
-    than the one before, one per segment that a timestamp closes."""
+    to each segment it ends and goes on past: every report a beginning of the whole
+    record, each longer than the one before."""
     waveform = decode_audio(SONNET.read_bytes())
     reports, done = [], Future()
     (features,) = pipe.features([waveform])
@@ -145,10 +145,11 @@ def test_progress_reports_each_segment_of_the_window_in_progress(pipe):
         1
         for window in whole.windows
         if window.no_speech_prob <= options.no_speech_threshold  # else it might yet be skipped as silent
-        for before, token in zip(window.tokens, window.tokens[1:])
+        for before, token, _ in zip(window.tokens, window.tokens[1:], window.tokens[2:])
         if token >= special.timestamp_begin and before < special.eot
     )
-    # Each closing timestamp once, and each window but the last once more, as it settles.
+    # Each closing timestamp with a token after it once, and each window but the last once
+    # more, as it settles.
     assert ends >= len(whole.windows) and len(reports) == ends + len(whole.windows) - 1
 
 
