@@ -176,18 +176,18 @@ def time_load(url: str, path: Path, concurrency: int, seconds: float) -> LoadTim
     def worker() -> None:
         with WhisperClient(url, "grpc", timeout_s=LOAD_TIMEOUT_S) as client:
             while time.perf_counter() < deadline:
-                started, count, outcome = time.perf_counter(), 0, "failed"
+                started, count, outcome, text_differs = time.perf_counter(), 0, "failed", False
                 try:
                     for update in client.stream(audio):
                         count += bool(update.new_segments)
                         if update.final:
                             outcome = "answered" if update.outputs == expected else "wrong"
-                            outcome += " text" if update.outputs.text != expected.text else ""
+                            text_differs = update.outputs.text != expected.text
                 except Exception:  # TranscriptionError (an error reply, the client's timeout), a broken stream
                     outcome = "failed"
                 with lock:
                     outcomes[outcome] += 1
-                    outcomes["wrong"] += outcome == "wrong text"
+                    outcomes["wrong text"] += outcome == "wrong" and text_differs
                     if outcome == "answered":
                         finals.append(time.perf_counter() - started)
                         updates.append(count)
