@@ -19,7 +19,11 @@ bfloat16, as do the convolutions, attention, layer norms and embeddings.
 On a GPU one Triton kernel reads each input row once and writes its FP8 values and
 scale (`_quantize_rows`); elsewhere (the CPU, for tests) PyTorch computes the same. The
 MLP's GELU is computed inside the quantization of the second product's input, and the
-encoder's output is quantized once for all the decoder layers' K/V projections.
+encoder's output is quantized once for all the decoder layers' K/V projections. A layer
+norm before a product writes its output quantized, adding the residual it normalises
+first where there is one (`norm_quantize`, `_norm_quantize_rows`): one pass over the
+rows instead of an addition, a layer norm and a quantization, each reading what the one
+before wrote.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ OUTPUT_DTYPE = torch.bfloat16
 # Elements (whole rows) each program of the quantization kernel holds: one row of the
 # MLP's 4 x 1,280 inputs, four of the 1,280-wide ones.
 QUANTIZE_ELEMENTS = 8192
+QUANTIZE_WARPS = 8
 
 
 def problem(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -93,9 +98,49 @@ def quantize_rows(x: torch.Tensor, *, gelu: bool = False) -> tuple[torch.Tensor,
     rows_per_program = min(ROW_MULTIPLE, max(1, QUANTIZE_ELEMENTS // block))  # a power of two: divides `padded`
     _quantize_rows[(padded // rows_per_program,)](
         x, x.stride(0), values, scales, rows, cols, GELU=gelu,
-        FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, BLOCK=block, ROWS=rows_per_program, num_warps=8,
+        FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, BLOCK=block, ROWS=rows_per_program, num_warps=QUANTIZE_WARPS,
     )
     return values, scales
+
+
+def norm_quantize_reference(
+    x: torch.Tensor, norm: nn.LayerNorm, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    """x [rows, cols] (plus `residual`, added in x's dtype) -> that sum, and its layer
+    norm (in x's dtype, as `norm` computes it) quantized by `quantize_rows_reference`."""
+    if residual is not None:
+        x = x + residual
+    return x, quantize_rows_reference(norm(x))
+
+
+def norm_quantize(
+    x: torch.Tensor, norm: nn.LayerNorm, residual: torch.Tensor | None = None
+) -> tuple[torch.Tensor, QuantizedInput]:
+    """As `norm_quantize_reference`, for x [..., cols] (x itself where there is no
+    residual), the quantized rows padded as `quantize_rows` pads them; in one kernel on a
+    GPU."""
+    shape = x.shape
+    if triton is None or x.device.type != "cuda":
+        total, (values, scales) = norm_quantize_reference(x.reshape(-1, shape[-1]), norm, _rows(residual))
+        return x if residual is None else total.reshape(shape), QuantizedInput(values, scales, shape)
+    x = x.contiguous()
+    rows, cols = shape.numel() // shape[-1], shape[-1]
+    padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+    values = torch.empty(padded, cols, dtype=FP8, device=x.device)
+    scales = torch.empty(padded, 1, dtype=torch.float32, device=x.device)
+    total = torch.empty_like(x) if residual is not None else x
+    block = triton.next_power_of_2(cols)
+    rows_per_program = min(ROW_MULTIPLE, max(1, QUANTIZE_ELEMENTS // block))
+    _norm_quantize_rows[(padded // rows_per_program,)](
+        x, x if residual is None else residual.contiguous(), total, norm.weight, norm.bias, values, scales,
+        rows, cols, norm.eps, ADD=residual is not None,
+        FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, BLOCK=block, ROWS=rows_per_program, num_warps=QUANTIZE_WARPS,
+    )
+    return total, QuantizedInput(values, scales, shape)
+
+
+def _rows(x: torch.Tensor | None) -> torch.Tensor | None:
+    return None if x is None else x.reshape(-1, x.shape[-1])
 
 
 @dataclass(frozen=True)
@@ -183,3 +228,35 @@ if triton is not None:
         reciprocal = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), scale)
         stored = row[:, None].to(tl.int64) * cols + column[None, :]
         tl.store(values_ptr + stored, (x * reciprocal[:, None]).to(tl.float8e4nv), mask=(column < cols)[None, :])
+
+    @triton.jit(do_not_specialize=["rows"])
+    def _norm_quantize_rows(
+        x_ptr, residual_ptr, total_ptr, weight_ptr, bias_ptr, values_ptr, scales_ptr, rows, cols, eps,
+        ADD: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    ):
+        # As `_quantize_rows`, over the layer norm of x (+ residual). The sum and the norm's
+        # output are rounded to x's dtype where PyTorch's addition and layer norm round
+        # them, so the product reads the values the unfused layers would have handed it.
+        row = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+        column = tl.arange(0, BLOCK)
+        real = row < rows
+        inside = real[:, None] & (column < cols)[None, :]
+        offsets = row[:, None].to(tl.int64) * cols + column[None, :]
+        x = tl.load(x_ptr + offsets, mask=inside, other=0.0)
+        if ADD:
+            x = (x.to(tl.float32) + tl.load(residual_ptr + offsets, mask=inside, other=0.0).to(tl.float32)).to(x.dtype)
+            tl.store(total_ptr + offsets, x, mask=inside)
+        dtype = x.dtype
+        x = x.to(tl.float32)
+        mean = tl.sum(x, axis=1) / cols
+        centred = tl.where(inside, x - mean[:, None], 0.0)
+        rstd = tl.rsqrt(tl.sum(centred * centred, axis=1) / cols + eps)
+        weight = tl.load(weight_ptr + column, mask=column < cols, other=0.0).to(tl.float32)
+        bias = tl.load(bias_ptr + column, mask=column < cols, other=0.0).to(tl.float32)
+        y = (centred * rstd[:, None] * weight[None, :] + bias[None, :]).to(dtype).to(tl.float32)
+        y = tl.where(real[:, None], y, 0.0)
+        scale = tl.maximum(tl.max(tl.abs(y), axis=1) / FP8_MAX, MIN_SCALE)
+        scale = tl.where(real, scale, 1.0)
+        tl.store(scales_ptr + row, scale)
+        reciprocal = tl.div_rn(tl.full([ROWS], 1.0, tl.float32), scale)
+        tl.store(values_ptr + offsets, (y * reciprocal[:, None]).to(tl.float8e4nv), mask=(column < cols)[None, :])

@@ -59,8 +59,10 @@ class Projections(nn.Module):
         self.out_proj = fp8_linear.Fp8Linear.of(self.out_proj)
         del self.q_proj, self.k_proj, self.v_proj
 
-    def qkv(self, x: torch.Tensor, n_heads: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """[..., width] -> q, k, v each [..., heads, head_dim]"""
+    def qkv(
+        self, x: torch.Tensor | fp8_linear.QuantizedInput, n_heads: int
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """[..., width] (quantized once `quantize_fp8` ran) -> q, k, v each [..., heads, head_dim]"""
         if self.fp8_qkv is not None:
             return tuple(_heads(part, n_heads) for part in self.fp8_qkv(x).chunk(3, dim=-1))
         if self.fused:
@@ -85,12 +87,21 @@ class EncoderLayer(nn.Module):
         self.fc2 = nn.Linear(4 * width, width)
 
     def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        if isinstance(self.fc2, fp8_linear.Fp8Linear):
+            return self._forward_fp8(x, attention)
         q, k, v = self.self_attn.qkv(self.self_attn_layer_norm(x), self.n_heads)
         x = x + self.self_attn.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
-        hidden = self.fc1(self.final_layer_norm(x))
-        if isinstance(self.fc2, fp8_linear.Fp8Linear):  # GELU inside its input's quantization
-            return x + self.fc2.of_gelu(hidden)
-        return x + self.fc2(F.gelu(hidden))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+
+    def _forward_fp8(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+        """The same layer with its products in FP8: each layer norm hands the product
+        after it a quantized input, the second adding the attention's residual as it
+        goes, and the GELU is computed inside the quantization of fc2's input."""
+        _, normed = fp8_linear.norm_quantize(x, self.self_attn_layer_norm)
+        q, k, v = self.self_attn.qkv(normed, self.n_heads)
+        attended = self.self_attn.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
+        x, normed = fp8_linear.norm_quantize(x, self.final_layer_norm, attended)
+        return x + self.fc2.of_gelu(self.fc1(normed))
 
 
 def unfilled_embedding(rows: int, width: int) -> nn.Embedding:

@@ -61,6 +61,31 @@ def test_the_quantization_kernel_writes_what_its_definition_says(rows, cols, gel
     assert not values[rows // 2].float().any()
 
 
+@pytest.mark.parametrize("residual", [False, True], ids=["alone", "residual"])
+@pytest.mark.parametrize("rows, cols", [(1, 1280), (37, 384), (3000, 1280)])
+def test_the_norm_quantization_kernel_writes_what_its_definition_says(rows, cols, residual):
+    torch.manual_seed(rows + cols)
+    norm = torch.nn.LayerNorm(cols, device=CUDA, dtype=torch.bfloat16)
+    torch.nn.init.normal_(norm.weight, 1.0, 0.3), torch.nn.init.normal_(norm.bias, 0.0, 0.3)
+    x = (torch.randn(rows, cols, device=CUDA) * torch.rand(rows, 1, device=CUDA) * 50 + 3).bfloat16()
+    added = torch.randn_like(x) * 4 if residual else None
+    total, quantized = fp8_linear.norm_quantize(x, norm, added)
+    want_total, (want_values, want_scales) = fp8_linear.norm_quantize_reference(x, norm, added)
+
+    torch.testing.assert_close(total, want_total, rtol=0, atol=0)  # the residual stream as PyTorch adds it
+    padded = -(-rows // fp8_linear.ROW_MULTIPLE) * fp8_linear.ROW_MULTIPLE
+    assert quantized.values.shape == (padded, cols) and quantized.scales.shape == (padded, 1)
+    # The layer norm's mean and variance are summed in another order than PyTorch's: a
+    # last-bit difference may round an output to the neighbouring bfloat16 value, so a
+    # row's scale by one bfloat16 step, and a value to the neighbouring FP8 one.
+    torch.testing.assert_close(quantized.scales[:rows], want_scales, rtol=2.0**-7, atol=0)
+    got, want = quantized.values[:rows].float(), want_values.float()
+    assert (got != want).float().mean() < 1e-2
+    step = torch.maximum(want.abs() / 8, torch.tensor(2.0**-9, device=CUDA))
+    assert ((got - want).abs() <= step).all()
+    assert not quantized.values[rows:].float().any() and (quantized.scales[rows:] == 1).all()
+
+
 def test_an_fp8_product_is_close_to_the_bfloat16_one():
     torch.manual_seed(0)
     linear = torch.nn.Linear(1280, 5120, device=CUDA, dtype=torch.bfloat16)

@@ -17,7 +17,7 @@ from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core.quantization import Quantization, device_problem
 from python_backend_lib.engine import fp8_linear
 from python_backend_lib.engine.loading import default_dtype
-from python_backend_lib.engine.model import Whisper
+from python_backend_lib.engine.model import EncoderLayer, Whisper
 
 CPU = torch.device("cpu")
 
@@ -54,6 +54,43 @@ def test_an_fp8_product_is_close_to_the_bfloat16_one_and_each_row_its_own():
     torch.testing.assert_close(quantized(fp8_linear.QuantizedInput.of(x)), got, rtol=0, atol=0)
     gelu = quantized.of_gelu(x)  # GELU's bfloat16 rounding moves some values one FP8 step
     assert ((gelu.float() - quantized(F.gelu(x)).float()).norm() / gelu.float().norm()).item() < 0.03
+
+
+class _Sdpa:
+    """The encoder attention of `attention.SdpaAttention`, without a KV pool."""
+
+    @staticmethod
+    def encoder_attention(q, k, v):
+        return F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)).transpose(1, 2)
+
+
+def test_a_quantized_encoder_layer_computes_what_its_separate_steps_do():
+    torch.manual_seed(3)
+    layer = EncoderLayer(384, 6).to(torch.bfloat16)
+    for norm in (layer.self_attn_layer_norm, layer.final_layer_norm):  # not the identity of a fresh LayerNorm
+        torch.nn.init.normal_(norm.weight, 1.0, 0.2), torch.nn.init.normal_(norm.bias, 0.0, 0.2)
+    layer.self_attn.quantize_fp8()
+    layer.fc1, layer.fc2 = fp8_linear.Fp8Linear.of(layer.fc1), fp8_linear.Fp8Linear.of(layer.fc2)
+    x = torch.randn(2, 150, 384, dtype=torch.bfloat16)
+
+    q, k, v = layer.self_attn.qkv(layer.self_attn_layer_norm(x), 6)
+    after_attention = x + layer.self_attn.out_proj(_Sdpa.encoder_attention(q, k, v).flatten(-2))
+    want = after_attention + layer.fc2.of_gelu(layer.fc1(layer.final_layer_norm(after_attention)))
+    torch.testing.assert_close(layer(x, _Sdpa()), want, rtol=0, atol=0)
+
+
+def test_norm_quantize_adds_the_residual_then_quantizes_the_layer_norm():
+    torch.manual_seed(4)
+    norm = torch.nn.LayerNorm(384, dtype=torch.bfloat16)
+    x, residual = torch.randn(2, 7, 384, dtype=torch.bfloat16), torch.randn(2, 7, 384, dtype=torch.bfloat16)
+    total, quantized = fp8_linear.norm_quantize(x, norm, residual)
+    torch.testing.assert_close(total, x + residual, rtol=0, atol=0)
+    values, scales = fp8_linear.quantize_rows_reference(norm(x + residual).reshape(14, 384))
+    assert quantized.shape == x.shape
+    assert torch.equal(quantized.values.float(), values.float()) and torch.equal(quantized.scales, scales)
+    alone, quantized = fp8_linear.norm_quantize(x, norm)
+    assert alone is x and torch.equal(quantized.values.float(), fp8_linear.quantize_rows_reference(
+        norm(x).reshape(14, 384))[0].float())
 
 
 def test_the_model_quantizes_the_products_over_the_encoders_positions_only():
