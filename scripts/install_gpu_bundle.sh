@@ -67,10 +67,15 @@ rm -rf "$PREFIX/model_repository"
 cp -R "$BUNDLE/model_repository" "$PREFIX/model_repository"
 
 # The stub links libpython$WANT_PY.so.1.0 of the host; put its folder on the
-# library path too, since interpreters outside /usr keep it in their own lib/.
+# library path too where the loader would not find it (interpreters outside /usr
+# keep it in their own lib/). A folder the loader searches anyway stays off it: a
+# system folder there (/usr/lib/x86_64-linux-gnu) comes before the libraries torch's
+# wheels carry, so a system cuDNN of another version shadows torch's own, cuDNN
+# fails its version check, and attention quietly leaves cuDNN's kernels.
 PY_LIBDIR=$("$PYTHON" -c 'import sysconfig; print(sysconfig.get_config_var("LIBDIR") or "")')
 LIBRARY_PATH=$PREFIX/lib
-if [[ -n $PY_LIBDIR && -e $PY_LIBDIR/libpython$WANT_PY.so.1.0 ]]; then
+if [[ -n $PY_LIBDIR && -e $PY_LIBDIR/libpython$WANT_PY.so.1.0 ]] \
+        && ! { ldconfig -p 2>/dev/null || /sbin/ldconfig -p 2>/dev/null; } | grep -q "libpython$WANT_PY.so.1.0 ("; then
     LIBRARY_PATH=$LIBRARY_PATH:$PY_LIBDIR
 fi
 
@@ -84,6 +89,9 @@ if command -v ldd >/dev/null; then
     [[ -z $missing ]] || echo "warning: the Python $WANT_PY stub lacks libraries (install libpython$WANT_PY):"$'\n'"$missing" >&2
 fi
 [[ -x $PY_BINDIR/python3 ]] || echo "warning: $PY_BINDIR has no python3; the stub will take another Python from PATH" >&2
+# torch with this library path must still load its own cuDNN (see above).
+cudnn=$("$PYTHON" -c 'import torch; print(torch.backends.cudnn.version() if torch.cuda.is_available() else "no GPU")' 2>&1 | tail -1)
+[[ $cudnn == "no GPU" || $cudnn =~ ^[0-9]+$ ]] || echo "warning: with LD_LIBRARY_PATH=$LD_LIBRARY_PATH torch's cuDNN fails: $cudnn" >&2
 
 cat >"$PREFIX/env.sh" <<EOF
 # Source this file to run the server from this bundle.
