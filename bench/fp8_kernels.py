@@ -58,7 +58,7 @@ def record(case: str, us: float, moved_bytes: int, **settings) -> dict:
 
 def quantization_sweep(rows: int) -> list[dict]:
     results = []
-    for cols, gelu in ((WIDTH, False), (4 * WIDTH, True)):
+    for cols, gelu in ((WIDTH, False), (4 * WIDTH, False), (4 * WIDTH, True)):
         x = torch.randn(rows, cols, device=CUDA, dtype=torch.bfloat16)
         moved = rows * cols * 3  # bfloat16 in, FP8 out
         for elements in ELEMENTS:
@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
     torch.manual_seed(0)
     shipped = fp8_linear.QUANTIZE_ELEMENTS, fp8_linear.QUANTIZE_WARPS
     sweep = quantization_sweep(rows)
-    norm = norm_comparison(rows, *shipped)
+    norm = [result for elements in (2048, 4096, 8192) for warps in (4, 8)
+            for result in norm_comparison(rows, elements, warps)]
     fp8_linear.QUANTIZE_ELEMENTS, fp8_linear.QUANTIZE_WARPS = shipped
     args.out.mkdir(parents=True, exist_ok=True)
     data = {"provenance": provenance(), "rows": rows, "width": WIDTH, "shipped": dict(zip(("elements", "warps"), shipped)),
