@@ -34,6 +34,14 @@ def test_rows_quantize_to_their_own_scale_and_back_within_e4m3s_precision():
     assert ((back - x).abs() <= x.abs() / 16 + scales * 2.0**-9).all()
 
 
+@pytest.mark.parametrize(("cols", "blocks"), [(5120, (4096, 1024)), (1280, (1024, 256)), (384, (256, 128)),
+                                            (1536, (1024, 512)), (512, (512, 16)), (1, (1, 16))])
+def test_a_row_is_held_as_two_blocks_of_powers_of_two(cols, blocks):
+    assert fp8_linear.row_blocks(cols) == blocks
+    head, tail = blocks
+    assert head <= cols <= head + tail  # the first block wholly inside the row, the second covering the rest
+
+
 def test_a_weight_quantizes_with_one_scale_per_output_channel():
     weight = torch.randn(8, 64) * torch.arange(1, 9)[:, None]
     values, scales = fp8_linear.quantize_weight(weight)
