@@ -1,14 +1,15 @@
 """The big checkpoints' record (issue 38): the served runs, the encoder's pass and fp8's
 accuracy, from their benchmarks' JSON files, as one record with its table and plot.
 
-    python -m bench.large_models --out docs/benchmarks/large-models \
+    python -m bench.large_models --out docs/benchmarks/large-models --code 44d0e55 \
         --served OUT/sv/served-variants.json OUT/svt/served-variants.json \
-        --encoder OUT/enc/encoder-cost.json --encoder-before BEFORE/enc/encoder-cost.json \
-        --accuracy OUT/acc/fp8-accuracy.json
+        --encoder "645f790=BEFORE/enc/encoder-cost.json" "44d0e55=OUT/enc/encoder-cost.json" \
+        --accuracy "44d0e55=OUT/acc/fp8-accuracy.json" "645f790=BEFORE/acc/fp8-accuracy.json"
 
-Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` after and
-before the encoder's changes, `bench.fp8_accuracy`. Writes large-models.json (the
-inputs, keyed), large-models.md and large-models.png.
+Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs and
+`bench.fp8_accuracy` runs, each labelled (LABEL=PATH: the code and conditions it
+measured). Writes large-models.json (the inputs, keyed), large-models.md and
+large-models.png.
 """
 
 from __future__ import annotations
@@ -36,33 +37,34 @@ def served_rows(served: list[dict], code: str = "this checkout") -> list[list]:
     return rows
 
 
-def encoder_rows(encoder: dict, label: str) -> list[list]:
+def encoder_rows(encoders: dict[str, dict]) -> list[list]:
     rows = []
-    for run in encoder["runs"]:
-        by_size = {s["batch"]: s for s in run["sizes"]}
-        one, many = by_size[1], by_size[PROFILED_BATCH]
-        rows.append([label, run["model"], run["variant"], one["ms_per_window"], many["ms_per_window"], many["tflops"]])
+    for label, encoder in encoders.items():
+        for run in encoder["runs"]:
+            by_size = {s["batch"]: s for s in run["sizes"]}
+            one, many = by_size[1], by_size[PROFILED_BATCH]
+            rows.append([label, run["model"], run["variant"], one["ms_per_window"], many["ms_per_pass"],
+                         many["ms_per_window"], many["tflops"]])
     return rows
 
 
-def kernel_rows(encoder: dict) -> tuple[list[str], list[list]]:
-    kinds = sorted({kind for run in encoder["runs"] for kind in run["kernels_at_largest_ms"]})
-    rows = []
-    for run in encoder["runs"]:
-        total = sum(run["kernels_at_largest_ms"].values())
-        shares = [f"{run['kernels_at_largest_ms'].get(k, 0.0):.1f} ({100 * run['kernels_at_largest_ms'].get(k, 0.0) / total:.0f}%)"
-                  for k in kinds]
-        rows.append([run["model"], run["variant"], *shares])
+def kernel_rows(encoders: dict[str, dict]) -> tuple[list[str], list[list]]:
+    runs = [(label, run) for label, encoder in encoders.items() for run in encoder["runs"]]
+    kinds = sorted({kind for _, run in runs for kind in run["kernels_at_largest_ms"]})
+    rows = [[label, run["model"], run["variant"], *(run["kernels_at_largest_ms"].get(kind, 0.0) for kind in kinds)]
+            for label, run in runs]
     return kinds, rows
 
 
-def accuracy_rows(accuracy: dict) -> list[list]:
+def accuracy_rows(accuracies: dict[str, dict]) -> list[list]:
     rows = []
-    for s in accuracy["sets"]:
-        for system, result in s["systems"].items():
-            c = s["against_float16"][system]
-            rows.append([s["set"], s["checkpoint"], system, f"{result['wer']:.4f}", f"{result['cer']:.4f}",
-                         f"{c['wer_points']:+.2f}", f"{c['cer_points']:+.2f}", f"{c['identical']} of {result['clips']}"])
+    for label, accuracy in accuracies.items():
+        for s in accuracy["sets"]:
+            for system, result in s["systems"].items():
+                c = s["against_float16"][system]
+                rows.append([label, s["set"], s["checkpoint"], system, f"{result['wer']:.4f}", f"{result['cer']:.4f}",
+                             f"{c['wer_points']:+.2f}", f"{c['cer_points']:+.2f}",
+                             f"{c['identical']} of {result['clips']}"])
     return rows
 
 
@@ -72,8 +74,9 @@ def machine(record: dict) -> str:
 
 
 def markdown(data: dict) -> str:
-    served, encoder, before, accuracy = data["served"], data["encoder"], data["encoder_before"], data["accuracy"]
-    kinds, kernels = kernel_rows(encoder)
+    served, encoders, accuracies = data["served"], data["encoder"], data["accuracy"]
+    kinds, kernels = kernel_rows(encoders)
+    first_encoder, first_accuracy = next(iter(encoders.values())), next(iter(accuracies.values()))
     return "\n".join([
         "# The big checkpoints: served, the encoder's pass, fp8's accuracy", "",
         f"Served and encoder runs: {machine(served[0]['run'])}. Random weights of the real shapes; every request "
@@ -83,18 +86,18 @@ def markdown(data: dict) -> str:
         "## Served through the ensemble, at the point of most good requests a second", "",
         markdown_table(["model", "variant", "code", "RTFx", "good req/s", "concurrency", "a 5 s clip alone, p50 / p99 ms",
                         "target RTFx"], served_rows(served, data["code"])), "",
-        f"## The encoder's pass (encoder and cross K/V), per window, one clip and {PROFILED_BATCH} together", "",
-        f"`{encoder['provenance']['command']}`; before: `{before['provenance']['command']}` on the code before "
-        "b4a5f22.", "",
-        markdown_table(["code", "model", "variant", "ms a window, 1 clip", f"ms a window, {PROFILED_BATCH} clips",
-                        f"TFLOP/s at {PROFILED_BATCH}"],
-                       encoder_rows(before, "before b4a5f22") + encoder_rows(encoder, "after")), "",
-        f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel (share of the pass):", "",
-        markdown_table(["model", "variant", *kinds], kernels), "",
+        f"## The encoder's pass (encoder and cross K/V), one clip and {PROFILED_BATCH} together", "",
+        f"{machine(first_encoder['provenance'])}; " + "; ".join(
+            f"{label}: `{encoder['provenance']['command']}`" for label, encoder in encoders.items()) + ".", "",
+        markdown_table(["code", "model", "variant", "ms a window, 1 clip", f"ms a pass of {PROFILED_BATCH}",
+                        f"ms a window, {PROFILED_BATCH} clips", f"TFLOP/s at {PROFILED_BATCH}"], encoder_rows(encoders)), "",
+        f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel:", "",
+        markdown_table(["code", "model", "variant", *kinds], kernels), "",
         "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
-        f"{machine(accuracy['provenance'])}; `{accuracy['provenance']['command']}`.", "",
-        markdown_table(["set", "checkpoint", "system", "WER", "CER", "WER points", "CER points", "identical to float16"],
-                       accuracy_rows(accuracy)), "",
+        f"{machine(first_accuracy['provenance'])}; " + "; ".join(
+            f"{label}: `{accuracy['provenance']['command']}`" for label, accuracy in accuracies.items()) + ".", "",
+        markdown_table(["code", "set", "checkpoint", "system", "WER", "CER", "WER points", "CER points",
+                        "identical to float16"], accuracy_rows(accuracies)), "",
     ])
 
 
@@ -107,18 +110,18 @@ def plot(data: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     rows = served_rows(data["served"])
     labels = [f"{r[0]}\n{r[1]}" for r in rows]
-    left.bar(range(len(rows)), [r[3] for r in rows], color=["#999" if r[1] == "main" else "#4477aa" for r in rows])
+    left.bar(range(len(rows)), [r[3] for r in rows], color=["#999" if r[1] in ("main", "before") else "#4477aa" for r in rows])
     for model, target in TARGETS.items():
         left.axhline(target, linestyle=":", color="#aa3377", linewidth=1)
         left.text(len(rows) - 0.5, target, f"{model} target", fontsize=7, ha="right", va="bottom")
     left.set_xticks(range(len(rows)), labels, fontsize=7)
     left.set_ylabel("served RTFx")
-    for label, record, style in (("before", data["encoder_before"], "--"), ("after", data["encoder"], "-")):
+    for label, record in data["encoder"].items():
         for run in record["runs"]:
             if run["model"] != "large-v3":
                 continue
             sizes = run["sizes"]
-            right.plot([s["batch"] for s in sizes], [s["ms_per_window"] for s in sizes], style, marker="o",
+            right.plot([s["batch"] for s in sizes], [s["ms_per_window"] for s in sizes], marker="o",
                        label=f"{run['variant']} ({label})")
     right.set_xscale("log", base=2)
     right.set_xlabel("windows encoded together")
@@ -129,21 +132,28 @@ def plot(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def labelled(text: str) -> tuple[str, Path]:
+    """LABEL=PATH, as argparse's `type`."""
+    label, separator, path = text.partition("=")
+    if not separator or not label or not path:
+        raise argparse.ArgumentTypeError(f"expected LABEL=PATH, not {text!r}")
+    return label, Path(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--served", type=Path, nargs="+", required=True)
-    parser.add_argument("--encoder", type=Path, required=True)
-    parser.add_argument("--encoder-before", type=Path, required=True)
-    parser.add_argument("--accuracy", type=Path, required=True)
+    parser.add_argument("--encoder", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.encoder_cost")
+    parser.add_argument("--accuracy", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.fp8_accuracy")
     parser.add_argument("--code", default="this checkout", help="what the variants without a checkout served")
     args = parser.parse_args(argv)
 
     def read(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
 
-    data = {"served": [read(p) for p in args.served], "encoder": read(args.encoder),
-            "encoder_before": read(args.encoder_before), "accuracy": read(args.accuracy), "code": args.code}
+    data = {"served": [read(p) for p in args.served], "encoder": {label: read(p) for label, p in args.encoder},
+            "accuracy": {label: read(p) for label, p in args.accuracy}, "code": args.code}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "large-models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     (args.out / "large-models.md").write_text(markdown(data), encoding="utf-8")
