@@ -177,22 +177,24 @@ LARGE_MODELS = BENCHMARKS / "large-models" / "large-models.json"
 
 def test_the_big_checkpoints_figures_are_the_record():
     """The README's and performance.md's served RTFx of large-v3 and turbo are the best
-    points (most good requests a second) of the record's one H200 call, per variant."""
+    points (most good requests a second) of the record's one H200 call, per variant: fp8
+    as this commit served it ("after") and as 645f790 did ("before")."""
     from bench.comparisons import best_point
 
     data = json.loads(LARGE_MODELS.read_text(encoding="utf-8"))
     rtfx = {(run["model"], v["label"]): rtfx_text(best_point(v)["rtfx"]) for run in data["served"] for v in run["variants"]}
+    v3_after, v3_before = rtfx["large-v3", "after"], rtfx["large-v3", "before"]
+    turbo_after, turbo_before = rtfx["large-v3-turbo", "after"], rtfx["large-v3-turbo", "before"]
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert (f"large-v3 served RTFx {rtfx['large-v3', 'float16']} (main at bdfd117: {rtfx['large-v3', 'main']}), "
-            f"{rtfx['large-v3', 'fp8']} with `--quantize fp8`;\n  large-v3-turbo {rtfx['large-v3-turbo', 'float16']} "
-            f"and {rtfx['large-v3-turbo', 'fp8']}") in readme
+    assert (f"large-v3 with `--quantize fp8` served RTFx {v3_after} (645f790: {v3_before});\n"
+            f"  large-v3-turbo {turbo_after} ({turbo_before})") in readme
     performance = PERFORMANCE.read_text(encoding="utf-8")
-    assert (f"| RTFx {rtfx['large-v3', 'float16']} and {rtfx['large-v3', 'fp8']}, against {rtfx['large-v3', 'main']} "
-            "for main at bdfd117") in performance
-    assert f"| RTFx {rtfx['large-v3-turbo', 'float16']} and {rtfx['large-v3-turbo', 'fp8']}; target 1,500" in performance
+    assert f"| RTFx {v3_after}, against {v3_before} for 645f790 in the same call" in performance
+    assert f"| RTFx {turbo_after}, against {turbo_before} for 645f790; target 1,500" in performance
     for run in data["served"]:
         assert "H200" in run["run"]["machine"]["gpu"]
-        assert next(v for v in run["variants"] if v["label"] == "fp8")["command"].endswith("--quantize=fp8")
+        assert all(v["command"].endswith("--quantize=fp8") for v in run["variants"])
+        assert next(v for v in run["variants"] if v["label"] == "before")["checkout_commit"].startswith("645f790")
 
 
 # ----------------------------------------------------- links in the docs
