@@ -19,6 +19,7 @@ import torch
 
 from python_backend_lib.checkpoints.weights import Checkpoint
 from python_backend_lib.core.quantization import DEFAULT_QUANTIZATION, Quantization
+from python_backend_lib.devices.cudnn import cudnn_problem
 from python_backend_lib.engine.attention import SdpaAttention
 from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.faults import FaultPlan, FaultyDecodeBatch
@@ -174,6 +175,8 @@ def build_batch(
         if setup.require_gpu_engine:
             raise GpuEngineUnavailable(f"{message}; install the gpu extra and turn CUDA graphs on")
         log.warning("%s", message)
+    if device.type == "cuda" and (problem := cudnn_problem()) is not None:
+        log.warning("%s", problem)
     arguments = (model, config, backend, graphs, encoder_graphs)
     batch = DecodeBatch(*arguments) if setup.faults.empty else FaultyDecodeBatch(*arguments, plan=setup.faults)
     return LoadedBatch(batch, name, times)
