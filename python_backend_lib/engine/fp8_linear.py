@@ -47,8 +47,9 @@ MIN_SCALE = torch.finfo(torch.float32).tiny
 # Rows of a quantized input are padded to a multiple of this for the FP8 product.
 ROW_MULTIPLE = 16
 OUTPUT_DTYPE = torch.bfloat16
-# Elements (whole rows) each program of the quantization kernel holds: one row of the
-# MLP's 4 x 1,280 inputs, four of the 1,280-wide ones.
+# Elements each program of the two kernels holds, as whole rows, a power of two of them
+# (`_rows_per_program`): one of the MLP's 4 x 1,280-wide inputs, two of the 1,280-wide
+# ones: the settings bench.fp8_kernels found best.
 QUANTIZE_ELEMENTS = 4096
 QUANTIZE_WARPS = 8
 NORM_WARPS = 4
