@@ -189,15 +189,18 @@ class WhisperMetrics:
                 self._request_seconds.observe(finished.seconds)
                 if seconds > 0:
                     self._rtf.observe(finished.seconds / seconds)
+        waits = self.engine.stats.recent_waits
+        while waits:
+            self._queue_wait.observe(waits.popleft())
+        # The observations go out before the counts of the requests they belong to: each
+        # call is seen by a scrape as it lands, so a scrape that counts a request
+        # answered finds its duration and queue wait counted too.
+        for histogram in (self._request_seconds, self._rtf, self._queue_wait):
+            histogram.flush()
         for label, n in answered.items():
             self._requests[label].increment(n)
         if audio:
             self._audio.increment(audio)
-        waits = self.engine.stats.recent_waits
-        while waits:
-            self._queue_wait.observe(waits.popleft())
-        for histogram in (self._request_seconds, self._rtf, self._queue_wait):
-            histogram.flush()
         counters, last = read_counters(self.engine), self._published
         for metric, now, before in (
             (self._steps["cuda_graph"], counters.steps_graph, last.steps_graph),

@@ -91,6 +91,7 @@ def test_outcome_labels(outcome, label):
 
 class _Metric:
     calls = 0  # every call is an IPC round trip in the real pb_utils
+    order: list[str] = []  # the families' names, call by call
 
     def __init__(self, family, labels, buckets):
         self.family, self.labels, self.buckets = family, labels, buckets
@@ -99,6 +100,7 @@ class _Metric:
     def increment(self, value):
         assert value >= 0, "counters only go up"
         _Metric.calls += 1
+        _Metric.order.append(self.family.name)
         self.value += value
 
     def set(self, value):
@@ -176,6 +178,31 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     assert by_name["whisper_attention_backend", (("backend", "sdpa"),)].value == 1
     assert by_name["whisper_process_id", ()].value == os.getpid()
     assert audio_seconds(transcript) == 8.0 and audio_seconds(RuntimeError()) is None
+
+
+def test_a_request_is_counted_answered_only_after_its_duration_and_queue_wait():
+    """A scrape reads each metric call as it lands: one between a publish's calls must not
+    find a request counted as answered while its observations are still to come."""
+    from python_backend_lib.text.transcript import Transcript
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))
+    engine = pipeline.engine
+    pipeline.close()
+    ledger = RequestLedger(4)
+    _MetricFamily.created = []
+    metrics = WhisperMetrics(_PbUtils, engine, ledger, gpu="cpu", instance="whisper_0_0", backend="sdpa", interval_s=3600)
+    transcript = Transcript(text="", segments=(), language="en", language_probability=None, duration=8.0, windows=())
+    for _ in range(2):  # admitted (a queue wait each), then answered
+        engine.stats.recent_waits.append(0.01)
+        ledger.leave(ledger.enter(), transcript)
+    _Metric.order = []
+    metrics.publish()
+    metrics.close()
+    order = _Metric.order
+    answered = order.index("whisper_requests_total")
+    for histogram in ("whisper_request_duration_seconds", "whisper_real_time_factor", "whisper_queue_wait_seconds"):
+        assert max(i for i, name in enumerate(order) if name == f"{histogram}_count") < answered, (histogram, order)
 
 
 def test_histograms_publish_cumulative_buckets_in_a_fixed_number_of_calls():
