@@ -11,7 +11,8 @@ Sets (`bench.beam_wer`'s readers):
   (../shared/audio/multilingual by default), the language detected.
 Systems (SYSTEMS): `Pipeline.load(checkpoint, device="cuda")` as shipped (float16), with
 `Quantization.FP8` (bfloat16 beside the FP8 products), and variants that show where
-fp8's differences come from (bfloat16 alone, some products left in bfloat16). Every clip is transcribed with
+fp8's differences come from (bfloat16 alone, some products left in bfloat16, libdevice's
+erf in GELU instead of the shipped polynomial). Every clip is transcribed with
 the library's defaults, as the server does: greedy with temperature fallback,
 timestamps, the previous text as prompt.
 
@@ -44,7 +45,11 @@ SYSTEMS = {
     "fp8": ("bfloat16", True, None),
     "fp8, cross K/V in bfloat16": ("bfloat16", True, "cross"),
     "fp8, first and last two encoder layers in bfloat16": ("bfloat16", True, "edges"),
+    "fp8, libdevice's erf": ("bfloat16", True, None),
 }
+# Systems whose GELU inside the FP8 quantization takes libdevice's erf, as F.gelu does,
+# instead of the shipped polynomial (`fp8_linear.LIBDEVICE_ERF`).
+LIBDEVICE_ERF_SYSTEMS = frozenset({"fp8, libdevice's erf"})
 
 
 @contextlib.contextmanager
@@ -64,6 +69,20 @@ def keeping(kept: str | None):
         yield
     finally:
         Whisper.quantize_fp8 = shipped
+
+
+@contextlib.contextmanager
+def erf_of(system: str):
+    """`fp8_linear.LIBDEVICE_ERF` as `system` wants it, while it loads and decodes (the
+    kernels read it at each launch)."""
+    from python_backend_lib.engine import fp8_linear
+
+    shipped = fp8_linear.LIBDEVICE_ERF
+    fp8_linear.LIBDEVICE_ERF = system in LIBDEVICE_ERF_SYSTEMS
+    try:
+        yield
+    finally:
+        fp8_linear.LIBDEVICE_ERF = shipped
 
 
 def transcriber(source: str, system: str, given_language: bool):
@@ -92,11 +111,12 @@ def run_set(name: str, source: str, clips: list[Clip], given_language: bool, sys
     say(f"{name}: {len(clips)} clips, checkpoint {source}")
     scored = {}
     for system in systems:
-        transcribe, close = transcriber(source, system, given_language)
-        try:
-            scored[system] = score(system, clips, transcribe, lambda message: None)
-        finally:
-            close()
+        with erf_of(system):
+            transcribe, close = transcriber(source, system, given_language)
+            try:
+                scored[system] = score(system, clips, transcribe, lambda message: None)
+            finally:
+                close()
         say(f"  {system}: WER {scored[system].wer:.4f}, CER {scored[system].cer:.4f} in {scored[system].seconds} s")
     reference = scored[REFERENCE]
     compared = {}

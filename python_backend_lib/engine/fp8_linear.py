@@ -56,6 +56,9 @@ NORM_WARPS = 4
 # The smallest second block of a row (`row_blocks`): a row of a power of two has one,
 # wholly masked.
 MIN_BLOCK = 16
+# GELU's erf inside the quantization: a polynomial (False, shipped), or libdevice's, as
+# F.gelu computes it (True): bench.fp8_accuracy measures the one against the other.
+LIBDEVICE_ERF = False
 
 
 def problem(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -102,7 +105,7 @@ def quantize_rows(x: torch.Tensor, *, gelu: bool = False) -> tuple[torch.Tensor,
     head, tail = row_blocks(cols)
     rows_per_program = _rows_per_program(head + tail)
     _quantize_rows[(padded // rows_per_program,)](
-        x, x.stride(0), values, scales, rows, cols, GELU=gelu,
+        x, x.stride(0), values, scales, rows, cols, GELU=gelu, LIBDEVICE_ERF=LIBDEVICE_ERF,
         FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, HEAD=head, TAIL=tail, ROWS=rows_per_program, num_warps=QUANTIZE_WARPS,
     )
     return values, scales
@@ -226,22 +229,26 @@ class Fp8Linear(nn.Module):
 if triton is not None:
 
     @triton.jit
-    def _gelu(x):
+    def _gelu(x, LIBDEVICE_ERF: tl.constexpr):
         # GELU(x) = x/2 (1 + erf(x/sqrt 2)), erf within 1.5e-7 of its value (Abramowitz and
         # Stegun 7.1.26): the error is below float32's step at GELU's output and far below
         # the FP8 step it is quantized to, at a fraction of libdevice's erf's instructions.
-        z = tl.abs(x) * 0.7071067811865476
-        t = 1.0 / (1.0 + 0.3275911 * z)
-        tail = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-        tail = tail * tl.exp(-z * z)  # 1 - erf(z)
-        return 0.5 * x * tl.where(x >= 0, 2.0 - tail, tail)
+        if LIBDEVICE_ERF:
+            doubled = 1.0 + tl.erf(x * 0.7071067811865476)
+        else:
+            z = tl.abs(x) * 0.7071067811865476
+            t = 1.0 / (1.0 + 0.3275911 * z)
+            tail = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+            tail = tail * tl.exp(-z * z)  # 1 - erf(z)
+            doubled = tl.where(x >= 0, 2.0 - tail, tail)  # 1 + erf(x / sqrt 2)
+        return 0.5 * x * doubled
 
     # `stride` is specialised (its divisibility by 16 known), so that rows load as vectors.
     @triton.jit(do_not_specialize=["rows"])
     def _quantize_rows(
         x_ptr, stride, values_ptr, scales_ptr, rows, cols,
-        GELU: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr, HEAD: tl.constexpr, TAIL: tl.constexpr,
-        ROWS: tl.constexpr,
+        GELU: tl.constexpr, LIBDEVICE_ERF: tl.constexpr, FP8_MAX: tl.constexpr, MIN_SCALE: tl.constexpr,
+        HEAD: tl.constexpr, TAIL: tl.constexpr, ROWS: tl.constexpr,
     ):
         # ROWS whole rows per program, each held as two blocks (`row_blocks`): each row is
         # read once, and its largest magnitude sets its scale. Rows past `rows` are
@@ -254,7 +261,7 @@ if triton is not None:
         x = tl.load(x_ptr + read + head, mask=real, other=0.0).to(tl.float32)
         y = tl.load(x_ptr + read + tail, mask=real & (tail < cols), other=0.0).to(tl.float32)
         if GELU:  # GELU(0) = 0 keeps the padding zero
-            x, y = _gelu(x), _gelu(y)
+            x, y = _gelu(x, LIBDEVICE_ERF), _gelu(y, LIBDEVICE_ERF)
         largest = tl.maximum(tl.max(tl.abs(x), axis=1), tl.max(tl.abs(y), axis=1))
         scale = tl.maximum(largest / FP8_MAX, MIN_SCALE)
         scale = tl.where(row < rows, scale, 1.0)

@@ -149,3 +149,15 @@ def test_serve_refuses_fp8_on_the_cpu_in_one_line(tmp_path):
     whisper = on_cpu / "whisper" / "config.pbtxt"
     whisper.write_text(whisper.read_text().replace("kind: KIND_AUTO", "kind: KIND_CPU"))
     assert preflight.quantization_problem(Quantization.FP8, on_cpu, gpus=2) == expected
+
+
+def test_the_accuracy_bench_sets_libdevices_erf_for_its_system_only_and_puts_it_back():
+    from bench import fp8_accuracy
+
+    assert fp8_accuracy.LIBDEVICE_ERF_SYSTEMS <= set(fp8_accuracy.SYSTEMS)
+    assert fp8_linear.LIBDEVICE_ERF is False  # shipped: the polynomial
+    with fp8_accuracy.erf_of("fp8, libdevice's erf"):
+        assert fp8_linear.LIBDEVICE_ERF is True
+    with fp8_accuracy.erf_of("fp8"):
+        assert fp8_linear.LIBDEVICE_ERF is False
+    assert fp8_linear.LIBDEVICE_ERF is False
