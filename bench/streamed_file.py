@@ -32,6 +32,7 @@ from bench.clips import AUDIO_DIR
 from bench.host import ServerProcesses, query_gpus
 from bench.live_latency import gateway_process
 from bench.server_process import ServeCommand, ServerProcess
+from bench.stats import percentile_summary
 from loadtest.provenance import provenance
 
 # A long-form recording (two windows: its first segments come once the first is decoded)
@@ -200,10 +201,10 @@ def time_load(url: str, path: Path, concurrency: int, seconds: float) -> LoadTim
         thread.join()
     wall = time.perf_counter() - began
     audio_s = soundfile.info(str(path)).duration
-    quantile = (lambda q: round(1e3 * statistics.quantiles(finals, n=10)[q], 1)) if len(finals) > 1 else None
+    latency = percentile_summary(finals)
     return LoadTimes(path.name, concurrency, round(wall, 1), outcomes["answered"], outcomes["wrong"],
                      outcomes["failed"], round(audio_s * outcomes["answered"] / wall, 1),
-                     _ms(finals) if finals else None, quantile(8) if quantile else None,
+                     latency["p50"], latency["p90"],
                      round(statistics.mean(updates), 2) if updates else 0.0, outcomes["wrong text"])  # fmt: skip
 
 

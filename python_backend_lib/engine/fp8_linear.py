@@ -99,9 +99,8 @@ def quantize_rows(x: torch.Tensor, *, gelu: bool = False) -> tuple[torch.Tensor,
     if triton is None or x.device.type != "cuda":
         return quantize_rows_reference(x, gelu=gelu)
     rows, cols = x.shape
-    padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
-    values = torch.empty(padded, cols, dtype=FP8, device=x.device)
-    scales = torch.empty(padded, 1, dtype=torch.float32, device=x.device)
+    values, scales = _quantized_buffers(rows, cols, x.device)
+    padded = values.shape[0]
     head, tail = row_blocks(cols)
     rows_per_program = _rows_per_program(head + tail)
     _quantize_rows[(padded // rows_per_program,)](
@@ -109,6 +108,14 @@ def quantize_rows(x: torch.Tensor, *, gelu: bool = False) -> tuple[torch.Tensor,
         FP8_MAX=FP8_MAX, MIN_SCALE=MIN_SCALE, HEAD=head, TAIL=tail, ROWS=rows_per_program, num_warps=QUANTIZE_WARPS,
     )
     return values, scales
+
+
+def _quantized_buffers(rows: int, cols: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Uninitialised FP8 values [padded, cols] and float32 scales [padded, 1], the rows
+    padded to a multiple of ROW_MULTIPLE (the kernels write the padding too)."""
+    padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
+    return (torch.empty(padded, cols, dtype=FP8, device=device),
+            torch.empty(padded, 1, dtype=torch.float32, device=device))
 
 
 def row_blocks(cols: int) -> tuple[int, int]:
@@ -148,9 +155,8 @@ def norm_quantize(
         return x if residual is None else total.reshape(shape), QuantizedInput(values, scales, shape)
     x = x.contiguous()
     rows, cols = shape.numel() // shape[-1], shape[-1]
-    padded = -(-rows // ROW_MULTIPLE) * ROW_MULTIPLE
-    values = torch.empty(padded, cols, dtype=FP8, device=x.device)
-    scales = torch.empty(padded, 1, dtype=torch.float32, device=x.device)
+    values, scales = _quantized_buffers(rows, cols, x.device)
+    padded = values.shape[0]
     total = torch.empty_like(x) if residual is not None else x
     block = triton.next_power_of_2(cols)
     rows_per_program = _rows_per_program(block)

@@ -18,8 +18,8 @@ with no outputs.
 Decoupled (the `whisper_stream` model of the streamed path, `settings.decoupled`),
 a request is also answered while it is decoded: each time the window in progress
 ends a segment and each time more windows are settled (`LongFormJob`'s progress),
-a response with the record so far, then the
-whole record (or the error) with the final flag, always last. Every response
+a response with the record so far, then the whole record (or the error) with the
+final flag, always last. Every response
 carries SAMPLES too, and vad_filter's SPEECH_SPANS and RECORDING_SAMPLES when
 they came, since an ensemble hands the next step only tensors of the same
 response. Each response holds everything so far, not only what is new, so that
