@@ -4,12 +4,13 @@ accuracy, from their benchmarks' JSON files, as one record with its table and pl
     python -m bench.large_models --out docs/benchmarks/large-models --code 44d0e55 \
         --served OUT/sv/served-variants.json OUT/svt/served-variants.json \
         --encoder "645f790=BEFORE/enc/encoder-cost.json" "44d0e55=OUT/enc/encoder-cost.json" \
-        --accuracy "44d0e55=OUT/acc/fp8-accuracy.json" "645f790=BEFORE/acc/fp8-accuracy.json"
+        --accuracy "44d0e55=OUT/acc/fp8-accuracy.json" "645f790=BEFORE/acc/fp8-accuracy.json" \
+        --kernels "44d0e55=OUT/k/fp8-kernels.json"
 
-Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs and
-`bench.fp8_accuracy` runs, each labelled (LABEL=PATH: the code and conditions it
-measured). Writes large-models.json (the inputs, keyed), large-models.md and
-large-models.png.
+Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
+`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels` runs, each labelled
+(LABEL=PATH: the code and conditions it measured). Writes large-models.json (the
+inputs, keyed), large-models.md and large-models.png.
 """
 
 from __future__ import annotations
@@ -68,6 +69,24 @@ def accuracy_rows(accuracies: dict[str, dict]) -> list[list]:
     return rows
 
 
+def kernel_timing_rows(kernels: dict[str, dict]) -> list[list]:
+    """Each `bench.fp8_kernels` case: microseconds a launch at the settings its commit
+    shipped, and at the sweep's best settings."""
+    rows = []
+    for label, record in kernels.items():
+        shipped = record["shipped"]
+        for part, warps in (("quantization", shipped["warps"]), ("norm", shipped.get("norm_warps", shipped["warps"]))):
+            by_case: dict[str, list[dict]] = {}
+            for result in record[part]:
+                by_case.setdefault(result["case"], []).append(result)
+            for case, results in by_case.items():
+                at_shipped = next((r for r in results if r["elements"] == shipped["elements"] and r["warps"] == warps), None)
+                best = min(results, key=lambda r: r["us"])
+                rows.append([label, case, at_shipped["us"] if at_shipped else "–", best["us"],
+                             f"{best['elements']} elements, {best['warps']} warps", best["gb_per_s"]])
+    return rows
+
+
 def machine(record: dict) -> str:
     m = record["machine"]
     return f"{m['gpu']}, {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']}"
@@ -93,12 +112,26 @@ def markdown(data: dict) -> str:
                         f"ms a window, {PROFILED_BATCH} clips", f"TFLOP/s at {PROFILED_BATCH}"], encoder_rows(encoders)), "",
         f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel:", "",
         markdown_table(["code", "model", "variant", *kinds], kernels), "",
+        *kernel_section(data.get("kernels", {})),
         "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
         f"{machine(first_accuracy['provenance'])}; " + "; ".join(
             f"{label}: `{accuracy['provenance']['command']}`" for label, accuracy in accuracies.items()) + ".", "",
         markdown_table(["code", "set", "checkpoint", "system", "WER", "CER", "WER points", "CER points",
                         "identical to float16"], accuracy_rows(accuracies)), "",
     ])
+
+
+def kernel_section(kernels: dict[str, dict]) -> list[str]:
+    if not kernels:
+        return []
+    first = next(iter(kernels.values()))
+    return [
+        f"## The FP8 encoder's memory-bound kernels alone, {first['rows']:,} rows (16 large-v3 windows)", "",
+        f"{machine(first['provenance'])}; " + "; ".join(
+            f"{label}: `{record['provenance']['command']}`" for label, record in kernels.items()) + ".", "",
+        markdown_table(["code", "case", "us a launch, as shipped", "us a launch, best", "best settings",
+                        "GB/s at best"], kernel_timing_rows(kernels)), "",
+    ]
 
 
 def plot(data: dict, path: Path) -> None:
@@ -146,6 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--served", type=Path, nargs="+", required=True)
     parser.add_argument("--encoder", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.encoder_cost")
     parser.add_argument("--accuracy", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.fp8_accuracy")
+    parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
     parser.add_argument("--code", default="this checkout", help="what the variants without a checkout served")
     args = parser.parse_args(argv)
 
@@ -153,7 +187,8 @@ def main(argv: list[str] | None = None) -> int:
         return json.loads(path.read_text(encoding="utf-8"))
 
     data = {"served": [read(p) for p in args.served], "encoder": {label: read(p) for label, p in args.encoder},
-            "accuracy": {label: read(p) for label, p in args.accuracy}, "code": args.code}
+            "accuracy": {label: read(p) for label, p in args.accuracy},
+            "kernels": {label: read(p) for label, p in args.kernels}, "code": args.code}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "large-models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     (args.out / "large-models.md").write_text(markdown(data), encoding="utf-8")
