@@ -35,6 +35,7 @@ from python_backend_lib.engine.overlap import Launched, Part, mark_launched, pla
 from python_backend_lib.engine.prompt import start_of_transcript
 from python_backend_lib.engine.rows import Admission, Row, RowState, silent_result
 from python_backend_lib.engine.rules import LogitRules, RuleFacts, sample
+from python_backend_lib.engine.side_encoding import SideEncoder
 
 if TYPE_CHECKING:
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs
@@ -88,10 +89,13 @@ class DecodeBatch:
         encoder_graphs: EncoderGraphs | None = None,
         *,
         overlap: bool = True,
+        encode_aside: bool = True,
     ) -> None:
         """graphs: captured decode steps (GPU); rows feeding one token step through them.
         encoder_graphs: captured encoder passes (GPU) for admitting new requests.
-        overlap: plan each graph step while the one before it runs (`engine.overlap`)."""
+        overlap: plan each graph step while the one before it runs (`engine.overlap`).
+        encode_aside: with encoder graphs, admissions encode on a stream of their own
+            while the batch decodes (`engine.side_encoding`)."""
         self.model = model
         self.config = config
         self.attention = attention
@@ -111,6 +115,14 @@ class DecodeBatch:
         self._unheard: dict[Row, None] = {}  # rows whose silence check has not been read, oldest first
         self._beam_rows = 0  # rows of beam groups in the batch: while none, greedy steps never look for them
         self._kept: list[int] = []  # slots of finished rows kept for their callbacks (`release_kept`)
+        aside = encode_aside and encoder_graphs is not None and self.device.type == "cuda"
+        self.side: SideEncoder | None = SideEncoder(self.device) if aside else None
+
+    @property
+    def accepting(self) -> bool:
+        """Whether an admission now would start encoding without queueing behind more
+        than the side stream holds (`side_encoding.MAX_IN_FLIGHT`)."""
+        return self.side is None or not self.side.full
 
     @property
     def free_slots(self) -> int:
@@ -128,7 +140,14 @@ class DecodeBatch:
         """
         if not admissions:
             return
-        for rows in join(admissions, self.model, self.config, self.attention, self.encoder_graphs):
+
+        def encode() -> list[list[Row]]:
+            return join(admissions, self.model, self.config, self.attention, self.encoder_graphs)
+
+        # The eager encoder (no graph holds this many) uses the batch's attention backend,
+        # whose plans a decoder step shares: it stays on the decoding stream.
+        aside = self.side is not None and self.encoder_graphs.fits(len(admissions))
+        for rows in self.side.encode(admissions, encode) if aside else encode():
             self._beam_rows += sum(isinstance(row.group, beams.BeamGroup) for row in rows)
             self._unheard.update((row, None) for row in rows if row.silence is not None)
             self.rows += rows
@@ -160,6 +179,8 @@ class DecodeBatch:
         orders it first), or keep the slot, with its encoder K/V, until `release_kept`."""
         self.rows.remove(row)
         self._unheard.pop(row, None)
+        if self.side is not None:
+            self.side.forget(row)
         if keep:
             self._kept.append(row.slot)
         else:
@@ -188,6 +209,8 @@ class DecodeBatch:
         self.rows.clear()
         self._unheard.clear()
         self._beam_rows = 0
+        if self.side is not None:
+            self.side.clear()
         self.pool.reset()
 
     def checkpoint(self) -> list[RowState]:
@@ -233,6 +256,8 @@ class DecodeBatch:
         """
         if rows is None and self.graphs is not None and self.overlap:
             return self._step_overlapped()
+        if self.side is not None:
+            self.side.wait_all()
         done = self.drain() + self._answer_silent(wait=True)
         present = set(self.rows)
         if rows is not None and self._beam_rows:
@@ -272,11 +297,14 @@ class DecodeBatch:
         on the device), then handle the one in flight; long prompts pass eagerly first."""
         done = self._answer_silent(wait=False)
         previous = self._in_flight
-        plan = plan_step(self.rows, previous, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
+        rows = self.rows if self.side is None else self.side.ready(self.rows)  # encoded already
+        plan = plan_step(rows, previous, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
         if plan.parts and not self.graphs.fits(len(plan.parts)):  # more rows than the largest graph
             self.counts.graph_fallbacks += 1
             self._in_flight = None
             done += self._finish(previous, previous.result(), followed=set()) if previous else []
+            if self.side is not None:
+                self.side.wait_all()
             return done + self._step_now([r for r in self.rows])
         try:
             if plan.eager:  # rows not in the step in flight; rare (a long prompt)

@@ -23,7 +23,8 @@ def decode(
     results: dict[int, DecodingResult] = {}
     while queue or batch.rows:
         # Into an empty batch one at least: a request with more rows than slots raises there.
-        n = beams.admissible([a.options for a in queue], batch.free_slots) or (0 if batch.rows else 1)
+        n = beams.admissible([a.options for a in queue], batch.free_slots) if batch.accepting else 0
+        n = n or (0 if batch.rows else 1)
         batch.admit(queue[:n])
         queue = queue[n:]
         results.update(batch.step())

@@ -289,6 +289,8 @@ class Engine:
             return self._waiting.get()
 
     def _admit(self, pending: list[Admission]) -> None:
+        if not self.batch.accepting:  # the side stream holds enough to encode (`side_encoding`)
+            return
         n = admissible([a.options for a in pending[: self.options.max_admit]], self.batch.free_slots)
         if n == 0:
             return

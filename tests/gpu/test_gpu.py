@@ -90,7 +90,9 @@ def model_for(source: str, dtype: torch.dtype):
     return _MODELS[(source, dtype)]
 
 
-def make_batch(model, config, kind: str, slots: int, *, overlap: bool = True, **attention_options) -> DecodeBatch:
+def make_batch(
+    model, config, kind: str, slots: int, *, overlap: bool = True, encode_aside: bool = True, **attention_options
+) -> DecodeBatch:
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs
     from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
@@ -107,7 +109,7 @@ def make_batch(model, config, kind: str, slots: int, *, overlap: bool = True, **
         graphs.capture()
         encoder_graphs = EncoderGraphs(model, pool)
         encoder_graphs.capture()
-    return DecodeBatch(model, config, attention, graphs, encoder_graphs, overlap=overlap)
+    return DecodeBatch(model, config, attention, graphs, encoder_graphs, overlap=overlap, encode_aside=encode_aside)
 
 
 def requests(config, n: int, seed: int, options: DecodingOptions | None = None):
@@ -331,6 +333,47 @@ def test_overlapped_steps_decode_as_steps_taken_one_after_another() -> None:
         traces[overlap] = trace
         assert (followed > 0) == overlap
     compare(traces[False], traces[True], FLOOR_FACTOR * floor, name="overlapped vs stepwise graph steps")
+
+
+def test_admissions_encoded_aside_decode_as_admissions_encoded_in_line() -> None:
+    """New requests encoded on the side stream while the batch decodes (`side_encoding`)
+    get the tokens they get encoded on the decoding stream, with rows joining while
+    steps are in flight, one dropped while its audio was still encoding, and steps
+    launched without the rows still encoding."""
+    model, config = model_for("random:tiny:1", torch.float16)
+    lengths = [5, 40, 17, 33, 1, 24, 12, 30, 9]
+    options = [
+        DecodingOptions(min_new_tokens=m, max_new_tokens=m, timestamps=(i % 3 == 0), language="en")
+        for i, m in enumerate(lengths)
+    ]
+    reqs = [requests(config, 1, seed=300 + i, options=o)[0] for i, o in enumerate(options)]
+    floor = noise_floor(model, config, reqs, "tiny-aside")[0]
+    dropped = len(reqs) - 1
+    traces, deferred = {}, {}
+    for aside in (False, True):
+        batch = make_batch(model, config, "graph", 6, encode_aside=aside)
+        assert (batch.side is not None) == aside
+        trace = Trace()
+        batch.logit_observer = trace.observe
+        queue, results, step, deferred[aside] = [Admission(i, *r) for i, r in enumerate(reqs)], {}, 0, 0
+        while queue or batch.rows:
+            if step % 2 == 0 and queue and batch.free_slots >= 2 and batch.accepting:
+                batch.admit(queue[:2])
+                if any(a.tag == dropped for a in queue[:2]):
+                    assert batch.drop(dropped)  # before its audio is seen encoded, when aside
+                queue = queue[2:]
+            results.update(batch.step())
+            step += 1
+            launched = {part.row for part in batch._in_flight.parts} if batch._in_flight else set()
+            deferred[aside] += any(row not in launched and not row.generated for row in batch.rows)
+            assert len(batch.rows) + batch.free_slots == 6
+        results.update(batch.drain())
+        assert dropped not in results
+        assert [len(results[i].tokens) for i in range(dropped)] == lengths[:dropped]
+        trace.tokens = {i: list(results[i].tokens) for i in range(dropped)}
+        traces[aside] = trace
+    assert deferred[True] > 0, "no step ever ran while an admission was still encoding"
+    compare(traces[False], traces[True], FLOOR_FACTOR * floor, name="encoded aside vs in line")
 
 
 def test_sampling_rows_share_a_graph_with_greedy_rows() -> None:
