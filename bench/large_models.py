@@ -5,11 +5,12 @@ accuracy, from their benchmarks' JSON files, as one record with its table and pl
         --served OUT/sv/served-variants.json OUT/svt/served-variants.json \
         --encoder "645f790=BEFORE/enc/encoder-cost.json" "44d0e55=OUT/enc/encoder-cost.json" \
         --accuracy "44d0e55=OUT/acc/fp8-accuracy.json" "645f790=BEFORE/acc/fp8-accuracy.json" \
-        --kernels "44d0e55=OUT/k/fp8-kernels.json"
+        --kernels "44d0e55=OUT/k/fp8-kernels.json" --profile "bced14a=OUT/p/engine-profile.json"
 
 Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
-`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels` runs, each labelled
-(LABEL=PATH: the code and conditions it measured). Writes large-models.json (the
+`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels` and
+`bench.engine_profile` runs, each labelled (LABEL=PATH: the code and conditions it
+measured). Writes large-models.json (the
 inputs, keyed), large-models.md and large-models.png.
 """
 
@@ -100,7 +101,8 @@ def markdown(data: dict) -> str:
         "# The big checkpoints: served, the encoder's pass, fp8's accuracy", "",
         f"Served and encoder runs: {machine(served[0]['run'])}. Random weights of the real shapes; every request "
         "decodes round(2.728 x its length) text tokens (tiny.en's measured rate), 96 clips of 0.5 to 29.9 s "
-        "(mean 5.48 s), four client processes, one run each (no spread). Commands: "
+        "(mean 5.48 s), four client processes; a label ending in -2 is the same variant again, later in the same "
+        "call (the spread between runs). Commands: "
         + "; ".join(f"`{run['command']}`" for run in served) + ".", "",
         "## Served through the ensemble, at the point of most good requests a second", "",
         markdown_table(["model", "variant", "code", "RTFx", "good req/s", "concurrency", "a 5 s clip alone, p50 / p99 ms",
@@ -113,6 +115,7 @@ def markdown(data: dict) -> str:
         f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel:", "",
         markdown_table(["code", "model", "variant", *kinds], kernels), "",
         *kernel_section(data.get("kernels", {})),
+        *profile_section(data.get("profiles", {})),
         "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
         f"{machine(first_accuracy['provenance'])}; " + "; ".join(
             f"{label}: `{accuracy['provenance']['command']}`" for label, accuracy in accuracies.items()) + ".", "",
@@ -134,6 +137,40 @@ def kernel_section(kernels: dict[str, dict]) -> list[str]:
     ]
 
 
+def profile_section(profiles: dict[str, dict]) -> list[str]:
+    """`bench.engine_profile` runs: the wall's shares and each stream's kernels by kind."""
+    if not profiles:
+        return []
+    first = next(iter(profiles.values()))
+    shares = list(first["percent_of_wall"])
+    rows = [[label, p["model"], p["quantize"], p["rtfx_unprofiled"], p["rtfx_profiled"], p["decode_steps"],
+             p["mean_rows_a_step"], *(p["percent_of_wall"][share] for share in shares)] for label, p in profiles.items()]
+    kinds = []
+    for label, p in profiles.items():
+        one_stream = not p["kernel_ms"]["side"]  # before the side stream: encoder and decoder on one
+        for stream, by_kind in p["kernel_ms"].items():
+            for kind, ms in by_kind.items():
+                if one_stream:
+                    kinds.append([label, "one stream (encoder and decoder)", kind, ms, "–"])
+                elif stream == "side":
+                    kinds.append([label, "side (admissions)", kind, ms, f"{ms / p['clips']:.2f} ms a window"])
+                else:
+                    kinds.append([label, "decoding", "attention, other kernels" if kind == "attention" else kind, ms,
+                                  f"{ms / max(1, p['decode_steps']):.2f} ms a step"])
+    return [
+        f"## Where a saturated engine's time goes: {first['clips']} requests, {first['concurrency']} in flight", "",
+        f"{machine(first['provenance'])}; the engine alone (`Pipeline`, no Triton), random weights, the same "
+        "forced lengths; one run each under PyTorch's profiler, its kernels cut by stream (code that runs every "
+        "kernel on one stream shows it all as decoder steps). " + "; ".join(
+            f"{label}: `{p['provenance']['command']}`" for label, p in profiles.items()) + ".", "",
+        markdown_table(["code", "model", "precision", "RTFx", "RTFx profiled", "decoder steps", "rows a step",
+                        *(f"% of the wall: {share}" for share in shares)], rows), "",
+        "Kernel time by stream and kind (the decoder's FlashInfer decode kernels split into self- and "
+        "cross-attention by their order in each layer):", "",
+        markdown_table(["code", "stream", "kernels", "ms in all", "each"], kinds), "",
+    ]
+
+
 def plot(data: dict, path: Path) -> None:
     import matplotlib
 
@@ -142,8 +179,8 @@ def plot(data: dict, path: Path) -> None:
 
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     rows = served_rows(data["served"])
-    labels = [f"{r[0]}\n{r[1]}" for r in rows]
-    left.bar(range(len(rows)), [r[3] for r in rows], color=["#999" if r[1] in ("main", "before") else "#4477aa" for r in rows])
+    labels = [f"{r[0].replace('large-v3-turbo', 'turbo')}\n{r[1]}" for r in rows]
+    left.bar(range(len(rows)), [r[3] for r in rows], color=["#999" if r[1].startswith(("main", "before")) else "#4477aa" for r in rows])
     for model, target in TARGETS.items():
         left.axhline(target, linestyle=":", color="#aa3377", linewidth=1)
         left.text(len(rows) - 0.5, target, f"{model} target", fontsize=7, ha="right", va="bottom")
@@ -180,6 +217,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.encoder_cost")
     parser.add_argument("--accuracy", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.fp8_accuracy")
     parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
+    parser.add_argument("--profile", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.engine_profile")
     parser.add_argument("--code", default="this checkout", help="what the variants without a checkout served")
     args = parser.parse_args(argv)
 
@@ -188,7 +226,8 @@ def main(argv: list[str] | None = None) -> int:
 
     data = {"served": [read(p) for p in args.served], "encoder": {label: read(p) for label, p in args.encoder},
             "accuracy": {label: read(p) for label, p in args.accuracy},
-            "kernels": {label: read(p) for label, p in args.kernels}, "code": args.code}
+            "kernels": {label: read(p) for label, p in args.kernels},
+            "profiles": {label: read(p) for label, p in args.profile}, "code": args.code}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "large-models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     (args.out / "large-models.md").write_text(markdown(data), encoding="utf-8")

@@ -177,24 +177,31 @@ LARGE_MODELS = BENCHMARKS / "large-models" / "large-models.json"
 
 def test_the_big_checkpoints_figures_are_the_record():
     """The README's and performance.md's served RTFx of large-v3 and turbo are the best
-    points (most good requests a second) of the record's one H200 call, per variant: fp8
-    as this commit served it ("after") and as 645f790 did ("before")."""
+    points (most good requests a second) of the record's H200 calls, per variant: fp8 as
+    this commit served it ("after"), as 71b1c40 did ("before"), each run twice ("-2"),
+    and exact float16."""
     from bench.comparisons import best_point
 
     data = json.loads(LARGE_MODELS.read_text(encoding="utf-8"))
     rtfx = {(run["model"], v["label"]): rtfx_text(best_point(v)["rtfx"]) for run in data["served"] for v in run["variants"]}
-    v3_after, v3_before = rtfx["large-v3", "after"], rtfx["large-v3", "before"]
-    turbo_after, turbo_before = rtfx["large-v3-turbo", "after"], rtfx["large-v3-turbo", "before"]
+    v3, turbo = "large-v3", "large-v3-turbo"
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert (f"large-v3 with `--quantize fp8` served RTFx {v3_after} (645f790: {v3_before});\n"
-            f"  large-v3-turbo {turbo_after} ({turbo_before})") in readme
+    assert (f"large-v3 with `--quantize fp8` served RTFx {rtfx[v3, 'after']} (71b1c40: {rtfx[v3, 'before']});\n"
+            f"  large-v3-turbo {rtfx[turbo, 'after']} ({rtfx[turbo, 'before']}); "
+            f"exact float16 large-v3 {rtfx[v3, 'float16']}") in readme
     performance = PERFORMANCE.read_text(encoding="utf-8")
-    assert f"| RTFx {v3_after}, against {v3_before} for 645f790 in the same call" in performance
-    assert f"| RTFx {turbo_after}, against {turbo_before} for 645f790; target 1,500" in performance
+    assert (f"| RTFx {rtfx[v3, 'after']}, against {rtfx[v3, 'before']} for 71b1c40 in the same call (1.06); "
+            f"target 1,000 **missed**; exact float16 {rtfx[v3, 'float16']} | a second run of each, later in the call: "
+            f"{rtfx[v3, 'after-2']} against {rtfx[v3, 'before-2']} |") in performance
+    assert (f"| RTFx {rtfx[turbo, 'after']}, against {rtfx[turbo, 'before']} for 71b1c40 (1.16); target 1,500" in performance
+            and f"| a second run of each: {rtfx[turbo, 'after-2']} against {rtfx[turbo, 'before-2']};" in performance)
     for run in data["served"]:
         assert "H200" in run["run"]["machine"]["gpu"]
-        assert all(v["command"].endswith("--quantize=fp8") for v in run["variants"])
-        assert next(v for v in run["variants"] if v["label"] == "before")["checkout_commit"].startswith("645f790")
+        for variant in run["variants"]:
+            precision = "none" if variant["label"] == "float16" else "fp8"
+            assert variant["command"].endswith(f"--quantize={precision}")
+            if variant["label"].startswith("before"):
+                assert variant["checkout_commit"].startswith("71b1c40")
 
 
 # ----------------------------------------------------- links in the docs
