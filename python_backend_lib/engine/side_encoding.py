@@ -14,15 +14,16 @@ How the two streams stay ordered:
 - Features made on another stream are marked as used on the side stream
   (`record_stream`), so that the caching allocator does not hand their memory to
   someone else before the encoder has read them.
-- A new row takes part in a step only once the host has seen its admission's event
-  complete (`ready`): its cross-attention K/V are written by then, so the decoding
-  stream needs no device-side wait.
+- A new row takes part in a step once the host has seen its admission's event
+  complete (`ready`): its cross-attention K/V are written by then. When no other row
+  can step, the decoding stream waits for the event on the device instead, and the
+  step is queued behind the encoder's pass at once.
 - The encoder's graphs have their own memory pool and static buffers, apart from
   the decoder's, so the two never share scratch memory.
 
-At most `MAX_IN_FLIGHT` admissions are encoding at once (`full`): one running and
-one queued behind it: the side stream never idles between two admissions, and no
-more of the batch's slots than that wait for their audio instead of decoding.
+At most `MAX_IN_FLIGHT` admissions wait to join at once (`full`): one encoding and
+one queued behind it, so that the side stream never idles between two admissions,
+and no more of the batch's slots than that wait for their audio instead of decoding.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import torch
 
 from python_backend_lib.engine.rows import Admission, Row
 
-# Admissions encoding on the side stream at once.
+# Admissions encoding on the side stream whose rows no step may take yet.
 MAX_IN_FLIGHT = 2
 
 
@@ -60,11 +61,6 @@ class SideEncoder:
         self._settle()
         return len(self._encodings) >= MAX_IN_FLIGHT
 
-    @property
-    def encoding(self) -> int:
-        """Admissions whose encoding is not seen complete yet."""
-        return len(self._encodings)
-
     def encode(
         self, admissions: Sequence[Admission], work: Callable[[], list[list[Row]]]
     ) -> list[list[Row]]:
@@ -86,22 +82,29 @@ class SideEncoder:
         return joined
 
     def ready(self, rows: Sequence[Row]) -> list[Row]:
-        """The rows of `rows` whose audio is encoded, in their order. When none of them
-        is, but some are encoding, waits for the oldest admission first: there is
-        nothing else to step."""
+        """The rows of `rows` that a step launched now may take, in their order: those
+        whose audio is encoded. When none of them is, but some are encoding, there is
+        nothing else to step: the decoding stream is ordered after the oldest admission
+        instead (`_follow`), so that its first step is queued behind the encoder's pass
+        as on one stream, without the host waking up in between."""
         self._settle()
         if self._unready and rows and all(row in self._unready for row in rows):
-            self._encodings[0].done.synchronize()
-            self._settle()
+            self._follow(self._encodings.popleft())
         if not self._unready:
             return list(rows)
         return [row for row in rows if row not in self._unready]
 
     def wait_all(self) -> None:
-        """Wait until every admission is encoded (a step over rows named by the caller)."""
+        """Order the decoding stream after every admission (a step over rows the caller names)."""
         while self._encodings:
-            self._encodings[0].done.synchronize()
-            self._settle()
+            self._follow(self._encodings.popleft())
+
+    def _follow(self, encoding: _Encoding) -> None:
+        """Make the decoding stream wait on the device for `encoding`'s work: its rows
+        may take part in what is launched next."""
+        torch.cuda.current_stream(self.device).wait_event(encoding.done)
+        for row in encoding.rows:
+            self._unready.discard(row)
 
     def forget(self, row: Row) -> None:
         """A row left the batch (finished, dropped) before or after its audio was encoded."""
