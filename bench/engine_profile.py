@@ -148,6 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantize", default="fp8", choices=[q.value for q in Quantization])
     parser.add_argument("--tokens-per-second", type=float, default=2.728)
     parser.add_argument("--concurrency", type=int, default=128)
+    parser.add_argument("--fp8-cross-kv", action="store_true",
+                        help="keep the cross-attention K/V in FP8 too (EngineSetup.fp8_cross_kv)")
     parser.add_argument("--repeat", type=int, default=4,
                         help="the clips this many times over, so that the run holds a steady state")
     parser.add_argument("--out", type=Path, required=True)
@@ -165,7 +167,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = forced_jobs(load_clips(), config.special.eot, args.tokens_per_second) * args.repeat
     audio_s = sum(j.audio.clip.duration_s for j in jobs)
     row_steps = sum(j.check.expected_tokens + PROMPT_TOKENS for j in jobs)
-    pipeline = Pipeline.load(checkpoint, device="cuda", setup=EngineSetup(quantization=Quantization(args.quantize)))
+    setup = EngineSetup(quantization=Quantization(args.quantize), fp8_cross_kv=args.fp8_cross_kv)
+    pipeline = Pipeline.load(checkpoint, device="cuda", setup=setup)
     try:
         say(f"{args.model} ({args.quantize}) loaded, {pipeline.engine.slots} slots; {len(jobs)} clips, "
             f"{audio_s:.0f} s of audio, concurrency {args.concurrency}")
@@ -192,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     decode_stream = next(k["stream"] for k in kernels if DECODE_ATTENTION in k["name"].lower())
     cut = timeline(kernels, decode_stream, config.dims.n_text_layer)
     cut["mean_rows_a_step"] = round(row_steps / max(1, cut["decode_steps"]), 1)
-    record = {"provenance": provenance(), "model": args.model, "quantize": args.quantize,
+    quantize = args.quantize + (", FP8 cross K/V" if args.fp8_cross_kv else "")
+    record = {"provenance": provenance(), "model": args.model, "quantize": quantize,
               "concurrency": args.concurrency, "clips": len(jobs), "audio_s": round(audio_s, 1),
               "rtfx_unprofiled": round(audio_s / plain, 1), "rtfx_profiled": round(audio_s / profiled, 1),
               "kernels_by_stream": dict(streams), **cut}

@@ -12,7 +12,8 @@ Sets (`bench.beam_wer`'s readers):
 Systems (SYSTEMS): `Pipeline.load(checkpoint, device="cuda")` as shipped (float16), with
 `Quantization.FP8` (bfloat16 beside the FP8 products), and variants that show where
 fp8's differences come from (bfloat16 alone, some products left in bfloat16, libdevice's
-erf in GELU instead of the shipped polynomial). Every clip is transcribed with
+erf in GELU instead of the shipped polynomial), and fp8 with an FP8 cross-attention
+cache (`EngineSetup.fp8_cross_kv`, not shipped yet). Every clip is transcribed with
 the library's defaults, as the server does: greedy with temperature fallback,
 timestamps, the previous text as prompt.
 
@@ -46,7 +47,10 @@ SYSTEMS = {
     "fp8, cross K/V in bfloat16": ("bfloat16", True, "cross"),
     "fp8, first and last two encoder layers in bfloat16": ("bfloat16", True, "edges"),
     "fp8, libdevice's erf": ("bfloat16", True, None),
+    "fp8, FP8 cross-attention cache": ("bfloat16", True, None),
 }
+# Systems that keep the cross-attention K/V in FP8 too (`EngineSetup.fp8_cross_kv`).
+FP8_CROSS_KV_SYSTEMS = frozenset({"fp8, FP8 cross-attention cache"})
 # Systems whose GELU inside the FP8 quantization takes libdevice's erf, as F.gelu does,
 # instead of the shipped polynomial (`fp8_linear.LIBDEVICE_ERF`).
 LIBDEVICE_ERF_SYSTEMS = frozenset({"fp8, libdevice's erf"})
@@ -97,7 +101,8 @@ def transcriber(source: str, system: str, given_language: bool):
     quantization = Quantization.FP8 if fp8 else Quantization.NONE
     with keeping(kept):
         pipeline = Pipeline.load(source, device="cuda", dtype=getattr(torch, dtype),
-                                 setup=EngineSetup(quantization=quantization))
+                                 setup=EngineSetup(quantization=quantization,
+                                                   fp8_cross_kv=system in FP8_CROSS_KV_SYSTEMS))
 
     def transcribe(clip: Clip) -> tuple[str, str | None]:
         decoding = DecodingOptions(timestamps=True, language=clip.language if given_language else None)

@@ -149,8 +149,8 @@ class SdpaAttention:
         if self._cross_in_place:
             return self._cross_attention_in_place(layer, q)
         slots = self._layout.slots
-        keys = self.pool.cross_k[layer][slots].transpose(1, 2)  # [B, H, 1500, D]
-        values = self.pool.cross_v[layer][slots].transpose(1, 2)
+        keys = self.pool.cross_k[layer][slots].transpose(1, 2).to(q.dtype)  # [B, H, 1500, D]; FP8 kept: cast back
+        values = self.pool.cross_v[layer][slots].transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(self._pad(q), keys, values)
         return self._unpad(out)
 
@@ -162,7 +162,9 @@ class SdpaAttention:
         keys, values = self.pool.cross_k[layer], self.pool.cross_v[layer]
         out = [
             F.scaled_dot_product_attention(
-                padded[i : i + 1], keys[s : s + 1].transpose(1, 2), values[s : s + 1].transpose(1, 2)
+                padded[i : i + 1],
+                keys[s : s + 1].transpose(1, 2).to(q.dtype),
+                values[s : s + 1].transpose(1, 2).to(q.dtype),
             )
             for i, s in enumerate(self._layout.host_slots())
         ]  # each [1, H, max_query, D]

@@ -169,6 +169,7 @@ class _PagedLayers:
         n_layers = pool.shape.n_layers
         self.pool = pool
         self.dtype = pool.self_k[0].dtype
+        self.cross_dtype = pool.cross_dtype  # FP8 when the pool keeps cross K/V so
         self.device = pool.self_k[0].device
         self._self_pages = [pool.self_pages(layer) for layer in range(n_layers)]
         self._cross_pages = [pool.cross_pages(layer) for layer in range(n_layers)]
@@ -236,7 +237,7 @@ class PagedDecode(_PagedLayers):
         if graph_batch is not None:
             self.cache_index = torch.zeros(graph_batch, dtype=torch.long, device=self.device)
 
-    def _plan(self, wrapper, table: PageTable, indices: torch.Tensor | None = None) -> None:
+    def _plan(self, wrapper, table: PageTable, kv_dtype: torch.dtype, indices: torch.Tensor | None = None) -> None:
         """indices: the table's page indices already on the device. With graphs the
         plan must not wait for the step still running: FlashInfer copies host
         indices synchronously, and the rest of the table from pinned memory
@@ -252,14 +253,14 @@ class PagedDecode(_PagedLayers):
             shape.head_dim,
             PAGE_SIZE,
             q_data_type=self.dtype,
-            kv_data_type=self.dtype,
+            kv_data_type=kv_dtype,
         )
 
     def plan_self(self, table: PageTable, indices: torch.Tensor | None = None) -> None:
-        self._plan(self.self_wrapper, table, indices)
+        self._plan(self.self_wrapper, table, self.dtype, indices)
 
     def plan_cross(self, table: PageTable) -> None:
-        self._plan(self.cross_wrapper, table)
+        self._plan(self.cross_wrapper, table, self.cross_dtype)
 
     @property
     def plan_info(self) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -284,9 +285,10 @@ class PagedPrefill(_PagedLayers):
         shape = self.pool.shape
         qo_indptr = np.zeros(layout.batch_size + 1, dtype=np.int64)
         np.cumsum(layout.query_lens, out=qo_indptr[1:])
-        for wrapper, table, causal in (
-            (self.self_wrapper, page_table(slots, layout.total_lens, shape.self_pages_per_slot), True),
-            (self.cross_wrapper, page_table(slots, [shape.audio_ctx] * len(slots), shape.cross_pages_per_slot), False),
+        for wrapper, table, causal, kv_dtype in (
+            (self.self_wrapper, page_table(slots, layout.total_lens, shape.self_pages_per_slot), True, self.dtype),
+            (self.cross_wrapper, page_table(slots, [shape.audio_ctx] * len(slots), shape.cross_pages_per_slot), False,
+             self.cross_dtype),
         ):
             wrapper.plan(
                 _int32(qo_indptr),
@@ -299,7 +301,7 @@ class PagedPrefill(_PagedLayers):
                 PAGE_SIZE,
                 causal=causal,
                 q_data_type=self.dtype,
-                kv_data_type=self.dtype,
+                kv_data_type=kv_dtype,
             )
         self.cache_index = torch.from_numpy(tokens.cache_index).to(self.device, non_blocking=True)
 
@@ -336,6 +338,8 @@ class FlashInferAttention:
         self.pool = pool
         self.encoder = EncoderKernel(encoder)
         self.prompt = PromptKernel(prompt)
+        if self.prompt is PromptKernel.PREFILL and pool.cross_dtype != pool.self_k[0].dtype:
+            raise ValueError("the prefill prompt kernel is not set up for an FP8 cross-attention cache")
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
         self._decode = PagedDecode(pool, self.workspace)
         self._prefill: PagedPrefill | None = None

@@ -23,6 +23,7 @@ from python_backend_lib.devices.cudnn import cudnn_problem
 from python_backend_lib.engine.attention import SdpaAttention
 from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.faults import FaultPlan, FaultyDecodeBatch
+from python_backend_lib.engine.fp8_linear import FP8
 from python_backend_lib.engine.kv_cache import KVSlotPool, PoolShape, slots_for_memory
 from python_backend_lib.engine.model import Whisper
 
@@ -74,6 +75,9 @@ class EngineSetup:
         CUDA graphs instead of falling back to SDPA.
     quantization: how the linear layers multiply (`core.quantization`); int8 on the
         CPU only (ValueError elsewhere).
+    fp8_cross_kv: with FP8 quantization, keep the cross-attention K/V in FP8 too
+        (`engine.kv_cache`): half the bytes each decoder step reads. Off until
+        measured on a GPU (docs/performance.md, the big checkpoints).
     faults: test-only faults to inject (`engine.faults`); none by default.
     """
 
@@ -85,6 +89,7 @@ class EngineSetup:
     engines_on_device: int = 1
     require_gpu_engine: bool = False
     quantization: Quantization = DEFAULT_QUANTIZATION
+    fp8_cross_kv: bool = False
     faults: FaultPlan = FaultPlan()
 
 
@@ -125,6 +130,9 @@ def build_batch(
     """The model, its KV pool, attention backend and graphs, as a decode batch on `device`."""
     config = checkpoint.config
     stage, slots = "loading the weights", setup.slots
+    if setup.fp8_cross_kv and setup.quantization is not Quantization.FP8:
+        raise ValueError("an FP8 cross-attention cache comes with FP8 quantization only")
+    cross_dtype = FP8 if setup.fp8_cross_kv else None
     if device.type == "cpu" and setup.engines_on_device > 1:  # each engine its share of the cores
         torch.set_num_threads(max(1, torch.get_num_threads() // setup.engines_on_device))
     try:
@@ -133,14 +141,15 @@ def build_batch(
         times.timed("weights", start)
         if slots is None:
             slots = (
-                gpu_slots(config.dims, dtype, device, setup.kv_memory_fraction, setup.engines_on_device)
+                gpu_slots(config.dims, dtype, device, setup.kv_memory_fraction, setup.engines_on_device, cross_dtype)
                 if device.type == "cuda"
                 else DEFAULT_SLOTS
             )
         start = time.perf_counter()
         shape = PoolShape.for_model(config.dims, slots)
-        stage = f"allocating {slots} KV slots ({shape.bytes_per_slot(dtype) * (slots + 1) / 2**30:.2f} GiB)"
-        pool = KVSlotPool(shape, device=device, dtype=dtype)
+        gib = shape.bytes_per_slot(dtype, cross_dtype) * (slots + 1) / 2**30
+        stage = f"allocating {slots} KV slots ({gib:.2f} GiB)"
+        pool = KVSlotPool(shape, device=device, dtype=dtype, cross_dtype=cross_dtype)
         times.timed("kv_pool", start)
         start = time.perf_counter()
         backend = make_attention(AttentionKind(setup.attention), pool)
@@ -209,10 +218,14 @@ def kv_budget(free_bytes: int, total_bytes: int, fraction: float, engines: int) 
     return int(min(fraction * free_bytes, fraction * total_bytes / max(1, engines)))
 
 
-def gpu_slots(dims, dtype: torch.dtype, device: torch.device, fraction: float, engines: int = 1) -> int:
+def gpu_slots(
+    dims, dtype: torch.dtype, device: torch.device, fraction: float, engines: int = 1,
+    cross_dtype: torch.dtype | None = None,
+) -> int:
     """Request slots that fit in this engine's `kv_budget` of the GPU's memory."""
     free_bytes, total_bytes = torch.cuda.mem_get_info(device)
-    return slots_for_memory(dims, dtype, kv_budget(free_bytes, total_bytes, fraction, engines), MAX_GPU_SLOTS)
+    budget = kv_budget(free_bytes, total_bytes, fraction, engines)
+    return slots_for_memory(dims, dtype, budget, MAX_GPU_SLOTS, cross_dtype)
 
 
 def make_attention(kind: AttentionKind, pool: KVSlotPool):

@@ -95,12 +95,13 @@ class Aligner:
         self, features: torch.Tensor | None, audio_slot: int | None = None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each decoder layer's cross-attention K and V of the window, [1, 1500, heads, head_dim]."""
-        if audio_slot is not None and self.pool is not None:
-            return [(k[audio_slot : audio_slot + 1], v[audio_slot : audio_slot + 1])
+        parameter = next(self.model.parameters())
+        if audio_slot is not None and self.pool is not None:  # an FP8 pool's K/V cast back
+            kept = slice(audio_slot, audio_slot + 1)
+            return [(k[kept].to(parameter.dtype), v[kept].to(parameter.dtype))
                     for k, v in zip(self.pool.cross_k, self.pool.cross_v)]
         if features is None:
             raise ValueError("a window to align needs its features or its kept KV slot")
-        parameter = next(self.model.parameters())
         audio_features = self.model.encode(features[None].to(parameter.device, parameter.dtype),
                                            _RecordingAttention([], set()))
         return self.model.cross_kv(audio_features)

@@ -168,3 +168,70 @@ def test_tiny_en_in_fp8_reads_real_speech_as_float16_does(pipelines):
     for g, w in zip(got, want):
         g_words, w_words = g.lower().split(), w.lower().split()
         assert abs(len(g_words) - len(w_words)) <= 1 and np.mean([a == b for a, b in zip(g_words, w_words)]) > 0.8
+
+
+# ------------------------------------------------- the FP8 cross-attention cache
+
+
+def test_the_copy_kernel_stores_cross_kv_in_fp8_as_the_pool_defines_it():
+    from python_backend_lib.engine.kv_cache import stored_cross
+
+    shape = PoolShape(n_slots=4, n_layers=1, n_heads=20, head_dim=64, text_ctx=448, audio_ctx=1500)
+    pool = KVSlotPool(shape, device=CUDA, dtype=torch.bfloat16, cross_dtype=fp8_linear.FP8)
+    generator = torch.Generator(device=CUDA).manual_seed(5)
+    k, v = (torch.randn(3, 1500, 20, 64, device=CUDA, generator=generator, dtype=torch.bfloat16) * 100 for _ in "kv")
+    pool.write_cross(torch.tensor([4, 1, 2], device=CUDA), [(k, v)])
+    for got, values in ((pool.cross_k[0], k), (pool.cross_v[0], v)):
+        assert torch.equal(got[[4, 1, 2]].view(torch.uint8), stored_cross(values, fp8_linear.FP8).view(torch.uint8))
+        assert not got[3].float().any()
+
+
+def test_flashinfer_decodes_over_an_fp8_cross_cache_as_sdpa_does():
+    """Graph steps over an FP8 cross cache (FlashInfer's decode kernel reading E4M3 keys
+    and values) against SDPA over the same pool: the same first tokens, logits within
+    bfloat16's noise (read as bfloat16, the bytes would give logits far apart)."""
+    pytest.importorskip("flashinfer")
+    from python_backend_lib.core.options import DecodingOptions
+    from python_backend_lib.engine.attention import SdpaAttention
+    from python_backend_lib.engine.batch import DecodeBatch
+    from python_backend_lib.engine.cuda_graphs import DecodeGraphs
+    from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
+    from python_backend_lib.engine.offline import decode
+    from python_backend_lib.engine.prompt import initial_tokens
+
+    checkpoint = load_checkpoint("random:tiny:1")
+    config = checkpoint.config
+    model = Whisper.from_checkpoint(checkpoint, device=CUDA, dtype=torch.bfloat16, quantization=Quantization.FP8)
+    options = DecodingOptions(language="en", min_new_tokens=24, max_new_tokens=24)
+    generator = torch.Generator().manual_seed(6)
+    requests = [(torch.randn(config.dims.n_mels, N_FRAMES, generator=generator).clamp(-1.5, 1.5), options,
+                 initial_tokens(config, options, None)) for _ in range(5)]
+    tokens, logits = {}, {}
+    for kind in ("sdpa", "graphs"):
+        pool = KVSlotPool(PoolShape.for_model(config.dims, 6), device=CUDA, dtype=torch.bfloat16,
+                          cross_dtype=fp8_linear.FP8)
+        if kind == "sdpa":
+            batch = DecodeBatch(model, config, SdpaAttention(pool))
+        else:
+            attention = FlashInferAttention(pool)
+            graphs = DecodeGraphs(model, config, attention, max_batch=6)
+            graphs.capture()
+            encoder_graphs = EncoderGraphs(model, pool)
+            encoder_graphs.capture()
+            batch = DecodeBatch(model, config, attention, graphs, encoder_graphs)
+        seen: dict = {}
+
+        def observe(rows, step_logits, seen=seen) -> None:
+            for row, row_logits in zip(rows, step_logits.float().cpu()):
+                seen.setdefault(row.tag, []).append(row_logits)
+
+        batch.logit_observer = observe
+        tokens[kind] = [list(r.tokens) for r in decode(batch, requests)]
+        logits[kind] = seen
+    # Later tokens may part at a near tie once bfloat16's noise has grown: the first choices and logits are compared.
+    assert [t[:1] for t in tokens["graphs"]] == [t[:1] for t in tokens["sdpa"]]
+    for tag, steps in logits["sdpa"].items():
+        want, got = steps[0], logits["graphs"][tag][0]  # each request's first choice
+        finite = torch.isfinite(want)
+        error = (want[finite] - got[finite]).abs().max() / want[finite].std()
+        assert error < 0.1, f"request {tag}: first logits differ by {error:.3f} of their spread"
