@@ -16,7 +16,9 @@ shares of the profiled run's wall time:
   cross-attention by order: each layer runs FlashInfer's decode kernel for its
   self-attention, then for its cross-attention);
 - decoder steps counted from those kernels, and the mean rows a step (each request
-  feeds its prompt and its forced tokens one a step).
+  feeds its prompt and its forced tokens one a step);
+- each stream's kernels that took longest, with their launches and time a launch
+  (in the JSON).
 The profiler slows the host a little: the run's RTFx is reported beside the same
 run unprofiled. Writes `<out>/engine-profile.json` and `.md`.
 """
@@ -50,6 +52,7 @@ DECODER_KINDS = (
     ("layer norms", ("layer_norm", "layernorm")),
 )
 DECODE_ATTENTION = "batchdecode"  # FlashInfer's decode kernel: self-, then cross-attention in each layer
+TOP_KERNELS = 12  # kernels named per stream, longest first
 
 
 def decoder_kind(kernel: str) -> str:
@@ -139,7 +142,21 @@ def timeline(kernels: list[dict], decode_stream: int, n_layers: int) -> dict:
         "kernel_ms": {part: {kind: round(us / 1e3, 1) for kind, us in sorted(kinds.items(), key=lambda i: -i[1])}
                       for part, kinds in by_kind.items()},
         "decode_steps": decode_attention // (2 * n_layers),
+        "top_kernels": {"side": top_kernels(side), "decode": top_kernels(decode)},
     }
+
+
+def top_kernels(kernels: list[dict], count: int = TOP_KERNELS) -> list[dict]:
+    """The `count` kernels that took longest in all: name (cut to 140 characters),
+    launches, milliseconds and microseconds a launch."""
+    totals: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+    for k in kernels:
+        total = totals[k["name"][:140]]
+        total[0] += 1
+        total[1] += k["dur"]
+    ranked = sorted(totals.items(), key=lambda item: -item[1][1])[:count]
+    return [{"kernel": name, "launches": launches, "ms": round(us / 1e3, 2), "us_each": round(us / launches, 2)}
+            for name, (launches, us) in ranked]
 
 
 def main(argv: list[str] | None = None) -> int:

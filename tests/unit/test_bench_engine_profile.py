@@ -51,6 +51,9 @@ def test_timeline_cuts_the_wall_by_stream_and_finds_the_idle_time() -> None:
     assert cut["decode_steps"] == 2
     assert cut["kernel_ms"]["decode"] == {"cross-attention": 14.0, "self-attention": 6.0, "layer norms": 5.0}
     assert cut["kernel_ms"]["side"] == {"matrix products": 10.0}
+    top = cut["top_kernels"]["decode"]
+    assert [(k["kernel"][:12], k["launches"], k["ms"], k["us_each"]) for k in top] == [
+        ("flashinfer::", 4, 20.0, 5000.0), ("vectorized_l", 1, 5.0, 5000.0)]
     assert cut["wall_ms"] == wall
 
 
