@@ -28,6 +28,9 @@
 #                 (default 100), with LIVE_BATCH (default 64) batch clients beside (needs install, the weights,
 #                 and the gateway's wheels: fastapi, uvicorn, websockets, openai...); LIVE_ARGS="..." adds arguments
 #   bench         bench.gpu: transformers against the engine, step times, memory
+#   profile       bench.engine_profile: the engine alone at concurrency 128 under the profiler, its kernels by
+#                 stream and kind (needs install; PROFILE_ARGS="..." adds arguments, e.g. --fp8-cross-kv, and
+#                 PROFILE_TWICE=1 runs it again with them after a run without)
 #   encoder       bench.encoder_cost: the captured encoder pass per admission size, float16, bfloat16 and
 #                 fp8, its TFLOP/s and kernels by kind (needs install; ENCODER_ARGS="..." adds arguments)
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
@@ -237,6 +240,18 @@ if has bench; then
         --sections steps offline encoder --out "$OUT" --profile-dir "$OUT"
     say "bench exit $?"
     save_jit
+fi
+
+# 5a. A saturated engine's kernels by stream (needs install).
+if has profile; then
+    if [ -n "${PROFILE_TWICE:-}" ]; then
+        say "profile, as shipped (budget $((($(left) - 10) / 2)) s)"
+        timeout $((($(left) - 10) / 2)) $PY -m bench.engine_profile --out "$OUT/profile-shipped"
+        say "profile, as shipped, exit $?"
+    fi
+    say "profile ${PROFILE_ARGS:-} (budget $(($(left) - 10)) s)"
+    timeout $(($(left) - 10)) $PY -m bench.engine_profile --out "$OUT/profile" ${PROFILE_ARGS:-}
+    say "profile exit $?"
 fi
 
 # 5b. The encoder's pass per admission size and precision (needs install).
