@@ -20,7 +20,7 @@ from bench.load import LoadGenerator, PointPlan
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 from bench.stats import PointStats
-from bench.triton_stats import model_stats, stats_delta
+from bench.triton_stats import settled_stats, stats_delta
 
 
 @dataclass(frozen=True)
@@ -42,9 +42,10 @@ def one_clip_rounds(
         with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:
             load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
             for _ in range(rounds):
-                before = model_stats(command.grpc_url)
+                # Settled: the request before the window is counted before it, the window's last within it.
+                before = settled_stats(command.grpc_url)
                 point = load.run(PointPlan(1, 0.0, seconds, 60.0))
-                yield Round(point.stats, stats_delta(before, model_stats(command.grpc_url)), point.request_ids)
+                yield Round(point.stats, stats_delta(before, settled_stats(command.grpc_url)), point.request_ids)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import time
+
 STATS_TIMEOUT_S = 20.0
+# How long `settled_stats` waits for a quiet server's counts to agree, and between reads.
+SETTLE_TIMEOUT_S = 5.0
+SETTLE_POLL_S = 0.05
 
 
 def model_stats(url: str) -> dict:
@@ -45,3 +50,20 @@ def stats_delta(before: dict, after: dict) -> dict:
             "execute_ms": round((now["compute_ns"] - then.get("compute_ns", 0)) / max(requests, 1) / 1e6, 3),
         }
     return out
+
+
+def agree(stats: dict) -> bool:
+    """Whether every model that answered a request has answered as many as the others,
+    as on a quiet server whose requests each went through every model once."""
+    return len({m["requests"] + m["failures"] for m in stats.values() if m["requests"] + m["failures"]}) <= 1
+
+
+def settled_stats(url: str, timeout_s: float = SETTLE_TIMEOUT_S) -> dict:
+    """`model_stats` of a server with no request in flight, once its counts agree. Triton
+    counts a request after its model has answered it: the client can have its answer, and
+    start the next reading, before the last model (and the ensemble) counted it. Gives the
+    last reading after `timeout_s` if they never agree (a request that failed in one model)."""
+    deadline = time.monotonic() + timeout_s
+    while not agree(stats := model_stats(url)) and time.monotonic() < deadline:
+        time.sleep(SETTLE_POLL_S)
+    return stats

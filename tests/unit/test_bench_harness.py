@@ -534,3 +534,20 @@ def test_a_servers_memory_is_read_by_role():
     roles = ServerProcesses({"tritonserver": (os.getpid(),), "gone": (2**22 + 7,)})
     memory = roles.memory_gib()
     assert memory.keys() == {"tritonserver"} and abs(memory["tritonserver"] - mine) < 0.05  # a gone process: no entry
+
+
+def test_a_quiet_servers_statistics_agree_once_every_model_counted_the_last_request():
+    from bench.triton_stats import agree, stats_delta
+
+    def reading(**requests: int) -> dict:
+        return {name: {"requests": n, "failures": 0, "executions": n, "queue_ns": 0, "compute_ns": 0}
+                for name, n in requests.items()}
+
+    settled = reading(transcribe=9, preprocessing=9, whisper=9, postprocessing=9, whisper_stream=0)
+    # The client has its answer; postprocessing and the ensemble count the request a moment later.
+    counting = reading(transcribe=8, preprocessing=9, whisper=9, postprocessing=8, whisper_stream=0)
+    assert agree(settled) and not agree(counting) and agree({})
+    # A window read from the early reading counts the request before it among its own.
+    after = reading(transcribe=13, preprocessing=13, whisper=13, postprocessing=13)
+    assert stats_delta(counting, after)["transcribe"]["requests"] == 5
+    assert {m["requests"] for m in stats_delta(settled, after).values()} == {4}
