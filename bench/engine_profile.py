@@ -38,6 +38,7 @@ import torch
 
 from bench.clips import load_clips
 from bench.encoder_cost import kind_of as encoder_kind
+from bench.engine_alone import FEATURE_BATCH
 from bench.jobs import PROMPT_TOKENS, Job, forced_jobs
 from bench.markdown import markdown_table
 from bench.served import MODELS, served_checkpoint
@@ -189,9 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         say(f"{args.model} ({args.quantize}) loaded, {pipeline.engine.slots} slots; {len(jobs)} clips, "
             f"{audio_s:.0f} s of audio, concurrency {args.concurrency}")
-        features = [f for first in range(0, len(jobs) // args.repeat, 64)
-                    for f in pipeline.features([j.audio.waveform for j in jobs[first:first + 64]])] * args.repeat
-        run_jobs(pipeline, jobs[: len(jobs) // args.repeat], features, args.concurrency)  # warm-up
+        clips = jobs[: len(jobs) // args.repeat]
+        features = [f for first in range(0, len(clips), FEATURE_BATCH)
+                    for f in pipeline.features([j.audio.waveform for j in clips[first:first + FEATURE_BATCH]])]
+        features *= args.repeat
+        run_jobs(pipeline, clips, features, args.concurrency)  # warm-up
         plain = run_jobs(pipeline, jobs, features, args.concurrency)
         say(f"unprofiled: {plain:.3f} s, RTFx {audio_s / plain:.1f}")
         with tempfile.TemporaryDirectory() as folder:

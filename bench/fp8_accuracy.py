@@ -28,7 +28,7 @@ import argparse
 import contextlib
 import json
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.beam_wer import MULTILINGUAL, Clip, english_clips, multilingual_clips, score
@@ -37,23 +37,33 @@ from loadtest.provenance import REPO_ROOT, provenance
 GATE_POINTS = 0.3
 REFERENCE = "float16"
 PER_LANGUAGE = 10  # every multilingual recording of the shared set (at most 8 per language there)
-# Each system: the model's dtype, whether FP8 products run, and which of them stay in
-# bfloat16 (None: every one `Whisper.quantize_fp8` quantizes). The shipped `--quantize fp8`
-# is "fp8"; the others measure where its differences come from.
+
+@dataclass(frozen=True)
+class System:
+    """How one system loads. dtype: the model's; fp8: FP8 products run; kept: which of them
+    stay in bfloat16 (None: every one `Whisper.quantize_fp8` quantizes; "cross": the
+    decoder's cross K/V projections; "edges": the first and last two encoder layers);
+    libdevice_erf: GELU inside the FP8 quantization takes libdevice's erf, as F.gelu does,
+    instead of the shipped polynomial (`fp8_linear.LIBDEVICE_ERF`); fp8_cross_kv: the
+    cross-attention K/V are kept in FP8 too (`EngineSetup.fp8_cross_kv`)."""
+
+    dtype: str
+    fp8: bool = False
+    kept: str | None = None
+    libdevice_erf: bool = False
+    fp8_cross_kv: bool = False
+
+
+# The shipped `--quantize fp8` is "fp8"; the others measure where its differences come from.
 SYSTEMS = {
-    "float16": ("float16", False, None),
-    "bfloat16": ("bfloat16", False, None),
-    "fp8": ("bfloat16", True, None),
-    "fp8, cross K/V in bfloat16": ("bfloat16", True, "cross"),
-    "fp8, first and last two encoder layers in bfloat16": ("bfloat16", True, "edges"),
-    "fp8, libdevice's erf": ("bfloat16", True, None),
-    "fp8, FP8 cross-attention cache": ("bfloat16", True, None),
+    "float16": System("float16"),
+    "bfloat16": System("bfloat16"),
+    "fp8": System("bfloat16", fp8=True),
+    "fp8, cross K/V in bfloat16": System("bfloat16", fp8=True, kept="cross"),
+    "fp8, first and last two encoder layers in bfloat16": System("bfloat16", fp8=True, kept="edges"),
+    "fp8, libdevice's erf": System("bfloat16", fp8=True, libdevice_erf=True),
+    "fp8, FP8 cross-attention cache": System("bfloat16", fp8=True, fp8_cross_kv=True),
 }
-# Systems that keep the cross-attention K/V in FP8 too (`EngineSetup.fp8_cross_kv`).
-FP8_CROSS_KV_SYSTEMS = frozenset({"fp8, FP8 cross-attention cache"})
-# Systems whose GELU inside the FP8 quantization takes libdevice's erf, as F.gelu does,
-# instead of the shipped polynomial (`fp8_linear.LIBDEVICE_ERF`).
-LIBDEVICE_ERF_SYSTEMS = frozenset({"fp8, libdevice's erf"})
 
 
 @contextlib.contextmanager
@@ -82,7 +92,7 @@ def erf_of(system: str):
     from python_backend_lib.engine import fp8_linear
 
     shipped = fp8_linear.LIBDEVICE_ERF
-    fp8_linear.LIBDEVICE_ERF = system in LIBDEVICE_ERF_SYSTEMS
+    fp8_linear.LIBDEVICE_ERF = SYSTEMS[system].libdevice_erf
     try:
         yield
     finally:
@@ -97,12 +107,11 @@ def transcriber(source: str, system: str, given_language: bool):
     from python_backend_lib.engine.loading import EngineSetup
     from python_backend_lib.transcription.pipeline import Pipeline
 
-    dtype, fp8, kept = SYSTEMS[system]
-    quantization = Quantization.FP8 if fp8 else Quantization.NONE
-    with keeping(kept):
-        pipeline = Pipeline.load(source, device="cuda", dtype=getattr(torch, dtype),
-                                 setup=EngineSetup(quantization=quantization,
-                                                   fp8_cross_kv=system in FP8_CROSS_KV_SYSTEMS))
+    chosen = SYSTEMS[system]
+    quantization = Quantization.FP8 if chosen.fp8 else Quantization.NONE
+    with keeping(chosen.kept):
+        pipeline = Pipeline.load(source, device="cuda", dtype=getattr(torch, chosen.dtype),
+                                 setup=EngineSetup(quantization=quantization, fp8_cross_kv=chosen.fp8_cross_kv))
 
     def transcribe(clip: Clip) -> tuple[str, str | None]:
         decoding = DecodingOptions(timestamps=True, language=clip.language if given_language else None)
