@@ -81,7 +81,7 @@ class SideEncoder:
         self._unready.update(rows)
         return joined
 
-    def ready(self, rows: Sequence[Row]) -> list[Row]:
+    def ready(self, rows: Sequence[Row]) -> Sequence[Row]:
         """The rows of `rows` that a step launched now may take, in their order: those
         whose audio is encoded. When none of them is, but some are encoding, there is
         nothing else to step: the decoding stream is ordered after the oldest admission
@@ -90,8 +90,8 @@ class SideEncoder:
         self._settle()
         if self._unready and rows and all(row in self._unready for row in rows):
             self._follow(self._encodings.popleft())
-        if not self._unready:
-            return list(rows)
+        if not self._unready:  # the common case, at every step: no copy
+            return rows
         return [row for row in rows if row not in self._unready]
 
     def wait_all(self) -> None:
