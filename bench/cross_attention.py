@@ -1,0 +1,141 @@
+"""The decoder's cross-attention kernel alone, at large-v3's shapes: FlashInfer's batch
+decode over each row's 1,500 encoder positions, per way of storing them.
+
+    python -m bench.cross_attention --rows 53 128 --out /tmp/cross-attention
+
+A decoder step reads every row's cross-attention K and V in every layer, which makes
+this kernel the largest part of a saturated large-v3 step (docs/performance.md). It is
+bound by memory, so the figure that matters is the bytes it must read a second against
+what a plain copy of as many bytes achieves on the same GPU. Cases:
+- the K/V dtype: bfloat16 (exact) or FP8 E4M3 (`EngineSetup.fp8_cross_kv`);
+- the layout: NHD (the pool's: a page's positions, each with every head) or HND (a page's
+  heads, each with every position, so that one head's keys are contiguous);
+- the page size: the pool's 16, or larger pages (fewer page-table reads);
+- FlashInfer's CUDA-core decode kernel or its tensor-core one (`--tensor-cores`, whose
+  module compiles on first use).
+
+Each case runs WARMUP times, then REPEATS times between two CUDA events, on K/V larger
+than the GPU's L2. Writes `<out>/cross-attention.json`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from loadtest.provenance import provenance
+
+CUDA = torch.device("cuda")
+POSITIONS = 1500  # the encoder's, a window's
+HEADS, HEAD_DIM = 20, 64  # large-v3's
+WARMUP, REPEATS = 5, 50
+WORKSPACE_BYTES = 128 * 1024 * 1024
+DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
+
+
+@dataclass(frozen=True)
+class Case:
+    rows: int
+    kv_dtype: str
+    layout: str  # "NHD" or "HND"
+    page_size: int
+    tensor_cores: bool
+
+
+@dataclass(frozen=True)
+class Result:
+    case: Case
+    us: float
+    read_gb_per_s: float  # the K/V bytes the kernel must read, a second
+    copy_gb_per_s: float  # a copy of as many bytes (read and written), a second
+
+
+def say(message: str) -> None:
+    print(f"[bench.cross_attention {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def microseconds(run) -> float:
+    for _ in range(WARMUP):
+        run()
+    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    begin.record()
+    for _ in range(REPEATS):
+        run()
+    end.record()
+    end.synchronize()
+    return begin.elapsed_time(end) * 1e3 / REPEATS
+
+
+def cache(case: Case) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """K and V pages of `case.rows` slots (random values in the case's dtype) and the pages per slot."""
+    pages = -(-POSITIONS // case.page_size)
+    shape = ((case.rows * pages, case.page_size, HEADS, HEAD_DIM) if case.layout == "NHD"
+             else (case.rows * pages, HEADS, case.page_size, HEAD_DIM))
+    k, v = (torch.randn(shape, device=CUDA, dtype=torch.bfloat16).to(DTYPES[case.kv_dtype]) for _ in range(2))
+    return k, v, pages
+
+
+def measure(case: Case) -> Result:
+    import flashinfer
+
+    k, v, pages = cache(case)
+    workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=CUDA)
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, case.layout, use_tensor_cores=case.tensor_cores)
+    int32 = dict(dtype=torch.int32, device=CUDA)
+    wrapper.plan(
+        torch.arange(case.rows + 1, **int32) * pages,
+        torch.arange(case.rows * pages, **int32),
+        torch.full((case.rows,), POSITIONS - (pages - 1) * case.page_size, **int32),
+        HEADS, HEADS, HEAD_DIM, case.page_size,
+        q_data_type=torch.bfloat16, kv_data_type=DTYPES[case.kv_dtype],
+    )
+    q = torch.randn(case.rows, HEADS, HEAD_DIM, device=CUDA, dtype=torch.bfloat16)
+    us = microseconds(lambda: wrapper.run(q, (k, v)))
+    read = 2 * case.rows * POSITIONS * HEADS * HEAD_DIM * k.element_size()
+    source = torch.empty(read, dtype=torch.uint8, device=CUDA)
+    target = torch.empty_like(source)
+    copy_us = microseconds(lambda: target.copy_(source))
+    result = Result(case, round(us, 2), round(read / us / 1e3, 1), round(2 * read / copy_us / 1e3, 1))
+    say(f"{case} {result.us:8.2f} us, reads {result.read_gb_per_s:7.1f} GB/s (a copy: {result.copy_gb_per_s:7.1f})")
+    return result
+
+
+def cases(rows: list[int], page_sizes: list[int], tensor_cores: bool) -> list[Case]:
+    found = [Case(r, dtype, layout, page, False)
+             for r in rows for dtype in DTYPES for layout in ("NHD", "HND") for page in page_sizes]
+    if tensor_cores:  # last: their module compiles on first use
+        found += [Case(r, dtype, "NHD", page_sizes[0], True) for r in rows for dtype in DTYPES]
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, nargs="+", default=[53, 128])
+    parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 64, 1504])
+    parser.add_argument("--tensor-cores", action="store_true")
+    parser.add_argument("--out", type=Path, required=True)
+    args = parser.parse_args(argv)
+    torch.manual_seed(0)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results, failed = [], []
+    for case in cases(args.rows, args.page_sizes, args.tensor_cores):
+        try:
+            results.append(measure(case))
+        except Exception as error:  # a kernel FlashInfer does not build for this case: recorded, not fatal
+            failed.append({"case": asdict(case), "error": f"{type(error).__name__}: {error}"[:500]})
+            say(f"{case} failed: {failed[-1]['error']}")
+        torch.cuda.empty_cache()
+    data = {"provenance": provenance(), "device": torch.cuda.get_device_name(), "positions": POSITIONS,
+            "heads": HEADS, "head_dim": HEAD_DIM, "results": [asdict(r) for r in results], "failed": failed}
+    (args.out / "cross-attention.json").write_text(json.dumps(data, indent=1) + "\n")
+    say(f"wrote {args.out / 'cross-attention.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
