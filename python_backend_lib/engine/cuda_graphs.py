@@ -66,7 +66,7 @@ from python_backend_lib.devices.buckets import DEFAULT_BUCKETS, bucket_sizes, ch
 from python_backend_lib.devices.graph_capture import CapturedGraph, capture_graphs
 from python_backend_lib.devices.transfers import PinnedRing, pinned, to_device
 from python_backend_lib.engine import step_kernels as fused_tail
-from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, page_table
+from python_backend_lib.engine.flashinfer_attention import FlashInferAttention, PagedDecode, cross_table, page_table
 from python_backend_lib.engine.graph_io import (
     META_CACHE_INDEX,
     META_FOLLOWS,
@@ -105,6 +105,7 @@ class GraphKey:
     page_size: int
     self_pages_per_slot: int
     cross_pages_per_slot: int
+    cross_page_size: int
 
 
 class _Entry:
@@ -128,8 +129,7 @@ class _Entry:
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
         self.pad[META_FOLLOWS] = -1
         self.self_pages_per_slot = shape.self_pages_per_slot
-        self.cross_pages_per_slot = shape.cross_pages_per_slot
-        self.audio_ctx = shape.audio_ctx
+        self.shape = shape
         self.text_ctx = shape.text_ctx
         # The rows' state when the self / cross tables were last written.
         self.self_state: tuple | None = None
@@ -170,12 +170,12 @@ class _Entry:
             self.planned = torch.cuda.Event()
             self.planned.record()
         if slot_key != self.cross_slots:
-            cross_table = page_table(slots, np.full(b, self.audio_ctx), self.cross_pages_per_slot)
+            table = cross_table(slots, self.shape)
             if self.cross_slots is None:  # at capture, before any step is in flight
-                self.decode.plan_cross(cross_table)
+                self.decode.plan_cross(table)
                 self._check_plan()
-            else:  # 94 pages a row whatever the slots: the schedule stands, the indices move
-                self.decode.cross_buffers[1].copy_(pinned(cross_table.indices), non_blocking=True)
+            else:  # one page a row whatever the slots: the schedule stands, the indices move
+                self.decode.cross_buffers[1].copy_(pinned(table.indices), non_blocking=True)
             self.cross_slots = slot_key
         return Prepared(self, inputs, lease.buffer, lease)
 
@@ -237,6 +237,7 @@ class DecodeGraphs:
             page_size=PAGE_SIZE,
             self_pages_per_slot=shape.self_pages_per_slot,
             cross_pages_per_slot=shape.cross_pages_per_slot,
+            cross_page_size=shape.cross_page_size,
         )
 
     @property

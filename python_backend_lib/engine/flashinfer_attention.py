@@ -2,9 +2,9 @@
 
 Decoder self- and cross-attention read the pool's slot-major tensors as pages
 (`KVSlotPool.self_pages`, `cross_pages`): slot s owns self pages
-s * 28 + arange(n) and cross pages s * 94 + arange(94), the last of which holds
-12 of the 1,500 encoder positions. FlashInfer is told the rows' page tables on
-the host (`plan`) and reads them from device buffers when it runs.
+s * 28 + arange(n) of 16 positions (layout NHD), and cross page s, all 1,500
+encoder positions, heads first (layout HND). FlashInfer is told the rows' page
+tables on the host (`plan`) and reads them from device buffers when it runs.
 
 One query per row goes through the CUDA-core batch decode kernel
 (`BatchDecodeWithPagedKVCacheWrapper`), Whisper having one query head per KV
@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 from python_backend_lib.engine.attention import StepLayout, sdpa_encoder_attention
-from python_backend_lib.engine.kv_cache import PAGE_SIZE, KVSlotPool
+from python_backend_lib.engine.kv_cache import CROSS_LAYOUT, PAGE_SIZE, SELF_LAYOUT, KVSlotPool, PoolShape
 
 # One float workspace serves every wrapper (they run one after another on one
 # stream); FlashInfer recommends 128 MiB and needs it zeroed before first use.
@@ -78,12 +78,13 @@ class PageTable:
 
     indptr [rows + 1]: row i reads indices[indptr[i]:indptr[i + 1]].
     indices [pages]: page numbers in the pool's paged view.
-    last_page_len [rows]: positions used in each row's last page (1..PAGE_SIZE).
+    last_page_len [rows]: positions used in each row's last page (1..page_size).
     """
 
     indptr: np.ndarray
     indices: np.ndarray
     last_page_len: np.ndarray
+    page_size: int
 
     @property
     def pages(self) -> np.ndarray:
@@ -92,7 +93,8 @@ class PageTable:
 
 
 def page_table(
-    slots: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray, pages_per_slot: int
+    slots: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray, pages_per_slot: int,
+    page_size: int = PAGE_SIZE,
 ) -> PageTable:
     """Pages of the first `lengths[i]` positions of slot `slots[i]`, for every row.
 
@@ -105,15 +107,20 @@ def page_table(
         raise ValueError(f"slots and lengths must be two equal 1-D sequences, got {slots.shape} and {lengths.shape}")
     if (lengths < 1).any():
         raise ValueError("every row must read at least one position")
-    pages = -(-lengths // PAGE_SIZE)  # [rows]
+    pages = -(-lengths // page_size)  # [rows]
     if (pages > pages_per_slot).any():
         raise ValueError(f"a row reads more than the {pages_per_slot} pages of its slot")
     indptr = np.zeros(len(slots) + 1, dtype=np.int64)
     np.cumsum(pages, out=indptr[1:])
     # Page j of row i is slots[i] * pages_per_slot + j, and it sits at indptr[i] + j.
     indices = np.repeat(slots * pages_per_slot - indptr[:-1], pages) + np.arange(indptr[-1])
-    last_page_len = lengths - (pages - 1) * PAGE_SIZE
-    return PageTable(indptr.astype(np.int32), indices.astype(np.int32), last_page_len.astype(np.int32))
+    last_page_len = lengths - (pages - 1) * page_size
+    return PageTable(indptr.astype(np.int32), indices.astype(np.int32), last_page_len.astype(np.int32), page_size)
+
+
+def cross_table(slots: Sequence[int] | np.ndarray, shape: PoolShape) -> PageTable:
+    """Every row reads all of its slot's encoder positions: the slot's one cross page."""
+    return page_table(slots, np.full(len(slots), shape.audio_ctx), shape.cross_pages_per_slot, shape.cross_page_size)
 
 
 @dataclass(frozen=True)
@@ -210,9 +217,9 @@ class PagedDecode(_PagedLayers):
         self.self_buffers: tuple[torch.Tensor, ...] = ()
         self.cross_buffers: tuple[torch.Tensor, ...] = ()
 
-        def wrapper(pages_per_slot: int):
+        def wrapper(pages_per_slot: int, layout: str):
             if graph_batch is None:
-                return flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD"), ()
+                return flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, layout), ()
             int32 = dict(dtype=torch.int32, device=self.device)
             buffers = (
                 torch.zeros(graph_batch + 1, **int32),
@@ -221,7 +228,7 @@ class PagedDecode(_PagedLayers):
             )
             made = flashinfer.BatchDecodeWithPagedKVCacheWrapper(
                 workspace,
-                "NHD",
+                layout,
                 use_cuda_graph=True,
                 use_tensor_cores=False,
                 paged_kv_indptr_buffer=buffers[0],
@@ -232,8 +239,8 @@ class PagedDecode(_PagedLayers):
             made.reset_workspace_buffer(workspace, small)
             return made, buffers
 
-        self.self_wrapper, self.self_buffers = wrapper(shape.self_pages_per_slot)
-        self.cross_wrapper, self.cross_buffers = wrapper(shape.cross_pages_per_slot)
+        self.self_wrapper, self.self_buffers = wrapper(shape.self_pages_per_slot, SELF_LAYOUT)
+        self.cross_wrapper, self.cross_buffers = wrapper(shape.cross_pages_per_slot, CROSS_LAYOUT)
         if graph_batch is not None:
             self.cache_index = torch.zeros(graph_batch, dtype=torch.long, device=self.device)
 
@@ -251,7 +258,7 @@ class PagedDecode(_PagedLayers):
             shape.n_heads,
             shape.n_heads,
             shape.head_dim,
-            PAGE_SIZE,
+            table.page_size,
             q_data_type=self.dtype,
             kv_data_type=kv_dtype,
         )
@@ -278,8 +285,8 @@ class PagedPrefill(_PagedLayers):
     def __init__(self, pool: KVSlotPool, workspace: torch.Tensor) -> None:
         super().__init__(pool)
         flashinfer = import_flashinfer()
-        self.self_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
-        self.cross_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, "NHD")
+        self.self_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, SELF_LAYOUT)
+        self.cross_wrapper = flashinfer.BatchPrefillWithPagedKVCacheWrapper(workspace, CROSS_LAYOUT)
 
     def plan(self, layout: StepLayout, slots: Sequence[int], tokens: TokenRows) -> None:
         shape = self.pool.shape
@@ -287,8 +294,7 @@ class PagedPrefill(_PagedLayers):
         np.cumsum(layout.query_lens, out=qo_indptr[1:])
         for wrapper, table, causal, kv_dtype in (
             (self.self_wrapper, page_table(slots, layout.total_lens, shape.self_pages_per_slot), True, self.dtype),
-            (self.cross_wrapper, page_table(slots, [shape.audio_ctx] * len(slots), shape.cross_pages_per_slot), False,
-             self.cross_dtype),
+            (self.cross_wrapper, cross_table(slots, shape), False, self.cross_dtype),
         ):
             wrapper.plan(
                 _int32(qo_indptr),
@@ -298,7 +304,7 @@ class PagedPrefill(_PagedLayers):
                 shape.n_heads,
                 shape.n_heads,
                 shape.head_dim,
-                PAGE_SIZE,
+                table.page_size,
                 causal=causal,
                 q_data_type=self.dtype,
                 kv_data_type=kv_dtype,
@@ -375,9 +381,8 @@ class FlashInferAttention:
             self._prefill.plan(layout, slots, tokens)
             self._step = self._prefill
             return
-        n = len(tokens.slots)
         self._decode.plan_self(page_table(tokens.slots, tokens.key_lens, shape.self_pages_per_slot))
-        self._decode.plan_cross(page_table(tokens.slots, np.full(n, shape.audio_ctx), shape.cross_pages_per_slot))
+        self._decode.plan_cross(cross_table(tokens.slots, shape))
         self._decode.cache_index = torch.from_numpy(tokens.cache_index).to(self.workspace.device, non_blocking=True)
         self._step = self._decode
 

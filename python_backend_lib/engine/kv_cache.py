@@ -4,16 +4,19 @@ Slot 0 is a zeroed scratch slot that padded batch rows point at; slots 1..S hold
 requests. Per decoder layer the pool holds self-attention K/V for all 448 text
 positions and cross-attention K/V for all 1,500 encoder positions:
 
-    self_k[layer]:  [S + 1, n_text_ctx, heads, head_dim]
-    cross_k[layer]: [S + 1, n_audio_ctx, heads, head_dim]
+    self_k[layer]:  [S + 1, n_text_ctx, heads, head_dim]   positions, then heads (NHD)
+    cross_k[layer]: [S + 1, n_audio_ctx, heads, head_dim]  a view of storage held
+                    heads first, [S + 1, heads, n_audio_ctx, head_dim] (HND)
 
-Slot-major storage is also a paged layout: viewed as [(S + 1) * pages_per_slot,
-PAGE_SIZE, heads, head_dim], slot s owns pages s * pages_per_slot + arange(n),
-which is what FlashInfer's paged kernels read. The 1,500 encoder positions are
-not a whole number of pages, so each slot's cross storage is padded to 94 pages
-(1,504 positions); `cross_k` is a view of the first 1,500, and the paged
-kernels are told that the last page holds 12. Nothing is allocated after
-construction, so captured CUDA graphs stay valid.
+Slot-major storage is also a paged layout, which is what FlashInfer's paged kernels
+read. The self K/V, written a token at a time, are pages of PAGE_SIZE positions: viewed
+as [(S + 1) * 28, PAGE_SIZE, heads, head_dim], slot s owns pages s * 28 + arange(n).
+The cross K/V are written once per request, whole, and each decoder step reads all of
+them: a slot is one page of its 1,500 positions (`cross_page_size`), each head's keys
+contiguous. FlashInfer's decode kernel reads that layout faster than pages of 16
+positions with every head, and much faster for FP8 values, whose 64-byte rows a
+position-major page interleaves (`bench.cross_attention`, docs/gpu.md). Nothing is
+allocated after construction, so captured CUDA graphs stay valid.
 
 The cross-attention K/V may be kept in FP8 (E4M3, `cross_dtype`): a decoder step
 reads every row's 1,500 encoder positions in every layer, the largest part of a big
@@ -40,7 +43,8 @@ except ImportError:  # the CPU torch of a CI machine
     triton = None
 
 SCRATCH_SLOT = 0
-PAGE_SIZE = 16
+PAGE_SIZE = 16  # the self-attention K/V's; a cross-attention page is a whole slot
+SELF_LAYOUT, CROSS_LAYOUT = "NHD", "HND"  # FlashInfer's names for the two page layouts
 
 
 def pages_for(positions: int) -> int:
@@ -66,14 +70,18 @@ class PoolShape:
 
     @property
     def cross_pages_per_slot(self) -> int:
-        return pages_for(self.audio_ctx)
+        return 1
+
+    @property
+    def cross_page_size(self) -> int:
+        return self.audio_ctx
 
     def bytes_per_slot(self, dtype: torch.dtype, cross_dtype: torch.dtype | None = None) -> int:
         """Bytes of one slot, self-attention K/V in `dtype`, cross-attention K/V in
         `cross_dtype` (default: `dtype`)."""
         self_item = torch.empty((), dtype=dtype).element_size()
         cross_item = torch.empty((), dtype=cross_dtype or dtype).element_size()
-        position_bytes = (self.self_pages_per_slot * self_item + self.cross_pages_per_slot * cross_item) * PAGE_SIZE
+        position_bytes = self.self_pages_per_slot * PAGE_SIZE * self_item + self.audio_ctx * cross_item
         return 2 * self.n_layers * self.n_heads * self.head_dim * position_bytes
 
 
@@ -96,14 +104,14 @@ class KVSlotPool:
         self.shape = shape
         rows = shape.n_slots + 1
         self_kv = (rows, shape.text_ctx, shape.n_heads, shape.head_dim)
-        # Whole pages per slot; the encoder positions are the first audio_ctx of them.
-        cross_kv = (rows, shape.cross_pages_per_slot * PAGE_SIZE, shape.n_heads, shape.head_dim)
+        cross_kv = (rows, shape.n_heads, shape.audio_ctx, shape.head_dim)  # heads first (CROSS_LAYOUT)
         self.self_k = [torch.zeros(self_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
         self.self_v = [torch.zeros(self_kv, device=device, dtype=dtype) for _ in range(shape.n_layers)]
         self._cross_k = [torch.zeros(cross_kv, device=device, dtype=cross_dtype) for _ in range(shape.n_layers)]
         self._cross_v = [torch.zeros(cross_kv, device=device, dtype=cross_dtype) for _ in range(shape.n_layers)]
-        self.cross_k = [t[:, : shape.audio_ctx] for t in self._cross_k]  # [S + 1, audio_ctx, heads, head_dim]
-        self.cross_v = [t[:, : shape.audio_ctx] for t in self._cross_v]
+        # As every reader indexes them: [S + 1, audio_ctx, heads, head_dim].
+        self.cross_k = [t.transpose(1, 2) for t in self._cross_k]
+        self.cross_v = [t.transpose(1, 2) for t in self._cross_v]
         self._free = list(range(shape.n_slots, 0, -1))  # pop() hands out slot 1 first
         self._lock = threading.Lock()
 
@@ -166,8 +174,9 @@ class KVSlotPool:
         return _as_pages(self.self_k[layer]), _as_pages(self.self_v[layer])
 
     def cross_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's cross-attention K and V seen as pages: [(S + 1) * 94, PAGE_SIZE, heads, head_dim]."""
-        return _as_pages(self._cross_k[layer]), _as_pages(self._cross_v[layer])
+        """One layer's cross-attention K and V as pages, one a slot, heads first:
+        [S + 1, heads, audio_ctx, head_dim]."""
+        return self._cross_k[layer], self._cross_v[layer]
 
     def self_positions(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's self-attention K and V with slot and position flattened:
@@ -194,33 +203,38 @@ def _as_pages(t: torch.Tensor) -> torch.Tensor:
     return t.view(-1, PAGE_SIZE, t.shape[-2], t.shape[-1])
 
 
-# Elements each program of `_copy_rows` copies.
-COPY_BLOCK = 4096
+# Positions each program of `_copy_rows` copies, of one head.
+COPY_POSITIONS = 64
 
 
 def _copy_into_slots(values: torch.Tensor, storage: torch.Tensor, slots: torch.Tensor) -> None:
-    """storage[slots[i], :audio_ctx] = values[i], converted to FP8 on the way when the
-    storage is (`stored_cross`). `index_copy_` into the padded view copies two bytes at
-    a time (the view is not contiguous across slots); each slot's first audio_ctx
-    positions are contiguous, so a kernel copies whole vectors."""
-    values = values.contiguous()
-    clips, per_clip = values.shape[0], values[0].numel()
-    _copy_rows[(clips, triton.cdiv(per_clip, COPY_BLOCK))](
-        values, storage, slots, per_clip, storage.stride(0), TO_FP8=storage.dtype == FP8, FP8_MAX=FP8_MAX,
-        BLOCK=COPY_BLOCK,
+    """storage[slots[i]] = values[i] transposed to heads first, converted to FP8 on the way
+    when the storage is (`stored_cross`). One kernel reads each clip's positions in
+    blocks and writes each head's part where that head's keys lie; `index_copy_` into
+    the transposed view would copy an element at a time."""
+    values = values.contiguous()  # [clips, audio_ctx, heads, head_dim]
+    clips, positions, heads, head_dim = values.shape
+    _copy_rows[(clips, heads, triton.cdiv(positions, COPY_POSITIONS))](
+        values, storage, slots, positions, heads * head_dim, storage.stride(0), storage.stride(1),
+        TO_FP8=storage.dtype == FP8, FP8_MAX=FP8_MAX, HEAD_DIM=head_dim, POSITIONS=COPY_POSITIONS,
     )
 
 
 if triton is not None:
 
     @triton.jit
-    def _copy_rows(values_ptr, storage_ptr, slots_ptr, per_clip, slot_stride, TO_FP8: tl.constexpr,
-                   FP8_MAX: tl.constexpr, BLOCK: tl.constexpr):
-        clip = tl.program_id(0)
-        offsets = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
-        inside = offsets < per_clip
+    def _copy_rows(values_ptr, storage_ptr, slots_ptr, positions, position_stride, slot_stride, head_stride,
+                   TO_FP8: tl.constexpr, FP8_MAX: tl.constexpr, HEAD_DIM: tl.constexpr, POSITIONS: tl.constexpr):
+        # One head's HEAD_DIM values at POSITIONS positions of one clip: read from the
+        # position-major values, written to the slot's heads-first storage.
+        clip, head = tl.program_id(0), tl.program_id(1)
+        position = tl.program_id(2) * POSITIONS + tl.arange(0, POSITIONS)[:, None]
+        dim = tl.arange(0, HEAD_DIM)[None, :]
+        inside = position < positions
         slot = tl.load(slots_ptr + clip).to(tl.int64)
-        row = tl.load(values_ptr + clip.to(tl.int64) * per_clip + offsets, mask=inside)
+        read = clip.to(tl.int64) * positions * position_stride + position * position_stride + head * HEAD_DIM + dim
+        block = tl.load(values_ptr + read, mask=inside)
         if TO_FP8:
-            row = tl.minimum(tl.maximum(row.to(tl.float32), -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
-        tl.store(storage_ptr + slot * slot_stride + offsets, row, mask=inside)
+            block = tl.minimum(tl.maximum(block.to(tl.float32), -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
+        written = slot * slot_stride + head * head_stride + position * HEAD_DIM + dim
+        tl.store(storage_ptr + written, block, mask=inside)

@@ -508,7 +508,8 @@ def test_large_v3_rows_forced_to_the_limit_fill_the_context_through_the_graphs()
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_writing_cross_kv_into_slots_equals_index_copy(dtype):
-    """`KVSlotPool.write_cross`'s copy kernel against `index_copy_` into the same view."""
+    """`KVSlotPool.write_cross`'s copy kernel (a transposing copy to heads first) against
+    `index_copy_` into the same view."""
     config = load_checkpoint("random:tiny:0").config
     pool = KVSlotPool(PoolShape.for_model(config.dims, 6), device=CUDA, dtype=dtype)
     heads, head_dim = config.dims.n_text_head, config.dims.n_text_state // config.dims.n_text_head
@@ -517,8 +518,7 @@ def test_writing_cross_kv_into_slots_equals_index_copy(dtype):
     slots = torch.tensor([5, 2, 3], device=CUDA)
     pool.write_cross(slots, layer_kv)
     for layer, (k, v) in enumerate(layer_kv):
-        for written, padded, values in ((pool.cross_k[layer], pool._cross_k[layer], k),
-                                        (pool.cross_v[layer], pool._cross_v[layer], v)):
-            expected = torch.zeros_like(padded)
-            expected[:, : config.dims.n_audio_ctx].index_copy_(0, slots, values)
-            torch.testing.assert_close(padded, expected, rtol=0, atol=0)  # the padding and other slots untouched
+        for written, values in ((pool.cross_k[layer], k), (pool.cross_v[layer], v)):
+            expected = torch.zeros_like(written)
+            expected.index_copy_(0, slots, values)
+            torch.testing.assert_close(written, expected, rtol=0, atol=0)  # other slots untouched

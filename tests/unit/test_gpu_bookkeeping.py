@@ -8,7 +8,7 @@ import pytest
 
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
-from python_backend_lib.engine.flashinfer_attention import page_table, token_rows
+from python_backend_lib.engine.flashinfer_attention import cross_table, page_table, token_rows
 from python_backend_lib.engine.kv_cache import PAGE_SIZE, PoolShape, pages_for
 
 
@@ -31,12 +31,12 @@ def test_page_table_lists_each_rows_pages(slots, lengths) -> None:
 
 
 def test_page_table_cross_geometry() -> None:
-    """1,500 encoder positions: 94 pages, 12 positions in the last."""
+    """A cross page is a whole slot's 1,500 encoder positions: row i reads page slots[i]."""
     shape = PoolShape.for_model(load_config("random:tiny").dims, 4)
-    table = page_table([2], [shape.audio_ctx], shape.cross_pages_per_slot)
-    assert shape.cross_pages_per_slot == 94 and shape.self_pages_per_slot == 28
-    assert table.pages.tolist() == [94] and table.last_page_len.tolist() == [12]
-    assert table.indices[0] == 2 * 94 and table.indices[-1] == 3 * 94 - 1
+    table = cross_table([2, 4, 2], shape)
+    assert shape.cross_pages_per_slot == 1 and shape.cross_page_size == 1500 and shape.self_pages_per_slot == 28
+    assert table.pages.tolist() == [1, 1, 1] and table.last_page_len.tolist() == [1500] * 3
+    assert table.indices.tolist() == [2, 4, 2] and table.page_size == 1500
 
 
 @pytest.mark.parametrize("slots, lengths", [([1], [0]), ([1], [449])])
