@@ -166,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quantize", default="fp8", choices=[q.value for q in Quantization])
     parser.add_argument("--tokens-per-second", type=float, default=2.728)
     parser.add_argument("--concurrency", type=int, default=128)
-    parser.add_argument("--fp8-cross-kv", action="store_true",
-                        help="keep the cross-attention K/V in FP8 too (EngineSetup.fp8_cross_kv)")
+    parser.add_argument("--fp8-cross-kv", action=argparse.BooleanOptionalAction, default=None,
+                        help="keep the cross-attention K/V in FP8 or not (EngineSetup.fp8_cross_kv; "
+                             "default: as the quantization ships, in FP8 with fp8)")
     parser.add_argument("--repeat", type=int, default=4,
                         help="the clips this many times over, so that the run holds a steady state")
     parser.add_argument("--out", type=Path, required=True)
@@ -215,7 +216,7 @@ def main(argv: list[str] | None = None) -> int:
     decode_stream = next(k["stream"] for k in kernels if DECODE_ATTENTION in k["name"].lower())
     cut = timeline(kernels, decode_stream, config.dims.n_text_layer)
     cut["mean_rows_a_step"] = round(row_steps / max(1, cut["decode_steps"]), 1)
-    quantize = args.quantize + (", FP8 cross K/V" if args.fp8_cross_kv else "")
+    quantize = args.quantize + (", FP8 cross K/V" if setup.cross_kv_in_fp8 else "")
     record = {"provenance": provenance(), "model": args.model, "quantize": quantize,
               "concurrency": args.concurrency, "clips": len(jobs), "audio_s": round(audio_s, 1),
               "rtfx_unprofiled": round(audio_s / plain, 1), "rtfx_profiled": round(audio_s / profiled, 1),

@@ -75,9 +75,11 @@ class EngineSetup:
         CUDA graphs instead of falling back to SDPA.
     quantization: how the linear layers multiply (`core.quantization`); int8 on the
         CPU only (ValueError elsewhere).
-    fp8_cross_kv: with FP8 quantization, keep the cross-attention K/V in FP8 too
-        (`engine.kv_cache`): half the bytes each decoder step reads. Off until
-        measured on a GPU (docs/performance.md, the big checkpoints).
+    fp8_cross_kv: keep the cross-attention K/V in FP8 (`engine.kv_cache`): half the
+        bytes each decoder step reads. None (the default): with FP8 quantization, where
+        it paid without a measurable cost in accuracy (docs/performance.md, the big
+        checkpoints); False keeps them in the model's dtype; True without FP8
+        quantization is refused.
     faults: test-only faults to inject (`engine.faults`); none by default.
     """
 
@@ -89,8 +91,12 @@ class EngineSetup:
     engines_on_device: int = 1
     require_gpu_engine: bool = False
     quantization: Quantization = DEFAULT_QUANTIZATION
-    fp8_cross_kv: bool = False
+    fp8_cross_kv: bool | None = None
     faults: FaultPlan = FaultPlan()
+
+    @property
+    def cross_kv_in_fp8(self) -> bool:
+        return self.quantization is Quantization.FP8 if self.fp8_cross_kv is None else self.fp8_cross_kv
 
 
 @dataclass
@@ -132,7 +138,7 @@ def build_batch(
     stage, slots = "loading the weights", setup.slots
     if setup.fp8_cross_kv and setup.quantization is not Quantization.FP8:
         raise ValueError("an FP8 cross-attention cache comes with FP8 quantization only")
-    cross_dtype = FP8 if setup.fp8_cross_kv else None
+    cross_dtype = FP8 if setup.cross_kv_in_fp8 else None
     if device.type == "cpu" and setup.engines_on_device > 1:  # each engine its share of the cores
         torch.set_num_threads(max(1, torch.get_num_threads() // setup.engines_on_device))
     try:

@@ -132,3 +132,9 @@ def test_an_fp8_cross_cache_comes_with_fp8_quantization_only():
     with pytest.raises(ValueError, match="FP8 quantization only"):
         build_batch(checkpoint, CPU, torch.float32, setup, LoadTimes())
 
+
+def test_fp8_quantization_keeps_the_cross_cache_in_fp8_unless_told_not_to():
+    fp8 = EngineSetup(quantization=Quantization.FP8)
+    assert fp8.cross_kv_in_fp8
+    assert not dataclasses.replace(fp8, fp8_cross_kv=False).cross_kv_in_fp8
+    assert not EngineSetup().cross_kv_in_fp8 and not EngineSetup(quantization=Quantization.INT8).cross_kv_in_fp8
