@@ -174,7 +174,7 @@ class _Entry:
             if self.cross_slots is None:  # at capture, before any step is in flight
                 self.decode.plan_cross(table)
                 self._check_plan()
-            else:  # one page a row whatever the slots: the schedule stands, the indices move
+            else:  # as many pages a row whatever the slots: the schedule stands, the indices move
                 self.decode.cross_buffers[1].copy_(pinned(table.indices), non_blocking=True)
             self.cross_slots = slot_key
         return Prepared(self, inputs, lease.buffer, lease)

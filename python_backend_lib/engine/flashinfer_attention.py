@@ -2,8 +2,8 @@
 
 Decoder self- and cross-attention read the pool's slot-major tensors as pages
 (`KVSlotPool.self_pages`, `cross_pages`): slot s owns self pages
-s * 28 + arange(n) of 16 positions (layout NHD), and cross page s, all 1,500
-encoder positions, heads first (layout HND). FlashInfer is told the rows' page
+s * 28 + arange(n) of 16 positions (layout NHD), and 30 cross pages of 50 encoder
+positions, heads first (layout HND, `KVSlotPool.cross_pages`). FlashInfer is told the rows' page
 tables on the host (`plan`) and reads them from device buffers when it runs.
 
 One query per row goes through the CUDA-core batch decode kernel
@@ -119,8 +119,15 @@ def page_table(
 
 
 def cross_table(slots: Sequence[int] | np.ndarray, shape: PoolShape) -> PageTable:
-    """Every row reads all of its slot's encoder positions: the slot's one cross page."""
-    return page_table(slots, np.full(len(slots), shape.audio_ctx), shape.cross_pages_per_slot, shape.cross_page_size)
+    """Every row reads all of its slot's encoder positions: its slot's cross pages,
+    s * cross_page_stride + arange(cross_pages_per_slot) (`KVSlotPool.cross_pages`)."""
+    slots = np.asarray(slots, dtype=np.int64)
+    pages = shape.cross_pages_per_slot
+    indices = slots[:, None] * shape.cross_page_stride + np.arange(pages)[None, :]
+    return PageTable(
+        (np.arange(len(slots) + 1) * pages).astype(np.int32), indices.reshape(-1).astype(np.int32),
+        np.full(len(slots), shape.cross_page_size, dtype=np.int32), shape.cross_page_size,
+    )
 
 
 @dataclass(frozen=True)

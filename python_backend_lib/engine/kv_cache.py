@@ -12,11 +12,15 @@ Slot-major storage is also a paged layout, which is what FlashInfer's paged kern
 read. The self K/V, written a token at a time, are pages of PAGE_SIZE positions: viewed
 as [(S + 1) * 28, PAGE_SIZE, heads, head_dim], slot s owns pages s * 28 + arange(n).
 The cross K/V are written once per request, whole, and each decoder step reads all of
-them: a slot is one page of its 1,500 positions (`cross_page_size`), each head's keys
-contiguous. FlashInfer's decode kernel reads that layout faster than pages of 16
-positions with every head, and much faster for FP8 values, whose 64-byte rows a
-position-major page interleaves (`bench.cross_attention`, docs/gpu.md). Nothing is
-allocated after construction, so captured CUDA graphs stay valid.
+them: they are held heads first, each head's 1,500 keys contiguous, which FlashInfer's
+decode kernel reads faster than pages of 16 positions with every head, and much faster
+for FP8 values, whose 64-byte rows a position-major page interleaves
+(`bench.cross_attention`, docs/gpu.md). FlashInfer sees them as pages of
+`cross_page_size` (50) positions in its HND layout, through a strided view
+(`cross_pages`): page j of head h of slot s starts where position 50 j of that head
+does, so a slot is 30 pages, which the kernel can split between thread blocks when a
+step has few rows (one page of 1,500 it could not). Nothing is allocated after
+construction, so captured CUDA graphs stay valid.
 
 The cross-attention K/V may be kept in FP8 (E4M3, `cross_dtype`): a decoder step
 reads every row's 1,500 encoder positions in every layer, the largest part of a big
@@ -45,6 +49,7 @@ except ImportError:  # the CPU torch of a CI machine
 SCRATCH_SLOT = 0
 PAGE_SIZE = 16  # the self-attention K/V's; a cross-attention page is a whole slot
 SELF_LAYOUT, CROSS_LAYOUT = "NHD", "HND"  # FlashInfer's names for the two page layouts
+CROSS_PAGE_SIZE = 50  # at most; a divisor of the encoder's positions (1,500)
 
 
 def pages_for(positions: int) -> int:
@@ -70,11 +75,17 @@ class PoolShape:
 
     @property
     def cross_pages_per_slot(self) -> int:
-        return 1
+        return self.audio_ctx // self.cross_page_size
 
     @property
     def cross_page_size(self) -> int:
-        return self.audio_ctx
+        """The largest divisor of audio_ctx up to CROSS_PAGE_SIZE: a head's pages tile its positions exactly."""
+        return next(size for size in range(min(CROSS_PAGE_SIZE, self.audio_ctx), 0, -1) if self.audio_ctx % size == 0)
+
+    @property
+    def cross_page_stride(self) -> int:
+        """Page numbers from one slot's first cross page to the next's (`KVSlotPool.cross_pages`)."""
+        return self.n_heads * self.cross_pages_per_slot
 
     def bytes_per_slot(self, dtype: torch.dtype, cross_dtype: torch.dtype | None = None) -> int:
         """Bytes of one slot, self-attention K/V in `dtype`, cross-attention K/V in
@@ -174,9 +185,11 @@ class KVSlotPool:
         return _as_pages(self.self_k[layer]), _as_pages(self.self_v[layer])
 
     def cross_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's cross-attention K and V as pages, one a slot, heads first:
-        [S + 1, heads, audio_ctx, head_dim]."""
-        return self._cross_k[layer], self._cross_v[layer]
+        """One layer's cross-attention K and V as FlashInfer's HND pages, [pages, heads,
+        cross_page_size, head_dim], viewing the heads-first storage in place: slot s's
+        pages are s * cross_page_stride + arange(cross_pages_per_slot). The numbers in
+        between name pages that start inside other heads' keys, which no table holds."""
+        return _as_cross_pages(self._cross_k[layer], self.shape), _as_cross_pages(self._cross_v[layer], self.shape)
 
     def self_positions(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's self-attention K and V with slot and position flattened:
@@ -196,6 +209,16 @@ def stored_cross(values: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def _bytes(t: torch.Tensor) -> torch.Tensor:
     """An FP8 tensor as bytes, which index_select and index_copy_ take everywhere; others as they are."""
     return t.view(torch.uint8) if t.dtype == FP8 else t
+
+
+def _as_cross_pages(t: torch.Tensor, shape: PoolShape) -> torch.Tensor:
+    """[slots, heads, audio_ctx, head_dim] -> [pages, heads, page, head_dim], in place:
+    a page is `page` positions of every head, the heads audio_ctx positions apart. The
+    last page numbered is slot S's last (its head 0's), so the view ends where the
+    storage does."""
+    page, dim = shape.cross_page_size, shape.head_dim
+    pages = (t.shape[0] - 1) * shape.cross_page_stride + shape.cross_pages_per_slot
+    return t.as_strided((pages, shape.n_heads, page, dim), (page * dim, shape.audio_ctx * dim, dim, 1))
 
 
 def _as_pages(t: torch.Tensor) -> torch.Tensor:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
 from python_backend_lib.engine.flashinfer_attention import cross_table, page_table, token_rows
-from python_backend_lib.engine.kv_cache import PAGE_SIZE, PoolShape, pages_for
+from python_backend_lib.engine.kv_cache import PAGE_SIZE, KVSlotPool, PoolShape, pages_for
 
 
 def _pages_by_hand(slot: int, length: int, pages_per_slot: int) -> list[int]:
@@ -31,12 +32,32 @@ def test_page_table_lists_each_rows_pages(slots, lengths) -> None:
 
 
 def test_page_table_cross_geometry() -> None:
-    """A cross page is a whole slot's 1,500 encoder positions: row i reads page slots[i]."""
+    """1,500 encoder positions: 30 pages of 50 a row, every page full."""
     shape = PoolShape.for_model(load_config("random:tiny").dims, 4)
     table = cross_table([2, 4, 2], shape)
-    assert shape.cross_pages_per_slot == 1 and shape.cross_page_size == 1500 and shape.self_pages_per_slot == 28
-    assert table.pages.tolist() == [1, 1, 1] and table.last_page_len.tolist() == [1500] * 3
-    assert table.indices.tolist() == [2, 4, 2] and table.page_size == 1500
+    assert shape.cross_pages_per_slot == 30 and shape.cross_page_size == 50 and shape.self_pages_per_slot == 28
+    assert table.pages.tolist() == [30] * 3 and table.last_page_len.tolist() == [50] * 3
+    stride = shape.n_heads * 30
+    assert table.indices[:30].tolist() == list(range(2 * stride, 2 * stride + 30)) and table.page_size == 50
+
+
+@pytest.mark.parametrize("audio_ctx", [1500, 20])
+def test_the_cross_pages_a_row_reads_are_its_slots_positions(audio_ctx) -> None:
+    """What FlashInfer reads through `cross_table` and `KVSlotPool.cross_pages` (HND
+    pages over the heads-first storage, in place) is each row's slot's K, position by
+    position, as every other reader indexes it."""
+    shape = PoolShape(n_slots=4, n_layers=1, n_heads=3, head_dim=4, text_ctx=8, audio_ctx=audio_ctx)
+    pool = KVSlotPool(shape, device=torch.device("cpu"), dtype=torch.float32)
+    values = torch.randn(4, audio_ctx, 3, 4)
+    pool.write_cross(torch.tensor([1, 2, 3, 4]), [(values, -values)])
+    k_pages, v_pages = pool.cross_pages(0)
+    slots = [2, 4, 1, 2]
+    table = cross_table(slots, shape)
+    for row, slot in enumerate(slots):
+        pages = table.indices[table.indptr[row]: table.indptr[row + 1]].tolist()
+        for paged, view, wanted in ((k_pages, pool.cross_k[0], values), (v_pages, pool.cross_v[0], -values)):
+            read = paged[pages].permute(0, 2, 1, 3).reshape(-1, 3, 4)  # [positions, heads, head_dim]
+            assert torch.equal(read, wanted[slot - 1]) and torch.equal(read, view[slot])
 
 
 @pytest.mark.parametrize("slots, lengths", [([1], [0]), ([1], [449])])
