@@ -1,16 +1,18 @@
 """The big checkpoints' record (issue 38): the served runs, the encoder's pass and fp8's
 accuracy, from their benchmarks' JSON files, as one record with its table and plot.
 
-    python -m bench.large_models --out docs/benchmarks/large-models --code 44d0e55 \
+    python -m bench.large_models --out docs/benchmarks/large-models \
         --served OUT/sv/served-variants.json OUT/svt/served-variants.json \
         --encoder "645f790=BEFORE/enc/encoder-cost.json" "44d0e55=OUT/enc/encoder-cost.json" \
         --accuracy "44d0e55=OUT/acc/fp8-accuracy.json" "645f790=BEFORE/acc/fp8-accuracy.json" \
-        --kernels "44d0e55=OUT/k/fp8-kernels.json" --profile "bced14a=OUT/p/engine-profile.json"
+        --kernels "44d0e55=OUT/k/fp8-kernels.json" --profile "bced14a=OUT/p/engine-profile.json" \
+        --cross "4a0f538=OUT/cross/cross-attention.json"
 
 Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
-`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels` and
-`bench.engine_profile` runs, each labelled (LABEL=PATH: the code and conditions it
-measured). Writes large-models.json (the
+`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`,
+`bench.engine_profile` and `bench.cross_attention` runs, each labelled (LABEL=PATH: the
+code and conditions it measured). A served variant's code is its checkout's commit, or
+the commit the call ran. Writes large-models.json (the
 inputs, keyed), large-models.md and large-models.png.
 """
 
@@ -28,12 +30,12 @@ TARGETS = {"large-v3": 1000, "large-v3-turbo": 1500}
 PROFILED_BATCH = 16
 
 
-def served_rows(served: list[dict], code: str = "this checkout") -> list[list]:
+def served_rows(served: list[dict]) -> list[list]:
     rows = []
     for run in served:
         for variant in run["variants"]:
             top, alone = best_point(variant), variant["latency_5s"]["latency_ms"]
-            rows.append([run["model"], variant["label"], variant.get("checkout_commit", code)[:12],
+            rows.append([run["model"], variant["label"], variant.get("checkout_commit", run["run"]["commit"][:7])[:12],
                          top["rtfx"], top["goodput_per_s"], top["concurrency"], f"{alone['p50']} / {alone['p99']}",
                          TARGETS[run["model"]]])
     return rows
@@ -106,7 +108,7 @@ def markdown(data: dict) -> str:
         + "; ".join(f"`{run['command']}`" for run in served) + ".", "",
         "## Served through the ensemble, at the point of most good requests a second", "",
         markdown_table(["model", "variant", "code", "RTFx", "good req/s", "concurrency", "a 5 s clip alone, p50 / p99 ms",
-                        "target RTFx"], served_rows(served, data["code"])), "",
+                        "target RTFx"], served_rows(served)), "",
         f"## The encoder's pass (encoder and cross K/V), one clip and {PROFILED_BATCH} together", "",
         f"{machine(first_encoder['provenance'])}; " + "; ".join(
             f"{label}: `{encoder['provenance']['command']}`" for label, encoder in encoders.items()) + ".", "",
@@ -116,6 +118,7 @@ def markdown(data: dict) -> str:
         markdown_table(["code", "model", "variant", *kinds], kernels), "",
         *kernel_section(data.get("kernels", {})),
         *profile_section(data.get("profiles", {})),
+        *cross_section(data.get("cross", {})),
         "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
         f"{machine(first_accuracy['provenance'])}; " + "; ".join(
             f"{label}: `{accuracy['provenance']['command']}`" for label, accuracy in accuracies.items()) + ".", "",
@@ -171,21 +174,43 @@ def profile_section(profiles: dict[str, dict]) -> list[str]:
     ]
 
 
+def cross_section(crosses: dict[str, dict]) -> list[str]:
+    """`bench.cross_attention` runs: the decoder's cross-attention kernel alone, per way of storing the K/V."""
+    if not crosses:
+        return []
+    first = next(iter(crosses.values()))
+    rows = [[label, r["case"]["rows"], r["case"]["kv_dtype"], r["case"]["layout"], r["case"]["page_size"],
+             "tensor cores" if r["case"]["tensor_cores"] else "CUDA cores", r["us"], r["read_gb_per_s"],
+             r["copy_gb_per_s"]] for label, record in crosses.items() for r in record["results"]]
+    return [
+        f"## The cross-attention decode kernel alone ({first['positions']:,} positions, {first['heads']} heads of "
+        f"{first['head_dim']})", "",
+        f"{machine(first['provenance'])}; FlashInfer's batch decode, one query a row; " + "; ".join(
+            f"{label}: `{record['provenance']['command']}`" for label, record in crosses.items())
+        + ". The K/V bytes the kernel must read a second, against a plain copy of as many bytes on the same GPU "
+        "(read and written).", "",
+        markdown_table(["code", "rows", "K/V", "layout", "page", "kernel", "us a launch", "GB/s read",
+                        "a copy's GB/s"], rows), "",
+    ]
+
+
 def plot(data: dict, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
     rows = served_rows(data["served"])
-    labels = [f"{r[0].replace('large-v3-turbo', 'turbo')}\n{r[1]}" for r in rows]
-    left.bar(range(len(rows)), [r[3] for r in rows], color=["#999" if r[1].startswith(("main", "before")) else "#4477aa" for r in rows])
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.9 + 0.28 * len(rows)), gridspec_kw={"width_ratios": [1.2, 1]})
+    labels = [f"{r[0].replace('large-v3-turbo', 'turbo')} {r[1]} ({r[2][:7]})" for r in rows]
+    left.barh(range(len(rows)), [r[3] for r in rows],
+              color=["#999" if r[1].startswith(("main", "before", "host")) else "#4477aa" for r in rows])
     for model, target in TARGETS.items():
-        left.axhline(target, linestyle=":", color="#aa3377", linewidth=1)
-        left.text(len(rows) - 0.5, target, f"{model} target", fontsize=7, ha="right", va="bottom")
-    left.set_xticks(range(len(rows)), labels, fontsize=7)
-    left.set_ylabel("served RTFx")
+        left.axvline(target, linestyle=":", color="#aa3377", linewidth=1)
+        left.text(target, len(rows) - 0.4, f"{model} target", fontsize=7, ha="right", va="bottom", rotation=90)
+    left.set_yticks(range(len(rows)), labels, fontsize=7)
+    left.invert_yaxis()
+    left.set_xlabel("served RTFx (grey: the code before each change)")
     for label, record in data["encoder"].items():
         for run in record["runs"]:
             if run["model"] != "large-v3":
@@ -218,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--accuracy", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.fp8_accuracy")
     parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
     parser.add_argument("--profile", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.engine_profile")
-    parser.add_argument("--code", default="this checkout", help="what the variants without a checkout served")
+    parser.add_argument("--cross", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.cross_attention")
     args = parser.parse_args(argv)
 
     def read(path: Path) -> dict:
@@ -227,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
     data = {"served": [read(p) for p in args.served], "encoder": {label: read(p) for label, p in args.encoder},
             "accuracy": {label: read(p) for label, p in args.accuracy},
             "kernels": {label: read(p) for label, p in args.kernels},
-            "profiles": {label: read(p) for label, p in args.profile}, "code": args.code}
+            "profiles": {label: read(p) for label, p in args.profile},
+            "cross": {label: read(p) for label, p in args.cross}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "large-models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     (args.out / "large-models.md").write_text(markdown(data), encoding="utf-8")

@@ -177,31 +177,38 @@ LARGE_MODELS = BENCHMARKS / "large-models" / "large-models.json"
 
 def test_the_big_checkpoints_figures_are_the_record():
     """The README's and performance.md's served RTFx of large-v3 and turbo are the best
-    points (most good requests a second) of the record's H200 calls, per variant: fp8 as
-    this commit served it ("after"), as 71b1c40 did ("before"), each run twice ("-2"),
-    and exact float16."""
+    points (most good requests a second) of the record's H200 calls, per variant and
+    code: fp8 at 218b791 ("after") against 4a0f538 ("before") in one call, and the
+    earlier call of 9a2ba59 (fp8 twice, and exact float16)."""
     from bench.comparisons import best_point
 
     data = json.loads(LARGE_MODELS.read_text(encoding="utf-8"))
-    rtfx = {(run["model"], v["label"]): rtfx_text(best_point(v)["rtfx"]) for run in data["served"] for v in run["variants"]}
-    v3, turbo = "large-v3", "large-v3-turbo"
+    rtfx = {(run["model"], v["label"], run["run"]["commit"][:7]): rtfx_text(best_point(v)["rtfx"])
+            for run in data["served"] for v in run["variants"]}
+    v3, turbo, now, then = "large-v3", "large-v3-turbo", "218b791", "9a2ba59"
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    assert (f"large-v3 with `--quantize fp8` served RTFx {rtfx[v3, 'after']} (71b1c40: {rtfx[v3, 'before']});\n"
-            f"  large-v3-turbo {rtfx[turbo, 'after']} ({rtfx[turbo, 'before']}); "
-            f"exact float16 large-v3 {rtfx[v3, 'float16']}") in readme
+    assert (f"large-v3 with `--quantize fp8` served RTFx {rtfx[v3, 'after', now]} (4a0f538: {rtfx[v3, 'before', now]});\n"
+            f"  large-v3-turbo {rtfx[turbo, 'after', now]} ({rtfx[turbo, 'before', now]}); "
+            f"exact float16 large-v3 {rtfx[v3, 'float16', then]} ({then})") in readme
     performance = PERFORMANCE.read_text(encoding="utf-8")
-    assert (f"| RTFx {rtfx[v3, 'after']}, against {rtfx[v3, 'before']} for 71b1c40 in the same call (1.06); "
-            f"target 1,000 **missed**; exact float16 {rtfx[v3, 'float16']} | a second run of each, later in the call: "
-            f"{rtfx[v3, 'after-2']} against {rtfx[v3, 'before-2']} |") in performance
-    assert (f"| RTFx {rtfx[turbo, 'after']}, against {rtfx[turbo, 'before']} for 71b1c40 (1.16); target 1,500" in performance
-            and f"| a second run of each: {rtfx[turbo, 'after-2']} against {rtfx[turbo, 'before-2']};" in performance)
+    ratio = {model: best_point(run["variants"][1])["rtfx"] / best_point(run["variants"][0])["rtfx"]
+             for run in data["served"] if run["run"]["commit"].startswith(now) for model in [run["model"]]}
+    assert (f"| RTFx {rtfx[v3, 'after', now]}, against {rtfx[v3, 'before', now]} for 4a0f538 in the same call "
+            f"({ratio[v3]:.2f}: "
+            f"the FP8 cross-attention cache); target 1,000 **missed**; exact float16 {rtfx[v3, 'float16', then]} ({then}) "
+            f"| one run each; {then} in an earlier call, twice: {rtfx[v3, 'after', then]} and {rtfx[v3, 'after-2', then]} |"
+            ) in performance
+    assert (f"| RTFx {rtfx[turbo, 'after', now]}, against {rtfx[turbo, 'before', now]} for 4a0f538 "
+            f"({ratio[turbo]:.2f}); target 1,500"
+            in performance and f"{then} in an earlier call: {rtfx[turbo, 'after', then]} and "
+            f"{rtfx[turbo, 'after-2', then]};" in performance)
     for run in data["served"]:
         assert "H200" in run["run"]["machine"]["gpu"]
         for variant in run["variants"]:
             precision = "none" if variant["label"] == "float16" else "fp8"
             assert variant["command"].endswith(f"--quantize={precision}")
             if variant["label"].startswith("before"):
-                assert variant["checkout_commit"].startswith("71b1c40")
+                assert variant["checkout_commit"].startswith({then: "71b1c40", now: "4a0f538"}[run["run"]["commit"][:7]])
 
 
 # ----------------------------------------------------- links in the docs
