@@ -1,16 +1,19 @@
 """The decoder's cross-attention kernel alone, at large-v3's shapes: FlashInfer's batch
 decode over each row's 1,500 encoder positions, per way of storing them.
 
-    python -m bench.cross_attention --rows 53 128 --out /tmp/cross-attention
+    python -m bench.cross_attention --rows 1 8 53 128 --page-sizes 16 50 1500 --out /tmp/cross-attention
 
 A decoder step reads every row's cross-attention K and V in every layer, which makes
 this kernel the largest part of a saturated large-v3 step (docs/performance.md). It is
 bound by memory, so the figure that matters is the bytes it must read a second against
 what a plain copy of as many bytes achieves on the same GPU. Cases:
 - the K/V dtype: bfloat16 (exact) or FP8 E4M3 (`EngineSetup.fp8_cross_kv`);
-- the layout: NHD (the pool's: a page's positions, each with every head) or HND (a page's
-  heads, each with every position, so that one head's keys are contiguous);
-- the page size: the pool's 16, or larger pages (fewer page-table reads);
+- the layout: NHD (a page's positions, each with every head: the pool's before 651e607),
+  HND (a page's heads, each with every position), or "pool": `KVSlotPool`'s own
+  heads-first storage seen as HND pages through its strided view, planned with its
+  `cross_table` (the page size then the largest divisor of 1,500 up to the one asked);
+- the page size: 16, or larger pages (fewer page-table reads, but fewer pages for the
+  kernel to split a row between thread blocks when a step has few rows);
 - FlashInfer's CUDA-core decode kernel or its tensor-core one (`--tensor-cores`, whose
   module compiles on first use).
 
@@ -23,7 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,7 +45,7 @@ DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 class Case:
     rows: int
     kv_dtype: str
-    layout: str  # "NHD" or "HND"
+    layout: str  # "NHD", "HND" or "pool"
     page_size: int
     tensor_cores: bool
 
@@ -71,6 +74,21 @@ def microseconds(run) -> float:
     return begin.elapsed_time(end) * 1e3 / REPEATS
 
 
+def pool_cache(case: Case):
+    """The pool's K/V pages and each row's table, slots 1..rows (`KVSlotPool.cross_pages`, `cross_table`)."""
+    from python_backend_lib.engine import kv_cache
+    from python_backend_lib.engine.flashinfer_attention import cross_table
+
+    kv_cache.CROSS_PAGE_SIZE = case.page_size  # read whenever the pool's shape is asked: set for the whole case
+    shape = kv_cache.PoolShape(n_slots=case.rows, n_layers=1, n_heads=HEADS, head_dim=HEAD_DIM, text_ctx=16,
+                               audio_ctx=POSITIONS)
+    dtype = DTYPES[case.kv_dtype]
+    pool = kv_cache.KVSlotPool(shape, device=CUDA, dtype=torch.bfloat16, cross_dtype=dtype)
+    values = [torch.randn(case.rows, POSITIONS, HEADS, HEAD_DIM, device=CUDA, dtype=torch.bfloat16) for _ in range(2)]
+    pool.write_cross(torch.arange(1, case.rows + 1, device=CUDA), [tuple(values)])
+    return pool.cross_pages(0), cross_table(range(1, case.rows + 1), shape)
+
+
 def cache(case: Case) -> tuple[torch.Tensor, torch.Tensor, int]:
     """K and V pages of `case.rows` slots (random values in the case's dtype) and the pages per slot."""
     pages = -(-POSITIONS // case.page_size)
@@ -83,31 +101,36 @@ def cache(case: Case) -> tuple[torch.Tensor, torch.Tensor, int]:
 def measure(case: Case) -> Result:
     import flashinfer
 
-    k, v, pages = cache(case)
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=CUDA)
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, case.layout, use_tensor_cores=case.tensor_cores)
     int32 = dict(dtype=torch.int32, device=CUDA)
-    wrapper.plan(
-        torch.arange(case.rows + 1, **int32) * pages,
-        torch.arange(case.rows * pages, **int32),
-        torch.full((case.rows,), POSITIONS - (pages - 1) * case.page_size, **int32),
-        HEADS, HEADS, HEAD_DIM, case.page_size,
-        q_data_type=torch.bfloat16, kv_data_type=DTYPES[case.kv_dtype],
-    )
+    if case.layout == "pool":
+        (k, v), table = pool_cache(case)
+        layout, page_size = "HND", table.page_size
+        tables = (torch.from_numpy(table.indptr).to(CUDA), torch.from_numpy(table.indices).to(CUDA),
+                  torch.from_numpy(table.last_page_len).to(CUDA))
+    else:
+        k, v, pages = cache(case)
+        layout, page_size = case.layout, case.page_size
+        tables = (torch.arange(case.rows + 1, **int32) * pages, torch.arange(case.rows * pages, **int32),
+                  torch.full((case.rows,), POSITIONS - (pages - 1) * case.page_size, **int32))
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, layout, use_tensor_cores=case.tensor_cores)
+    wrapper.plan(*tables, HEADS, HEADS, HEAD_DIM, page_size,
+                 q_data_type=torch.bfloat16, kv_data_type=DTYPES[case.kv_dtype])
     q = torch.randn(case.rows, HEADS, HEAD_DIM, device=CUDA, dtype=torch.bfloat16)
     us = microseconds(lambda: wrapper.run(q, (k, v)))
     read = 2 * case.rows * POSITIONS * HEADS * HEAD_DIM * k.element_size()
     source = torch.empty(read, dtype=torch.uint8, device=CUDA)
     target = torch.empty_like(source)
     copy_us = microseconds(lambda: target.copy_(source))
-    result = Result(case, round(us, 2), round(read / us / 1e3, 1), round(2 * read / copy_us / 1e3, 1))
+    result = Result(case if page_size == case.page_size else replace(case, page_size=page_size),
+                    round(us, 2), round(read / us / 1e3, 1), round(2 * read / copy_us / 1e3, 1))
     say(f"{case} {result.us:8.2f} us, reads {result.read_gb_per_s:7.1f} GB/s (a copy: {result.copy_gb_per_s:7.1f})")
     return result
 
 
-def cases(rows: list[int], page_sizes: list[int], tensor_cores: bool) -> list[Case]:
+def cases(rows: list[int], page_sizes: list[int], layouts: list[str], tensor_cores: bool) -> list[Case]:
     found = [Case(r, dtype, layout, page, False)
-             for r in rows for dtype in DTYPES for layout in ("NHD", "HND") for page in page_sizes]
+             for r in rows for dtype in DTYPES for layout in layouts for page in page_sizes]
     if tensor_cores:  # last: their module compiles on first use
         found += [Case(r, dtype, "NHD", page_sizes[0], True) for r in rows for dtype in DTYPES]
     return found
@@ -115,15 +138,16 @@ def cases(rows: list[int], page_sizes: list[int], tensor_cores: bool) -> list[Ca
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, nargs="+", default=[53, 128])
-    parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 64, 1504])
+    parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 53, 128])
+    parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 50, 1500])
+    parser.add_argument("--layouts", nargs="+", default=["NHD", "HND", "pool"], choices=["NHD", "HND", "pool"])
     parser.add_argument("--tensor-cores", action="store_true")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
     results, failed = [], []
-    for case in cases(args.rows, args.page_sizes, args.tensor_cores):
+    for case in cases(args.rows, args.page_sizes, args.layouts, args.tensor_cores):
         try:
             results.append(measure(case))
         except Exception as error:  # a kernel FlashInfer does not build for this case: recorded, not fatal

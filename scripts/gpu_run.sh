@@ -31,6 +31,8 @@
 #   profile       bench.engine_profile: the engine alone at concurrency 128 under the profiler, its kernels by
 #                 stream and kind (needs install; PROFILE_ARGS="..." adds arguments, e.g. --fp8-cross-kv, and
 #                 PROFILE_TWICE=1 runs it again with them after a run without)
+#   cross         bench.cross_attention: the decoder's cross-attention kernel alone per K/V dtype, layout and page
+#                 size, the pool's own pages among them (needs install; CROSS_ARGS="..." adds arguments)
 #   encoder       bench.encoder_cost: the captured encoder pass per admission size, float16, bfloat16 and
 #                 fp8, its TFLOP/s and kernels by kind (needs install; ENCODER_ARGS="..." adds arguments)
 #   served-tiny   bench.served --model tiny: issue 9's table for tiny.en (needs install, the weights)
@@ -255,6 +257,12 @@ if has profile; then
 fi
 
 # 5b. The encoder's pass per admission size and precision (needs install).
+if has cross; then
+    say "cross ${CROSS_ARGS:-} (budget $(($(left) - 10)) s)"
+    timeout $(($(left) - 10)) $PY -m bench.cross_attention --out "$OUT/cross" ${CROSS_ARGS:-}
+    say "cross exit $?"
+fi
+
 if has encoder; then
     say "encoder (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) $PY -m bench.encoder_cost --out "$OUT/encoder" ${ENCODER_ARGS:-}
