@@ -12,7 +12,7 @@ Sets (`bench.beam_wer`'s readers):
 Systems (SYSTEMS): `Pipeline.load(checkpoint, device="cuda")` as shipped (float16), with
 `Quantization.FP8` (bfloat16 beside the FP8 products), and variants that show where
 fp8's differences come from (bfloat16 alone, some products left in bfloat16, libdevice's
-erf in GELU instead of the shipped polynomial, the cross-attention cache in bfloat16
+erf or the tanh form in GELU instead of the shipped polynomial, the cross-attention cache in bfloat16
 rather than FP8: `EngineSetup.fp8_cross_kv`). Every clip is transcribed with
 the library's defaults, as the server does: greedy with temperature fallback,
 timestamps, the previous text as prompt.
@@ -43,15 +43,15 @@ class System:
     """How one system loads. dtype: the model's; fp8: FP8 products run; kept: which of them
     stay in bfloat16 (None: every one `Whisper.quantize_fp8` quantizes; "cross": the
     decoder's cross K/V projections; "edges": the first and last two encoder layers);
-    libdevice_erf: GELU inside the FP8 quantization takes libdevice's erf, as F.gelu does,
-    instead of the shipped polynomial (`fp8_linear.LIBDEVICE_ERF`); fp8_cross_kv: whether
+    gelu: how GELU inside the FP8 quantization is computed (`fp8_linear.GELU`; None: as
+    shipped, erf by a polynomial), e.g. libdevice's erf, as F.gelu does; fp8_cross_kv: whether
     the cross-attention K/V are kept in FP8 (`EngineSetup.fp8_cross_kv`; None: as the
     quantization ships, in FP8 with fp8)."""
 
     dtype: str
     fp8: bool = False
     kept: str | None = None
-    libdevice_erf: bool = False
+    gelu: str | None = None  # a `fp8_linear.GeluForm` member's name
     fp8_cross_kv: bool | None = None
 
 
@@ -62,7 +62,8 @@ SYSTEMS = {
     "fp8": System("bfloat16", fp8=True),
     "fp8, cross K/V in bfloat16": System("bfloat16", fp8=True, kept="cross"),
     "fp8, first and last two encoder layers in bfloat16": System("bfloat16", fp8=True, kept="edges"),
-    "fp8, libdevice's erf": System("bfloat16", fp8=True, libdevice_erf=True),
+    "fp8, libdevice's erf": System("bfloat16", fp8=True, gelu="LIBDEVICE_ERF"),
+    "fp8, tanh GELU": System("bfloat16", fp8=True, gelu="TANH"),
     "fp8, bfloat16 cross-attention cache": System("bfloat16", fp8=True, fp8_cross_kv=False),
 }
 
@@ -87,17 +88,17 @@ def keeping(kept: str | None):
 
 
 @contextlib.contextmanager
-def erf_of(system: str):
-    """`fp8_linear.LIBDEVICE_ERF` as `system` wants it, while it loads and decodes (the
-    kernels read it at each launch)."""
+def gelu_of(system: str):
+    """`fp8_linear.GELU` as `system` wants it, while it loads and decodes (the kernels
+    read it at each launch)."""
     from python_backend_lib.engine import fp8_linear
 
-    shipped = fp8_linear.LIBDEVICE_ERF
-    fp8_linear.LIBDEVICE_ERF = SYSTEMS[system].libdevice_erf
+    shipped, wanted = fp8_linear.GELU, SYSTEMS[system].gelu
+    fp8_linear.GELU = shipped if wanted is None else fp8_linear.GeluForm[wanted]
     try:
         yield
     finally:
-        fp8_linear.LIBDEVICE_ERF = shipped
+        fp8_linear.GELU = shipped
 
 
 def transcriber(source: str, system: str, given_language: bool):
@@ -126,7 +127,7 @@ def run_set(name: str, source: str, clips: list[Clip], given_language: bool, sys
     say(f"{name}: {len(clips)} clips, checkpoint {source}")
     scored = {}
     for system in systems:
-        with erf_of(system):
+        with gelu_of(system):
             transcribe, close = transcriber(source, system, given_language)
             try:
                 scored[system] = score(system, clips, transcribe, lambda message: None)

@@ -1,5 +1,6 @@
 """The FP8 encoder's memory-bound kernels alone, at large-v3's shapes: the input
-quantization (`fp8_linear.quantize_rows`) per launch setting, and a layer norm that hands
+quantization (`fp8_linear.quantize_rows`) per launch setting and, for fc2's input, per form
+of its GELU (`fp8_linear.GeluForm`), and a layer norm that hands
 its product a quantized input (`fp8_linear.norm_quantize`) against the separate
 addition, layer norm and quantization it replaces.
 
@@ -57,16 +58,21 @@ def record(case: str, us: float, moved_bytes: int, **settings) -> dict:
 
 
 def quantization_sweep(rows: int) -> list[dict]:
-    results = []
-    for cols, gelu in ((WIDTH, False), (4 * WIDTH, False), (4 * WIDTH, True)):
+    """Each input width, without GELU and with each of its forms (`fp8_linear.GeluForm`;
+    the shipped form's case is named "gelu", the others "gelu, <form>")."""
+    results, shipped = [], fp8_linear.GELU
+    cases = [(WIDTH, None), (4 * WIDTH, None), *((4 * WIDTH, form) for form in fp8_linear.GeluForm)]
+    for cols, form in cases:
         x = torch.randn(rows, cols, device=CUDA, dtype=torch.bfloat16)
         moved = rows * cols * 3  # bfloat16 in, FP8 out
+        fp8_linear.GELU = shipped if form is None else form
+        name = f"quantize {cols}" + ("" if form is None else " gelu" if form is shipped else f" gelu, {form.name.lower()}")
         for elements in ELEMENTS:
             for warps in WARPS:
                 fp8_linear.QUANTIZE_ELEMENTS, fp8_linear.QUANTIZE_WARPS = elements, warps
-                us = microseconds(lambda: fp8_linear.quantize_rows(x, gelu=gelu))
-                results.append(record(f"quantize {cols}{' gelu' if gelu else ''}", us, moved,
-                                      elements=elements, warps=warps))
+                us = microseconds(lambda: fp8_linear.quantize_rows(x, gelu=form is not None))
+                results.append(record(name, us, moved, elements=elements, warps=warps))
+    fp8_linear.GELU = shipped
     return results
 
 

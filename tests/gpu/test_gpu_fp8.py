@@ -37,12 +37,15 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("gelu", [False, True, "libdevice"], ids=["plain", "gelu", "gelu-libdevice-erf"])
+@pytest.mark.parametrize("form", [None, *fp8_linear.GeluForm], ids=["plain", *(f.name.lower() for f in fp8_linear.GeluForm)])
 @pytest.mark.parametrize("rows, cols", [(1, 1280), (37, 384), (1500, 5120), (3000, 1280)])
-def test_the_quantization_kernel_writes_what_its_definition_says(rows, cols, gelu, monkeypatch):
+def test_the_quantization_kernel_writes_what_its_definition_says(rows, cols, form, monkeypatch):
+    """Without GELU, and with each form of it (the definition then computes the same form
+    with PyTorch: F.gelu, or F.gelu(approximate="tanh") for the tanh form)."""
     torch.manual_seed(rows)
-    monkeypatch.setattr(fp8_linear, "LIBDEVICE_ERF", gelu == "libdevice")
-    gelu = bool(gelu)
+    gelu = form is not None
+    if gelu:
+        monkeypatch.setattr(fp8_linear, "GELU", form)
     x = (torch.randn(rows, cols, device=CUDA) * torch.rand(rows, 1, device=CUDA) * 50).bfloat16()
     x[rows // 2] = 0  # a silent row: zeros, not a division by zero
     values, scales = fp8_linear.quantize_rows(x, gelu=gelu)
@@ -52,8 +55,8 @@ def test_the_quantization_kernel_writes_what_its_definition_says(rows, cols, gel
     assert values.shape == (padded, cols) and scales.shape == (padded, 1)
     torch.testing.assert_close(scales[:rows], expected_scales, rtol=1e-6 if gelu else 0, atol=0)
     got, want = values[:rows].float(), expected_values.float()
-    # The same rounding of the same product; a last-bit difference before it (GELU's erf
-    # is a polynomial or libdevice's, not PyTorch's) may round to the neighbouring FP8
+    # The same rounding of the same product; a last-bit difference before it (GELU's is
+    # computed as the kernel's form computes it, not as PyTorch does) may round to the neighbouring FP8
     # value, never further: an eighth of the value, or the smallest subnormal step near zero.
     differs = got != want
     assert differs.float().mean() < 1e-3 if gelu else differs.sum() == 0

@@ -151,13 +151,43 @@ def test_serve_refuses_fp8_on_the_cpu_in_one_line(tmp_path):
     assert preflight.quantization_problem(Quantization.FP8, on_cpu, gpus=2) == expected
 
 
-def test_the_accuracy_bench_sets_libdevices_erf_for_its_system_only_and_puts_it_back():
+def test_the_accuracy_bench_sets_each_systems_gelu_and_puts_the_shipped_one_back():
     from bench import fp8_accuracy
 
-    assert [name for name, system in fp8_accuracy.SYSTEMS.items() if system.libdevice_erf] == ["fp8, libdevice's erf"]
-    assert fp8_linear.LIBDEVICE_ERF is False  # shipped: the polynomial
-    with fp8_accuracy.erf_of("fp8, libdevice's erf"):
-        assert fp8_linear.LIBDEVICE_ERF is True
-    with fp8_accuracy.erf_of("fp8"):
-        assert fp8_linear.LIBDEVICE_ERF is False
-    assert fp8_linear.LIBDEVICE_ERF is False
+    assert {name: system.gelu for name, system in fp8_accuracy.SYSTEMS.items() if system.gelu} == {
+        "fp8, libdevice's erf": "LIBDEVICE_ERF", "fp8, tanh GELU": "TANH"}
+    assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF  # shipped
+    with fp8_accuracy.gelu_of("fp8, libdevice's erf"):
+        assert fp8_linear.GELU is fp8_linear.GeluForm.LIBDEVICE_ERF
+    with fp8_accuracy.gelu_of("fp8, tanh GELU"):
+        assert fp8_linear.GELU is fp8_linear.GeluForm.TANH
+    with fp8_accuracy.gelu_of("fp8"):
+        assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF
+    assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF
+
+
+@pytest.mark.parametrize("form", list(fp8_linear.GeluForm))
+def test_each_gelu_form_of_the_quantization_kernel_is_the_gelu_it_names(form):
+    """`_gelu` in Triton's interpreter, in float32 (compiled, and quantized, in
+    tests/gpu/test_gpu_fp8.py): the erf forms F.gelu's, the tanh form
+    F.gelu(approximate="tanh")'s; 0 stays 0 (the padding rows), large inputs finite."""
+    if fp8_linear.triton is None:
+        pytest.skip("Triton is not installed")
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def gelu_kernel(x_ptr, out_ptr, n, FORM: tl.constexpr, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + offsets, mask=offsets < n)
+        tl.store(out_ptr + offsets, fp8_linear._gelu(x, FORM), mask=offsets < n)
+
+    x = torch.cat([torch.linspace(-12, 12, 4001), torch.tensor([0.0, -100.0, 100.0, -1e4, 1e4])])
+    out = torch.empty_like(x)
+    gelu_kernel[(triton.cdiv(len(x), 1024),)](x, out, len(x), FORM=int(form), BLOCK=1024)
+    wanted = F.gelu(x.double(), approximate="tanh" if form is fp8_linear.GeluForm.TANH else "none")
+    assert torch.isfinite(out).all() and out[-5] == 0
+    # GELU is x/2 (1 + erf or tanh): an error e in those is x/2 e in GELU, plus float32's
+    # rounding of the output. erf's polynomial is within 1.5e-7, float32's own step 1.2e-7.
+    error = (out.double() - wanted).abs() - 2.4e-7 * wanted.abs()
+    assert (error <= 3e-7 * x.double().abs() / 2).all()
