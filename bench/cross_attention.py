@@ -17,8 +17,8 @@ what a plain copy of as many bytes achieves on the same GPU. Cases:
 - FlashInfer's CUDA-core decode kernel or its tensor-core one (`--tensor-cores`, whose
   module compiles on first use).
 
-Each case runs WARMUP times, then REPEATS times between two CUDA events, on K/V larger
-than the GPU's L2. Writes `<out>/cross-attention.json`.
+Each case is timed by `bench.kernel_timing.microseconds`, on K/V larger than the GPU's
+L2. Writes `<out>/cross-attention.json`.
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from pathlib import Path
 
 import torch
 
+from bench.kernel_timing import microseconds
 from loadtest.provenance import provenance
 
 CUDA = torch.device("cuda")
 POSITIONS = 1500  # the encoder's, a window's
 HEADS, HEAD_DIM = 20, 64  # large-v3's
-WARMUP, REPEATS = 5, 50
 WORKSPACE_BYTES = 128 * 1024 * 1024
 DTYPES = {"bfloat16": torch.bfloat16, "fp8": torch.float8_e4m3fn}
 
@@ -60,18 +60,6 @@ class Result:
 
 def say(message: str) -> None:
     print(f"[bench.cross_attention {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def microseconds(run) -> float:
-    for _ in range(WARMUP):
-        run()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(REPEATS):
-        run()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) * 1e3 / REPEATS
 
 
 def pool_cache(case: Case):

@@ -6,9 +6,9 @@ addition, layer norm and quantization it replaces.
 
     python -m bench.fp8_kernels --windows 16 --out /tmp/fp8-kernels
 
-Rows are the encoder's positions of `--windows` windows (1,500 each). Each case runs
-WARMUP times, then REPEATS times between two CUDA events; the figure is microseconds a
-launch and the bytes it must move (read once, written once) a second. Writes
+Rows are the encoder's positions of `--windows` windows (1,500 each). Each case is timed
+by `bench.kernel_timing.microseconds`; the figure is microseconds a launch and the bytes
+it must move (read once, written once) a second. Writes
 `<out>/fp8-kernels.json`.
 """
 
@@ -17,38 +17,25 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from bench.kernel_timing import microseconds
 from loadtest.provenance import provenance
 from python_backend_lib.engine import fp8_linear
 
 CUDA = torch.device("cuda")
 POSITIONS = 1500
 WIDTH = 1280  # large-v3's
-WARMUP, REPEATS = 5, 50
 ELEMENTS = (2048, 4096, 8192)
 WARPS = (4, 8, 16)
 
 
 def say(message: str) -> None:
     print(f"[bench.fp8_kernels {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-def microseconds(run: Callable[[], object]) -> float:
-    for _ in range(WARMUP):
-        run()
-    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    begin.record()
-    for _ in range(REPEATS):
-        run()
-    end.record()
-    end.synchronize()
-    return begin.elapsed_time(end) * 1e3 / REPEATS
 
 
 def record(case: str, us: float, moved_bytes: int, **settings) -> dict:
