@@ -47,7 +47,7 @@ except ImportError:  # the CPU torch of a CI machine
     triton = None
 
 SCRATCH_SLOT = 0
-PAGE_SIZE = 16  # the self-attention K/V's; a cross-attention page is a whole slot
+PAGE_SIZE = 16  # the self-attention K/V's pages; the cross K/V's are `PoolShape.cross_page_size`
 SELF_LAYOUT, CROSS_LAYOUT = "NHD", "HND"  # FlashInfer's names for the two page layouts
 CROSS_PAGE_SIZE = 50  # at most; a divisor of the encoder's positions (1,500)
 
