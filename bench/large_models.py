@@ -65,7 +65,7 @@ def accuracy_rows(accuracies: dict[str, dict]) -> list[list]:
     for label, accuracy in accuracies.items():
         for s in accuracy["sets"]:
             for system, result in s["systems"].items():
-                c = s["against_float16"][system]
+                c = (s.get("against_reference") or s["against_float16"])[system]
                 rows.append([label, s["set"], s["checkpoint"], system, f"{result['wer']:.4f}", f"{result['cer']:.4f}",
                              f"{c['wer_points']:+.2f}", f"{c['cer_points']:+.2f}",
                              f"{c['identical']} of {result['clips']}"])
