@@ -191,3 +191,18 @@ def test_each_gelu_form_of_the_quantization_kernel_is_the_gelu_it_names(form):
     # rounding of the output. erf's polynomial is within 1.5e-7, float32's own step 1.2e-7.
     error = (out.double() - wanted).abs() - 2.4e-7 * wanted.abs()
     assert (error <= 3e-7 * x.double().abs() / 2).all()
+
+
+def test_the_accuracy_bench_emulates_fp8_on_the_cpu_only_inside_its_context():
+    """`bench.fp8_accuracy --device cpu` loads an FP8 model on the CPU; outside its
+    context the library refuses it there again (the server never emulates)."""
+    from bench import fp8_accuracy
+
+    checkpoint, cpu = load_checkpoint("random:tiny:0"), torch.device("cpu")
+    with fp8_accuracy.fp8_emulated_on("cpu"):
+        model = Whisper.from_checkpoint(checkpoint, device=cpu, dtype=torch.bfloat16, quantization=Quantization.FP8)
+        assert isinstance(model.encoder.layers[0].fc2, fp8_linear.Fp8Linear)
+        assert device_problem(Quantization.FP8, "cpu") is None
+    assert device_problem(Quantization.FP8, "cpu") is not None
+    with pytest.raises(ValueError, match="CUDA GPU"):
+        Whisper.from_checkpoint(checkpoint, device=cpu, dtype=torch.bfloat16, quantization=Quantization.FP8)
