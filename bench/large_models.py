@@ -92,13 +92,13 @@ def kernel_timing_rows(kernels: dict[str, dict]) -> list[list]:
 
 def machine(record: dict) -> str:
     m = record["machine"]
-    return f"{m['gpu']}, {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']}"
+    return f"{m['gpu'] or 'no GPU'}, {m['cpu_count']} CPUs ({m['cpu']}), torch {m['torch']}"
 
 
 def markdown(data: dict) -> str:
     served, encoders, accuracies = data["served"], data["encoder"], data["accuracy"]
     kinds, kernels = kernel_rows(encoders)
-    first_encoder, first_accuracy = next(iter(encoders.values())), next(iter(accuracies.values()))
+    first_encoder = next(iter(encoders.values()))
     return "\n".join([
         "# The big checkpoints: served, the encoder's pass, fp8's accuracy", "",
         f"Served and encoder runs: {machine(served[0]['run'])}. Random weights of the real shapes; every request "
@@ -120,10 +120,11 @@ def markdown(data: dict) -> str:
         *profile_section(data.get("profiles", {})),
         *cross_section(data.get("cross", {})),
         "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
-        f"{machine(first_accuracy['provenance'])}; " + "; ".join(
-            f"{label}: `{accuracy['provenance']['command']}`" for label, accuracy in accuracies.items()) + ".", "",
+        "; ".join(f"{label}: {machine(accuracy['provenance'])}, `{accuracy['provenance']['command']}`"
+                  for label, accuracy in accuracies.items()) + ". Points and identical transcripts are against "
+        "each set's reference, its first system (float16 on a GPU, float32 on the CPU).", "",
         markdown_table(["code", "set", "checkpoint", "system", "WER", "CER", "WER points", "CER points",
-                        "identical to float16"], accuracy_rows(accuracies)), "",
+                        "identical to the reference"], accuracy_rows(accuracies)), "",
     ])
 
 
