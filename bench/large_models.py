@@ -23,6 +23,7 @@ import json
 from pathlib import Path
 
 from bench.comparisons import best_point
+from bench.fp8_accuracy import compared
 from bench.markdown import markdown_table
 
 # Issue 38's targets: served RTFx on one GPU, through the ensemble.
@@ -65,7 +66,7 @@ def accuracy_rows(accuracies: dict[str, dict]) -> list[list]:
     for label, accuracy in accuracies.items():
         for s in accuracy["sets"]:
             for system, result in s["systems"].items():
-                c = (s.get("against_reference") or s["against_float16"])[system]
+                c = compared(s)[system]
                 rows.append([label, s["set"], s["checkpoint"], system, f"{result['wer']:.4f}", f"{result['cer']:.4f}",
                              f"{c['wer_points']:+.2f}", f"{c['cer_points']:+.2f}",
                              f"{c['identical']} of {result['clips']}"])

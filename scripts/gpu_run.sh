@@ -259,12 +259,14 @@ if has profile; then
     say "profile exit $?"
 fi
 
-# 5b. The encoder's pass per admission size and precision (needs install).
+# 5b. The decoder's cross-attention kernel alone (needs install).
 if has cross; then
     say "cross ${CROSS_ARGS:-} (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) $PY -m bench.cross_attention --out "$OUT/cross" ${CROSS_ARGS:-}
     say "cross exit $?"
 fi
+
+# 5c. The encoder's pass per admission size and precision (needs install).
 
 if has encoder; then
     say "encoder (budget $(($(left) - 10)) s)"

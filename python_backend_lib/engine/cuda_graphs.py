@@ -128,9 +128,7 @@ class _Entry:
         self.pad = np.zeros(N_META, dtype=np.int64)  # token 0 at position 0 of the scratch slot
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
         self.pad[META_FOLLOWS] = -1
-        self.self_pages_per_slot = shape.self_pages_per_slot
         self.shape = shape
-        self.text_ctx = shape.text_ctx
         # The rows' state when the self / cross tables were last written.
         self.self_state: tuple | None = None
         self.cross_slots: tuple | None = None
@@ -149,7 +147,7 @@ class _Entry:
             slots[:n] = inputs.slots
             st[META_TOKEN, :n] = inputs.tokens
             st[META_POSITION, :n] = inputs.positions
-            st[META_CACHE_INDEX, :n] = inputs.slots * self.text_ctx + inputs.positions
+            st[META_CACHE_INDEX, :n] = inputs.slots * self.shape.text_ctx + inputs.positions
             st[META_FOLLOWS, :n] = inputs.follows
             st[META_RULES:, :n] = inputs.facts
             lengths[:n] = inputs.positions + 1
@@ -159,7 +157,7 @@ class _Entry:
         # Same slots and pages: nothing to plan, the step's first kernel writes the
         # last pages' fill from the positions (`_forward`).
         if self_state != self.self_state:
-            self_table = page_table(slots, lengths, self.self_pages_per_slot)
+            self_table = page_table(slots, lengths, self.shape.self_pages_per_slot)
             if self.planned is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
                 self.planned.synchronize()
             indices = self.self_indices[: len(self_table.indices)]

@@ -93,8 +93,7 @@ class PageTable:
 
 
 def page_table(
-    slots: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray, pages_per_slot: int,
-    page_size: int = PAGE_SIZE,
+    slots: Sequence[int] | np.ndarray, lengths: Sequence[int] | np.ndarray, pages_per_slot: int
 ) -> PageTable:
     """Pages of the first `lengths[i]` positions of slot `slots[i]`, for every row.
 
@@ -107,15 +106,15 @@ def page_table(
         raise ValueError(f"slots and lengths must be two equal 1-D sequences, got {slots.shape} and {lengths.shape}")
     if (lengths < 1).any():
         raise ValueError("every row must read at least one position")
-    pages = -(-lengths // page_size)  # [rows]
+    pages = -(-lengths // PAGE_SIZE)  # [rows]
     if (pages > pages_per_slot).any():
         raise ValueError(f"a row reads more than the {pages_per_slot} pages of its slot")
     indptr = np.zeros(len(slots) + 1, dtype=np.int64)
     np.cumsum(pages, out=indptr[1:])
     # Page j of row i is slots[i] * pages_per_slot + j, and it sits at indptr[i] + j.
     indices = np.repeat(slots * pages_per_slot - indptr[:-1], pages) + np.arange(indptr[-1])
-    last_page_len = lengths - (pages - 1) * page_size
-    return PageTable(indptr.astype(np.int32), indices.astype(np.int32), last_page_len.astype(np.int32), page_size)
+    last_page_len = lengths - (pages - 1) * PAGE_SIZE
+    return PageTable(indptr.astype(np.int32), indices.astype(np.int32), last_page_len.astype(np.int32), PAGE_SIZE)
 
 
 def cross_table(slots: Sequence[int] | np.ndarray, shape: PoolShape) -> PageTable:

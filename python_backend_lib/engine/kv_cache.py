@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from functools import cached_property
 
 import torch
 
@@ -73,16 +74,17 @@ class PoolShape:
     def self_pages_per_slot(self) -> int:
         return pages_for(self.text_ctx)
 
-    @property
+    # Cached: the decode step's page tables read these; a frozen dataclass still takes them.
+    @cached_property
     def cross_pages_per_slot(self) -> int:
         return self.audio_ctx // self.cross_page_size
 
-    @property
+    @cached_property
     def cross_page_size(self) -> int:
         """The largest divisor of audio_ctx up to CROSS_PAGE_SIZE: a head's pages tile its positions exactly."""
         return next(size for size in range(min(CROSS_PAGE_SIZE, self.audio_ctx), 0, -1) if self.audio_ctx % size == 0)
 
-    @property
+    @cached_property
     def cross_page_stride(self) -> int:
         """Page numbers from one slot's first cross page to the next's (`KVSlotPool.cross_pages`)."""
         return self.n_heads * self.cross_pages_per_slot
