@@ -45,6 +45,8 @@ from bench.served import MODELS, served_checkpoint
 from loadtest.provenance import provenance
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.core.quantization import Quantization
+from python_backend_lib.engine import fp8_linear
+from python_backend_lib.engine.fp8_linear import GeluForm
 
 # Kernel names to the decoder step's kinds, first match wins (lower-cased substrings).
 DECODER_KINDS = (
@@ -169,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fp8-cross-kv", action=argparse.BooleanOptionalAction, default=None,
                         help="keep the cross-attention K/V in FP8 or not (EngineSetup.fp8_cross_kv; "
                              "default: as the quantization ships, in FP8 with fp8)")
+    parser.add_argument("--gelu", choices=[form.name for form in GeluForm],
+                        help="how fp8's quantization of fc2's input computes GELU (fp8_linear.GELU; "
+                             "default: as shipped)")
     parser.add_argument("--repeat", type=int, default=4,
                         help="the clips this many times over, so that the run holds a steady state")
     parser.add_argument("--out", type=Path, required=True)
@@ -186,6 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     jobs = forced_jobs(load_clips(), config.special.eot, args.tokens_per_second) * args.repeat
     audio_s = sum(j.audio.clip.duration_s for j in jobs)
     row_steps = sum(j.check.expected_tokens + PROMPT_TOKENS for j in jobs)
+    if args.gelu:
+        fp8_linear.GELU = GeluForm[args.gelu]  # before loading: the captured graphs keep the form
     setup = EngineSetup(quantization=Quantization(args.quantize), fp8_cross_kv=args.fp8_cross_kv)
     pipeline = Pipeline.load(checkpoint, device="cuda", setup=setup)
     try:
@@ -217,6 +224,8 @@ def main(argv: list[str] | None = None) -> int:
     cut = timeline(kernels, decode_stream, config.dims.n_text_layer)
     cut["mean_rows_a_step"] = round(row_steps / max(1, cut["decode_steps"]), 1)
     quantize = args.quantize + (", FP8 cross K/V" if setup.cross_kv_in_fp8 else "")
+    if args.gelu:
+        quantize += f", GELU {args.gelu}"
     record = {"provenance": provenance(), "model": args.model, "quantize": quantize,
               "concurrency": args.concurrency, "clips": len(jobs), "audio_s": round(audio_s, 1),
               "rtfx_unprofiled": round(audio_s / plain, 1), "rtfx_profiled": round(audio_s / profiled, 1),
