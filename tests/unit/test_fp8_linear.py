@@ -155,15 +155,15 @@ def test_the_accuracy_bench_sets_each_systems_gelu_and_puts_the_shipped_one_back
     from bench import fp8_accuracy
 
     assert {name: system.gelu for name, system in fp8_accuracy.SYSTEMS.items() if system.gelu} == {
-        "fp8, libdevice's erf": "LIBDEVICE_ERF", "fp8, tanh GELU": "TANH"}
-    assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF  # shipped
+        "fp8, libdevice's erf": "LIBDEVICE_ERF", "fp8, polynomial erf": "POLYNOMIAL_ERF", "fp8, tanh GELU": "TANH"}
+    assert fp8_linear.GELU is fp8_linear.GeluForm.TANH  # shipped
     with fp8_accuracy.gelu_of("fp8, libdevice's erf"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.LIBDEVICE_ERF
-    with fp8_accuracy.gelu_of("fp8, tanh GELU"):
-        assert fp8_linear.GELU is fp8_linear.GeluForm.TANH
-    with fp8_accuracy.gelu_of("fp8"):
+    with fp8_accuracy.gelu_of("fp8, polynomial erf"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF
-    assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF
+    with fp8_accuracy.gelu_of("fp8"):
+        assert fp8_linear.GELU is fp8_linear.GeluForm.TANH
+    assert fp8_linear.GELU is fp8_linear.GeluForm.TANH
 
 
 @pytest.mark.parametrize("form", list(fp8_linear.GeluForm))
