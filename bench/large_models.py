@@ -105,7 +105,7 @@ def markdown(data: dict) -> str:
         f"Served and encoder runs: {machine(served[0]['run'])}. Random weights of the real shapes; every request "
         "decodes round(2.728 x its length) text tokens (tiny.en's measured rate), 96 clips of 0.5 to 29.9 s "
         "(mean 5.48 s), four client processes; a label ending in -2 is the same variant again, later in the same "
-        "call (the spread between runs). Commands: "
+        "call or in the next call on the same machine (the spread between runs). Commands: "
         + "; ".join(f"`{run['command']}`" for run in served) + ".", "",
         "## Served through the ensemble, at the point of most good requests a second", "",
         markdown_table(["model", "variant", "code", "RTFx", "good req/s", "concurrency", "a 5 s clip alone, p50 / p99 ms",
