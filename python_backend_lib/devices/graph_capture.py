@@ -8,12 +8,19 @@ the forward pass over them; this loop owns what all three must get right alike.
 - Warm-up on a side stream before capture, twice: lazy initialisation (cuBLAS
   handles, FFT plans, Triton's kernel cache, FlashInfer's first launch) happens
   outside the graph, and capture never runs on the legacy default stream.
+- Python's collector held off while capturing. An engine closed earlier may leave its
+  graphs in reference cycles; freeing one is a CUDA call that a capture in progress
+  forbids, so a collection that happened to run mid-capture broke the capture (a
+  process that loaded pipelines one after another, bench.fp8_accuracy, failed so).
+  PyTorch's own `torch.cuda.graph` no longer collects on entry by default.
 - The seconds and the device memory the table took, for the start-up log and the
   benchmarks.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -58,6 +65,7 @@ def capture_graphs(
     torch.cuda.synchronize(device)
     reserved = torch.cuda.memory_reserved(device)
     start = time.perf_counter()
+    gc.collect()  # what earlier engines left in cycles goes now, before any capture
     pool = torch.cuda.graph_pool_handle()
     captured: dict[int, CapturedGraph[Buffers, Outputs]] = {}
     for size in sorted(sizes, reverse=True):
@@ -69,9 +77,22 @@ def capture_graphs(
                 forward(buffers)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=pool, stream=side):
+        with collector_held(), torch.cuda.graph(graph, pool=pool, stream=side):
             outputs = forward(buffers)
         captured[size] = CapturedGraph(graph, buffers, outputs)
     torch.cuda.synchronize(device)
     cost = CaptureCost(time.perf_counter() - start, torch.cuda.memory_reserved(device) - reserved)
     return captured, cost
+
+
+@contextlib.contextmanager
+def collector_held():
+    """No automatic collection until the block ends: what becomes garbage meanwhile
+    waits for the next one."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
