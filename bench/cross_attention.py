@@ -15,7 +15,11 @@ what a plain copy of as many bytes achieves on the same GPU. Cases:
 - the page size: 16, or larger pages (fewer page-table reads, but fewer pages for the
   kernel to split a row between thread blocks when a step has few rows);
 - FlashInfer's CUDA-core decode kernel or its tensor-core one (`--tensor-cores`, whose
-  module compiles on first use).
+  module compiles on first use);
+- launched directly, or (`--graphs`, the pool's cases again) as the engine launches it:
+  planned for CUDA graphs over fixed table buffers and replayed from a captured graph,
+  where FlashInfer always splits a row's keys between thread blocks and sizes the grid
+  for the most it could need.
 
 Each case is timed by `bench.kernel_timing.microseconds`, on K/V larger than the GPU's
 L2. Writes `<out>/cross-attention.json`.
@@ -48,6 +52,7 @@ class Case:
     layout: str  # "NHD", "HND" or "pool"
     page_size: int
     tensor_cores: bool
+    graph: bool = False
 
 
 @dataclass(frozen=True)
@@ -101,11 +106,24 @@ def measure(case: Case) -> Result:
         layout, page_size = case.layout, case.page_size
         tables = (torch.arange(case.rows + 1, **int32) * pages, torch.arange(case.rows * pages, **int32),
                   torch.full((case.rows,), POSITIONS - (pages - 1) * case.page_size, **int32))
-    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, layout, use_tensor_cores=case.tensor_cores)
+    fixed = {}
+    if case.graph:  # the tables' buffers at fixed addresses, as a captured graph reads them
+        fixed = dict(use_cuda_graph=True, paged_kv_indptr_buffer=tables[0].clone(),
+                     paged_kv_indices_buffer=tables[1].clone(), paged_kv_last_page_len_buffer=tables[2].clone())
+    wrapper = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, layout, use_tensor_cores=case.tensor_cores,
+                                                            **fixed)
     wrapper.plan(*tables, HEADS, HEADS, HEAD_DIM, page_size,
                  q_data_type=torch.bfloat16, kv_data_type=DTYPES[case.kv_dtype])
     q = torch.randn(case.rows, HEADS, HEAD_DIM, device=CUDA, dtype=torch.bfloat16)
-    us = microseconds(lambda: wrapper.run(q, (k, v)))
+    if case.graph:
+        wrapper.run(q, (k, v))  # lazy set-up outside the capture
+        torch.cuda.synchronize()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            wrapper.run(q, (k, v))
+        us = microseconds(graph.replay)
+    else:
+        us = microseconds(lambda: wrapper.run(q, (k, v)))
     read = 2 * case.rows * POSITIONS * HEADS * HEAD_DIM * k.element_size()
     source = torch.empty(read, dtype=torch.uint8, device=CUDA)
     target = torch.empty_like(source)
@@ -116,9 +134,12 @@ def measure(case: Case) -> Result:
     return result
 
 
-def cases(rows: list[int], page_sizes: list[int], layouts: list[str], tensor_cores: bool) -> list[Case]:
+def cases(rows: list[int], page_sizes: list[int], layouts: list[str], tensor_cores: bool,
+          graphs: bool = False) -> list[Case]:
     found = [Case(r, dtype, layout, page, False)
              for r in rows for dtype in DTYPES for layout in layouts for page in page_sizes]
+    if graphs:
+        found += [Case(r, dtype, "pool", page, False, graph=True) for r in rows for dtype in DTYPES for page in page_sizes]
     if tensor_cores:  # last: their module compiles on first use
         found += [Case(r, dtype, "NHD", page_sizes[0], True) for r in rows for dtype in DTYPES]
     return found
@@ -130,12 +151,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--page-sizes", type=int, nargs="+", default=[16, 50, 1500])
     parser.add_argument("--layouts", nargs="+", default=["NHD", "HND", "pool"], choices=["NHD", "HND", "pool"])
     parser.add_argument("--tensor-cores", action="store_true")
+    parser.add_argument("--graphs", action="store_true", help="the pool's cases again, replayed from CUDA graphs")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     args.out.mkdir(parents=True, exist_ok=True)
     results, failed = [], []
-    for case in cases(args.rows, args.page_sizes, args.layouts, args.tensor_cores):
+    for case in cases(args.rows, args.page_sizes, args.layouts, args.tensor_cores, args.graphs):
         try:
             results.append(measure(case))
         except Exception as error:  # a kernel FlashInfer does not build for this case: recorded, not fatal

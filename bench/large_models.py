@@ -182,7 +182,8 @@ def cross_section(crosses: dict[str, dict]) -> list[str]:
         return []
     first = next(iter(crosses.values()))
     rows = [[label, r["case"]["rows"], r["case"]["kv_dtype"], r["case"]["layout"], r["case"]["page_size"],
-             "tensor cores" if r["case"]["tensor_cores"] else "CUDA cores", r["us"], r["read_gb_per_s"],
+             ("tensor cores" if r["case"]["tensor_cores"] else "CUDA cores")
+             + (", from a CUDA graph" if r["case"].get("graph") else ""), r["us"], r["read_gb_per_s"],
              r["copy_gb_per_s"]] for label, record in crosses.items() for r in record["results"]]
     return [
         f"## The cross-attention decode kernel alone ({first['positions']:,} positions, {first['heads']} heads of "
