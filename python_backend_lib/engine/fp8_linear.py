@@ -67,6 +67,11 @@ class GeluForm(enum.IntEnum):
     POLYNOMIAL_ERF = 0  # x/2 (1 + erf(x/sqrt 2)), erf by a polynomial within 1.5e-7
     LIBDEVICE_ERF = 1  # the same with libdevice's erf, as F.gelu computes it
     TANH = 2  # x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), F.gelu(approximate="tanh")
+    TANH_APPROX = 3  # the same, tanh by the GPU's one-instruction approximation (tanh.approx.f32)
+
+    @property
+    def tanh_form(self) -> bool:
+        return self in (GeluForm.TANH, GeluForm.TANH_APPROX)
 
 
 # The tanh form: its kernel takes a quarter less time than the polynomial's, and it
@@ -102,7 +107,7 @@ def quantize_rows_reference(x: torch.Tensor, *, gelu: bool = False) -> tuple[tor
     division per element costs a GPU more."""
     x = x.float()
     if gelu:
-        x = F.gelu(x, approximate="tanh" if GELU is GeluForm.TANH else "none")
+        x = F.gelu(x, approximate="tanh" if GELU.tanh_form else "none")
     scales = (x.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)
     return (x * (1.0 / scales)).to(FP8), scales
 
@@ -260,6 +265,15 @@ if triton is not None:
             # which stays finite where e^2u overflows.
             u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
             doubled = 2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+        elif GELU_FORM == 3:
+            # GeluForm.TANH_APPROX: the special-function unit's tanh, one instruction
+            # where the exact form needs an exponential and a division; PTX documents its
+            # error at about 2^-11 relative, still far below an FP8 step. Compiled code only:
+            # Triton's interpreter cannot run PTX.
+            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+            tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32,
+                                             is_pure=True, pack=1)
+            doubled = 1.0 + tanh
         else:
             # GeluForm.POLYNOMIAL_ERF: erf within 1.5e-7 of its value (Abramowitz and Stegun
             # 7.1.26), below float32's step at GELU's output, at a fraction of libdevice's

@@ -53,13 +53,17 @@ def test_the_quantization_kernel_writes_what_its_definition_says(rows, cols, for
 
     padded = -(-rows // fp8_linear.ROW_MULTIPLE) * fp8_linear.ROW_MULTIPLE
     assert values.shape == (padded, cols) and scales.shape == (padded, 1)
-    torch.testing.assert_close(scales[:rows], expected_scales, rtol=1e-6 if gelu else 0, atol=0)
+    # The GPU's approximate tanh is within about 2^-11 of tanh (PTX's figure), so its GELU
+    # within 2.5e-4 of the exact tanh form's where it is largest: the scale moves as much.
+    approximate = form is fp8_linear.GeluForm.TANH_APPROX
+    torch.testing.assert_close(scales[:rows], expected_scales, rtol=(5e-4 if approximate else 1e-6) if gelu else 0,
+                               atol=0)
     got, want = values[:rows].float(), expected_values.float()
     # The same rounding of the same product; a last-bit difference before it (GELU's is
     # computed as the kernel's form computes it, not as PyTorch does) may round to the neighbouring FP8
     # value, never further: an eighth of the value, or the smallest subnormal step near zero.
     differs = got != want
-    assert differs.float().mean() < 1e-3 if gelu else differs.sum() == 0
+    assert differs.float().mean() < (1e-2 if approximate else 1e-3) if gelu else differs.sum() == 0
     step = torch.maximum(want.abs() / 8, torch.tensor(2.0**-9, device=CUDA))
     assert ((got - want).abs() <= step).all()
     assert not values[rows:].float().any() and (scales[rows:] == 1).all()
