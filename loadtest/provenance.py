@@ -87,15 +87,19 @@ def stamped_commit_info(stamp: dict, root: Path = REPO_ROOT) -> CommitInfo:
 
 
 def commit_info(root: Path = REPO_ROOT, stamp_path: Path = STAMP_PATH) -> CommitInfo:
-    """The stamp first, when there is one: it was written for this copy, and it checks
-    the files' content. A GPU machine's copy may hold a repository whose HEAD is not
-    the commit carried (seen: the HEAD of an earlier session's copy)."""
-    if stamp_path.is_file():
-        return stamped_commit_info(json.loads(stamp_path.read_text()), root)
+    """Whichever of the stamp and git finds the tree clean, the stamp first: it was
+    written for the copy carried, and a GPU machine's copy may hold a repository whose
+    HEAD is not the commit carried (seen: the HEAD of an earlier session's copy). A
+    stamp left from an earlier commit finds the tree changed where git, at the new
+    commit, finds it clean: git's answer then. When neither is clean, the stamp's, which
+    names the files changed since the commit it was written for."""
+    stamped = stamped_commit_info(json.loads(stamp_path.read_text()), root) if stamp_path.is_file() else None
+    if stamped is not None and not stamped.dirty:
+        return stamped
     found = git_commit_info(root)
-    if found is not None:
+    if found is not None and (stamped is None or not found.dirty):
         return found
-    return CommitInfo(None, None, "nothing")
+    return stamped or CommitInfo(None, None, "nothing")
 
 
 def _version(package: str) -> str | None:

@@ -295,6 +295,27 @@ def test_a_stamp_outranks_a_repository_whose_head_is_another_commit(tmp_path):
     assert info.commit != old_head
 
 
+def test_a_stamp_of_an_earlier_commit_gives_way_to_a_clean_repository(tmp_path):
+    """A stamp written before the last commit finds the tree changed; git, at the commit
+    the tree is, finds it clean and names it."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    (repo / "a.py").write_text("a = 1\n")
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    stamp_path = tmp_path / "stamp.json"
+    stamp = write_stamp(repo, stamp_path)
+    (repo / "a.py").write_text("a = 2\n")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "second")
+    info = commit_info(repo, stamp_path)
+    assert (info.commit, info.dirty, info.checked_by) == (git(repo, "rev-parse", "HEAD"), False, "git")
+    assert info.commit != stamp["commit"]
+    (repo / "a.py").write_text("a = 3\n")  # changed since both: the stamp's answer, naming the file
+    info = commit_info(repo, stamp_path)
+    assert (info.commit, info.dirty, info.checked_by, info.changed) == (stamp["commit"], True, "stamp", ("a.py",))
+
+
 # ------------------------------------------------------------------ carrying a file in parts
 
 
