@@ -6,11 +6,12 @@ accuracy, from their benchmarks' JSON files, as one record with its table and pl
         --encoder "645f790=BEFORE/enc/encoder-cost.json" "44d0e55=OUT/enc/encoder-cost.json" \
         --accuracy "44d0e55=OUT/acc/fp8-accuracy.json" "645f790=BEFORE/acc/fp8-accuracy.json" \
         --kernels "44d0e55=OUT/k/fp8-kernels.json" --profile "bced14a=OUT/p/engine-profile.json" \
-        --cross "4a0f538=OUT/cross/cross-attention.json"
+        --cross "4a0f538=OUT/cross/cross-attention.json" --engine-runs "GELU forms=RUNS.json"
 
 Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
 `bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`,
-`bench.engine_profile` and `bench.cross_attention` runs, each labelled (LABEL=PATH: the
+`bench.engine_profile` and `bench.cross_attention` runs, and engine runs known only by
+the RTFx line each printed (`--engine-runs`), each labelled (LABEL=PATH: the
 code and conditions it measured). A served variant's code is its checkout's commit, or
 the commit the call ran. Writes large-models.json (the
 inputs, keyed), large-models.md and large-models.png.
@@ -120,6 +121,7 @@ def markdown(data: dict) -> str:
         *kernel_section(data.get("kernels", {})),
         *profile_section(data.get("profiles", {})),
         *cross_section(data.get("cross", {})),
+        *engine_runs_section(data.get("engine_runs", {})),
         "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
         "; ".join(f"{label}: {machine(accuracy['provenance'])}, `{accuracy['provenance']['command']}`"
                   for label, accuracy in accuracies.items()) + ". Points and identical transcripts are against "
@@ -197,6 +199,21 @@ def cross_section(crosses: dict[str, dict]) -> list[str]:
     ]
 
 
+def engine_runs_section(engine_runs: dict[str, dict]) -> list[str]:
+    """Runs of the engine alone known only by the RTFx line each printed (`bench.engine_profile`
+    runs whose JSON did not come back from the device): each line kept as printed."""
+    if not engine_runs:
+        return []
+    rows = [[label, r["variant"], r["code"], r["run"], r["rtfx"], f"`{r['command']}`"]
+            for label, record in engine_runs.items() for r in record["runs"]]
+    return [
+        "## The engine alone, unprofiled, by the RTFx each run printed", "",
+        "; ".join(f"{label}: {machine(record['provenance'])}, {record['provenance']['date']}, {record['source']}"
+                  for label, record in engine_runs.items()) + ".", "",
+        markdown_table(["runs", "variant", "code", "run", "RTFx", "command"], rows), "",
+    ]
+
+
 def plot(data: dict, path: Path) -> None:
     import matplotlib
 
@@ -247,6 +264,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
     parser.add_argument("--profile", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.engine_profile")
     parser.add_argument("--cross", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.cross_attention")
+    parser.add_argument("--engine-runs", type=labelled, nargs="*", default=[],
+                        help="LABEL=PATH of engine runs known by their printed RTFx lines (engine_runs_section)")
     args = parser.parse_args(argv)
 
     def read(path: Path) -> dict:
@@ -256,7 +275,8 @@ def main(argv: list[str] | None = None) -> int:
             "accuracy": {label: read(p) for label, p in args.accuracy},
             "kernels": {label: read(p) for label, p in args.kernels},
             "profiles": {label: read(p) for label, p in args.profile},
-            "cross": {label: read(p) for label, p in args.cross}}
+            "cross": {label: read(p) for label, p in args.cross},
+            "engine_runs": {label: read(p) for label, p in args.engine_runs}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "large-models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")
     (args.out / "large-models.md").write_text(markdown(data), encoding="utf-8")
