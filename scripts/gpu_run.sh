@@ -267,7 +267,6 @@ if has cross; then
 fi
 
 # 5c. The encoder's pass per admission size and precision (needs install).
-
 if has encoder; then
     say "encoder (budget $(($(left) - 10)) s)"
     timeout $(($(left) - 10)) $PY -m bench.encoder_cost --out "$OUT/encoder" ${ENCODER_ARGS:-}

@@ -243,6 +243,23 @@ def git(root: Path, *args: str) -> str:
     return subprocess.run(["git", *args], cwd=root, check=True, capture_output=True, text=True).stdout.strip()
 
 
+def commit_all(repo: Path, message: str) -> None:
+    git(repo, "add", ".")
+    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", message)
+
+
+def repository(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A new repository under tmp_path holding `files` (path: text) in its first commit."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    git(repo, "init", "-q")
+    for name, text in files.items():
+        (repo / name).parent.mkdir(parents=True, exist_ok=True)
+        (repo / name).write_text(text)
+    commit_all(repo, "first")
+    return repo
+
+
 def test_a_blob_id_is_what_git_gives_the_content(tmp_path):
     path = tmp_path / "f.txt"
     path.write_bytes(b"some content\n\x00binary")
@@ -250,14 +267,7 @@ def test_a_blob_id_is_what_git_gives_the_content(tmp_path):
 
 
 def test_the_stamp_tells_a_clean_copy_from_a_changed_one(tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "a.py").write_text("a = 1\n")
-    (repo / "sub").mkdir()
-    (repo / "sub" / "b.txt").write_text("b\n")
-    git(repo, "add", ".")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    repo = repository(tmp_path, {"a.py": "a = 1\n", "sub/b.txt": "b\n"})
     stamp = write_stamp(repo, tmp_path / "stamp.json")
     assert stamp == json.loads((tmp_path / "stamp.json").read_text())
     assert stamp["commit"] == git(repo, "rev-parse", "HEAD")
@@ -278,15 +288,10 @@ def test_the_stamp_tells_a_clean_copy_from_a_changed_one(tmp_path):
 def test_a_stamp_outranks_a_repository_whose_head_is_another_commit(tmp_path):
     """A device copy once held the repository of an earlier copy: its HEAD named a
     commit that was not the one carried. The stamp, written for the carried tree, wins."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "a.py").write_text("a = 1\n")
-    git(repo, "add", ".")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    repo = repository(tmp_path, {"a.py": "a = 1\n"})
     old_head = git(repo, "rev-parse", "HEAD")
     (repo / "a.py").write_text("a = 2\n")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "second")
+    commit_all(repo, "second")
     stamp_path = tmp_path / "stamp.json"
     stamp = write_stamp(repo, stamp_path)
     git(repo, "reset", "-q", "--soft", old_head)  # the stale repository: HEAD is the first commit
@@ -298,16 +303,11 @@ def test_a_stamp_outranks_a_repository_whose_head_is_another_commit(tmp_path):
 def test_a_stamp_of_an_earlier_commit_gives_way_to_a_clean_repository(tmp_path):
     """A stamp written before the last commit finds the tree changed; git, at the commit
     the tree is, finds it clean and names it."""
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    git(repo, "init", "-q")
-    (repo / "a.py").write_text("a = 1\n")
-    git(repo, "add", ".")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "first")
+    repo = repository(tmp_path, {"a.py": "a = 1\n"})
     stamp_path = tmp_path / "stamp.json"
     stamp = write_stamp(repo, stamp_path)
     (repo / "a.py").write_text("a = 2\n")
-    git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-am", "second")
+    commit_all(repo, "second")
     info = commit_info(repo, stamp_path)
     assert (info.commit, info.dirty, info.checked_by) == (git(repo, "rev-parse", "HEAD"), False, "git")
     assert info.commit != stamp["commit"]
