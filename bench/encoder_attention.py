@@ -37,11 +37,10 @@ import torch.nn.functional as F
 
 from bench.kernel_timing import microseconds
 from loadtest.provenance import provenance
+from python_backend_lib.engine.fp8_linear import FP8, quantize_weight
 
 CUDA = torch.device("cuda")
 POSITIONS, HEADS, HEAD_DIM = 1500, 20, 64  # large-v3's (and turbo's) encoder
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
 WORKSPACE_BYTES = 256 * 1024 * 1024
 # Random q and k of this spread give logits of a few units' spread, where softmax is
 # neither uniform nor one-hot.
@@ -72,9 +71,11 @@ def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
 
 
 def per_head_fp8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [N, H, D] -> its FP8 values and one float32 scale per head (x = values * scale)."""
-    scale = (x.abs().amax(dim=(0, 2)).float() / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
-    return (x.float() / scale[None, :, None]).to(FP8), scale
+    """x [N, H, D] -> its FP8 values and one float32 scale per head (x = values * scale):
+    each head's values as a weight's output channel (`fp8_linear.quantize_weight`)."""
+    n, heads, dim = x.shape
+    values, scales = quantize_weight(x.transpose(0, 1).reshape(heads, n * dim))
+    return values.view(heads, n, dim).transpose(0, 1).contiguous(), scales.view(heads)
 
 
 def ways(windows: int) -> list[Result]:

@@ -4,7 +4,8 @@ FlashInfer's FP8 kernels as q, k and v with their scales)."""
 
 import torch
 
-from bench.encoder_attention import FP8_MAX, per_head_fp8, relative_error
+from bench.encoder_attention import per_head_fp8, relative_error
+from python_backend_lib.engine.fp8_linear import FP8_MAX
 
 
 def test_each_head_is_scaled_to_fp8s_range_and_back_within_its_precision():
