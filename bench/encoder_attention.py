@@ -33,10 +33,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from bench.kernel_timing import microseconds
 from loadtest.provenance import provenance
+from python_backend_lib.engine.attention import sdpa_encoder_attention
 from python_backend_lib.engine.fp8_linear import FP8, quantize_weight
 
 CUDA = torch.device("cuda")
@@ -60,12 +60,6 @@ def say(message: str) -> None:
     print(f"[bench.encoder_attention {time.strftime('%H:%M:%S')}] {message}", flush=True)
 
 
-def reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """float32 SDPA; q, k, v [B, T, H, D] -> [B, T, H, D]."""
-    out = F.scaled_dot_product_attention(*(t.float().transpose(1, 2) for t in (q, k, v)))
-    return out.transpose(1, 2)
-
-
 def relative_error(got: torch.Tensor, want: torch.Tensor) -> float:
     return round(((got.float() - want).norm() / want.norm()).item(), 5)
 
@@ -85,7 +79,7 @@ def ways(windows: int) -> list[Result]:
     q, k, v = (torch.randn(windows, POSITIONS, HEADS, HEAD_DIM, device=CUDA, generator=generator) * SPREAD
                for _ in range(3))
     q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
-    want = reference(q, k, v)
+    want = sdpa_encoder_attention(q.float(), k.float(), v.float())
     flat = [t.reshape(windows * POSITIONS, HEADS, HEAD_DIM) for t in (q, k, v)]
     indptr = torch.arange(windows + 1, dtype=torch.int32) * POSITIONS
     workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=CUDA)
@@ -101,8 +95,7 @@ def ways(windows: int) -> list[Result]:
             results.append(Result(windows, way, None, None, f"{type(failure).__name__}: {failure}"[:500]))
         say(f"{windows} windows, {way}: {results[-1]}")
 
-    timed("sdpa", lambda: F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2),
-                                                          v.transpose(1, 2)).transpose(1, 2))
+    timed("sdpa", lambda: sdpa_encoder_attention(q, k, v))
 
     bf16 = flashinfer.BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD", backend="fa3")
     bf16.plan(indptr, indptr, HEADS, HEADS, HEAD_DIM, causal=False, q_data_type=torch.bfloat16,
