@@ -382,7 +382,8 @@ def model_sections(name: str, args, results: Results) -> None:
 
 def encoder_kernels(name: str, config, results: Results) -> None:
     """The encoder's non-causal self-attention: SDPA against FlashInfer's ragged prefill."""
-    from python_backend_lib.engine.flashinfer_attention import EncoderKernel, FlashInferAttention
+    from python_backend_lib.core.encoder_kernel import EncoderKernel
+    from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
     pool = KVSlotPool(PoolShape.for_model(config.dims, 1), device=CUDA, dtype=DTYPE)
     heads, head_dim = config.dims.n_audio_head, config.dims.n_audio_state // config.dims.n_audio_head

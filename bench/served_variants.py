@@ -10,7 +10,9 @@ Each `--variant LABEL=KEY:VALUE[,KEY:VALUE...]` is a server:
 - log_mel_output:host|device, preprocessing:COUNT[:KIND], postprocessing:COUNT[:KIND],
   whisper:COUNT[:KIND]   a copy of this checkout's repository so changed (`repository_copy`);
 - mps:on|off      `serve --mps on|off` (with a checkout too; default: the launcher's auto);
-- quantize:MODE   `serve --quantize MODE` (e.g. fp8; with a checkout too; default: the config's).
+- quantize:MODE   `serve --quantize MODE` (e.g. fp8; with a checkout too; default: the config's);
+- encoder_attention:sdpa|flashinfer   a copy of this checkout's repository whose whisper model
+                  runs the encoder's self-attention so (`core.encoder_kernel`).
 
 For each, in turn: `whisper-triton serve --gpus GPU`, one ~5 s clip at concurrency 1
 (`--latency-s`), then each of `--concurrency`. Every answer is judged against the
@@ -33,6 +35,7 @@ from bench.repository_copy import Instances, copy_repository, instance_group, re
 from bench.served import POINT_MARGIN_S, STATE_DIR, Settings, describe_point, latency_job, measure_point
 from bench.server_process import ServeCommand, ServerProcess
 from python_backend_lib.contract import tensor_names
+from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.quantization import Quantization
 
 RESULTS = "served-variants.json"
@@ -52,12 +55,13 @@ class Variant:
     instances: dict[str, Instances] = field(default_factory=dict)
     mps: bool | None = None
     quantize: str | None = None
+    whisper_parameters: dict[str, str] = field(default_factory=dict)  # set in the whisper model's config
 
 
 def parse_variant(text: str) -> Variant:
     """LABEL=KEY:VALUE[,KEY:VALUE...] (module docstring), as argparse's `type`."""
     label, _, spec = text.partition("=")
-    checkout, output, instances, mps, quantize = None, None, {}, None, None
+    checkout, output, instances, mps, quantize, whisper_parameters = None, None, {}, None, None, {}
     try:
         for item in filter(None, spec.split(",")):
             key, _, value = item.partition(":")
@@ -69,20 +73,23 @@ def parse_variant(text: str) -> Variant:
                 mps = value == "on"
             elif key == "quantize" and value in {q.value for q in Quantization}:
                 quantize = value
+            elif key == "encoder_attention" and value in {k.value for k in EncoderKernel}:
+                whisper_parameters[key] = value
             elif key in INSTANCE_MODELS:
                 instances.update([instance_group(f"{key}={value}")])
             else:
                 raise ValueError(item)
     except (ValueError, argparse.ArgumentTypeError) as error:
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: {error}; see python -m bench.served_variants -h")
-    if not label or (checkout and (output or instances)):
+    if not label or (checkout and (output or instances or whisper_parameters)):
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: a label, and a checkout alone or changes alone")
-    return Variant(label, spec, checkout, output, instances, mps, quantize)
+    return Variant(label, spec, checkout, output, instances, mps, quantize, whisper_parameters)
 
 
 def repository_for(variant: Variant) -> Path | None:
     """The model repository a variant serves (None: the checkout's own, or this one's as shipped)."""
-    if variant.checkout is not None or (variant.log_mel_output is None and not variant.instances):
+    changed = variant.log_mel_output is not None or variant.instances or variant.whisper_parameters
+    if variant.checkout is not None or not changed:
         return None
     directory = STATE_DIR / f"variant-{variant.label}"
     if variant.instances:
@@ -91,6 +98,8 @@ def repository_for(variant: Variant) -> Path | None:
         copy_repository(directory)
     if variant.log_mel_output:
         set_parameters(directory, {tensor_names.PREPROCESSING_NAME: {"log_mel_output": variant.log_mel_output}})
+    if variant.whisper_parameters:
+        set_parameters(directory, {tensor_names.WHISPER_NAME: variant.whisper_parameters})
     return directory
 
 

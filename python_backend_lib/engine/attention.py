@@ -62,11 +62,15 @@ class StepLayout:
         return torch.tensor(self.query_lens, device=device).cumsum(0) - 1
 
 
-class AttentionBackend(Protocol):
-    pool: KVSlotPool
+class EncoderAttention(Protocol):
+    """What the encoder's layers call: every backend, and the captured encoder passes' own."""
 
     def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q, k, v: [B, T, heads, head_dim] -> [B, T, heads, head_dim]."""
+
+
+class AttentionBackend(EncoderAttention, Protocol):
+    pool: KVSlotPool
 
     def begin_step(self, layout: StepLayout) -> None:
         """Prepare for the decoder layers of one step."""

@@ -8,9 +8,12 @@ one captured pass for exactly `batch` clips; n clips replay the smallest
 bucket with batch >= n, the rest padded with silence whose K/V go to the
 scratch slot (which padded decode rows read, and nothing else).
 
-The encoder's attention goes through PyTorch SDPA in the graphs: it needs no
-host-side plan, and attention is about a tenth of an encoder layer's time, so
-FlashInfer's fa3 kernel (1.2x faster there) would save little.
+The encoder's attention goes through PyTorch SDPA in the graphs by default: it
+needs no host-side plan. With `EncoderKernel.FLASHINFER` each bucket gets its own
+`RaggedEncoderAttention`, planned for its batch when its buffers are made, before its
+warm-up and capture; its replays reuse that plan. The buckets share one float
+workspace, apart from the decoder's: they run one after another on the admitting
+stream while decoder steps run beside them.
 
 Static buffers: `mel` [batch, n_mels, 3000] in the model's dtype and `slots`
 [batch], both copied into before each replay. Outputs go to the KV pool,
@@ -26,11 +29,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from python_backend_lib.core.encoder_kernel import DEFAULT_ENCODER_KERNEL, EncoderKernel
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
 from python_backend_lib.devices.graph_capture import CapturedGraph, capture_graphs
 from python_backend_lib.devices.transfers import pinned
-from python_backend_lib.engine.attention import SdpaAttention
+from python_backend_lib.engine.attention import EncoderAttention, SdpaAttention
 from python_backend_lib.engine.kv_cache import SCRATCH_SLOT, KVSlotPool
 from python_backend_lib.engine.model import Whisper
 
@@ -44,16 +48,25 @@ ENCODER_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 class _Buffers:
     mel: torch.Tensor  # [batch, n_mels, N_FRAMES]
     slots: torch.Tensor  # [batch] long
+    attention: EncoderAttention  # planned for this batch
 
 
 class EncoderGraphs:
-    def __init__(self, model: Whisper, pool: KVSlotPool, *, buckets: Sequence[int] = ENCODER_BUCKETS) -> None:
+    def __init__(
+        self,
+        model: Whisper,
+        pool: KVSlotPool,
+        *,
+        buckets: Sequence[int] = ENCODER_BUCKETS,
+        kernel: EncoderKernel = DEFAULT_ENCODER_KERNEL,
+    ) -> None:
         self.model = model
         self.pool = pool
-        self.attention = SdpaAttention(pool)
+        self.kernel = EncoderKernel(kernel)
         self.buckets = bucket_sizes(max(buckets), buckets)
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
+        self._workspace: torch.Tensor | None = None  # FlashInfer's, made with the first bucket that needs it
         self._graphs: dict[int, CapturedGraph[_Buffers, None]] = {}
         self.capture_seconds = 0.0
 
@@ -74,11 +87,25 @@ class EncoderGraphs:
 
     def _buffers(self, batch: int) -> _Buffers:
         mel = torch.zeros(batch, self.model.dims.n_mels, N_FRAMES, device=self.device, dtype=self.dtype)
-        return _Buffers(mel, torch.full((batch,), SCRATCH_SLOT, dtype=torch.long, device=self.device))
+        slots = torch.full((batch,), SCRATCH_SLOT, dtype=torch.long, device=self.device)
+        return _Buffers(mel, slots, self._attention(batch))
+
+    def _attention(self, batch: int) -> EncoderAttention:
+        if self.kernel is EncoderKernel.SDPA:
+            return SdpaAttention(self.pool)
+        from python_backend_lib.engine.flashinfer_attention import WORKSPACE_BYTES, RaggedEncoderAttention
+
+        if self._workspace is None:
+            self._workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=self.device)
+        dims = self.model.dims
+        attention = RaggedEncoderAttention(self._workspace)
+        head_dim = dims.n_audio_state // dims.n_audio_head
+        attention.plan((batch, dims.n_audio_ctx, dims.n_audio_head, head_dim), self.dtype)
+        return attention
 
     def _forward(self, buffers: _Buffers) -> None:
         """The captured work: encode the clips, write their cross K/V into their slots."""
-        audio = self.model.encode(buffers.mel, self.attention)
+        audio = self.model.encode(buffers.mel, buffers.attention)
         self.pool.write_cross(buffers.slots, self.model.cross_kv(audio))
 
     @torch.inference_mode()

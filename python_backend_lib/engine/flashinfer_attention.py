@@ -18,11 +18,10 @@ the fa3 prefill module). `PromptKernel.PREFILL` runs them through FlashInfer's
 batch prefill kernels instead (causal self, non-causal cross).
 
 The encoder's own attention goes through PyTorch SDPA (the default) or
-FlashInfer's ragged prefill kernel, fa3 on Hopper (`EncoderKernel`). fa3 is the
-faster kernel there (docs/gpu.md), but attention is a small part of an encoder
-layer, new requests are encoded through CUDA graphs (which use SDPA:
-`encoder_graphs`), and fa3's module compiles on first use, which a new replica
-would wait for at start.
+FlashInfer's ragged prefill kernel, fa3 on Hopper (`core.encoder_kernel`,
+`RaggedEncoderAttention`), eagerly here and in the captured encoder passes
+(`encoder_graphs`). fa3 is the faster kernel there (docs/gpu.md), but its module
+compiles on first use, which a new replica waits for at start.
 
 flashinfer-python==0.6.4 is imported only when a backend is built, so this
 module imports on machines without it. The pure bookkeeping (`page_table`,
@@ -38,6 +37,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.engine.attention import StepLayout, sdpa_encoder_attention
 from python_backend_lib.engine.kv_cache import CROSS_LAYOUT, PAGE_SIZE, SELF_LAYOUT, KVSlotPool, PoolShape
 
@@ -47,11 +47,6 @@ WORKSPACE_BYTES = 128 * 1024 * 1024
 # Each decode wrapper also has an int workspace (and a pinned host copy of it)
 # for its schedule: a few KiB at our batch sizes, 8 MiB by default.
 DECODE_INT_WORKSPACE_BYTES = 1024 * 1024
-
-
-class EncoderKernel(str, enum.Enum):
-    SDPA = "sdpa"  # torch.nn.functional.scaled_dot_product_attention
-    FLASHINFER = "flashinfer"  # BatchPrefillWithRaggedKVCacheWrapper, non-causal
 
 
 class PromptKernel(str, enum.Enum):
@@ -329,6 +324,41 @@ def _check_pool(pool: KVSlotPool) -> None:
         raise ValueError(f"FlashInfer attention needs float16 or bfloat16, got {dtype}")
 
 
+class RaggedEncoderAttention:
+    """The encoder's self-attention through FlashInfer's ragged prefill kernel (fa3 on
+    Hopper): every clip's positions attend over its own, without a mask.
+
+    `plan` tells FlashInfer the batch's shape on the host; `encoder_attention` then only
+    launches, so a captured encoder pass holds one of these per admission size, planned
+    before its capture, and every replay reuses that plan (`encoder_graphs`). Its
+    schedule lives in the wrapper's own int workspace; the float workspace may be shared
+    with wrappers that never run at the same time.
+    """
+
+    def __init__(self, workspace: torch.Tensor) -> None:
+        self._wrapper = import_flashinfer().BatchPrefillWithRaggedKVCacheWrapper(workspace, "NHD")
+        self._planned: tuple[torch.Size, torch.dtype] | None = None
+
+    def plan(self, shape: Sequence[int], dtype: torch.dtype) -> None:
+        """Plan for q, k and v of `shape` [B, T, heads, head_dim] and `dtype` (nothing to do
+        when that is planned already)."""
+        planned = (torch.Size(shape), dtype)
+        if planned == self._planned:
+            return
+        b, t, h, d = planned[0]
+        indptr = torch.arange(b + 1, dtype=torch.int32) * t  # every clip has all T positions
+        self._wrapper.plan(indptr, indptr, h, h, d, causal=False, q_data_type=dtype, kv_data_type=dtype)
+        self._planned = planned
+
+    def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q, k, v: [B, T, heads, head_dim], as planned -> [B, T, heads, head_dim]."""
+        if (q.shape, q.dtype) != self._planned:
+            raise ValueError(f"encoder attention planned for {self._planned}, called with {(q.shape, q.dtype)}")
+        b, t, h, d = q.shape
+        out = self._wrapper.run(q.reshape(b * t, h, d), k.reshape(b * t, h, d), v.reshape(b * t, h, d))
+        return out.view(b, t, h, d)
+
+
 class FlashInferAttention:
     """`AttentionBackend` on FlashInfer's paged kernels (CUDA only, fp16 or bf16).
 
@@ -355,8 +385,7 @@ class FlashInferAttention:
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
         self._decode = PagedDecode(pool, self.workspace)
         self._prefill: PagedPrefill | None = None
-        self._encoder_wrapper = None
-        self._encoder_batch = -1
+        self._encoder: RaggedEncoderAttention | None = None
         self._step: PagedDecode | PagedPrefill = self._decode
 
     # encoder ------------------------------------------------------------
@@ -365,15 +394,10 @@ class FlashInferAttention:
         """q, k, v: [B, T, heads, head_dim] -> [B, T, heads, head_dim]."""
         if self.encoder is EncoderKernel.SDPA:
             return sdpa_encoder_attention(q, k, v)
-        b, t, h, d = q.shape
-        if self._encoder_wrapper is None:
-            self._encoder_wrapper = import_flashinfer().BatchPrefillWithRaggedKVCacheWrapper(self.workspace, "NHD")
-        if (b, t, q.dtype) != self._encoder_batch:
-            indptr = torch.arange(b + 1, dtype=torch.int32) * t  # every clip has all T positions
-            self._encoder_wrapper.plan(indptr, indptr, h, h, d, causal=False, q_data_type=q.dtype, kv_data_type=k.dtype)
-            self._encoder_batch = (b, t, q.dtype)
-        out = self._encoder_wrapper.run(q.reshape(b * t, h, d), k.reshape(b * t, h, d), v.reshape(b * t, h, d))
-        return out.view(b, t, h, d)
+        if self._encoder is None:
+            self._encoder = RaggedEncoderAttention(self.workspace)
+        self._encoder.plan(q.shape, q.dtype)
+        return self._encoder.encoder_attention(q, k, v)
 
     # decoder ------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from python_backend_lib.checkpoints.weights import Checkpoint
+from python_backend_lib.core.encoder_kernel import DEFAULT_ENCODER_KERNEL, EncoderKernel
 from python_backend_lib.core.quantization import DEFAULT_QUANTIZATION, Quantization
 from python_backend_lib.devices.cudnn import cudnn_problem
 from python_backend_lib.engine.attention import SdpaAttention
@@ -80,6 +81,9 @@ class EngineSetup:
         it paid without a measurable cost in accuracy (docs/performance.md, the big
         checkpoints); False keeps them in the model's dtype; True without FP8
         quantization is refused.
+    encoder_kernel: which kernel runs the encoder's self-attention on a GPU
+        (`core.encoder_kernel`), in the captured encoder passes and eagerly; the CPU
+        always runs SDPA.
     faults: test-only faults to inject (`engine.faults`); none by default.
     """
 
@@ -92,6 +96,7 @@ class EngineSetup:
     require_gpu_engine: bool = False
     quantization: Quantization = DEFAULT_QUANTIZATION
     fp8_cross_kv: bool | None = None
+    encoder_kernel: EncoderKernel = DEFAULT_ENCODER_KERNEL
     faults: FaultPlan = FaultPlan()
 
     @property
@@ -158,7 +163,7 @@ def build_batch(
         pool = KVSlotPool(shape, device=device, dtype=dtype, cross_dtype=cross_dtype)
         times.timed("kv_pool", start)
         start = time.perf_counter()
-        backend = make_attention(AttentionKind(setup.attention), pool)
+        backend = make_attention(AttentionKind(setup.attention), pool, setup.encoder_kernel)
         times.timed("attention", start)
         graphs = encoder_graphs = None
         if setup.cuda_graphs and device.type == "cuda" and not isinstance(backend, SdpaAttention):
@@ -172,7 +177,7 @@ def build_batch(
             times.timed("cuda_graphs", start)
             start = time.perf_counter()
             stage = "capturing the encoder's CUDA graphs"
-            encoder_graphs = EncoderGraphs(model, pool)
+            encoder_graphs = EncoderGraphs(model, pool, kernel=setup.encoder_kernel)
             encoder_graphs.capture()
             times.timed("encoder_graphs", start)
     except torch.cuda.OutOfMemoryError as error:
@@ -234,9 +239,10 @@ def gpu_slots(
     return slots_for_memory(dims, dtype, budget, MAX_GPU_SLOTS, cross_dtype)
 
 
-def make_attention(kind: AttentionKind, pool: KVSlotPool):
+def make_attention(kind: AttentionKind, pool: KVSlotPool, encoder: EncoderKernel = DEFAULT_ENCODER_KERNEL):
     """The attention backend: FlashInfer on CUDA when asked for (or, with AUTO,
-    when it is installed), PyTorch SDPA otherwise."""
+    when it is installed), its encoder attention through `encoder`; PyTorch SDPA
+    otherwise."""
     on_cuda = pool.self_k[0].device.type == "cuda"
     if kind is AttentionKind.SDPA or (kind is AttentionKind.AUTO and not (on_cuda and flashinfer_available())):
         return SdpaAttention(pool)
@@ -244,7 +250,7 @@ def make_attention(kind: AttentionKind, pool: KVSlotPool):
         raise ValueError("FlashInfer attention needs a CUDA device")
     from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
-    return FlashInferAttention(pool)  # ImportError naming the package when flashinfer is missing
+    return FlashInferAttention(pool, encoder=encoder)  # ImportError naming the package when flashinfer is missing
 
 
 def flashinfer_available() -> bool:

@@ -19,7 +19,7 @@ from python_backend_lib.checkpoints.weights import Checkpoint
 from python_backend_lib.core.model_facts import ModelDims
 from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.engine import cpu_int8, cpu_linear, fp8_linear
-from python_backend_lib.engine.attention import AttentionBackend, StepLayout
+from python_backend_lib.engine.attention import AttentionBackend, EncoderAttention, StepLayout
 
 
 class Projections(nn.Module):
@@ -86,14 +86,14 @@ class EncoderLayer(nn.Module):
         self.fc1 = nn.Linear(width, 4 * width)
         self.fc2 = nn.Linear(4 * width, width)
 
-    def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
         if isinstance(self.fc2, fp8_linear.Fp8Linear):
             return self._forward_fp8(x, attention)
         q, k, v = self.self_attn.qkv(self.self_attn_layer_norm(x), self.n_heads)
         x = x + self.self_attn.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
         return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
 
-    def _forward_fp8(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+    def _forward_fp8(self, x: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
         """The same layer with its products in FP8: each layer norm hands the product
         after it a quantized input, the second adding the attention's residual as it
         goes, and the GELU is computed inside the quantization of fc2's input."""
@@ -122,7 +122,7 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(width, dims.n_audio_head) for _ in range(dims.n_audio_layer))
         self.layer_norm = nn.LayerNorm(width)
 
-    def forward(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+    def forward(self, mel: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
         """mel [B, n_mels, 3000] -> audio features [B, 1500, width]"""
         x = F.gelu(self.conv1(mel))
         # [B, 1500, width], made contiguous once: the transposed layout would otherwise
@@ -247,7 +247,7 @@ class Whisper(nn.Module):
             cross = layer.encoder_attn
             cross.k_proj, cross.v_proj = fp8_linear.Fp8Linear.of(cross.k_proj), fp8_linear.Fp8Linear.of(cross.v_proj)
 
-    def encode(self, mel: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
+    def encode(self, mel: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
         return self.encoder(mel, attention)
 
     def cross_kv(self, audio_features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:

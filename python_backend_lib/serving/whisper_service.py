@@ -391,6 +391,7 @@ def load_pipeline(
         engines_on_device=engines,
         require_gpu_engine=environ.get(REQUIRE_GPU_ENGINE_ENV, "") not in ("", "0"),
         quantization=settings.quantization,
+        encoder_kernel=settings.encoder_kernel,
         faults=fault_plan(device, environ),
     )
     # preprocessing computes the log-mels: no captured log-mel here.

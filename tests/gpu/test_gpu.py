@@ -107,7 +107,7 @@ def make_batch(
 
         graphs = DecodeGraphs(model, config, attention, max_batch=slots)
         graphs.capture()
-        encoder_graphs = EncoderGraphs(model, pool)
+        encoder_graphs = EncoderGraphs(model, pool, kernel=attention_options.get("encoder", "sdpa"))
         encoder_graphs.capture()
     return DecodeBatch(model, config, attention, graphs, encoder_graphs, overlap=overlap, encode_aside=encode_aside)
 
@@ -390,7 +390,8 @@ def test_sampling_rows_share_a_graph_with_greedy_rows() -> None:
 def test_flashinfer_prefill_and_encoder_kernels_match() -> None:
     """The fa3 prefill kernels (prompt and encoder) against the decode-kernel
     prompt path and SDPA. Compiles FlashInfer's prefill module (about 80 s)."""
-    from python_backend_lib.engine.flashinfer_attention import EncoderKernel, PromptKernel
+    from python_backend_lib.core.encoder_kernel import EncoderKernel
+    from python_backend_lib.engine.flashinfer_attention import PromptKernel
 
     model, config = model_for("random:tiny:1", torch.float16)
     reqs = requests(config, 5, seed=21)
@@ -401,6 +402,47 @@ def test_flashinfer_prefill_and_encoder_kernels_match() -> None:
     )
     compare(exact, base, FLOOR_FACTOR * floor, name="decode-kernel prompts, SDPA encoder vs float32")
     compare(exact, fa3, FLOOR_FACTOR * floor, name="fa3 prefill prompts and encoder vs float32")
+
+
+@pytest.mark.slow
+def test_encoder_graphs_through_fa3_decode_within_float16_noise() -> None:
+    """Admissions through encoder graphs whose attention is FlashInfer's fa3, planned per
+    bucket before its capture: the decode stays within float16's noise of float32; a
+    replay of the 8-clip bucket for 5 clips writes the K/V bits its kernels write when
+    launched directly, and close to what the SDPA graphs write for each clip (a bucket
+    replayed with another's plan would attend over the wrong positions). Compiles the fa3 prefill module (about 80 s, shared with the test
+    above)."""
+    from python_backend_lib.core.encoder_kernel import EncoderKernel
+    from python_backend_lib.engine.encoder_graphs import EncoderGraphs
+
+    model, config = model_for("random:tiny:1", torch.float16)
+    reqs = requests(config, 5, seed=21)
+    floor, exact, _ = noise_floor(model, config, reqs, "tiny-5")
+    fa3 = traced_decode(make_batch(model, config, "graph", 5, encoder=EncoderKernel.FLASHINFER), reqs)
+    compare(exact, fa3, FLOOR_FACTOR * floor, name="encoder graphs through fa3 vs float32")
+
+    generator = torch.Generator().manual_seed(3)
+    mel = torch.randn(5, config.dims.n_mels, N_FRAMES, generator=generator).clamp(-1.5, 1.5).to(CUDA, torch.float16)
+    written = {}
+    for kernel in (EncoderKernel.SDPA, EncoderKernel.FLASHINFER):
+        pool = KVSlotPool(PoolShape.for_model(config.dims, 8), device=CUDA, dtype=torch.float16)
+        graphs = EncoderGraphs(model, pool, buckets=(2, 8), kernel=kernel)
+        graphs.capture()  # the 8-clip bucket planned first, then the 2-clip one
+        graphs.run(mel[:2], [6, 7])
+        graphs.run(mel, [1, 2, 3, 4, 5])
+        written[kernel] = [(k[1:6].clone(), v[1:6].clone()) for k, v in zip(pool.cross_k, pool.cross_v)]
+    with torch.inference_mode():
+        for k, v in zip(pool.cross_k, pool.cross_v):
+            k[1:6].zero_()
+            v[1:6].zero_()
+    graphs.run(mel, [1, 2, 3, 4, 5], replay=False)
+    for (k, v), (k_sdpa, v_sdpa), k_now, v_now in zip(
+        written[EncoderKernel.FLASHINFER], written[EncoderKernel.SDPA], pool.cross_k, pool.cross_v
+    ):
+        assert torch.equal(k, k_now[1:6]) and torch.equal(v, v_now[1:6])
+        for got, want in ((k, k_sdpa), (v, v_sdpa)):  # every clip attended over its own 1,500 positions
+            error = ((got.float() - want.float()).norm(dim=(1, 2, 3)) / want.float().norm(dim=(1, 2, 3))).max()
+            assert error < 1e-2, error
 
 
 @pytest.mark.parametrize("source", ["random:tiny:1", "default"], ids=["multilingual", "tiny.en"])

@@ -546,6 +546,21 @@ def test_a_variant_may_serve_under_mps():
         parse_variant("shared=mps:yes")
 
 
+def test_a_variant_may_run_the_encoder_attention_through_another_kernel(tmp_path, monkeypatch):
+    import bench.served_variants as served_variants
+    from python_backend_lib.apps.repository import config_parameter
+
+    monkeypatch.setattr(served_variants, "STATE_DIR", tmp_path)
+    variant = served_variants.parse_variant("fa3=encoder_attention:flashinfer,quantize:fp8")
+    assert variant.whisper_parameters == {"encoder_attention": "flashinfer"} and variant.quantize == "fp8"
+    repository = served_variants.repository_for(variant)
+    assert config_parameter((repository / "whisper" / "config.pbtxt").read_text(), "encoder_attention") == "flashinfer"
+    assert served_variants.repository_for(served_variants.parse_variant("shipped=quantize:fp8")) is None
+    for bad in ("fa3=encoder_attention:fa3", "mixed=checkout:.before,encoder_attention:flashinfer"):
+        with pytest.raises(argparse.ArgumentTypeError, match="bad --variant"):
+            served_variants.parse_variant(bad)
+
+
 def test_a_servers_memory_is_read_by_role():
     """This process stands for a server's one role: its proportional set size is what it holds."""
     from bench.host import process_memory_gib

@@ -18,6 +18,7 @@ from python_backend_lib.audio.decode import MAX_CHANNELS, AudioError, decode_aud
 from python_backend_lib.contract.decoded_tensors import DecodedTensors, from_tensors
 from python_backend_lib.contract.faults import Fault, fault_of_message
 from python_backend_lib.contract.parameters import parse_request_parameters
+from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
@@ -92,6 +93,18 @@ def test_the_preprocessing_and_whisper_choices_parse():
     bad = triton_config(parameters={"log_mel_output": {"string_value": "pcie"}})
     with pytest.raises(ValueError, match=r"'log_mel_output' must be 'auto' or one of \['device', 'host'\], got 'pcie'"):
         ModelSettings.from_triton(bad, environ={})
+
+
+def test_the_encoder_attention_kernel_parses_and_auto_is_sdpa():
+    def kernel(value: str) -> EncoderKernel:
+        config = triton_config(parameters={"encoder_attention": {"string_value": value}})
+        return ModelSettings.from_triton(config, environ={}).encoder_kernel
+
+    assert ModelSettings.from_triton(triton_config(), environ={}).encoder_kernel is EncoderKernel.SDPA
+    assert kernel("auto") is EncoderKernel.SDPA
+    assert kernel("flashinfer") is EncoderKernel.FLASHINFER
+    with pytest.raises(ValueError, match=r"'encoder_attention' must be 'auto' or one of \['flashinfer', 'sdpa'\], got 'fa3'"):
+        kernel("fa3")
 
 
 def test_failures_are_the_clients_only_when_they_are_request_errors():
