@@ -49,7 +49,9 @@ class System:
     gelu: how GELU inside the FP8 quantization is computed (`fp8_linear.GELU`; None: as
     shipped, the tanh form), e.g. libdevice's erf, as F.gelu does; fp8_cross_kv: whether
     the cross-attention K/V are kept in FP8 (`EngineSetup.fp8_cross_kv`; None: as the
-    quantization ships, in FP8 with fp8); silence_threshold: transcribe with word
+    quantization ships, in FP8 with fp8); encoder_kernel: the kernel of the encoder's
+    self-attention (`EngineSetup.encoder_kernel`, an `EncoderKernel` value; None: as
+    shipped, FlashInfer's with fp8); silence_threshold: transcribe with word
     timestamps and this `hallucination_silence_threshold` (openai-whisper's rule for
     text invented in silence; None: the defaults, without either)."""
 
@@ -58,6 +60,7 @@ class System:
     kept: str | None = None
     gelu: str | None = None  # a `fp8_linear.GeluForm` member's name
     fp8_cross_kv: bool | None = None
+    encoder_kernel: str | None = None
     silence_threshold: float | None = None
 
 
@@ -74,6 +77,7 @@ SYSTEMS = {
     "fp8, tanh GELU": System("bfloat16", fp8=True, gelu="TANH"),  # the shipped form, named (the records of its trial)
     "fp8, tanh by the GPU's approximation": System("bfloat16", fp8=True, gelu="TANH_APPROX"),
     "fp8, bfloat16 cross-attention cache": System("bfloat16", fp8=True, fp8_cross_kv=False),
+    "fp8, SDPA encoder attention": System("bfloat16", fp8=True, encoder_kernel="sdpa"),  # as fp8 shipped before FA3
     # fp8's repeated line at the end of the sonnet is text invented after the speech ends:
     # whether openai-whisper's rule drops it, against the reference with the same rule.
     "float16, hallucination_silence_threshold 1": System("float16", silence_threshold=1.0),
@@ -137,6 +141,7 @@ def fp8_emulated_on(device: str):
 def transcriber(source: str, system: str, given_language: bool, device: str = "cuda"):
     import torch
 
+    from python_backend_lib.core.encoder_kernel import EncoderKernel
     from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
     from python_backend_lib.core.quantization import Quantization
     from python_backend_lib.engine.loading import EngineSetup
@@ -146,7 +151,8 @@ def transcriber(source: str, system: str, given_language: bool, device: str = "c
     quantization = Quantization.FP8 if chosen.fp8 else Quantization.NONE
     with keeping(chosen.kept), fp8_emulated_on(device):
         pipeline = Pipeline.load(source, device=device, dtype=getattr(torch, chosen.dtype),
-                                 setup=EngineSetup(quantization=quantization, fp8_cross_kv=chosen.fp8_cross_kv))
+                                 setup=EngineSetup(quantization=quantization, fp8_cross_kv=chosen.fp8_cross_kv,
+                                                   encoder_kernel=chosen.encoder_kernel and EncoderKernel(chosen.encoder_kernel)))
     silence = {} if chosen.silence_threshold is None else {
         "word_timestamps": True, "hallucination_silence_threshold": chosen.silence_threshold}
 

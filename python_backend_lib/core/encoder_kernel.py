@@ -5,8 +5,13 @@ Each 30 s window attends over its own 1,500 positions, every head, without a mas
 Both kernels compute it in the model's dtype with float32 sums, in different orders,
 so a transcript may differ between them as it may between two GPUs. PyTorch's SDPA
 (cuDNN's flash kernel) needs nothing at start; FlashInfer's ragged prefill kernel
-(FA3 on Hopper) is faster but its module compiles when the engine starts, once per
-machine (`engine.flashinfer_attention.RaggedEncoderAttention`).
+(FA3 on Hopper, `engine.flashinfer_attention.RaggedEncoderAttention`) is faster over
+many windows but its module compiles when an engine first starts on a machine.
+
+"auto" picks FlashInfer with FP8 products, which run on Hopper only and serve the big
+checkpoints at saturation, where the encoder bounds the engine (docs/performance.md,
+the big checkpoints), and SDPA otherwise: over one window, what a lone clip costs,
+SDPA was the faster.
 """
 
 from __future__ import annotations
@@ -19,4 +24,10 @@ class EncoderKernel(str, enum.Enum):
     FLASHINFER = "flashinfer"  # FlashInfer's BatchPrefillWithRaggedKVCacheWrapper, non-causal
 
 
-DEFAULT_ENCODER_KERNEL = EncoderKernel.SDPA
+
+
+def encoder_kernel_for(chosen: EncoderKernel | None, fp8: bool) -> EncoderKernel:
+    """The kernel that runs: `chosen`, or for "auto" (None) FlashInfer with FP8 products."""
+    if chosen is not None:
+        return chosen
+    return EncoderKernel.FLASHINFER if fp8 else EncoderKernel.SDPA

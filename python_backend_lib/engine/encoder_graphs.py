@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from python_backend_lib.core.encoder_kernel import DEFAULT_ENCODER_KERNEL, EncoderKernel
+from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
 from python_backend_lib.devices.graph_capture import CapturedGraph, capture_graphs
@@ -58,7 +58,7 @@ class EncoderGraphs:
         pool: KVSlotPool,
         *,
         buckets: Sequence[int] = ENCODER_BUCKETS,
-        kernel: EncoderKernel = DEFAULT_ENCODER_KERNEL,
+        kernel: EncoderKernel = EncoderKernel.SDPA,
     ) -> None:
         self.model = model
         self.pool = pool

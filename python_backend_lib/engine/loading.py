@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import torch
 
 from python_backend_lib.checkpoints.weights import Checkpoint
-from python_backend_lib.core.encoder_kernel import DEFAULT_ENCODER_KERNEL, EncoderKernel
+from python_backend_lib.core.encoder_kernel import EncoderKernel, encoder_kernel_for
 from python_backend_lib.core.quantization import DEFAULT_QUANTIZATION, Quantization
 from python_backend_lib.devices.cudnn import cudnn_problem
 from python_backend_lib.engine.attention import SdpaAttention
@@ -82,8 +82,9 @@ class EngineSetup:
         checkpoints); False keeps them in the model's dtype; True without FP8
         quantization is refused.
     encoder_kernel: which kernel runs the encoder's self-attention on a GPU
-        (`core.encoder_kernel`), in the captured encoder passes and eagerly; the CPU
-        always runs SDPA.
+        (`core.encoder_kernel`), in the captured encoder passes and eagerly; None (the
+        default): FlashInfer's with FP8 quantization, SDPA otherwise. The CPU always
+        runs SDPA.
     faults: test-only faults to inject (`engine.faults`); none by default.
     """
 
@@ -96,12 +97,16 @@ class EngineSetup:
     require_gpu_engine: bool = False
     quantization: Quantization = DEFAULT_QUANTIZATION
     fp8_cross_kv: bool | None = None
-    encoder_kernel: EncoderKernel = DEFAULT_ENCODER_KERNEL
+    encoder_kernel: EncoderKernel | None = None
     faults: FaultPlan = FaultPlan()
 
     @property
     def cross_kv_in_fp8(self) -> bool:
         return self.quantization is Quantization.FP8 if self.fp8_cross_kv is None else self.fp8_cross_kv
+
+    @property
+    def encoder_attention(self) -> EncoderKernel:
+        return encoder_kernel_for(self.encoder_kernel, self.quantization is Quantization.FP8)
 
 
 @dataclass
@@ -163,7 +168,7 @@ def build_batch(
         pool = KVSlotPool(shape, device=device, dtype=dtype, cross_dtype=cross_dtype)
         times.timed("kv_pool", start)
         start = time.perf_counter()
-        backend = make_attention(AttentionKind(setup.attention), pool, setup.encoder_kernel)
+        backend = make_attention(AttentionKind(setup.attention), pool, setup.encoder_attention)
         times.timed("attention", start)
         graphs = encoder_graphs = None
         if setup.cuda_graphs and device.type == "cuda" and not isinstance(backend, SdpaAttention):
@@ -177,7 +182,7 @@ def build_batch(
             times.timed("cuda_graphs", start)
             start = time.perf_counter()
             stage = "capturing the encoder's CUDA graphs"
-            encoder_graphs = EncoderGraphs(model, pool, kernel=setup.encoder_kernel)
+            encoder_graphs = EncoderGraphs(model, pool, kernel=setup.encoder_attention)
             encoder_graphs.capture()
             times.timed("encoder_graphs", start)
     except torch.cuda.OutOfMemoryError as error:
@@ -239,7 +244,7 @@ def gpu_slots(
     return slots_for_memory(dims, dtype, budget, MAX_GPU_SLOTS, cross_dtype)
 
 
-def make_attention(kind: AttentionKind, pool: KVSlotPool, encoder: EncoderKernel = DEFAULT_ENCODER_KERNEL):
+def make_attention(kind: AttentionKind, pool: KVSlotPool, encoder: EncoderKernel = EncoderKernel.SDPA):
     """The attention backend: FlashInfer on CUDA when asked for (or, with AUTO,
     when it is installed), its encoder attention through `encoder`; PyTorch SDPA
     otherwise."""

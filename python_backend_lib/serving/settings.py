@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from python_backend_lib.core.encoder_kernel import DEFAULT_ENCODER_KERNEL, EncoderKernel
+from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.quantization import DEFAULT_QUANTIZATION, Quantization
 from python_backend_lib.serving.admission import AdmissionPolicy
 
@@ -123,7 +123,7 @@ class ModelSettings:
     quantization: how the engine's linear layers multiply (`core.quantization`):
         the config's `quantize`, or QUANTIZE_ENV's; int8 on the CPU only.
     encoder_kernel: which kernel runs the encoder's self-attention on a GPU (the
-        config's `encoder_attention`, `core.encoder_kernel`).
+        config's `encoder_attention`, `core.encoder_kernel`); None: "auto".
     log_mel_output: how preprocessing's GPU instances hand LOG_MEL on; None: "auto"
         (`log_mel_handover`).
     cpu_only_inputs: Triton moves every input to the host first (its
@@ -144,7 +144,7 @@ class ModelSettings:
     kv_memory_fraction: float | None = None
     decode_threads: int | None = None
     quantization: Quantization = DEFAULT_QUANTIZATION
-    encoder_kernel: EncoderKernel = DEFAULT_ENCODER_KERNEL
+    encoder_kernel: EncoderKernel | None = None
     log_mel_output: LogMelOutput | None = None
     cpu_only_inputs: bool = True
     decoupled: bool = False
@@ -207,7 +207,7 @@ class ModelSettings:
             kv_memory_fraction=number("kv_memory_fraction", float, 0.01, 0.95),
             decode_threads=number("decode_threads", int, 1),
             quantization=one_of("quantize", {q.value: q for q in Quantization}, DEFAULT_QUANTIZATION, QUANTIZE_ENV),
-            encoder_kernel=one_of("encoder_attention", {k.value: k for k in EncoderKernel}, DEFAULT_ENCODER_KERNEL),
+            encoder_kernel=one_of("encoder_attention", {k.value: k for k in EncoderKernel}, None),
             log_mel_output=one_of("log_mel_output", {o.value: o for o in LogMelOutput}, None),
             cpu_only_inputs=one_of(CPU_ONLY_INPUTS, YES_NO, True),
             decoupled=bool(config.get("model_transaction_policy", {}).get("decoupled", False)),

@@ -3,6 +3,7 @@ without changing each other's results."""
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from concurrent.futures import CancelledError, Future
@@ -15,7 +16,9 @@ from reference import clips
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.core import geometry
+from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.options import DecodingOptions
+from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.engine.batch import DecodeBatch
 from python_backend_lib.engine.faults import FaultPlan, InjectedFault
 from python_backend_lib.engine.loading import EngineSetup
@@ -356,3 +359,11 @@ def test_a_fused_qkv_projection_gives_the_three_projections_and_follows_their_we
     k = projections.qkv(x, model.dims.n_text_head)[1]
     torch.testing.assert_close(k, 2.0 * separate[1], rtol=1e-5, atol=1e-5)
     assert projections.fused_qkv_weight.data_ptr() == projections.q_proj.weight.data_ptr()
+
+
+def test_fp8_quantization_runs_the_encoder_attention_through_flashinfer_unless_told_not_to():
+    fp8 = EngineSetup(quantization=Quantization.FP8)
+    assert fp8.encoder_attention is EncoderKernel.FLASHINFER
+    assert dataclasses.replace(fp8, encoder_kernel=EncoderKernel.SDPA).encoder_attention is EncoderKernel.SDPA
+    assert EngineSetup().encoder_attention is EncoderKernel.SDPA
+    assert EngineSetup(encoder_kernel=EncoderKernel.FLASHINFER).encoder_attention is EncoderKernel.FLASHINFER

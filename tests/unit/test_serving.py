@@ -95,13 +95,14 @@ def test_the_preprocessing_and_whisper_choices_parse():
         ModelSettings.from_triton(bad, environ={})
 
 
-def test_the_encoder_attention_kernel_parses_and_auto_is_sdpa():
-    def kernel(value: str) -> EncoderKernel:
+def test_the_encoder_attention_kernel_parses():
+    def kernel(value: str) -> EncoderKernel | None:
         config = triton_config(parameters={"encoder_attention": {"string_value": value}})
         return ModelSettings.from_triton(config, environ={}).encoder_kernel
 
-    assert ModelSettings.from_triton(triton_config(), environ={}).encoder_kernel is EncoderKernel.SDPA
-    assert kernel("auto") is EncoderKernel.SDPA
+    assert ModelSettings.from_triton(triton_config(), environ={}).encoder_kernel is None
+    assert kernel("auto") is None
+    assert kernel("sdpa") is EncoderKernel.SDPA
     assert kernel("flashinfer") is EncoderKernel.FLASHINFER
     with pytest.raises(ValueError, match=r"'encoder_attention' must be 'auto' or one of \['flashinfer', 'sdpa'\], got 'fa3'"):
         kernel("fa3")
