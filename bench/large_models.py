@@ -9,9 +9,9 @@ accuracy, from their benchmarks' JSON files, as one record with its table and pl
         --cross "4a0f538=OUT/cross/cross-attention.json" --engine-runs "GELU forms=RUNS.json"
 
 Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
-`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`,
-`bench.engine_profile` and `bench.cross_attention` runs, and engine runs known only by
-the RTFx line each printed (`--engine-runs`), each labelled (LABEL=PATH: the
+`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`, `bench.engine_profile`,
+`bench.cross_attention` and `bench.encoder_attention` runs, and engine runs known only
+by the RTFx line each printed (`--engine-runs`), each labelled (LABEL=PATH: the
 code and conditions it measured). A served variant's code is its checkout's commit, or
 the commit the call ran. Writes large-models.json (the
 inputs, keyed), large-models.md and large-models.png.
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 from pathlib import Path
 
 from bench.comparisons import best_point
@@ -32,12 +33,20 @@ TARGETS = {"large-v3": 1000, "large-v3-turbo": 1500}
 PROFILED_BATCH = 16
 
 
+def code(checkout: str | None, run_commit: str) -> str:
+    """What a served variant ran: its checkout's commit (12 digits) or description (a
+    checkout changed on the device says what it changed), else the call's commit."""
+    if checkout is None:
+        return run_commit[:7]
+    return checkout[:12] if re.fullmatch(r"[0-9a-f]{40}", checkout) else checkout
+
+
 def served_rows(served: list[dict]) -> list[list]:
     rows = []
     for run in served:
         for variant in run["variants"]:
             top, alone = best_point(variant), variant["latency_5s"]["latency_ms"]
-            rows.append([run["model"], variant["label"], variant.get("checkout_commit", run["run"]["commit"][:7])[:12],
+            rows.append([run["model"], variant["label"], code(variant.get("checkout_commit"), run["run"]["commit"]),
                          top["rtfx"], top["goodput_per_s"], top["concurrency"], f"{alone['p50']} / {alone['p99']}",
                          TARGETS[run["model"]]])
     return rows
@@ -121,6 +130,7 @@ def markdown(data: dict) -> str:
         *kernel_section(data.get("kernels", {})),
         *profile_section(data.get("profiles", {})),
         *cross_section(data.get("cross", {})),
+        *encoder_attention_section(data.get("encoder_attention", {})),
         *engine_runs_section(data.get("engine_runs", {})),
         "## fp8 against float16 on real weights (greedy with fallback, as served)", "",
         "; ".join(f"{label}: {machine(accuracy['provenance'])}, `{accuracy['provenance']['command']}`"
@@ -199,6 +209,26 @@ def cross_section(crosses: dict[str, dict]) -> list[str]:
     ]
 
 
+def encoder_attention_section(records: dict[str, dict]) -> list[str]:
+    """`bench.encoder_attention` runs: the encoder's self-attention kernel alone, each way
+    with its error against float32."""
+    if not records:
+        return []
+    first = next(iter(records.values()))
+    rows = [[label, r["windows"], r["way"], "–" if r["us"] is None else r["us"],
+             "–" if r["relative_error"] is None else r["relative_error"], r.get("error") or ""]
+            for label, record in records.items() for r in record["results"]]
+    return [
+        f"## The encoder's self-attention alone ({first['positions']:,} positions, {first['heads']} heads of "
+        f"{first['head_dim']})", "",
+        f"{machine(first['provenance'])}; " + "; ".join(
+            f"{label}: `{record['provenance']['command']}`" for label, record in records.items())
+        + ". Random q, k and v in bfloat16; the error is the norm of the difference from float32 SDPA of the same "
+        "inputs over the norm of that reference.", "",
+        markdown_table(["code", "windows", "way", "us a call", "error against float32", "failure"], rows), "",
+    ]
+
+
 def engine_runs_section(engine_runs: dict[str, dict]) -> list[str]:
     """Runs of the engine alone known only by the RTFx line each printed (`bench.engine_profile`
     runs whose JSON did not come back from the device): each line kept as printed."""
@@ -224,7 +254,7 @@ def plot(data: dict, path: Path) -> None:
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.9 + 0.28 * len(rows)), gridspec_kw={"width_ratios": [1.2, 1]})
     labels = [f"{r[0].replace('large-v3-turbo', 'turbo')} {r[1]} ({r[2][:7]})" for r in rows]
     left.barh(range(len(rows)), [r[3] for r in rows],
-              color=["#999" if r[1].startswith(("main", "before", "host")) else "#4477aa" for r in rows])
+              color=["#999" if r[1].startswith(("main", "before", "host", "sdpa")) else "#4477aa" for r in rows])
     for model, target in TARGETS.items():
         left.axvline(target, linestyle=":", color="#aa3377", linewidth=1)
         left.text(target, len(rows) - 0.4, f"{model} target", fontsize=7, ha="right", va="bottom", rotation=90)
@@ -264,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
     parser.add_argument("--profile", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.engine_profile")
     parser.add_argument("--cross", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.cross_attention")
+    parser.add_argument("--encoder-attention", type=labelled, nargs="*", default=[],
+                        help="LABEL=PATH of bench.encoder_attention")
     parser.add_argument("--engine-runs", type=labelled, nargs="*", default=[],
                         help="LABEL=PATH of engine runs known by their printed RTFx lines (engine_runs_section)")
     args = parser.parse_args(argv)
@@ -276,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
             "kernels": {label: read(p) for label, p in args.kernels},
             "profiles": {label: read(p) for label, p in args.profile},
             "cross": {label: read(p) for label, p in args.cross},
+            "encoder_attention": {label: read(p) for label, p in args.encoder_attention},
             "engine_runs": {label: read(p) for label, p in args.engine_runs}}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "large-models.json").write_text(json.dumps(data, indent=1, ensure_ascii=False), encoding="utf-8")

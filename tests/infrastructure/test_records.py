@@ -178,40 +178,50 @@ LARGE_MODELS = BENCHMARKS / "large-models" / "large-models.json"
 def test_the_big_checkpoints_figures_are_the_record():
     """The README's and performance.md's served RTFx of large-v3 and turbo are the best
     points (most good requests a second) of the record's H200 calls, per variant and
-    code: fp8 at 5c22524 ("after", and large-v3's "after-2" in the next call) against
-    4a0f538 ("before", "before-2") side by side, and the earlier call of 9a2ba59 (fp8
-    twice, and exact float16)."""
+    code: fp8 at 569c2d8 with fa3's encoder attention ("fa3", "fa3-2", "fa3-3"), with
+    SDPA ("sdpa", "sdpa-2") and 4a0f538 ("before", "before-2") side by side, and the
+    earlier call of 9a2ba59 (exact float16)."""
     from bench.comparisons import best_point
 
     data = json.loads(LARGE_MODELS.read_text(encoding="utf-8"))
     measured = {(run["model"], v["label"], run["run"]["commit"][:7]): best_point(v)["rtfx"]
                 for run in data["served"] for v in run["variants"]}
     rtfx = {key: rtfx_text(value) for key, value in measured.items()}
-    v3, turbo, now, then = "large-v3", "large-v3-turbo", "5c22524", "9a2ba59"
+    v3, turbo, now, then = "large-v3", "large-v3-turbo", "569c2d8", "9a2ba59"
+
+    def runs(model: str, label: str, count: int) -> list[str]:
+        return [rtfx[model, label + suffix, now] for suffix in ("", "-2", "-3")[:count]]
+
+    def listed(figures: list[str]) -> str:  # "1,001 / 1,006 / 1,001": commas would blur the figures
+        return " / ".join(figures)
+
     readme = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())  # lines wrapped anywhere
-    assert (f"large-v3 with `--quantize fp8` served RTFx {rtfx[v3, 'after', now]} and {rtfx[v3, 'after-2', now]} "
-            f"(4a0f538: {rtfx[v3, 'before', now]} and {rtfx[v3, 'before-2', now]}); large-v3-turbo "
-            f"{rtfx[turbo, 'after', now]} ({rtfx[turbo, 'before', now]}); exact float16 large-v3 "
+    assert (f"large-v3 with `--quantize fp8` served RTFx {listed(runs(v3, 'fa3', 3))} (SDPA encoder attention: "
+            f"{listed(runs(v3, 'sdpa', 2))}; 4a0f538: {listed(runs(v3, 'before', 2))}); large-v3-turbo "
+            f"{listed(runs(turbo, 'fa3', 3))} ({listed(runs(turbo, 'before', 2))}); exact float16 large-v3 "
             f"{rtfx[v3, 'float16', then]} ({then})") in readme
     performance = PERFORMANCE.read_text(encoding="utf-8")
-
-    def ratio(model: str, suffix: str = "") -> str:
-        return f"{measured[model, 'after' + suffix, now] / measured[model, 'before' + suffix, now]:.2f}"
-
-    assert (f"| RTFx {rtfx[v3, 'after', now]} and {rtfx[v3, 'after-2', now]}, against {rtfx[v3, 'before', now]} and "
-            f"{rtfx[v3, 'before-2', now]} for 4a0f538 side by side ({ratio(v3)} and {ratio(v3, '-2')}); target 1,000 "
-            f"**missed**; exact float16 {rtfx[v3, 'float16', then]} ({then}) |") in performance
-    assert (f"| RTFx {rtfx[turbo, 'after', now]}, against {rtfx[turbo, 'before', now]} for 4a0f538 "
-            f"({ratio(turbo)}); target 1,500" in performance and f"{then} in an earlier call: "
-            f"{rtfx[turbo, 'after', then]} and {rtfx[turbo, 'after-2', then]};" in performance)
+    ratios = [f"{measured[v3, 'fa3' + s, now] / measured[v3, 'before' + s, now]:.2f}" for s in ("", "-2")]
+    assert (f"| RTFx {listed(runs(v3, 'fa3', 3))} with fa3's encoder attention (fp8's since 0184ff1), against "
+            f"{listed(runs(v3, 'sdpa', 2))} with SDPA and {listed(runs(v3, 'before', 2))} for 4a0f538 "
+            f"({ratios[0]} / {ratios[1]}); target 1,000") in performance
+    assert (f"| RTFx {listed(runs(turbo, 'fa3', 3))} with fa3, against {listed(runs(turbo, 'sdpa', 2))} with SDPA "
+            f"and {listed(runs(turbo, 'before', 2))} for 4a0f538; target 1,500 **missed**") in performance
+    assert f"tanh GELU (not shipped) {rtfx[turbo, 'approx-fa3', now]} in one run" in performance
+    table = [f"| {model} | {listed(runs(model, 'fa3', 3))} | {listed(runs(model, 'sdpa', 2))} | "
+             f"{listed(runs(model, 'before', 2))} | {rtfx[model, 'approx-fa3', now]} |" for model in (v3, turbo)]
+    assert all(row in performance for row in table)
     for run in data["served"]:
         assert "H200" in run["run"]["machine"]["gpu"]
         for variant in run["variants"]:
             precision = "none" if variant["label"] == "float16" else "fp8"
             assert variant["command"].endswith(f"--quantize={precision}")
-            before = {then: "71b1c40", "218b791": "4a0f538", now: "4a0f538"}.get(run["run"]["commit"][:7])
+            before = {then: "71b1c40", "218b791": "4a0f538", "5c22524": "4a0f538", now: "4a0f538"}.get(
+                run["run"]["commit"][:7])
             if variant["label"].startswith("before") and before:
                 assert variant["checkout_commit"].startswith(before)
+            if variant["label"].startswith(("fa3", "approx-fa3")):
+                assert "encoder_attention" in variant["spec"] or "approx" in variant["spec"]
 
 
 # ----------------------------------------------------- links in the docs
