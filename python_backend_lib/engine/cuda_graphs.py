@@ -30,9 +30,10 @@ Static buffers, and the rules for them:
 - FlashInfer's page-table buffers, one int32 block per bucket: the self table
   is re-planned only when a row's page count or slot changes (every 16 tokens);
   the last pages' fill, which changes at every step, the step's first kernel
-  writes from the rows' positions (`step_kernels`); the cross table has 94 pages
-  per row whatever happens, so it is planned once at capture and afterwards
-  only its page indices are rewritten, when slots change.
+  writes from the rows' positions (`step_kernels`); the cross table has as many
+  pages per row whatever happens (30 of 50 positions, or one of 1,500 in the buckets
+  of at most WHOLE_SLOT_CROSS_ROWS rows, none as shipped), so it is planned once at capture and
+  afterwards only its page indices are rewritten, when slots change.
 - Padded rows point at the scratch slot 0 with one self position and the full
   1,500 encoder positions, never 0 (a row of length 0 would be skipped).
 - Plan, copy and replay on one stream (the current one). A step is planned
@@ -85,13 +86,26 @@ from python_backend_lib.engine.graph_io import (
     Prepared,
     StepInputs,
 )
-from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT
+from python_backend_lib.engine.kv_cache import PAGE_SIZE, SCRATCH_SLOT, CrossPaging, PoolShape
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.engine.overlap import fed_inputs
 from python_backend_lib.engine.rows import Row
 from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts, sample
 
 log = logging.getLogger(__name__)
+
+# Buckets of at most this many rows read each slot's cross K/V as one page of every
+# position; larger ones as the pool's pages of 50. Replayed from a graph, FlashInfer
+# splits a row's 30 pages between thread blocks: for the kernel alone at one row that
+# cost about 5 us a layer (FP8 21.3 against 16.5 us, 569c2d8), at eight it paid (28.3
+# against 38.1), at 53 the two were level (docs/performance.md, the lone clip). 0
+# until a served lone clip shows the gain: a lever ships once measured.
+WHOLE_SLOT_CROSS_ROWS = 0
+
+
+def cross_paging_for(batch: int, shape: PoolShape) -> CrossPaging:
+    """How a bucket of `batch` rows pages the cross K/V for FlashInfer."""
+    return shape.cross_paging(shape.audio_ctx if batch <= WHOLE_SLOT_CROSS_ROWS else None)
 
 @dataclass(frozen=True)
 class GraphKey:
@@ -117,7 +131,8 @@ class _Entry:
         device = attention.workspace.device
         b = key.batch
         self.key = key
-        self.decode = PagedDecode(pool, attention.workspace, graph_batch=b)
+        paging = shape.cross_paging(key.cross_page_size)
+        self.decode = PagedDecode(pool, attention.workspace, graph_batch=b, cross_paging=paging)
         self.meta = torch.zeros(N_META, b, dtype=torch.long, device=device)
         self.decode.cache_index = self.meta[META_CACHE_INDEX]
         # FlashInfer's self page indices, copied here from pinned memory before each re-plan.
@@ -168,7 +183,7 @@ class _Entry:
             self.planned = torch.cuda.Event()
             self.planned.record()
         if slot_key != self.cross_slots:
-            table = cross_table(slots, self.shape)
+            table = cross_table(slots, self.shape, self.decode.cross_paging)
             if self.cross_slots is None:  # at capture, before any step is in flight
                 self.decode.plan_cross(table)
                 self._check_plan()
@@ -226,6 +241,7 @@ class DecodeGraphs:
 
     def key(self, batch: int) -> GraphKey:
         shape = self.attention.pool.shape
+        paging = cross_paging_for(batch, shape)
         return GraphKey(
             batch=batch,
             dtype=self.attention.pool.self_k[0].dtype,
@@ -234,8 +250,8 @@ class DecodeGraphs:
             vocab=self.config.dims.n_vocab,
             page_size=PAGE_SIZE,
             self_pages_per_slot=shape.self_pages_per_slot,
-            cross_pages_per_slot=shape.cross_pages_per_slot,
-            cross_page_size=shape.cross_page_size,
+            cross_pages_per_slot=paging.pages_per_slot,
+            cross_page_size=paging.page_size,
         )
 
     @property

@@ -39,7 +39,14 @@ import torch
 
 from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.engine.attention import StepLayout, sdpa_encoder_attention
-from python_backend_lib.engine.kv_cache import CROSS_LAYOUT, PAGE_SIZE, SELF_LAYOUT, KVSlotPool, PoolShape
+from python_backend_lib.engine.kv_cache import (
+    CROSS_LAYOUT,
+    PAGE_SIZE,
+    SELF_LAYOUT,
+    CrossPaging,
+    KVSlotPool,
+    PoolShape,
+)
 
 # One float workspace serves every wrapper (they run one after another on one
 # stream); FlashInfer recommends 128 MiB and needs it zeroed before first use.
@@ -112,15 +119,17 @@ def page_table(
     return PageTable(indptr.astype(np.int32), indices.astype(np.int32), last_page_len.astype(np.int32), PAGE_SIZE)
 
 
-def cross_table(slots: Sequence[int] | np.ndarray, shape: PoolShape) -> PageTable:
+def cross_table(slots: Sequence[int] | np.ndarray, shape: PoolShape, paging: CrossPaging | None = None) -> PageTable:
     """Every row reads all of its slot's encoder positions: its slot's cross pages,
-    s * cross_page_stride + arange(cross_pages_per_slot) (`KVSlotPool.cross_pages`)."""
+    s * stride + arange(pages_per_slot) (`KVSlotPool.cross_pages`, the same `paging`,
+    default `shape.cross_paging()`)."""
     slots = np.asarray(slots, dtype=np.int64)
-    pages = shape.cross_pages_per_slot
-    indices = slots[:, None] * shape.cross_page_stride + np.arange(pages)[None, :]
+    paging = paging or shape.cross_paging()
+    pages = paging.pages_per_slot
+    indices = slots[:, None] * paging.stride + np.arange(pages)[None, :]
     return PageTable(
         (np.arange(len(slots) + 1) * pages).astype(np.int32), indices.reshape(-1).astype(np.int32),
-        np.full(len(slots), shape.cross_page_size, dtype=np.int32), shape.cross_page_size,
+        np.full(len(slots), paging.page_size, dtype=np.int32), paging.page_size,
     )
 
 
@@ -173,14 +182,15 @@ class _PagedLayers:
     self_wrapper: object
     cross_wrapper: object
 
-    def __init__(self, pool: KVSlotPool) -> None:
+    def __init__(self, pool: KVSlotPool, cross_paging: CrossPaging | None = None) -> None:
         n_layers = pool.shape.n_layers
         self.pool = pool
+        self.cross_paging = cross_paging or pool.shape.cross_paging()
         self.dtype = pool.self_k[0].dtype
         self.cross_dtype = pool.cross_dtype  # FP8 when the pool keeps cross K/V so
         self.device = pool.self_k[0].device
         self._self_pages = [pool.self_pages(layer) for layer in range(n_layers)]
-        self._cross_pages = [pool.cross_pages(layer) for layer in range(n_layers)]
+        self._cross_pages = [pool.cross_pages(layer, self.cross_paging) for layer in range(n_layers)]
         self._self_positions = [pool.self_positions(layer) for layer in range(n_layers)]
         self.cache_index: torch.Tensor | None = None  # [rows] long, set per step (or fixed)
 
@@ -201,13 +211,20 @@ class PagedDecode(_PagedLayers):
     With `graph_batch` set, the wrappers run over fixed device buffers for
     exactly that many rows, so their `run` can be captured in a CUDA graph and
     `plan` (host work) re-run between replays; `cache_index` is then a fixed
-    buffer too, rewritten before each replay.
+    buffer too, rewritten before each replay. `cross_paging`: how the cross K/V are
+    paged for the kernel (default: the pool's pages of 50); its tables must be made
+    with the same (`cross_table`).
     """
 
     def __init__(
-        self, pool: KVSlotPool, workspace: torch.Tensor, *, graph_batch: int | None = None
+        self,
+        pool: KVSlotPool,
+        workspace: torch.Tensor,
+        *,
+        graph_batch: int | None = None,
+        cross_paging: CrossPaging | None = None,
     ) -> None:
-        super().__init__(pool)
+        super().__init__(pool, cross_paging)
         flashinfer = import_flashinfer()
         shape = pool.shape
         self.graph_batch = graph_batch
@@ -241,7 +258,7 @@ class PagedDecode(_PagedLayers):
             return made, buffers
 
         self.self_wrapper, self.self_buffers = wrapper(shape.self_pages_per_slot, SELF_LAYOUT)
-        self.cross_wrapper, self.cross_buffers = wrapper(shape.cross_pages_per_slot, CROSS_LAYOUT)
+        self.cross_wrapper, self.cross_buffers = wrapper(self.cross_paging.pages_per_slot, CROSS_LAYOUT)
         if graph_batch is not None:
             self.cache_index = torch.zeros(graph_batch, dtype=torch.long, device=self.device)
 

@@ -19,8 +19,10 @@ for FP8 values, whose 64-byte rows a position-major page interleaves
 `cross_page_size` (50) positions in its HND layout, through a strided view
 (`cross_pages`): page j of head h of slot s starts where position 50 j of that head
 does, so a slot is 30 pages, which the kernel can split between thread blocks when a
-step has few rows (one page of 1,500 it could not). Nothing is allocated after
-construction, so captured CUDA graphs stay valid.
+step has several rows. The same storage can be seen as one page of 1,500 a slot
+(`PoolShape.cross_paging`), which one row reads faster from a CUDA graph
+(`cuda_graphs.WHOLE_SLOT_CROSS_ROWS`). Nothing is allocated after construction, so
+captured CUDA graphs stay valid.
 
 The cross-attention K/V may be kept in FP8 (E4M3, `cross_dtype`): a decoder step
 reads every row's 1,500 encoder positions in every layer, the largest part of a big
@@ -58,6 +60,17 @@ def pages_for(positions: int) -> int:
 
 
 @dataclass(frozen=True)
+class CrossPaging:
+    """How FlashInfer reads the heads-first cross K/V: pages of `page_size` positions of
+    every head, `pages_per_slot` to a slot, each slot's first page `stride` page numbers
+    after the slot before's (`KVSlotPool.cross_pages`)."""
+
+    page_size: int
+    pages_per_slot: int
+    stride: int
+
+
+@dataclass(frozen=True)
 class PoolShape:
     n_slots: int  # request slots, the scratch slot not counted
     n_layers: int
@@ -73,6 +86,15 @@ class PoolShape:
     @property
     def self_pages_per_slot(self) -> int:
         return pages_for(self.text_ctx)
+
+    def cross_paging(self, page_size: int | None = None) -> CrossPaging:
+        """The cross K/V as pages of `page_size` positions, a divisor of audio_ctx
+        (default: `cross_page_size`; audio_ctx: one page a slot)."""
+        size = page_size or self.cross_page_size
+        if self.audio_ctx % size:
+            raise ValueError(f"cross pages of {size} positions do not tile {self.audio_ctx}")
+        pages = self.audio_ctx // size
+        return CrossPaging(size, pages, self.n_heads * pages)
 
     # Cached: the decode step's page tables read these; a frozen dataclass still takes them.
     @cached_property
@@ -186,12 +208,15 @@ class KVSlotPool:
         """One layer's self-attention K and V seen as pages: [(S + 1) * 28, PAGE_SIZE, heads, head_dim]."""
         return _as_pages(self.self_k[layer]), _as_pages(self.self_v[layer])
 
-    def cross_pages(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def cross_pages(self, layer: int, paging: CrossPaging | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's cross-attention K and V as FlashInfer's HND pages, [pages, heads,
-        cross_page_size, head_dim], viewing the heads-first storage in place: slot s's
-        pages are s * cross_page_stride + arange(cross_pages_per_slot). The numbers in
-        between name pages that start inside other heads' keys, which no table holds."""
-        return _as_cross_pages(self._cross_k[layer], self.shape), _as_cross_pages(self._cross_v[layer], self.shape)
+        page_size, head_dim] (`paging`, default `shape.cross_paging()`), viewing the
+        heads-first storage in place: slot s's pages are s * stride + arange(pages_per_slot).
+        The numbers in between name pages that start inside other heads' keys, which no
+        table holds."""
+        paging = paging or self.shape.cross_paging()
+        return (_as_cross_pages(self._cross_k[layer], self.shape, paging),
+                _as_cross_pages(self._cross_v[layer], self.shape, paging))
 
     def self_positions(self, layer: int) -> tuple[torch.Tensor, torch.Tensor]:
         """One layer's self-attention K and V with slot and position flattened:
@@ -213,13 +238,13 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
     return t.view(torch.uint8) if t.dtype == FP8 else t
 
 
-def _as_cross_pages(t: torch.Tensor, shape: PoolShape) -> torch.Tensor:
+def _as_cross_pages(t: torch.Tensor, shape: PoolShape, paging: CrossPaging) -> torch.Tensor:
     """[slots, heads, audio_ctx, head_dim] -> [pages, heads, page, head_dim], in place:
     a page is `page` positions of every head, the heads audio_ctx positions apart. The
     last page numbered is slot S's last (its head 0's), so the view ends where the
     storage does."""
-    page, dim = shape.cross_page_size, shape.head_dim
-    pages = (t.shape[0] - 1) * shape.cross_page_stride + shape.cross_pages_per_slot
+    page, dim = paging.page_size, shape.head_dim
+    pages = (t.shape[0] - 1) * paging.stride + paging.pages_per_slot
     return t.as_strided((pages, shape.n_heads, page, dim), (page * dim, shape.audio_ctx * dim, dim, 1))
 
 

@@ -246,6 +246,24 @@ def test_graph_replay_equals_eager_equals_sdpa(source, dtype, n, options) -> Non
     compare(eager, graph, tolerance, name=f"{source} graph vs eager FlashInfer")
 
 
+def test_a_request_alone_reads_its_slot_as_one_cross_page_within_the_noise(monkeypatch) -> None:
+    """With `cuda_graphs.WHOLE_SLOT_CROSS_ROWS` at 1 (0 as shipped, until measured), a
+    request alone replays the one-row bucket, whose cross-attention reads each slot as
+    one page of 1,500 positions where larger buckets read pages of 50: each of two
+    requests decoded alone stays within float16's noise of float32."""
+    from python_backend_lib.engine import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "WHOLE_SLOT_CROSS_ROWS", 1)
+    model, config = model_for("random:tiny:1", torch.float16)
+    reqs = requests(config, 8, seed=5)
+    floor, exact, _ = noise_floor(model, config, reqs, ("random:tiny:1", torch.float16, 8))
+    for i in (0, 5):
+        alone = traced_decode(make_batch(model, config, "graph", 1), [reqs[i]])  # its only row: tag 0
+        reference = Trace()
+        reference.tokens[0], reference.logits[0] = exact.tokens[i], exact.logits[i]
+        compare(reference, alone, FLOOR_FACTOR * floor, name=f"request {i} alone, whole-slot cross pages, vs float32")
+
+
 def test_rows_do_not_depend_on_their_batch() -> None:
     """The same 3 requests alone, then among 17 others, then among 40 (other buckets)."""
     model, config = model_for("random:tiny:1", torch.float16)

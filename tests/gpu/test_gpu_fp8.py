@@ -193,11 +193,17 @@ def test_the_copy_kernel_stores_cross_kv_in_fp8_as_the_pool_defines_it():
         assert not got[3].float().any()
 
 
-def test_flashinfer_decodes_over_an_fp8_cross_cache_as_sdpa_does():
+@pytest.mark.parametrize("n", [5, 1], ids=["five rows", "one row: whole-slot cross pages"])
+def test_flashinfer_decodes_over_an_fp8_cross_cache_as_sdpa_does(n, monkeypatch):
     """Graph steps over an FP8 cross cache (FlashInfer's decode kernel reading E4M3 keys
     and values) against SDPA over the same pool: the same first tokens, logits within
-    bfloat16's noise (read as bfloat16, the bytes would give logits far apart)."""
+    bfloat16's noise (read as bfloat16, the bytes would give logits far apart). One
+    request alone steps through the one-row bucket, here paging each slot whole
+    (`cuda_graphs.WHOLE_SLOT_CROSS_ROWS` at 1; 0 as shipped, until measured)."""
     pytest.importorskip("flashinfer")
+    from python_backend_lib.engine import cuda_graphs
+
+    monkeypatch.setattr(cuda_graphs, "WHOLE_SLOT_CROSS_ROWS", 1)
     from python_backend_lib.core.options import DecodingOptions
     from python_backend_lib.engine.attention import SdpaAttention
     from python_backend_lib.engine.batch import DecodeBatch
@@ -212,7 +218,7 @@ def test_flashinfer_decodes_over_an_fp8_cross_cache_as_sdpa_does():
     options = DecodingOptions(language="en", min_new_tokens=24, max_new_tokens=24)
     generator = torch.Generator().manual_seed(6)
     requests = [(torch.randn(config.dims.n_mels, N_FRAMES, generator=generator).clamp(-1.5, 1.5), options,
-                 initial_tokens(config, options, None)) for _ in range(5)]
+                 initial_tokens(config, options, None)) for _ in range(n)]
     tokens, logits = {}, {}
     for kind in ("sdpa", "graphs"):
         pool = KVSlotPool(PoolShape.for_model(config.dims, 6), device=CUDA, dtype=torch.bfloat16,

@@ -9,8 +9,9 @@ import torch
 
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.devices.buckets import bucket_sizes, choose_bucket
+from python_backend_lib.engine.cuda_graphs import cross_paging_for
 from python_backend_lib.engine.flashinfer_attention import cross_table, page_table, token_rows
-from python_backend_lib.engine.kv_cache import PAGE_SIZE, KVSlotPool, PoolShape, pages_for
+from python_backend_lib.engine.kv_cache import PAGE_SIZE, CrossPaging, KVSlotPool, PoolShape, pages_for
 
 
 def _pages_by_hand(slot: int, length: int, pages_per_slot: int) -> list[int]:
@@ -41,23 +42,39 @@ def test_page_table_cross_geometry() -> None:
     assert table.indices[:30].tolist() == list(range(2 * stride, 2 * stride + 30)) and table.page_size == 50
 
 
+@pytest.mark.parametrize("whole_slot", [False, True], ids=["pages of 50", "one page a slot"])
 @pytest.mark.parametrize("audio_ctx", [1500, 20])
-def test_the_cross_pages_a_row_reads_are_its_slots_positions(audio_ctx) -> None:
+def test_the_cross_pages_a_row_reads_are_its_slots_positions(audio_ctx, whole_slot) -> None:
     """What FlashInfer reads through `cross_table` and `KVSlotPool.cross_pages` (HND
     pages over the heads-first storage, in place) is each row's slot's K, position by
-    position, as every other reader indexes it."""
+    position, as every other reader indexes it: in the pool's pages, and in one page a
+    slot (`cuda_graphs.WHOLE_SLOT_CROSS_ROWS`)."""
     shape = PoolShape(n_slots=4, n_layers=1, n_heads=3, head_dim=4, text_ctx=8, audio_ctx=audio_ctx)
     pool = KVSlotPool(shape, device=torch.device("cpu"), dtype=torch.float32)
     values = torch.randn(4, audio_ctx, 3, 4)
     pool.write_cross(torch.tensor([1, 2, 3, 4]), [(values, -values)])
-    k_pages, v_pages = pool.cross_pages(0)
+    paging = shape.cross_paging(audio_ctx) if whole_slot else None
+    k_pages, v_pages = pool.cross_pages(0, paging)
     slots = [2, 4, 1, 2]
-    table = cross_table(slots, shape)
+    table = cross_table(slots, shape, paging)
+    assert table.pages.tolist() == [1 if whole_slot else shape.cross_pages_per_slot] * 4
     for row, slot in enumerate(slots):
         pages = table.indices[table.indptr[row]: table.indptr[row + 1]].tolist()
         for paged, view, wanted in ((k_pages, pool.cross_k[0], values), (v_pages, pool.cross_v[0], -values)):
             read = paged[pages].permute(0, 2, 1, 3).reshape(-1, 3, 4)  # [positions, heads, head_dim]
             assert torch.equal(read, wanted[slot - 1]) and torch.equal(read, view[slot])
+
+
+def test_buckets_up_to_the_threshold_read_whole_slot_cross_pages_and_larger_ones_pages_of_50(monkeypatch) -> None:
+    from python_backend_lib.engine import cuda_graphs
+
+    shape = PoolShape.for_model(load_config("random:large-v3").dims, 8)
+    assert cuda_graphs.WHOLE_SLOT_CROSS_ROWS == 0 and cross_paging_for(1, shape) == shape.cross_paging()  # shipped
+    monkeypatch.setattr(cuda_graphs, "WHOLE_SLOT_CROSS_ROWS", 1)
+    assert cross_paging_for(1, shape) == CrossPaging(page_size=1500, pages_per_slot=1, stride=shape.n_heads)
+    assert cross_paging_for(2, shape) == shape.cross_paging() == CrossPaging(50, 30, 30 * shape.n_heads)
+    with pytest.raises(ValueError, match="do not tile 1500"):
+        shape.cross_paging(64)
 
 
 @pytest.mark.parametrize("slots, lengths", [([1], [0]), ([1], [449])])
