@@ -12,7 +12,9 @@ Each `--variant LABEL=KEY:VALUE[,KEY:VALUE...]` is a server:
 - mps:on|off      `serve --mps on|off` (with a checkout too; default: the launcher's auto);
 - quantize:MODE   `serve --quantize MODE` (e.g. fp8; with a checkout too; default: the config's);
 - encoder_attention:sdpa|flashinfer   a copy of this checkout's repository whose whisper model
-                  runs the encoder's self-attention so (`core.encoder_kernel`).
+                  runs the encoder's self-attention so (`core.encoder_kernel`);
+- word_timestamps:on   every request asks for word timestamps (each window then pays the
+                  engine thread one alignment pass: what live hypotheses ask; with a checkout too).
 
 For each, in turn: `whisper-triton serve --gpus GPU`, one ~5 s clip at concurrency 1
 (`--latency-s`), then each of `--concurrency`. Every answer is judged against the
@@ -23,6 +25,7 @@ library's transcript of its clip (`bench.references`). Writes served-variants.js
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -30,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.comparisons import add_common_options, best_point, described_run, header, plot_rtfx, prepare
+from bench.jobs import Job
 from bench.load import LoadGenerator, PointPlan
 from bench.repository_copy import Instances, copy_repository, instance_group, repository_with_instances, set_parameters
 from bench.served import POINT_MARGIN_S, STATE_DIR, Settings, describe_point, latency_job, measure_point
@@ -56,12 +60,20 @@ class Variant:
     mps: bool | None = None
     quantize: str | None = None
     whisper_parameters: dict[str, str] = field(default_factory=dict)  # set in the whisper model's config
+    request_parameters: dict[str, object] = field(default_factory=dict)  # added to every request
+
+    def jobs(self, jobs: list[Job]) -> list[Job]:
+        """The benchmark's requests as this variant sends them."""
+        if not self.request_parameters:
+            return jobs
+        return [dataclasses.replace(j, parameters={**j.parameters, **self.request_parameters}) for j in jobs]
 
 
 def parse_variant(text: str) -> Variant:
     """LABEL=KEY:VALUE[,KEY:VALUE...] (module docstring), as argparse's `type`."""
     label, _, spec = text.partition("=")
     checkout, output, instances, mps, quantize, whisper_parameters = None, None, {}, None, None, {}
+    request_parameters: dict[str, object] = {}
     try:
         for item in filter(None, spec.split(",")):
             key, _, value = item.partition(":")
@@ -75,6 +87,8 @@ def parse_variant(text: str) -> Variant:
                 quantize = value
             elif key == "encoder_attention" and value in {k.value for k in EncoderKernel}:
                 whisper_parameters[key] = value
+            elif key == "word_timestamps" and value == "on":
+                request_parameters[key] = True
             elif key in INSTANCE_MODELS:
                 instances.update([instance_group(f"{key}={value}")])
             else:
@@ -83,7 +97,7 @@ def parse_variant(text: str) -> Variant:
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: {error}; see python -m bench.served_variants -h")
     if not label or (checkout and (output or instances or whisper_parameters)):
         raise argparse.ArgumentTypeError(f"bad --variant {text!r}: a label, and a checkout alone or changes alone")
-    return Variant(label, spec, checkout, output, instances, mps, quantize, whisper_parameters)
+    return Variant(label, spec, checkout, output, instances, mps, quantize, whisper_parameters, request_parameters)
 
 
 def repository_for(variant: Variant) -> Path | None:
@@ -103,7 +117,8 @@ def repository_for(variant: Variant) -> Path | None:
     return directory
 
 
-def run_variant(variant: Variant, checkpoint: str, jobs: list, args, settings: Settings, deadline: float) -> dict:
+def run_variant(variant: Variant, checkpoint: str, jobs: list[Job], args, settings: Settings, deadline: float) -> dict:
+    jobs = variant.jobs(jobs)
     command = ServeCommand(checkpoint, repository_for(variant), args.gpus, checkout=variant.checkout, mps=variant.mps,
                            quantize=variant.quantize)
     log_path = args.out / f"variant-{variant.label}.log"

@@ -15,7 +15,7 @@ import pytest
 from bench import served_report
 from bench.carry import gather, split
 from bench.host import CpuTimes, ServerProcesses, busy_cores, parse_proc_stat, process_cpu_seconds
-from bench.jobs import MAX_FORCED_TOKENS, forced_jobs, forced_tokens, real_jobs
+from bench.jobs import MAX_FORCED_TOKENS, Job, forced_jobs, forced_tokens, real_jobs
 from bench.load import first_clip, split_slots
 from bench.server_process import ServeCommand
 from bench.standin import CANNED_NAME, STANDIN_SOURCE, canned_check, canned_verbose_json, write_standin_repository
@@ -556,7 +556,13 @@ def test_a_variant_may_run_the_encoder_attention_through_another_kernel(tmp_path
     repository = served_variants.repository_for(variant)
     assert config_parameter((repository / "whisper" / "config.pbtxt").read_text(), "encoder_attention") == "flashinfer"
     assert served_variants.repository_for(served_variants.parse_variant("shipped=quantize:fp8")) is None
-    for bad in ("fa3=encoder_attention:fa3", "mixed=checkout:.before,encoder_attention:flashinfer"):
+    words = served_variants.parse_variant("words=word_timestamps:on,checkout:.before")
+    assert words.request_parameters == {"word_timestamps": True} and words.checkout is not None
+    job = Job(None, {"language": "en"}, None)
+    assert [j.parameters for j in words.jobs([job])] == [{"language": "en", "word_timestamps": True}]
+    assert variant.jobs([job]) == [job]
+    for bad in ("fa3=encoder_attention:fa3", "mixed=checkout:.before,encoder_attention:flashinfer",
+                "words=word_timestamps:yes"):
         with pytest.raises(argparse.ArgumentTypeError, match="bad --variant"):
             served_variants.parse_variant(bad)
 
