@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import contextlib
 import logging
 import queue
 import threading
@@ -135,6 +136,10 @@ class Engine:
         # Loop turns completed: a watcher that sees it stand still while the engine holds
         # work knows the engine thread is stuck (`serving.stall_watch`).
         self.turns = 0
+        # Entered around each delivery of the windows a step finished, before their kept
+        # slots are freed: a pipeline's word alignments wait in it and run together as it
+        # ends (`transcription.alignment_rounds`).
+        self.delivery_round: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
         # Stop the thread before the interpreter tears down, even if nobody calls close():
         # a thread still inside torch at exit aborts the process.
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -415,9 +420,12 @@ class Engine:
                 self._answer(item.tag, refusal)
 
     def _deliver(self, finished: list[Finished]) -> None:
-        for job, result in finished:
-            self._answer(job, result)
-        self.batch.release_kept()  # the slots kept for these callbacks (`submit`'s keep_audio)
+        try:
+            with self.delivery_round():
+                for job, result in finished:
+                    self._answer(job, result)
+        finally:
+            self.batch.release_kept()  # the slots kept for these callbacks (`submit`'s keep_audio)
 
     def _answer(self, job: _Job, outcome: DecodingResult | BaseException) -> None:
         if isinstance(outcome, CancelledError):

@@ -10,12 +10,15 @@ wherever the transcript is written. This costs one extra decoder pass, paid only
 by requests that ask for word timestamps; everything else keeps the fast attention
 path. The window's cross-attention K/V are those its decoding used, still in its
 KV slot while the result's callback runs (`Engine.submit`'s keep_audio); without a
-slot (a caller that did not keep it) the window is encoded again. It runs in the
-engine's callback, on the engine thread, so the running batch's next step waits for it.
+slot (a caller that did not keep it) the window is encoded again. It runs on the
+engine thread, so the running batch's next step waits for it: `align_many` aligns the
+windows an engine step delivers together in one padded pass (`alignment_rounds`), so
+that their launches and reads back to the host are paid once, not once a window.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,13 +37,44 @@ from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.text.windows import text_tokens
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
-class _RecordingAttention:
-    """Plain attention over one teacher-forced sequence that keeps the
-    alignment heads' scaled cross-attention scores: {layer: [heads, tokens, frames]}."""
+# Each text token's start (seconds into the window) and the last one's end, then each
+# token's probability: what `text.words` makes the words from.
+Aligned = tuple[tuple[float, ...], tuple[float, ...]]
 
-    def __init__(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], layers: set[int]) -> None:
+
+@dataclass(frozen=True)
+class AlignmentRequest:
+    """One decoded window to align: its segments, its audio (the engine's KV slot that
+    decoded it, else its features [n_mels, 3000] to encode again), the frames that hold
+    audio, and the language and task it was decoded with."""
+
+    segments: tuple[Segment, ...]
+    features: torch.Tensor | None
+    content_frames: int
+    language: str | None
+    task: Task
+    audio_slot: int | None = None
+
+
+@dataclass(frozen=True)
+class _Row:
+    """One request's teacher-forced sequence in the padded pass."""
+
+    request: int  # its index among the requests
+    sequence: list[int]  # prompt, the text tokens that fit, <|endoftext|>
+    first: int  # the position that predicts the first text token
+    text: int  # text tokens aligned
+    beyond: int  # text tokens past the context, not aligned
+class _RecordingAttention:
+    """Plain attention over teacher-forced sequences of `length` tokens each, rows
+    flattened, that keeps the alignment heads' scaled cross-attention scores:
+    {layer: [rows, heads, tokens, frames]}. cross_kv: each layer's K and V of the rows'
+    windows, [rows, frames, heads, head_dim]."""
+
+    def __init__(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], layers: set[int], length: int = 1) -> None:
         self.cross_kv = cross_kv
         self.layers = layers
+        self.length = length
         self.scores: dict[int, torch.Tensor] = {}
 
     def encoder_attention(self, q, k, v):
@@ -49,17 +83,25 @@ class _RecordingAttention:
     def begin_step(self, layout: StepLayout) -> None:
         pass
 
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows * length, heads, head_dim] -> [rows, heads, length, head_dim]"""
+        return x.view(-1, self.length, *x.shape[1:]).transpose(1, 2)
+
+    def _flat(self, x: torch.Tensor) -> torch.Tensor:
+        """[rows, heads, length, head_dim] -> [rows * length, heads, head_dim]"""
+        return x.transpose(1, 2).reshape(-1, *x.shape[1:2], x.shape[-1])
+
     def self_attention(self, layer: int, q, k, v):
-        out = F.scaled_dot_product_attention(q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), is_causal=True)
-        return out.transpose(0, 1)
+        # Padding follows each row's tokens, so causal attention keeps it out of them.
+        return self._flat(F.scaled_dot_product_attention(self._rows(q), self._rows(k), self._rows(v), is_causal=True))
 
     def cross_attention(self, layer: int, q):
-        keys, values = (t[0].transpose(0, 1) for t in self.cross_kv[layer])  # [heads, frames, head_dim]
-        scores = (q.transpose(0, 1).float() @ keys.float().transpose(1, 2)) * q.shape[-1] ** -0.5
+        keys, values = (t.transpose(1, 2) for t in self.cross_kv[layer])  # [rows, heads, frames, head_dim]
+        scores = (self._rows(q).float() @ keys.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
         if layer in self.layers:
             self.scores[layer] = scores
-        weights = scores.softmax(dim=-1)  # [heads, tokens, frames]
-        return (weights.to(values.dtype) @ values).transpose(0, 1)
+        weights = scores.softmax(dim=-1)  # [rows, heads, tokens, frames]
+        return self._flat(weights.to(values.dtype) @ values)
 
 
 @dataclass(frozen=True)
@@ -69,7 +111,6 @@ class Aligner:
     tokenizer: Tokenizer
     pool: KVSlotPool | None = None  # the engine's, whose kept slots hold windows' encoder K/V
 
-    @torch.inference_mode()
     def align(
         self,
         segments: tuple[Segment, ...],
@@ -79,79 +120,133 @@ class Aligner:
         task: Task,
         *,
         audio_slot: int | None = None,
-    ) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    ) -> Aligned:
         """When each text token of one window's segments starts (seconds into the window),
         then when the last one ends, and each token's probability: what `text.words`
         makes the words from (`DecodedWindow.token_times`). The window is the pool's
         `audio_slot`, else encoded from `features` ([n_mels, 3000])."""
-        tokens = [t for mine in text_tokens(segments, self.config.special.eot) for t in mine]
-        if not tokens or not self.config.alignment_heads:
-            return (), ()
-        audio = self.window_audio(features, audio_slot)
-        starts, probabilities = self.token_starts(audio, tokens, content_frames, language, task)
-        return tuple(float(t) for t in starts), tuple(probabilities)
+        return self.align_many([AlignmentRequest(segments, features, content_frames, language, task, audio_slot)])[0]
+
+    @torch.inference_mode()
+    def align_many(self, requests: Sequence[AlignmentRequest]) -> list[Aligned]:
+        """`align` for several windows, in one teacher-forced decoder pass over their
+        sequences padded to the longest (each row its own window's K/V), with one read
+        back to the host for the probabilities and one for the alignment heads' scores;
+        the smoothing and the time warping then run on the host, a row at a time."""
+        eot = self.config.special.eot
+        texts = [[t for mine in text_tokens(r.segments, eot) for t in mine] for r in requests]
+        aligned: list[Aligned] = [((), ())] * len(requests)
+        rows = [self._row(i, requests[i], text) for i, text in enumerate(texts)
+                if text and self.config.alignment_heads]
+        if not rows:
+            return aligned
+        audio = self.windows_audio([requests[row.request] for row in rows])
+        for row, (starts, probabilities) in zip(rows, self._token_starts(audio, rows, requests)):
+            aligned[row.request] = (tuple(float(t) for t in starts), tuple(probabilities))
+        return aligned
+
+    def _row(self, index: int, request: AlignmentRequest, text: list[int]) -> _Row:
+        # Through <|notimestamps|>, whose position predicts the first text token.
+        prompt = transcript_prefix(self.config, request.language or "en", request.task, timestamps=False)
+        # The length invariant: a window that filled the text context while decoding
+        # (with a shorter prompt, timestamps among its tokens) may not fit behind this
+        # prompt. The tokens past the context are not aligned: they start where the
+        # last aligned one ends, with probability 0 (the model never weighed them).
+        fits = min(len(text), self.config.dims.n_text_ctx - len(prompt) - 1)
+        return _Row(index, [*prompt, *text[:fits], self.config.special.eot], len(prompt) - 1, fits, len(text) - fits)
 
     def window_audio(
         self, features: torch.Tensor | None, audio_slot: int | None = None
     ) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each decoder layer's cross-attention K and V of the window, [1, 1500, heads, head_dim]."""
+        return self.windows_audio([AlignmentRequest((), features, 0, None, Task.TRANSCRIBE, audio_slot)])
+
+    @torch.inference_mode()
+    def windows_audio(self, requests: Sequence[AlignmentRequest]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each decoder layer's cross-attention K and V of the requests' windows, [windows,
+        1500, heads, head_dim]: gathered from their kept slots (an FP8 pool's cast back),
+        or encoded again from their features."""
         parameter = next(self.model.parameters())
-        if audio_slot is not None and self.pool is not None:  # an FP8 pool's K/V cast back
-            kept = slice(audio_slot, audio_slot + 1)
-            return [(k[kept].to(parameter.dtype), v[kept].to(parameter.dtype))
-                    for k, v in zip(self.pool.cross_k, self.pool.cross_v)]
-        if features is None:
+        kept = [i for i, r in enumerate(requests) if r.audio_slot is not None and self.pool is not None]
+        again = [i for i in range(len(requests)) if i not in kept]
+        if any(requests[i].features is None for i in again):
             raise ValueError("a window to align needs its features or its kept KV slot")
-        audio_features = self.model.encode(features[None].to(parameter.device, parameter.dtype),
-                                           _RecordingAttention([], set()))
-        return self.model.cross_kv(audio_features)
+        parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
+        if kept:
+            slots = torch.tensor([requests[i].audio_slot for i in kept], device=parameter.device)
+            parts.append([(_gathered(k, slots, parameter.dtype), _gathered(v, slots, parameter.dtype))
+                          for k, v in zip(self.pool.cross_k, self.pool.cross_v)])
+        if again:
+            mel = torch.stack([requests[i].features for i in again]).to(parameter.device, parameter.dtype)
+            parts.append(self.model.cross_kv(self.model.encode(mel, _RecordingAttention([], set()))))
+        if len(parts) == 1:
+            return parts[0]
+        order = torch.tensor([*kept, *again]).argsort().to(parameter.device)  # back to the requests' order
+        return [(torch.cat([a[0], b[0]]).index_select(0, order), torch.cat([a[1], b[1]]).index_select(0, order))
+                for a, b in zip(*parts)]
 
     @torch.inference_mode()
     def token_starts(
         self, audio: list[tuple[torch.Tensor, torch.Tensor]], text_tokens: list[int], content_frames: int,
         language: str | None, task: Task,
     ) -> tuple[np.ndarray, list[float]]:
-        """When each text token starts (seconds into the window), plus one more
-        entry for the end of the last token; and each token's probability. audio:
-        each decoder layer's cross-attention K and V of the window (`window_audio`)."""
-        special = self.config.special
-        # Through <|notimestamps|>, whose position predicts the first text token.
-        prompt = transcript_prefix(self.config, language or "en", task, timestamps=False)
-        # The length invariant: a window that filled the text context while decoding
-        # (with a shorter prompt, timestamps among its tokens) may not fit behind this
-        # prompt. The tokens past the context are not aligned: they start where the
-        # last aligned one ends, with probability 0 (the model never weighed them).
-        fits = self.config.dims.n_text_ctx - len(prompt) - 1
-        if len(text_tokens) > fits:
-            starts, probabilities = self.token_starts(audio, text_tokens[:fits], content_frames, language, task)
-            beyond = len(text_tokens) - fits
-            return np.concatenate([starts, np.full(beyond, starts[-1])]), probabilities + [0.0] * beyond
-        sequence = [*prompt, *text_tokens, special.eot]
-        first = len(prompt) - 1  # the position that predicts text_tokens[0]
+        """When each text token starts (seconds into the window), plus one more entry
+        for the end of the last token; and each token's probability. audio: each decoder
+        layer's cross-attention K and V of the window (`window_audio`)."""
+        request = AlignmentRequest((), None, content_frames, language, task)
+        return self._token_starts(audio, [self._row(0, request, list(text_tokens))], [request])[0]
+
+    @torch.inference_mode()
+    def _token_starts(
+        self, audio: list[tuple[torch.Tensor, torch.Tensor]], rows: list[_Row], requests: Sequence[AlignmentRequest]
+    ) -> list[tuple[np.ndarray, list[float]]]:
+        """When each row's text tokens start (seconds into its window), plus one more
+        entry for the end of its last token; and each token's probability."""
         device = next(self.model.parameters()).device
         heads = self.config.alignment_heads
-        recorder = _RecordingAttention(audio, {layer for layer, _ in heads})
-        ids = torch.tensor(sequence, device=device)
-        layout = StepLayout(torch.zeros(1, dtype=torch.long, device=device), (len(sequence),), (0,))
-        logits = self.model.decode_step(ids, layout, recorder, torch.arange(len(sequence), device=device))
-
+        length = max(len(row.sequence) for row in rows)
+        eot = self.config.special.eot
+        ids = torch.full((len(rows), length), eot, dtype=torch.long)
+        following = torch.zeros(len(rows), length, dtype=torch.long)  # the token each position predicts
+        for r, row in enumerate(rows):
+            ids[r, : len(row.sequence)] = torch.tensor(row.sequence)
+            following[r, row.first : row.first + row.text] = torch.tensor(row.sequence[row.first + 1 : -1])
+        recorder = _RecordingAttention(audio, {layer for layer, _ in heads}, length)
+        layout = StepLayout(torch.zeros(len(rows), dtype=torch.long, device=device), (length,) * len(rows),
+                            (0,) * len(rows))
+        logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
+                                        torch.arange(len(rows) * length, device=device))
         # How sure the model was of each text token, as openai-whisper reports it.
-        text_logits = logits[first : first + len(text_tokens), : special.eot].cpu()
-        probabilities = text_logits.softmax(dim=-1)[torch.arange(len(text_tokens)), text_tokens].tolist()
+        chances = logits.view(len(rows), length, -1)[..., :eot].softmax(dim=-1)
+        chances = chances.gather(-1, following.to(device)[..., None])[..., 0].cpu()
+        scores = torch.stack([recorder.scores[layer][:, head] for layer, head in heads], dim=1).cpu()
+        found = []
+        for r, row in enumerate(rows):
+            probabilities = chances[r, row.first : row.first + row.text].tolist()
+            # Attention over the frames that hold audio only: the padding must not
+            # take probability away from them.
+            frames = max(1, requests[row.request].content_frames // geometry.ENCODER_STRIDE)
+            weights = scores[r, :, : len(row.sequence), :frames].softmax(dim=-1)
+            std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
+            weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
+            # Rows: the positions that predict each text token (<|notimestamps|> predicts
+            # the first), then the last text token's position, which predicts the end.
+            matrix = weights.mean(dim=0)[row.first : -1]
+            text_index, time_index = dynamic_time_warping(-matrix.double().numpy())
+            jumps = np.pad(np.diff(text_index), (1, 0), constant_values=1).astype(bool)
+            starts = time_index[jumps] * geometry.SECONDS_PER_POSITION
+            if row.beyond:
+                starts = np.concatenate([starts, np.full(row.beyond, starts[-1])])
+                probabilities += [0.0] * row.beyond
+            found.append((starts, probabilities))
+        return found
 
-        # Attention over the frames that hold audio only: the padding must not
-        # take probability away from them.
-        frames = max(1, content_frames // geometry.ENCODER_STRIDE)
-        scores = torch.stack([recorder.scores[layer][head, :, :frames] for layer, head in heads])
-        weights = scores.softmax(dim=-1)
-        std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
-        weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
-        # Rows: the positions that predict each text token (<|notimestamps|> predicts
-        # the first), then the last text token's position, which predicts the end.
-        matrix = weights.mean(dim=0)[first:-1]
-        text_index, time_index = dynamic_time_warping(-matrix.double().cpu().numpy())
-        jumps = np.pad(np.diff(text_index), (1, 0), constant_values=1).astype(bool)
-        return time_index[jumps] * geometry.SECONDS_PER_POSITION, probabilities
+
+def _gathered(t: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """The slots' rows of a pool tensor in `dtype` (an FP8 one selected as its bytes)."""
+    if t.element_size() == 1 and t.dtype != torch.uint8:
+        return t.view(torch.uint8).index_select(0, slots).view(t.dtype).to(dtype)
+    return t.index_select(0, slots).to(dtype)
 
 
 def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:

@@ -51,8 +51,9 @@ from python_backend_lib.core.options import (
 from python_backend_lib.core.segments import Segment
 from python_backend_lib.engine.draws import window_seed
 from python_backend_lib.text.tokenizer import Tokenizer
-from python_backend_lib.text.windows import window_segments
+from python_backend_lib.text.windows import WindowSegments, window_segments
 from python_backend_lib.text.words import with_words
+from python_backend_lib.transcription.alignment import Aligned, AlignmentRequest
 from python_backend_lib.transcription.chunking import Chunk, frame_loudness, plan_chunks
 from python_backend_lib.transcription.hallucination import cut_window, first_segments
 
@@ -103,8 +104,8 @@ class WindowAt:
 
 # Engine.submit(features, options, on_done, is_cancelled, content_frames=..., keep_audio=..., live=...)
 Submit = Callable[..., None]
-# Aligner.align(segments, features, content_frames, language, task, audio_slot=...) -> (token times, probabilities)
-Align = Callable[..., tuple[tuple[float, ...], tuple[float, ...]]]
+# AlignmentRounds.align(request, then): `then` later gets (token times, probabilities) or the error
+Align = Callable[[AlignmentRequest, Callable[[Aligned | BaseException], None]], None]
 
 
 class LongFormJob:
@@ -279,14 +280,32 @@ class LongFormJob:
         )
         split = window_segments(decoded, self.tokenizer)
         if self.options.word_timestamps and split.segments:
-            # Runs on the engine thread, between decoder steps, on the window's encoder
-            # K/V still in its slot (else, encoded again from its features).
+            # Aligned on the engine thread, with the other windows its step delivered, on
+            # the window's encoder K/V still in its slot (else, encoded again from its features).
             features = None if result.audio_slot is not None else self._window(chunk, seek)[0]
-            times, probabilities = self.align(
-                split.segments, features, frames, self.language, self.options.decoding.task,
-                audio_slot=result.audio_slot,
-            )
-            decoded = dataclasses.replace(decoded, token_times=times, token_probabilities=probabilities)
+            request = AlignmentRequest(split.segments, features, frames, self.language, self.options.decoding.task,
+                                       result.audio_slot)
+            self.align(request, partial(self._aligned, window, result, decoded, split))
+            return
+        self._settle(window, result, decoded, split)
+
+    def _aligned(self, window: WindowAt, result: DecodingResult, decoded: DecodedWindow, split: WindowSegments,
+                 outcome: Aligned | BaseException) -> None:
+        """The window's word alignment (`alignment_rounds`): settle the window with it."""
+        try:
+            if isinstance(outcome, BaseException):
+                raise outcome
+            if self._failed:
+                return
+            times, probabilities = outcome
+            self._settle(window, result, dataclasses.replace(decoded, token_times=times,
+                                                             token_probabilities=probabilities), split)
+        except BaseException as error:  # never leave the caller waiting
+            self._fail(error)
+
+    def _settle(self, window: WindowAt, result: DecodingResult, decoded: DecodedWindow, split: WindowSegments) -> None:
+        """Keep the decoded window (its hallucinations cut) and go on past it."""
+        chunk, seek = window.chunk, window.seek
         segments, next_seek = split.segments, seek + split.advance
         if self.options.hallucination_silence_threshold is not None and segments:
             decoded, segments, next_seek = self._without_hallucinations(decoded, segments, next_seek)

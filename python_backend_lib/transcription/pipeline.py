@@ -42,6 +42,7 @@ from python_backend_lib.engine.scheduler import Engine, EngineOptions
 from python_backend_lib.text.tokenizer import Tokenizer, load_tokenizer
 from python_backend_lib.text.transcript import Transcript, assemble
 from python_backend_lib.transcription.alignment import Aligner
+from python_backend_lib.transcription.alignment_rounds import AlignmentRounds
 from python_backend_lib.transcription.longform import LongFormJob
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,10 @@ class Pipeline:
         self.engine = engine
         has_heads = tokenizer is not None and bool(config.alignment_heads)
         self.aligner = Aligner(model, config, tokenizer, engine.batch.pool) if has_heads else None
+        # The windows one engine step delivers are aligned together (`alignment_rounds`).
+        self.alignments = AlignmentRounds(self.aligner) if self.aligner else None
+        if self.alignments is not None:
+            engine.delivery_round = self.alignments.round
         self.attention_backend = AttentionBackendName.SDPA  # set by `load`
         self.load_times = LoadTimes()
         self.feature_graphs: FeatureGraphs | None = None  # captured log-mel passes (`load`, on a GPU)
@@ -183,7 +188,7 @@ class Pipeline:
                 options,
                 on_done,
                 is_cancelled,
-                self.aligner.align if self.aligner else None,
+                self.alignments.align if self.alignments else None,
                 on_progress,
             ).start()
 

@@ -108,11 +108,11 @@ def test_words_align_on_the_kept_slot_as_on_the_window_encoded_again(pipe, monke
     aligner = pipe.aligner
 
     class Spying:
-        def align(self, *args, audio_slot=None, **kwargs):
-            slots.append(audio_slot)
-            return aligner.align(*args, audio_slot=audio_slot, **kwargs)
+        def align_many(self, requests):
+            slots.extend(r.audio_slot for r in requests)
+            return aligner.align_many(requests)
 
-    monkeypatch.setattr(pipe, "aligner", Spying())
+    monkeypatch.setattr(pipe.alignments, "aligner", Spying())
     kept = pipe.transcribe(audio, options)
     assert len(slots) >= windows and all(slot is not None for slot in slots)  # no window encoded again
 
@@ -143,3 +143,49 @@ def test_a_segment_opening_after_a_pause_is_cut_to_two_median_words():
     late = words((0.0, 2.0), (2.0, 2.3), (2.3, 2.6), (2.6, 2.9))
     assert shorten_words_after_pauses([late], window_start=0.0)[0][0].start == 1.4
     assert shorten_words_after_pauses([[], []], window_start=0.0) == [[], []]
+
+
+def test_windows_aligned_in_one_pass_get_the_times_each_gets_alone(pipe):
+    """`align_many` pads the windows' sequences into one decoder pass; each window's token
+    times equal those of its own pass, and its probabilities within float32's rounding."""
+    from python_backend_lib.transcription.alignment import AlignmentRequest
+
+    requests = []
+    for clip in CLIPS:
+        waveform = decode_audio((DATA / clip).read_bytes())
+        features = window_features(waveform, pipe.n_mels)
+        result = pipe.decode([waveform], DecodingOptions(timestamps=True))[0]
+        segments = pipe.transcribe(waveform, TranscribeOptions(decoding=DecodingOptions(timestamps=True))).segments
+        assert result.tokens and segments
+        requests.append(AlignmentRequest(tuple(segments), features, len(waveform) // geometry.HOP_LENGTH, "en",
+                                         Task.TRANSCRIBE))
+    assert len({len(s.tokens) for r in requests for s in r.segments[:1]}) > 1  # sequences of other lengths
+    together = pipe.aligner.align_many(requests)
+    for request, (times, probabilities) in zip(requests, together):
+        alone_times, alone_probabilities = pipe.aligner.align(
+            request.segments, request.features, request.content_frames, request.language, request.task)
+        assert times == alone_times and len(times) > 5
+        np.testing.assert_allclose(probabilities, alone_probabilities, atol=1e-5)
+
+
+def test_the_windows_one_step_delivers_are_aligned_in_one_round(pipe, monkeypatch):
+    """Recordings sent together with word timestamps: the windows each engine step
+    delivers are aligned in one `align_many` call, fewer calls than windows, and every
+    recording gets the words it gets alone."""
+    options = TranscribeOptions(decoding=DecodingOptions(timestamps=True), word_timestamps=True)
+    audio = [(DATA / clip).read_bytes() for clip in ["jfk.wav", "jfk.wav", "cards_005.wav", "jfk.wav"]]
+    alone = [pipe.transcribe(a, options) for a in audio]
+    calls = []
+    aligner = pipe.alignments.aligner
+
+    class Counting:
+        def align_many(self, requests):
+            calls.append(len(requests))
+            return aligner.align_many(requests)
+
+    monkeypatch.setattr(pipe.alignments, "aligner", Counting())
+    together = pipe.transcribe_many(audio, options)
+    assert sum(calls) == len(audio) and len(calls) < len(audio) and max(calls) > 1
+    for a, b in zip(alone, together):
+        assert [(w.word, w.start, w.end) for s in a.segments for w in s.words] == [
+            (w.word, w.start, w.end) for s in b.segments for w in s.words]
