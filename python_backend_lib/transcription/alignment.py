@@ -37,6 +37,10 @@ from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.text.windows import text_tokens
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
+# Device memory one padded pass may take for its attention scores (float32, every head's
+# transient scores and weights, and the alignment heads' kept): windows beyond it go in
+# another pass. A window of 448 tokens of large-v3 takes about 0.2 GB; tiny's of 40, 3 MB.
+PASS_SCORE_BYTES = 1 << 30
 # Each text token's start (seconds into the window) and the last one's end, then each
 # token's probability: what `text.words` makes the words from.
 Aligned = tuple[tuple[float, ...], tuple[float, ...]]
@@ -68,14 +72,16 @@ class _Row:
 class _RecordingAttention:
     """Plain attention over teacher-forced sequences of `length` tokens each, rows
     flattened, that keeps the alignment heads' scaled cross-attention scores:
-    {layer: [rows, heads, tokens, frames]}. cross_kv: each layer's K and V of the rows'
+    {(layer, head): [rows, tokens, frames]}. cross_kv: each layer's K and V of the rows'
     windows, [rows, frames, heads, head_dim]."""
 
-    def __init__(self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], layers: set[int], length: int = 1) -> None:
+    def __init__(
+        self, cross_kv: list[tuple[torch.Tensor, torch.Tensor]], heads: Sequence[tuple[int, int]], length: int = 1
+    ) -> None:
         self.cross_kv = cross_kv
-        self.layers = layers
+        self.heads = heads
         self.length = length
-        self.scores: dict[int, torch.Tensor] = {}
+        self.scores: dict[tuple[int, int], torch.Tensor] = {}
 
     def encoder_attention(self, q, k, v):
         return sdpa_encoder_attention(q, k, v)
@@ -98,8 +104,9 @@ class _RecordingAttention:
     def cross_attention(self, layer: int, q):
         keys, values = (t.transpose(1, 2) for t in self.cross_kv[layer])  # [rows, heads, frames, head_dim]
         scores = (self._rows(q).float() @ keys.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
-        if layer in self.layers:
-            self.scores[layer] = scores
+        for kept in self.heads:
+            if kept[0] == layer:
+                self.scores[kept] = scores[:, kept[1]]
         weights = scores.softmax(dim=-1)  # [rows, heads, tokens, frames]
         return self._flat(weights.to(values.dtype) @ values)
 
@@ -140,10 +147,23 @@ class Aligner:
                 if text and self.config.alignment_heads]
         if not rows:
             return aligned
-        audio = self.windows_audio([requests[row.request] for row in rows])
-        for row, (starts, probabilities) in zip(rows, self._token_starts(audio, rows, requests)):
-            aligned[row.request] = (tuple(float(t) for t in starts), tuple(probabilities))
+        for group in self._passes(rows):
+            audio = self.windows_audio([requests[row.request] for row in group])
+            for row, (starts, probabilities) in zip(group, self._token_starts(audio, group, requests)):
+                aligned[row.request] = (tuple(float(t) for t in starts), tuple(probabilities))
         return aligned
+
+    def _passes(self, rows: list[_Row]) -> list[list[_Row]]:
+        """The rows in passes whose attention scores fit PASS_SCORE_BYTES (at least one row
+        a pass), shortest sequences first so that a pass pads little."""
+        dims = self.config.dims
+        per_token = (2 * dims.n_text_head + len(self.config.alignment_heads)) * dims.n_audio_ctx * 4
+        passes: list[list[_Row]] = [[]]
+        for row in sorted(rows, key=lambda r: len(r.sequence)):
+            if passes[-1] and (len(passes[-1]) + 1) * len(row.sequence) * per_token > PASS_SCORE_BYTES:
+                passes.append([])
+            passes[-1].append(row)
+        return passes
 
     def _row(self, index: int, request: AlignmentRequest, text: list[int]) -> _Row:
         # Through <|notimestamps|>, whose position predicts the first text token.
@@ -178,7 +198,7 @@ class Aligner:
                           for k, v in zip(self.pool.cross_k, self.pool.cross_v)])
         if again:
             mel = torch.stack([requests[i].features for i in again]).to(parameter.device, parameter.dtype)
-            parts.append(self.model.cross_kv(self.model.encode(mel, _RecordingAttention([], set()))))
+            parts.append(self.model.cross_kv(self.model.encode(mel, _RecordingAttention([], ()))))
         if len(parts) == 1:
             return parts[0]
         order = torch.tensor([*kept, *again]).argsort().to(parameter.device)  # back to the requests' order
@@ -211,7 +231,7 @@ class Aligner:
         for r, row in enumerate(rows):
             ids[r, : len(row.sequence)] = torch.tensor(row.sequence)
             following[r, row.first : row.first + row.text] = torch.tensor(row.sequence[row.first + 1 : -1])
-        recorder = _RecordingAttention(audio, {layer for layer, _ in heads}, length)
+        recorder = _RecordingAttention(audio, heads, length)
         layout = StepLayout(torch.zeros(len(rows), dtype=torch.long, device=device), (length,) * len(rows),
                             (0,) * len(rows))
         logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
@@ -219,7 +239,7 @@ class Aligner:
         # How sure the model was of each text token, as openai-whisper reports it.
         chances = logits.view(len(rows), length, -1)[..., :eot].softmax(dim=-1)
         chances = chances.gather(-1, following.to(device)[..., None])[..., 0].cpu()
-        scores = torch.stack([recorder.scores[layer][:, head] for layer, head in heads], dim=1).cpu()
+        scores = torch.stack([recorder.scores[kept] for kept in heads], dim=1).cpu()
         found = []
         for r, row in enumerate(rows):
             probabilities = chances[r, row.first : row.first + row.text].tolist()

@@ -145,9 +145,11 @@ def test_a_segment_opening_after_a_pause_is_cut_to_two_median_words():
     assert shorten_words_after_pauses([[], []], window_start=0.0) == [[], []]
 
 
-def test_windows_aligned_in_one_pass_get_the_times_each_gets_alone(pipe):
+def test_windows_aligned_in_one_pass_get_the_times_each_gets_alone(pipe, monkeypatch):
     """`align_many` pads the windows' sequences into one decoder pass; each window's token
-    times equal those of its own pass, and its probabilities within float32's rounding."""
+    times equal those of its own pass, and its probabilities within float32's rounding.
+    Past PASS_SCORE_BYTES the windows go in several passes, with the same results."""
+    from python_backend_lib.transcription import alignment
     from python_backend_lib.transcription.alignment import AlignmentRequest
 
     requests = []
@@ -166,6 +168,13 @@ def test_windows_aligned_in_one_pass_get_the_times_each_gets_alone(pipe):
             request.segments, request.features, request.content_frames, request.language, request.task)
         assert times == alone_times and len(times) > 5
         np.testing.assert_allclose(probabilities, alone_probabilities, atol=1e-5)
+    passes = []
+    monkeypatch.setattr(alignment, "PASS_SCORE_BYTES", 1)  # a window a pass
+    monkeypatch.setattr(alignment.Aligner, "windows_audio",
+                        lambda self, mine, shipped=alignment.Aligner.windows_audio: passes.append(len(mine))
+                        or shipped(self, mine))
+    apart = pipe.aligner.align_many(requests)
+    assert passes == [1, 1, 1] and [a[0] for a in apart] == [t[0] for t in together]
 
 
 def test_the_windows_one_step_delivers_are_aligned_in_one_round(pipe, monkeypatch):
