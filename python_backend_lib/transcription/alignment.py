@@ -37,9 +37,10 @@ from python_backend_lib.text.tokenizer import Tokenizer
 from python_backend_lib.text.windows import text_tokens
 
 MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
-# Device memory one padded pass may take for its attention scores (float32, every head's
-# transient scores and weights, and the alignment heads' kept): windows beyond it go in
-# another pass. A window of 448 tokens of large-v3 takes about 0.2 GB; tiny's of 40, 3 MB.
+# Device memory one padded pass may take for what grows with its tokens (float32: every
+# head's transient attention scores and weights, the alignment heads' kept, the logits
+# and their reduction): windows beyond it go in another pass. A token of large-v3 takes
+# about 0.9 MB, so a pass holds some 1,100 tokens (two or three long windows).
 PASS_SCORE_BYTES = 1 << 30
 # Each text token's start (seconds into the window) and the last one's end, then each
 # token's probability: what `text.words` makes the words from.
@@ -157,7 +158,8 @@ class Aligner:
         """The rows in passes whose attention scores fit PASS_SCORE_BYTES (at least one row
         a pass), shortest sequences first so that a pass pads little."""
         dims = self.config.dims
-        per_token = (2 * dims.n_text_head + len(self.config.alignment_heads)) * dims.n_audio_ctx * 4
+        scores = (2 * dims.n_text_head + len(self.config.alignment_heads)) * dims.n_audio_ctx
+        per_token = (scores + 3 * dims.n_vocab) * 4  # float32
         passes: list[list[_Row]] = [[]]
         for row in sorted(rows, key=lambda r: len(r.sequence)):
             if passes[-1] and (len(passes[-1]) + 1) * len(row.sequence) * per_token > PASS_SCORE_BYTES:
@@ -236,9 +238,11 @@ class Aligner:
                             (0,) * len(rows))
         logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
                                         torch.arange(len(rows) * length, device=device))
-        # How sure the model was of each text token, as openai-whisper reports it.
-        chances = logits.view(len(rows), length, -1)[..., :eot].softmax(dim=-1)
-        chances = chances.gather(-1, following.to(device)[..., None])[..., 0].cpu()
+        # How sure the model was of each text token, as openai-whisper reports it: its
+        # softmax over the text tokens, without a copy of them all.
+        text_logits = logits.view(len(rows), length, -1)[..., :eot]
+        picked = text_logits.gather(-1, following.to(device)[..., None])[..., 0]
+        chances = (picked - text_logits.logsumexp(dim=-1)).exp().cpu()
         scores = torch.stack([recorder.scores[kept] for kept in heads], dim=1).cpu()
         found = []
         for r, row in enumerate(rows):
