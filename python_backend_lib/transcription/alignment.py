@@ -70,6 +70,8 @@ class _Row:
     first: int  # the position that predicts the first text token
     text: int  # text tokens aligned
     beyond: int  # text tokens past the context, not aligned
+
+
 class _RecordingAttention:
     """Plain attention over teacher-forced sequences of `length` tokens each, rows
     flattened, that keeps the alignment heads' scaled cross-attention scores:
@@ -106,8 +108,8 @@ class _RecordingAttention:
         keys, values = (t.transpose(1, 2) for t in self.cross_kv[layer])  # [rows, heads, frames, head_dim]
         scores = (self._rows(q).float() @ keys.float().transpose(-1, -2)) * q.shape[-1] ** -0.5
         for kept in self.heads:
-            if kept[0] == layer:
-                self.scores[kept] = scores[:, kept[1]]
+            if kept[0] == layer:  # a copy: a view would hold every head's scores
+                self.scores[kept] = scores[:, kept[1]].clone()
         weights = scores.softmax(dim=-1)  # [rows, heads, tokens, frames]
         return self._flat(weights.to(values.dtype) @ values)
 
