@@ -421,9 +421,10 @@ class Engine:
 
     def _deliver(self, finished: list[Finished]) -> None:
         try:
-            with self.delivery_round():
-                for job, result in finished:
-                    self._answer(job, result)
+            if finished:  # most steps finish nothing: no round to open
+                with self.delivery_round():
+                    for job, result in finished:
+                        self._answer(job, result)
         finally:
             self.batch.release_kept()  # the slots kept for these callbacks (`submit`'s keep_audio)
 
