@@ -42,6 +42,13 @@ MEDIAN_FILTER_WIDTH = 7  # positions of 20 ms
 # and their reduction): windows beyond it go in another pass. A token of large-v3 takes
 # about 0.9 MB, so a pass holds some 1,100 tokens (two or three long windows).
 PASS_SCORE_BYTES = 1 << 30
+# A pass's shape on a GPU: its sequences padded to the first of these lengths that holds
+# the longest, its rows to PASS_ROWS (fewer where PASS_SCORE_BYTES says). cuBLAS picks its
+# kernels by shape, so in passes shaped by their company a window's token times would
+# differ with the windows aligned beside it, and with them where a long recording's next
+# window starts. On the CPU a pass is its rows as they come, padded to the longest.
+PASS_LENGTHS = (32, 64, 128, 256, 448)
+PASS_ROWS = 8
 # Each text token's start (seconds into the window) and the last one's end, then each
 # token's probability: what `text.words` makes the words from.
 Aligned = tuple[tuple[float, ...], tuple[float, ...]]
@@ -70,6 +77,16 @@ class _Row:
     first: int  # the position that predicts the first text token
     text: int  # text tokens aligned
     beyond: int  # text tokens past the context, not aligned
+
+
+@dataclass(frozen=True)
+class _Pass:
+    """Rows aligned in one decoder pass of `count` rows of `length` tokens (the rows
+    past these padding)."""
+
+    rows: list[_Row]
+    count: int
+    length: int
 
 
 class _RecordingAttention:
@@ -140,9 +157,9 @@ class Aligner:
     @torch.inference_mode()
     def align_many(self, requests: Sequence[AlignmentRequest]) -> list[Aligned]:
         """`align` for several windows, in one teacher-forced decoder pass over their
-        sequences padded to the longest (each row its own window's K/V), with one read
-        back to the host for the probabilities and one for the alignment heads' scores;
-        the smoothing and the time warping then run on the host, a row at a time."""
+        sequences padded together (each row its own window's K/V; `_passes` says how),
+        with one read back to the host for the probabilities and one for the cost
+        matrices; the time warping then runs on the host, a row at a time."""
         eot = self.config.special.eot
         texts = [[t for mine in text_tokens(r.segments, eot) for t in mine] for r in requests]
         aligned: list[Aligned] = [((), ())] * len(requests)
@@ -150,23 +167,33 @@ class Aligner:
                 if text and self.config.alignment_heads]
         if not rows:
             return aligned
-        for group in self._passes(rows):
-            audio = self.windows_audio([requests[row.request] for row in group])
-            for row, (starts, probabilities) in zip(group, self._token_starts(audio, group, requests)):
+        for a_pass in self._passes(rows, fixed_pass_shapes(next(self.model.parameters()).device)):
+            audio = self.windows_audio([requests[row.request] for row in a_pass.rows])
+            for row, (starts, probabilities) in zip(a_pass.rows, self._token_starts(audio, a_pass, requests)):
                 aligned[row.request] = (tuple(float(t) for t in starts), tuple(probabilities))
         return aligned
 
-    def _passes(self, rows: list[_Row]) -> list[list[_Row]]:
+    def _passes(self, rows: list[_Row], fixed: bool) -> list[_Pass]:
         """The rows in passes whose attention scores fit PASS_SCORE_BYTES (at least one row
-        a pass), shortest sequences first so that a pass pads little."""
+        a pass), shortest sequences first so that a pass pads little. `fixed`: of the
+        shapes PASS_LENGTHS and PASS_ROWS allow only."""
         dims = self.config.dims
         scores = (2 * dims.n_text_head + len(self.config.alignment_heads)) * dims.n_audio_ctx
         per_token = (scores + 3 * dims.n_vocab) * 4  # float32
-        passes: list[list[_Row]] = [[]]
+        passes: list[_Pass] = []
         for row in sorted(rows, key=lambda r: len(r.sequence)):
-            if passes[-1] and (len(passes[-1]) + 1) * len(row.sequence) * per_token > PASS_SCORE_BYTES:
-                passes.append([])
-            passes[-1].append(row)
+            length = len(row.sequence)
+            if fixed:
+                length = next((n for n in PASS_LENGTHS if n >= length), dims.n_text_ctx)
+                count = max(1, min(PASS_ROWS, PASS_SCORE_BYTES // (length * per_token)))
+                if passes and passes[-1].length == length and len(passes[-1].rows) < count:
+                    passes[-1] = _Pass([*passes[-1].rows, row], count, length)
+                else:
+                    passes.append(_Pass([row], count, length))
+            elif passes and (len(passes[-1].rows) + 1) * length * per_token <= PASS_SCORE_BYTES:
+                passes[-1] = _Pass([*passes[-1].rows, row], len(passes[-1].rows) + 1, length)
+            else:
+                passes.append(_Pass([row], 1, length))
         return passes
 
     def _row(self, index: int, request: AlignmentRequest, text: list[int]) -> _Row:
@@ -218,46 +245,55 @@ class Aligner:
         for the end of the last token; and each token's probability. audio: each decoder
         layer's cross-attention K and V of the window (`window_audio`)."""
         request = AlignmentRequest((), None, content_frames, language, task)
-        return self._token_starts(audio, [self._row(0, request, list(text_tokens))], [request])[0]
+        row = self._row(0, request, list(text_tokens))
+        return self._token_starts(audio, _Pass([row], 1, len(row.sequence)), [request])[0]
 
     @torch.inference_mode()
     def _token_starts(
-        self, audio: list[tuple[torch.Tensor, torch.Tensor]], rows: list[_Row], requests: Sequence[AlignmentRequest]
+        self, audio: list[tuple[torch.Tensor, torch.Tensor]], a_pass: _Pass, requests: Sequence[AlignmentRequest]
     ) -> list[tuple[np.ndarray, list[float]]]:
-        """When each row's text tokens start (seconds into its window), plus one more
-        entry for the end of its last token; and each token's probability."""
+        """When each of the pass's rows' text tokens start (seconds into its window), plus
+        one more entry for the end of its last token; and each token's probability."""
         device = next(self.model.parameters()).device
         heads = self.config.alignment_heads
-        length = max(len(row.sequence) for row in rows)
+        rows, count, length = a_pass.rows, a_pass.count, a_pass.length
         eot = self.config.special.eot
-        ids = torch.full((len(rows), length), eot, dtype=torch.long)
-        following = torch.zeros(len(rows), length, dtype=torch.long)  # the token each position predicts
+        ids = torch.full((count, length), eot, dtype=torch.long)  # the padding rows: <|endoftext|> only
+        following = torch.zeros(count, length, dtype=torch.long)  # the token each position predicts
         for r, row in enumerate(rows):
             ids[r, : len(row.sequence)] = torch.tensor(row.sequence)
             following[r, row.first : row.first + row.text] = torch.tensor(row.sequence[row.first + 1 : -1])
+        if count > len(rows):  # the padding rows attend to the first row's audio
+            padded = torch.tensor([*range(len(rows)), *[0] * (count - len(rows))], device=device)
+            audio = [(k.index_select(0, padded), v.index_select(0, padded)) for k, v in audio]
         recorder = _RecordingAttention(audio, heads, length)
-        layout = StepLayout(torch.zeros(len(rows), dtype=torch.long, device=device), (length,) * len(rows),
-                            (0,) * len(rows))
+        layout = StepLayout(torch.zeros(count, dtype=torch.long, device=device), (length,) * count, (0,) * count)
         logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
-                                        torch.arange(len(rows) * length, device=device))
+                                        torch.arange(count * length, device=device))
         # How sure the model was of each text token, as openai-whisper reports it: its
         # softmax over the text tokens, without a copy of them all.
-        text_logits = logits.view(len(rows), length, -1)[..., :eot]
+        text_logits = logits.view(count, length, -1)[..., :eot]
         picked = text_logits.gather(-1, following.to(device)[..., None])[..., 0]
         chances = (picked - text_logits.logsumexp(dim=-1)).exp().cpu()
-        scores = torch.stack([recorder.scores[kept] for kept in heads], dim=1).cpu()
-        found = []
+        scores = torch.stack([recorder.scores[kept] for kept in heads], dim=1)  # [rows, heads, tokens, frames]
+        # Each row's cost matrix is made where its scores are: on the host, the median
+        # filter alone would cost more than the decoder pass. One read back for them all.
+        matrices = scores.new_zeros(len(rows), max(row.text for row in rows) + 1, scores.shape[-1])
+        frames = [max(1, requests[row.request].content_frames // geometry.ENCODER_STRIDE) for row in rows]
         for r, row in enumerate(rows):
-            probabilities = chances[r, row.first : row.first + row.text].tolist()
             # Attention over the frames that hold audio only: the padding must not
             # take probability away from them.
-            frames = max(1, requests[row.request].content_frames // geometry.ENCODER_STRIDE)
-            weights = scores[r, :, : len(row.sequence), :frames].softmax(dim=-1)
+            weights = scores[r, :, : len(row.sequence), : frames[r]].softmax(dim=-1)
             std, mean = torch.std_mean(weights, dim=-2, keepdim=True, unbiased=False)
             weights = median_filter((weights - mean) / std, MEDIAN_FILTER_WIDTH)
             # Rows: the positions that predict each text token (<|notimestamps|> predicts
             # the first), then the last text token's position, which predicts the end.
-            matrix = weights.mean(dim=0)[row.first : -1]
+            matrices[r, : row.text + 1, : frames[r]] = weights.mean(dim=0)[row.first : -1]
+        matrices = matrices.cpu()
+        found = []
+        for r, row in enumerate(rows):
+            probabilities = chances[r, row.first : row.first + row.text].tolist()
+            matrix = matrices[r, : row.text + 1, : frames[r]]
             text_index, time_index = dynamic_time_warping(-matrix.double().numpy())
             jumps = np.pad(np.diff(text_index), (1, 0), constant_values=1).astype(bool)
             starts = time_index[jumps] * geometry.SECONDS_PER_POSITION
@@ -266,6 +302,11 @@ class Aligner:
                 probabilities += [0.0] * row.beyond
             found.append((starts, probabilities))
         return found
+
+
+def fixed_pass_shapes(device: torch.device) -> bool:
+    """Whether passes on `device` take only the shapes PASS_LENGTHS and PASS_ROWS allow."""
+    return device.type == "cuda"
 
 
 def _gathered(t: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -282,7 +323,16 @@ def median_filter(x: torch.Tensor, width: int) -> torch.Tensor:
         return x
     rows = x.reshape(-1, 1, x.shape[-1])  # reflect padding wants [batch, channels, length]
     padded = F.pad(rows, (pad, pad), mode="reflect")[:, 0]
-    return padded.unfold(-1, width, 1).median(dim=-1).values.reshape(x.shape)
+    if x.device.type != "cpu":  # a few launches
+        return padded.unfold(-1, width, 1).median(dim=-1).values.reshape(x.shape)
+    # On the host, sorting the window's shifted copies with a network of minima and maxima
+    # (odd-even transposition) gives the same medians several times faster.
+    shifted = [padded[:, k : k + x.shape[-1]] for k in range(width)]
+    for sweep in range(width):
+        for k in range(sweep % 2, width - 1, 2):
+            low, high = shifted[k], shifted[k + 1]
+            shifted[k], shifted[k + 1] = torch.minimum(low, high), torch.maximum(low, high)
+    return shifted[pad].reshape(x.shape)
 
 
 def dynamic_time_warping(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,18 +357,20 @@ def dynamic_time_warping(cost: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         total[i, 1:] = best + running
         moved_right = np.concatenate([[False], best[1:] < entry[1:]])
         came_from[i, 1:] = np.where(moved_right, 2, np.where(diagonal <= down, 0, 1))
-    path_rows, path_cols = [], []
+    # Walking back, a run of steps right along a row ends at the nearest cell to the left
+    # that was not entered from the left: found for every cell at once, the walk takes
+    # one step a row rather than one a cell.
+    entered = np.where(came_from != 2, np.arange(cols + 1), 0)
+    run_start = np.maximum.accumulate(entered, axis=1)
+    runs = []  # (row, first column, last column) of the path in each row, walking back
     i, j = rows, cols
     while i > 0 and j > 0:
-        path_rows.append(i - 1)
-        path_cols.append(j - 1)
-        step = came_from[i, j]
-        if step == 0:
-            i, j = i - 1, j - 1
-        elif step == 1:
-            i -= 1
-        else:
-            j -= 1
-    return np.array(path_rows[::-1]), np.array(path_cols[::-1])
+        k = run_start[i, j]
+        runs.append((i - 1, k - 1, j - 1))
+        i, j = i - 1, (k - 1 if came_from[i, k] == 0 else k)
+    runs.reverse()
+    path_rows = np.concatenate([np.full(last - first + 1, row) for row, first, last in runs])
+    path_cols = np.concatenate([np.arange(first, last + 1) for _, first, last in runs])
+    return path_rows, path_cols
 
 

@@ -1,6 +1,7 @@
 """Word timestamps on a GPU (`transcription.alignment`, `transcription.alignment_rounds`):
 the packaged tiny.en's words on the GPU, alone and with several recordings' windows
-aligned in one pass, against the CPU's float32."""
+aligned in one pass, against the CPU's float32; and a window's alignment, the same bits
+alone and in company."""
 
 from __future__ import annotations
 
@@ -8,7 +9,11 @@ import pytest
 import torch
 from conftest import AUDIO_DIR
 
-from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
+from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.audio.features import window_features
+from python_backend_lib.core import geometry
+from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
+from python_backend_lib.transcription.alignment import AlignmentRequest
 
 pytestmark = [
     pytest.mark.gpu,
@@ -57,3 +62,20 @@ def test_words_on_the_gpu_are_the_cpus_alone_and_in_one_round(pipelines, monkeyp
         for (_, *want), (_, *got), (_, *round_got) in zip(reference, mine, shared):
             assert max(abs(a - b) for a, b in zip(want, got)) <= POSITIONS_APART
             assert max(abs(a - b) for a, b in zip(got, round_got)) <= POSITIONS_APART
+
+
+def test_a_window_gets_the_same_bits_alone_and_in_company(pipelines):
+    """A pass on the GPU takes one of a few fixed shapes (`alignment.PASS_LENGTHS`,
+    `PASS_ROWS`), so a window's token times and probabilities do not depend on the windows
+    aligned beside it; with word timestamps, a long recording's next window starts where
+    its last word ends, so they decide its transcript too."""
+    gpu, _ = pipelines
+    requests = []
+    for clip in CLIPS:
+        waveform = decode_audio((AUDIO_DIR / clip).read_bytes())
+        segments = gpu.transcribe(waveform, TranscribeOptions(decoding=DecodingOptions(timestamps=True))).segments
+        requests.append(AlignmentRequest(tuple(segments), window_features(waveform, gpu.n_mels),
+                                         len(waveform) // geometry.HOP_LENGTH, "en", Task.TRANSCRIBE))
+    company = requests * 3  # more windows than a pass's rows
+    for request, together in zip(company, gpu.aligner.align_many(company)):
+        assert gpu.aligner.align_many([request])[0] == together

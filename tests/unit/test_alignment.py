@@ -13,7 +13,7 @@ from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
 from python_backend_lib.core.segments import Word
 from python_backend_lib.text.words import merge_punctuation, shorten_words_after_pauses, split_words
-from python_backend_lib.transcription.alignment import Aligner, dynamic_time_warping
+from python_backend_lib.transcription.alignment import Aligner, dynamic_time_warping, median_filter
 from python_backend_lib.transcription.pipeline import Pipeline
 
 whisper_timing = pytest.importorskip("whisper.timing")
@@ -63,6 +63,17 @@ def test_dynamic_time_warping_equals_openai():
         ours = dynamic_time_warping(cost)
         theirs = whisper_timing.dtw_cpu(cost)
         assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+
+
+def test_median_filter_equals_openai():
+    """The host's sorting network and the device's sliding median give openai-whisper's
+    medians exactly, edges reflected."""
+    import torch
+
+    generator = torch.Generator().manual_seed(2)
+    for shape in [(6, 40, 1500), (2, 3, 9), (1, 1, 4)]:
+        x = torch.randn(shape, generator=generator)
+        assert torch.equal(median_filter(x, 7), whisper_timing.median_filter(x, 7))
 
 
 def test_punctuation_joins_its_neighbours(pipe):
@@ -168,6 +179,18 @@ def test_windows_aligned_in_one_pass_get_the_times_each_gets_alone(pipe, monkeyp
             request.segments, request.features, request.content_frames, request.language, request.task)
         assert times == alone_times and len(times) > 5
         np.testing.assert_allclose(probabilities, alone_probabilities, atol=1e-5)
+    # On a GPU every pass takes one of a few fixed shapes, so that a window's pass is
+    # the same alone and in company; padded so here, the windows get the same times.
+    shapes = []
+    with monkeypatch.context() as patched:
+        patched.setattr(alignment, "fixed_pass_shapes", lambda device: True)
+        patched.setattr(alignment.Aligner, "_token_starts",
+                        lambda self, audio, a_pass, mine, shipped=alignment.Aligner._token_starts:
+                        shapes.append((a_pass.count, a_pass.length)) or shipped(self, audio, a_pass, mine))
+        fixed = pipe.aligner.align_many(requests)
+        assert pipe.aligner.align_many(requests[:1])[0] == fixed[0]
+    assert [a[0] for a in fixed] == [t[0] for t in together]
+    assert shapes == [(alignment.PASS_ROWS, alignment.PASS_LENGTHS[0])] * 2  # three windows, then one
     passes = []
     monkeypatch.setattr(alignment, "PASS_SCORE_BYTES", 1)  # a window a pass
     monkeypatch.setattr(alignment.Aligner, "windows_audio",
