@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from python_backend_lib.core import geometry
 from python_backend_lib.core.model_facts import ModelConfig
@@ -49,6 +50,11 @@ PASS_SCORE_BYTES = 1 << 30
 # window starts. On the CPU a pass is its rows as they come, padded to the longest.
 PASS_LENGTHS = (32, 64, 128, 256, 448)
 PASS_ROWS = 8
+# The kernels the recorder's causal self-attention may take. cuDNN's, which SDPA chose for
+# the encoder on Hopper, builds an execution plan for every new shape; in a GPU profile of
+# the engine thread serving words its calls held 1.56 s of 4.1, plans or kernels not yet
+# told apart. These need no plan; on the CPU they are the ones SDPA picks anyway.
+RECORDER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Each text token's start (seconds into the window) and the last one's end, then each
 # token's probability: what `text.words` makes the words from.
 Aligned = tuple[tuple[float, ...], tuple[float, ...]]
@@ -268,8 +274,9 @@ class Aligner:
             audio = [(k.index_select(0, padded), v.index_select(0, padded)) for k, v in audio]
         recorder = _RecordingAttention(audio, heads, length)
         layout = StepLayout(torch.zeros(count, dtype=torch.long, device=device), (length,) * count, (0,) * count)
-        logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
-                                        torch.arange(count * length, device=device))
+        with sdpa_kernel(RECORDER_ATTENTION):
+            logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
+                                            torch.arange(count * length, device=device))
         # How sure the model was of each text token, as openai-whisper reports it: its
         # softmax over the text tokens, without a copy of them all.
         text_logits = logits.view(count, length, -1)[..., :eot]
