@@ -3,6 +3,7 @@ through the Realtime API at the speed of speech, its turns cut by `server_vad`, 
 completed transcripts joined, against the whole file's transcript from the same server.
 
     python -m bench.live_quality --out /tmp/live-quality     # the packaged tiny.en, on the CPU
+    python -m bench.live_quality --checkpoints default base --out /tmp/live-quality   # and base
 
 Recordings: the 53 s sonnet reading (tests/data/audio) and the three-minute recording
 of tests/long_recording.py (every test clip, 2.5 s of silence between them). Each is
@@ -58,6 +59,7 @@ class Result:
     wer: float  # the joined turns against the offline transcript
     live_wer: float  # the joined turns against the reference
     offline_wer: float  # the offline transcript against the reference
+    checkpoint: str = "default"  # the served checkpoint, as `serve --checkpoint` takes it
 
 
 def wer(reference: str, hypothesis: str) -> float:
@@ -68,9 +70,10 @@ def wer(reference: str, hypothesis: str) -> float:
     return round(edits(ref, normalize(hypothesis)) / max(1, len(ref)), 4)
 
 
-def scored(recording: str, audio_s: float, turns: int, empty: int, live: str, offline_text: str, reference: str) -> Result:
+def scored(recording: str, audio_s: float, turns: int, empty: int, live: str, offline_text: str, reference: str,
+           checkpoint: str = "default") -> Result:
     return Result(recording, audio_s, turns, empty, live, offline_text, reference,
-                  wer(offline_text, live), wer(reference, live), wer(reference, offline_text))
+                  wer(offline_text, live), wer(reference, live), wer(reference, offline_text), checkpoint)
 
 
 def reference_text(name: str) -> str:
@@ -141,12 +144,12 @@ def markdown(results: list[Result], record: dict) -> str:
         "# Live turns against the offline transcript", "",
         f"Commit {run['commit'][:7]} (dirty: {run['dirty']}), {run['machine']['cpu']}, "
         f"{run['machine']['cpu_count']} CPUs; `{run['command']}`. Target: WER at most {TARGET_WER}.", "",
-        "| recording | audio | turns | empty turns | the joined turns against the offline transcript (WER) "
-        "| the joined turns against the reference | the offline transcript against the reference |",
-        "|---|---|---|---|---|---|---|",
+        "| checkpoint | recording | audio | turns | empty turns | the joined turns against the offline transcript "
+        "(WER) | the joined turns against the reference | the offline transcript against the reference |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        lines.append(f"| {r.recording} | {r.audio_s} s | {r.turns} | {r.empty_turns} | {r.wer:.4f} | "
+        lines.append(f"| {r.checkpoint} | {r.recording} | {r.audio_s} s | {r.turns} | {r.empty_turns} | {r.wer:.4f} | "
                      f"{r.live_wer:.4f} | {r.offline_wer:.4f} |")
     return "\n".join(lines) + "\n"
 
@@ -157,26 +160,30 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--recordings", nargs="+", default=["sonnet1_longform.wav", "long"],
                         help="files in tests/data/audio, or long (tests/long_recording.py's)")
     parser.add_argument("--rescore", type=Path, help="score this written live-quality.json's transcripts again")
+    parser.add_argument("--checkpoints", nargs="+", default=["default"],
+                        help="served one after another, as `whisper-triton serve --checkpoint` takes them")
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
     if args.rescore:
         record = json.loads(args.rescore.read_text())
         results = [scored(r["recording"], r["audio_s"], r["turns"], r["empty_turns"], r["live"], r["offline"],
-                          reference_text(r["recording"])) for r in record["results"]]
+                          reference_text(r["recording"]), r.get("checkpoint", "default")) for r in record["results"]]
         return write(args.out, results, record["provenance"])
-    command = ServeCommand(checkpoint=None)
     results = []
-    with ServerProcess(command, args.out / "serve.log", STARTUP_TIMEOUT_S):
-        with gateway_process(command.grpc_url, args.out / "gateway.log") as gateway:
-            for name in args.recordings:
-                waveform, rate = recording(name)
-                pcm = (np.clip(soxr.resample(waveform, rate, RATE), -1, 1) * 32767).astype("<i2")
-                print(f"{name}: streaming {len(pcm) / RATE:.1f} s", flush=True)
-                turns = asyncio.run(live_turns(gateway.url, pcm))
-                live = " ".join(t.strip() for t in turns if t.strip())
-                results.append(scored(name, round(len(waveform) / rate, 1), len(turns), sum(not t.strip() for t in turns),
-                                      live, offline(gateway.url, waveform, rate), reference_text(name)))
-                print(f"{name}: {len(turns)} turns, WER {results[-1].wer:.4f}", flush=True)
+    for checkpoint in args.checkpoints:
+        command = ServeCommand(checkpoint=None if checkpoint == "default" else checkpoint)
+        with ServerProcess(command, args.out / f"serve-{checkpoint}.log", STARTUP_TIMEOUT_S):
+            with gateway_process(command.grpc_url, args.out / f"gateway-{checkpoint}.log") as gateway:
+                for name in args.recordings:
+                    waveform, rate = recording(name)
+                    pcm = (np.clip(soxr.resample(waveform, rate, RATE), -1, 1) * 32767).astype("<i2")
+                    print(f"{checkpoint}, {name}: streaming {len(pcm) / RATE:.1f} s", flush=True)
+                    turns = asyncio.run(live_turns(gateway.url, pcm))
+                    live = " ".join(t.strip() for t in turns if t.strip())
+                    results.append(scored(name, round(len(waveform) / rate, 1), len(turns),
+                                          sum(not t.strip() for t in turns), live, offline(gateway.url, waveform, rate),
+                                          reference_text(name), checkpoint))
+                    print(f"{checkpoint}, {name}: {len(turns)} turns, WER {results[-1].wer:.4f}", flush=True)
     return write(args.out, results, provenance())
 
 
