@@ -51,9 +51,9 @@ PASS_SCORE_BYTES = 1 << 30
 PASS_LENGTHS = (32, 64, 128, 256, 448)
 PASS_ROWS = 8
 # The kernels the recorder's causal self-attention may take. cuDNN's, which SDPA chose for
-# the encoder on Hopper, builds an execution plan for every new shape; in a GPU profile of
-# the engine thread serving words its calls held 1.56 s of 4.1, plans or kernels not yet
-# told apart. These need no plan; on the CPU they are the ones SDPA picks anyway.
+# the encoder on Hopper, builds an execution plan for every new shape, on the engine
+# thread (docs/performance.md has the profile that pointed at it). These need no plan; on
+# the CPU they are the ones SDPA picks anyway.
 RECORDER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Each text token's start (seconds into the window) and the last one's end, then each
 # token's probability: what `text.words` makes the words from.
