@@ -24,7 +24,6 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from python_backend_lib.core import geometry
 from python_backend_lib.core.model_facts import ModelConfig
@@ -50,11 +49,6 @@ PASS_SCORE_BYTES = 1 << 30
 # window starts. On the CPU a pass is its rows as they come, padded to the longest.
 PASS_LENGTHS = (32, 64, 128, 256, 448)
 PASS_ROWS = 8
-# The kernels the recorder's causal self-attention may take. cuDNN's, which SDPA chose for
-# the encoder on Hopper, builds an execution plan for every new shape, on the engine
-# thread (docs/performance.md has the profile that pointed at it). These need no plan; on
-# the CPU they are the ones SDPA picks anyway.
-RECORDER_ATTENTION = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
 # Each text token's start (seconds into the window) and the last one's end, then each
 # token's probability: what `text.words` makes the words from.
 Aligned = tuple[tuple[float, ...], tuple[float, ...]]
@@ -108,6 +102,7 @@ class _RecordingAttention:
         self.heads = heads
         self.length = length
         self.scores: dict[tuple[int, int], torch.Tensor] = {}
+        self._later: torch.Tensor | None = None  # [length, length]: the positions after each one
 
     def encoder_attention(self, q, k, v):
         return sdpa_encoder_attention(q, k, v)
@@ -125,7 +120,14 @@ class _RecordingAttention:
 
     def self_attention(self, layer: int, q, k, v):
         # Padding follows each row's tokens, so causal attention keeps it out of them.
-        return self._flat(F.scaled_dot_product_attention(self._rows(q), self._rows(k), self._rows(v), is_causal=True))
+        # Written out rather than through SDPA: on Hopper SDPA takes cuDNN's kernel, which
+        # builds a plan for each new shape on the engine thread (docs/performance.md has
+        # the profile that pointed at it), and choosing SDPA's kernels is process-wide.
+        if self._later is None:
+            self._later = torch.ones(self.length, self.length, dtype=torch.bool, device=q.device).triu(1)
+        q, k, v = self._rows(q), self._rows(k), self._rows(v)
+        scores = (q @ k.transpose(-1, -2)) * q.shape[-1] ** -0.5
+        return self._flat(scores.masked_fill(self._later, float("-inf")).softmax(dim=-1) @ v)
 
     def cross_attention(self, layer: int, q):
         keys, values = (t.transpose(1, 2) for t in self.cross_kv[layer])  # [rows, heads, frames, head_dim]
@@ -274,9 +276,8 @@ class Aligner:
             audio = [(k.index_select(0, padded), v.index_select(0, padded)) for k, v in audio]
         recorder = _RecordingAttention(audio, heads, length)
         layout = StepLayout(torch.zeros(count, dtype=torch.long, device=device), (length,) * count, (0,) * count)
-        with sdpa_kernel(RECORDER_ATTENTION):
-            logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
-                                            torch.arange(count * length, device=device))
+        logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
+                                        torch.arange(count * length, device=device))
         # How sure the model was of each text token, as openai-whisper reports it: its
         # softmax over the text tokens, without a copy of them all.
         text_logits = logits.view(count, length, -1)[..., :eot]
