@@ -237,7 +237,13 @@ class Aligner:
                           for k, v in zip(self.pool.cross_k, self.pool.cross_v)])
         if again:
             mel = torch.stack([requests[i].features for i in again]).to(parameter.device, parameter.dtype)
-            parts.append(self.model.cross_kv(self.model.encode(mel, _RecordingAttention([], ()))))
+            # On a GPU one window at a time: the convolutions' and GEMMs' kernels follow the
+            # batch, so a window encoded beside others would get other bits (the fixed
+            # shapes' reason). Encoding again is for callers that kept no slot: rare.
+            batches = mel.split(1) if fixed_pass_shapes(parameter.device) else (mel,)
+            encoded = [self.model.cross_kv(self.model.encode(b, _RecordingAttention([], ()))) for b in batches]
+            parts.append([(torch.cat([e[layer][0] for e in encoded]), torch.cat([e[layer][1] for e in encoded]))
+                          for layer in range(len(encoded[0]))])
         if len(parts) == 1:
             return parts[0]
         order = torch.tensor([*kept, *again]).argsort().to(parameter.device)  # back to the requests' order
