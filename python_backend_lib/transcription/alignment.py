@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -66,6 +67,26 @@ class AlignmentRequest:
     language: str | None
     task: Task
     audio_slot: int | None = None
+
+
+@dataclass(frozen=True)
+class PassScores:
+    """What one teacher-forced pass gives, on the device: each position's probability of
+    the token it predicts [rows, tokens], and the alignment heads' scaled cross-attention
+    scores [rows, heads, tokens, frames]."""
+
+    chances: torch.Tensor
+    scores: torch.Tensor
+
+
+class CapturedPasses(Protocol):
+    """Passes of fixed shapes replayed from CUDA graphs (`alignment_graphs`)."""
+
+    def fits(self, rows: int, length: int) -> bool: ...
+
+    def run(self, ids: torch.Tensor, following: torch.Tensor, slots: Sequence[int]) -> PassScores:
+        """ids, following: [rows, length] on the host; slots: each row's kept KV slot."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -145,6 +166,8 @@ class Aligner:
     config: ModelConfig
     tokenizer: Tokenizer
     pool: KVSlotPool | None = None  # the engine's, whose kept slots hold windows' encoder K/V
+    # On a GPU, the passes over kept slots replayed from CUDA graphs (None: launched eagerly).
+    graphs: CapturedPasses | None = None
 
     def align(
         self,
@@ -176,8 +199,7 @@ class Aligner:
         if not rows:
             return aligned
         for a_pass in self._passes(rows, fixed_pass_shapes(next(self.model.parameters()).device)):
-            audio = self.windows_audio([requests[row.request] for row in a_pass.rows])
-            for row, (starts, probabilities) in zip(a_pass.rows, self._token_starts(audio, a_pass, requests)):
+            for row, (starts, probabilities) in zip(a_pass.rows, self._token_starts(a_pass, requests)):
                 aligned[row.request] = (tuple(float(t) for t in starts), tuple(probabilities))
         return aligned
 
@@ -186,14 +208,13 @@ class Aligner:
         a pass), shortest sequences first so that a pass pads little. `fixed`: of the
         shapes PASS_LENGTHS and PASS_ROWS allow only."""
         dims = self.config.dims
-        scores = (2 * dims.n_text_head + len(self.config.alignment_heads)) * dims.n_audio_ctx
-        per_token = (scores + 3 * dims.n_vocab) * 4  # float32
+        per_token = _bytes_per_token(self.config)
         passes: list[_Pass] = []
         for row in sorted(rows, key=lambda r: len(r.sequence)):
             length = len(row.sequence)
             if fixed:
                 length = next((n for n in PASS_LENGTHS if n >= length), dims.n_text_ctx)
-                count = max(1, min(PASS_ROWS, PASS_SCORE_BYTES // (length * per_token)))
+                count = pass_rows(self.config, length)
                 if passes and passes[-1].length == length and len(passes[-1].rows) < count:
                     passes[-1] = _Pass([*passes[-1].rows, row], count, length)
                 else:
@@ -233,7 +254,7 @@ class Aligner:
         parts: list[list[tuple[torch.Tensor, torch.Tensor]]] = []
         if kept:
             slots = torch.tensor([requests[i].audio_slot for i in kept], device=parameter.device)
-            parts.append([(_gathered(k, slots, parameter.dtype), _gathered(v, slots, parameter.dtype))
+            parts.append([(slot_rows(k, slots, parameter.dtype), slot_rows(v, slots, parameter.dtype))
                           for k, v in zip(self.pool.cross_k, self.pool.cross_v)])
         if again:
             mel = torch.stack([requests[i].features for i in again]).to(parameter.device, parameter.dtype)
@@ -260,16 +281,17 @@ class Aligner:
         layer's cross-attention K and V of the window (`window_audio`)."""
         request = AlignmentRequest((), None, content_frames, language, task)
         row = self._row(0, request, list(text_tokens))
-        return self._token_starts(audio, _Pass([row], 1, len(row.sequence)), [request])[0]
+        return self._token_starts(_Pass([row], 1, len(row.sequence)), [request], audio)[0]
 
     @torch.inference_mode()
     def _token_starts(
-        self, audio: list[tuple[torch.Tensor, torch.Tensor]], a_pass: _Pass, requests: Sequence[AlignmentRequest]
+        self, a_pass: _Pass, requests: Sequence[AlignmentRequest],
+        audio: list[tuple[torch.Tensor, torch.Tensor]] | None = None,
     ) -> list[tuple[np.ndarray, list[float]]]:
         """When each of the pass's rows' text tokens start (seconds into its window), plus
-        one more entry for the end of its last token; and each token's probability."""
+        one more entry for the end of its last token; and each token's probability. audio:
+        the rows' cross-attention K/V (default: `windows_audio` of their requests)."""
         device = next(self.model.parameters()).device
-        heads = self.config.alignment_heads
         rows, count, length = a_pass.rows, a_pass.count, a_pass.length
         eot = self.config.special.eot
         ids = torch.full((count, length), eot, dtype=torch.long)  # the padding rows: <|endoftext|> only
@@ -277,19 +299,17 @@ class Aligner:
         for r, row in enumerate(rows):
             ids[r, : len(row.sequence)] = torch.tensor(row.sequence)
             following[r, row.first : row.first + row.text] = torch.tensor(row.sequence[row.first + 1 : -1])
-        if count > len(rows):  # the padding rows attend to the first row's audio
-            padded = torch.tensor([*range(len(rows)), *[0] * (count - len(rows))], device=device)
-            audio = [(k.index_select(0, padded), v.index_select(0, padded)) for k, v in audio]
-        recorder = _RecordingAttention(audio, heads, length)
-        layout = StepLayout(torch.zeros(count, dtype=torch.long, device=device), (length,) * count, (0,) * count)
-        logits = self.model.decode_step(ids.view(-1).to(device), layout, recorder,
-                                        torch.arange(count * length, device=device))
-        # How sure the model was of each text token, as openai-whisper reports it: its
-        # softmax over the text tokens, without a copy of them all.
-        text_logits = logits.view(count, length, -1)[..., :eot]
-        picked = text_logits.gather(-1, following.to(device)[..., None])[..., 0]
-        chances = (picked - text_logits.logsumexp(dim=-1)).exp().cpu()
-        scores = torch.stack([recorder.scores[kept] for kept in heads], dim=1)  # [rows, heads, tokens, frames]
+        slots = [requests[row.request].audio_slot for row in rows]
+        if audio is None and self.graphs is not None and None not in slots and self.graphs.fits(count, length):
+            scored = self.graphs.run(ids, following, [*slots, *[slots[0]] * (count - len(rows))])
+        else:
+            if audio is None:
+                audio = self.windows_audio([requests[row.request] for row in rows])
+            if count > len(rows):  # the padding rows attend to the first row's audio
+                padded = torch.tensor([*range(len(rows)), *[0] * (count - len(rows))], device=device)
+                audio = [(k.index_select(0, padded), v.index_select(0, padded)) for k, v in audio]
+            scored = teacher_forced_pass(self.model, self.config, audio, ids.to(device), following.to(device))
+        chances, scores = scored.chances.cpu(), scored.scores
         # Each row's cost matrix is made where its scores are: on the host, the median
         # filter alone would cost more than the decoder pass. One read back for them all.
         matrices = scores.new_zeros(len(rows), max(row.text for row in rows) + 1, scores.shape[-1])
@@ -318,12 +338,52 @@ class Aligner:
         return found
 
 
+def teacher_forced_pass(
+    model: Whisper, config: ModelConfig, audio: list[tuple[torch.Tensor, torch.Tensor]],
+    ids: torch.Tensor, following: torch.Tensor,
+) -> PassScores:
+    """One decoder pass over the rows' sequences ids [rows, length] (on the device), each
+    row attending to its window's cross-attention K/V (`audio`, each layer's [rows, frames,
+    heads, head_dim]); following: the token each position predicts (0 where none). What a
+    captured pass records too (`alignment_graphs`)."""
+    count, length = ids.shape
+    heads = config.alignment_heads
+    recorder = _RecordingAttention(audio, heads, length)
+    layout = StepLayout(torch.zeros(count, dtype=torch.long, device=ids.device), (length,) * count, (0,) * count)
+    logits = model.decode_step(ids.view(-1), layout, recorder, torch.arange(count * length, device=ids.device))
+    # How sure the model was of each text token, as openai-whisper reports it: its
+    # softmax over the text tokens, without a copy of them all.
+    text_logits = logits.view(count, length, -1)[..., : config.special.eot]
+    picked = text_logits.gather(-1, following[..., None])[..., 0]
+    chances = (picked - text_logits.logsumexp(dim=-1)).exp()
+    return PassScores(chances, torch.stack([recorder.scores[kept] for kept in heads], dim=1))
+
+
+def pass_rows(config: ModelConfig, length: int) -> int:
+    """The rows of a fixed-shape pass of `length` tokens: PASS_ROWS, fewer where their
+    scores would pass PASS_SCORE_BYTES."""
+    return max(1, min(PASS_ROWS, PASS_SCORE_BYTES // (length * _bytes_per_token(config))))
+
+
+def pass_shapes(config: ModelConfig) -> list[tuple[int, int]]:
+    """Every fixed shape a pass may take on a GPU: (rows, length)."""
+    return [(pass_rows(config, length), length) for length in PASS_LENGTHS]
+
+
+def _bytes_per_token(config: ModelConfig) -> int:
+    """What grows with a pass's tokens, in float32: every head's transient attention scores
+    and weights, the alignment heads' kept, the logits and their reduction."""
+    dims = config.dims
+    scores = (2 * dims.n_text_head + len(config.alignment_heads)) * dims.n_audio_ctx
+    return (scores + 3 * dims.n_vocab) * 4
+
+
 def fixed_pass_shapes(device: torch.device) -> bool:
     """Whether passes on `device` take only the shapes PASS_LENGTHS and PASS_ROWS allow."""
     return device.type == "cuda"
 
 
-def _gathered(t: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+def slot_rows(t: torch.Tensor, slots: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """The slots' rows of a pool tensor in `dtype` (an FP8 one selected as its bytes)."""
     if t.element_size() == 1 and t.dtype != torch.uint8:
         return t.view(torch.uint8).index_select(0, slots).view(t.dtype).to(dtype)

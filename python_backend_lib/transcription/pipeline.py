@@ -42,20 +42,29 @@ from python_backend_lib.engine.scheduler import Engine, EngineOptions
 from python_backend_lib.text.tokenizer import Tokenizer, load_tokenizer
 from python_backend_lib.text.transcript import Transcript, assemble
 from python_backend_lib.transcription.alignment import Aligner
+from python_backend_lib.transcription.alignment_graphs import AlignmentGraphs
 from python_backend_lib.transcription.alignment_rounds import AlignmentRounds
 from python_backend_lib.transcription.longform import LongFormJob
 
 log = logging.getLogger(__name__)
 
 
+def aligns(config: ModelConfig, tokenizer: Tokenizer | None) -> bool:
+    """Whether the checkpoint can give word timestamps: its alignment heads and tokenizer."""
+    return tokenizer is not None and bool(config.alignment_heads)
+
+
 class Pipeline:
-    def __init__(self, model: Whisper, config: ModelConfig, tokenizer: Tokenizer | None, engine: Engine) -> None:
+    def __init__(
+        self, model: Whisper, config: ModelConfig, tokenizer: Tokenizer | None, engine: Engine,
+        alignment_graphs: AlignmentGraphs | None = None,
+    ) -> None:
         self.model = model
         self.config = config
         self.tokenizer = tokenizer
         self.engine = engine
-        has_heads = tokenizer is not None and bool(config.alignment_heads)
-        self.aligner = Aligner(model, config, tokenizer, engine.batch.pool) if has_heads else None
+        self.aligner = Aligner(model, config, tokenizer, engine.batch.pool, alignment_graphs) if aligns(
+            config, tokenizer) else None
         # The windows one engine step delivers are aligned together (`alignment_rounds`).
         self.alignments = AlignmentRounds(self.aligner) if self.aligner else None
         if self.alignments is not None:
@@ -92,7 +101,13 @@ class Pipeline:
             config = checkpoint.config
             tokenizer = load_tokenizer(config) if config.tokenizer_path else None
             engine = Engine(loaded.batch, config, tokenizer, engine_options)
-            pipeline = cls(model=loaded.batch.model, config=config, tokenizer=tokenizer, engine=engine)
+            alignment_graphs = None
+            if loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS and aligns(config, tokenizer):
+                start = time.perf_counter()  # word alignments replayed too
+                alignment_graphs = AlignmentGraphs(loaded.batch.model, config, loaded.batch.pool)
+                alignment_graphs.capture()
+                times.timed("alignment_graphs", start)
+            pipeline = cls(loaded.batch.model, config, tokenizer, engine, alignment_graphs)
             pipeline.attention_backend = loaded.backend
             if log_mel_graphs and loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS:  # captured log-mel too
                 start = time.perf_counter()

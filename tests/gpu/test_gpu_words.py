@@ -1,9 +1,12 @@
-"""Word timestamps on a GPU (`transcription.alignment`, `transcription.alignment_rounds`):
-the packaged tiny.en's words on the GPU, alone and with several recordings' windows
-aligned in one pass, against the CPU's float32; and a window's alignment, the same bits
-alone and in company."""
+"""Word timestamps on a GPU (`transcription.alignment`, `transcription.alignment_rounds`,
+`transcription.alignment_graphs`): the packaged tiny.en's words on the GPU, alone and
+with several recordings' windows aligned in one pass, against the CPU's float32; a
+window's alignment, the same bits alone and in company; and the captured passes, the
+same bits as their kernels launched directly and the same words as the eager passes."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.audio.features import window_features
 from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
+from python_backend_lib.transcription import alignment
 from python_backend_lib.transcription.alignment import AlignmentRequest
 
 pytestmark = [
@@ -79,3 +83,41 @@ def test_a_window_gets_the_same_bits_alone_and_in_company(pipelines):
     company = requests * 3  # more windows than a pass's rows
     for request, together in zip(company, gpu.aligner.align_many(company)):
         assert gpu.aligner.align_many([request])[0] == together
+
+
+def test_a_captured_alignment_pass_is_its_kernels_launched_directly(pipelines):
+    """Every fixed shape of pass is captured (`alignment_graphs`): replaying one and
+    launching its kernels on the same buffers give the same bits, for rows whose K/V are
+    in kept slots and padding rows that repeat the first."""
+    gpu, _ = pipelines
+    graphs = gpu.aligner.graphs
+    assert graphs is not None and len(graphs.rows) == len(alignment.PASS_LENGTHS)
+    eot = gpu.config.special.eot
+    windows = [AlignmentRequest((), window_features(decode_audio((AUDIO_DIR / clip).read_bytes()), gpu.n_mels), 0,
+                                None, Task.TRANSCRIBE) for clip in CLIPS]
+    gpu.engine.batch.pool.write_cross(torch.tensor([1, 2, 3], device=gpu.device), gpu.aligner.windows_audio(windows))
+    for length, rows in graphs.rows.items():
+        generator = torch.Generator().manual_seed(length)
+        ids = torch.randint(0, eot, (rows, length), generator=generator)
+        following = torch.randint(0, eot, (rows, length), generator=generator)
+        slots = [1 + r % 3 for r in range(rows)]
+        replayed = graphs.run(ids, following, slots)
+        replayed = (replayed.chances.clone(), replayed.scores.clone())
+        direct = graphs.run(ids, following, slots, replay=False)
+        assert torch.equal(replayed[0], direct.chances) and torch.equal(replayed[1], direct.scores), length
+
+
+def test_words_through_captured_passes_are_the_eager_passes(pipelines, monkeypatch):
+    """The engine's windows are aligned by replays of captured passes (over their kept
+    slots); with the graphs left out, the eager passes give the same words and times."""
+    gpu, _ = pipelines
+    options = TranscribeOptions(decoding=DecodingOptions(timestamps=True), word_timestamps=True)
+    audio = [(AUDIO_DIR / clip).read_bytes() for clip in CLIPS] * 2
+    replays = []
+    graphs = gpu.aligner.graphs
+    monkeypatch.setattr(graphs, "run", lambda *args, shipped=graphs.run: replays.append(1) or shipped(*args))
+    captured = [words(t) for t in gpu.transcribe_many(audio, options)]
+    assert len(replays) >= 1
+    monkeypatch.setattr(gpu.alignments, "aligner", dataclasses.replace(gpu.aligner, graphs=None))
+    eager = [words(t) for t in gpu.transcribe_many(audio, options)]
+    assert captured == eager and all(captured)
