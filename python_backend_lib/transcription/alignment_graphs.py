@@ -40,6 +40,19 @@ class _Buffers:
     slots: torch.Tensor  # [rows]
 
 
+def captured_passes(model: Whisper, config: ModelConfig, pool: KVSlotPool) -> AlignmentGraphs | None:
+    """Every fixed shape's pass captured, or None where capturing failed (out of device
+    memory, say), with a warning that names why: the eager passes give the same words,
+    only at a higher cost to the engine thread, so a server still starts."""
+    graphs = AlignmentGraphs(model, config, pool)
+    try:
+        graphs.capture()
+    except RuntimeError as error:
+        log.warning("word alignments run eagerly: capturing their passes failed: %s", error)
+        return None
+    return graphs
+
+
 class AlignmentGraphs:
     def __init__(self, model: Whisper, config: ModelConfig, pool: KVSlotPool) -> None:
         self.model = model

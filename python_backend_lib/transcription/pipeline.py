@@ -42,7 +42,7 @@ from python_backend_lib.engine.scheduler import Engine, EngineOptions
 from python_backend_lib.text.tokenizer import Tokenizer, load_tokenizer
 from python_backend_lib.text.transcript import Transcript, assemble
 from python_backend_lib.transcription.alignment import Aligner
-from python_backend_lib.transcription.alignment_graphs import AlignmentGraphs
+from python_backend_lib.transcription.alignment_graphs import AlignmentGraphs, captured_passes
 from python_backend_lib.transcription.alignment_rounds import AlignmentRounds
 from python_backend_lib.transcription.longform import LongFormJob
 
@@ -104,8 +104,7 @@ class Pipeline:
             alignment_graphs = None
             if loaded.backend is AttentionBackendName.FLASHINFER_GRAPHS and aligns(config, tokenizer):
                 start = time.perf_counter()  # word alignments replayed too
-                alignment_graphs = AlignmentGraphs(loaded.batch.model, config, loaded.batch.pool)
-                alignment_graphs.capture()
+                alignment_graphs = captured_passes(loaded.batch.model, config, loaded.batch.pool)
                 times.timed("alignment_graphs", start)
             pipeline = cls(loaded.batch.model, config, tokenizer, engine, alignment_graphs)
             pipeline.attention_backend = loaded.backend

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch
 from reference import DATA, openai_model
 
 from python_backend_lib.audio.decode import decode_audio
@@ -221,3 +222,17 @@ def test_the_windows_one_step_delivers_are_aligned_in_one_round(pipe, monkeypatc
     for a, b in zip(alone, together):
         assert [(w.word, w.start, w.end) for s in a.segments for w in s.words] == [
             (w.word, w.start, w.end) for s in b.segments for w in s.words]
+
+
+def test_a_failed_capture_leaves_the_eager_passes(pipe, monkeypatch, caplog):
+    """Capturing the alignment's passes (on a GPU, at load) may fail, out of device
+    memory say: the words then come from the eager passes, and the log says why."""
+    from python_backend_lib.transcription import alignment_graphs
+
+    def out_of_memory(self):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    monkeypatch.setattr(alignment_graphs.AlignmentGraphs, "capture", out_of_memory)
+    with caplog.at_level("WARNING", logger=alignment_graphs.__name__):
+        assert alignment_graphs.captured_passes(pipe.model, pipe.config, pipe.engine.batch.pool) is None
+    assert "capturing their passes failed: CUDA out of memory" in caplog.text
