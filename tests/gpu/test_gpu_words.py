@@ -10,14 +10,11 @@ import dataclasses
 
 import pytest
 import torch
+from alignment_checks import count_align_many, window_to_align
 from conftest import AUDIO_DIR
 
-from python_backend_lib.audio.decode import decode_audio
-from python_backend_lib.audio.features import window_features
-from python_backend_lib.core import geometry
-from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
+from python_backend_lib.core.options import DecodingOptions, TranscribeOptions
 from python_backend_lib.transcription import alignment
-from python_backend_lib.transcription.alignment import AlignmentRequest
 
 pytestmark = [
     pytest.mark.gpu,
@@ -50,15 +47,7 @@ def test_words_on_the_gpu_are_the_cpus_alone_and_in_one_round(pipelines, monkeyp
     audio = [(AUDIO_DIR / clip).read_bytes() for clip in CLIPS]
     on_cpu = [words(cpu.transcribe(a, options)) for a in audio]
     alone = [words(gpu.transcribe(a, options)) for a in audio]
-    calls = []
-    aligner = gpu.alignments.aligner
-
-    class Counting:
-        def align_many(self, requests):
-            calls.append(len(requests))
-            return aligner.align_many(requests)
-
-    monkeypatch.setattr(gpu.alignments, "aligner", Counting())
+    calls = count_align_many(monkeypatch, gpu)
     together = [words(t) for t in gpu.transcribe_many(audio * 2, options)]
     assert max(calls) > 1 and sum(calls) == 2 * len(audio)  # one window each, aligned in shared passes
     for reference, mine, shared in zip(on_cpu * 2, alone * 2, together):
@@ -74,12 +63,7 @@ def test_a_window_gets_the_same_bits_alone_and_in_company(pipelines):
     aligned beside it; with word timestamps, a long recording's next window starts where
     its last word ends, so they decide its transcript too."""
     gpu, _ = pipelines
-    requests = []
-    for clip in CLIPS:
-        waveform = decode_audio((AUDIO_DIR / clip).read_bytes())
-        segments = gpu.transcribe(waveform, TranscribeOptions(decoding=DecodingOptions(timestamps=True))).segments
-        requests.append(AlignmentRequest(tuple(segments), window_features(waveform, gpu.n_mels),
-                                         len(waveform) // geometry.HOP_LENGTH, "en", Task.TRANSCRIBE))
+    requests = [window_to_align(gpu, AUDIO_DIR / clip) for clip in CLIPS]
     company = requests * 3  # more windows than a pass's rows
     for request, together in zip(company, gpu.aligner.align_many(company)):
         assert gpu.aligner.align_many([request])[0] == together
@@ -93,8 +77,7 @@ def test_a_captured_alignment_pass_is_its_kernels_launched_directly(pipelines):
     graphs = gpu.aligner.graphs
     assert graphs is not None and len(graphs.rows) == len(alignment.PASS_LENGTHS)
     eot = gpu.config.special.eot
-    windows = [AlignmentRequest((), window_features(decode_audio((AUDIO_DIR / clip).read_bytes()), gpu.n_mels), 0,
-                                None, Task.TRANSCRIBE) for clip in CLIPS]
+    windows = [window_to_align(gpu, AUDIO_DIR / clip) for clip in CLIPS]
     gpu.engine.batch.pool.write_cross(torch.tensor([1, 2, 3], device=gpu.device), gpu.aligner.windows_audio(windows))
     for length, rows in graphs.rows.items():
         generator = torch.Generator().manual_seed(length)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from alignment_checks import count_align_many, window_to_align
 from reference import DATA, openai_model
 
 from python_backend_lib.audio.decode import decode_audio
@@ -162,17 +163,8 @@ def test_windows_aligned_in_one_pass_get_the_times_each_gets_alone(pipe, monkeyp
     times equal those of its own pass, and its probabilities within float32's rounding.
     Past PASS_SCORE_BYTES the windows go in several passes, with the same results."""
     from python_backend_lib.transcription import alignment
-    from python_backend_lib.transcription.alignment import AlignmentRequest
 
-    requests = []
-    for clip in CLIPS:
-        waveform = decode_audio((DATA / clip).read_bytes())
-        features = window_features(waveform, pipe.n_mels)
-        result = pipe.decode([waveform], DecodingOptions(timestamps=True))[0]
-        segments = pipe.transcribe(waveform, TranscribeOptions(decoding=DecodingOptions(timestamps=True))).segments
-        assert result.tokens and segments
-        requests.append(AlignmentRequest(tuple(segments), features, len(waveform) // geometry.HOP_LENGTH, "en",
-                                         Task.TRANSCRIBE))
+    requests = [window_to_align(pipe, DATA / clip) for clip in CLIPS]
     assert len({len(s.tokens) for r in requests for s in r.segments[:1]}) > 1  # sequences of other lengths
     together = pipe.aligner.align_many(requests)
     for request, (times, probabilities) in zip(requests, together):
@@ -208,15 +200,7 @@ def test_the_windows_one_step_delivers_are_aligned_in_one_round(pipe, monkeypatc
     options = TranscribeOptions(decoding=DecodingOptions(timestamps=True), word_timestamps=True)
     audio = [(DATA / clip).read_bytes() for clip in ["jfk.wav", "jfk.wav", "cards_005.wav", "jfk.wav"]]
     alone = [pipe.transcribe(a, options) for a in audio]
-    calls = []
-    aligner = pipe.alignments.aligner
-
-    class Counting:
-        def align_many(self, requests):
-            calls.append(len(requests))
-            return aligner.align_many(requests)
-
-    monkeypatch.setattr(pipe.alignments, "aligner", Counting())
+    calls = count_align_many(monkeypatch, pipe)
     together = pipe.transcribe_many(audio, options)
     assert sum(calls) == len(audio) and len(calls) < len(audio) and max(calls) > 1
     for a, b in zip(alone, together):
