@@ -15,7 +15,12 @@ from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
 from python_backend_lib.core.segments import Word
 from python_backend_lib.text.words import merge_punctuation, shorten_words_after_pauses, split_words
-from python_backend_lib.transcription.alignment import Aligner, dynamic_time_warping, median_filter
+from python_backend_lib.transcription.alignment import (
+    Aligner,
+    dynamic_time_warping,
+    dynamic_time_warping_many,
+    median_filter,
+)
 from python_backend_lib.transcription.pipeline import Pipeline
 
 whisper_timing = pytest.importorskip("whisper.timing")
@@ -65,6 +70,16 @@ def test_dynamic_time_warping_equals_openai():
         ours = dynamic_time_warping(cost)
         theirs = whisper_timing.dtw_cpu(cost)
         assert np.array_equal(ours[0], theirs[0]) and np.array_equal(ours[1], theirs[1])
+
+
+def test_time_warping_many_matrices_at_once_equals_each_alone():
+    """Matrices of other shapes solved together (in groups of like shape, each padded to
+    its largest) give the paths each gives alone, which equal openai-whisper's."""
+    rng = np.random.default_rng(3)
+    costs = [rng.standard_normal(shape) for shape in [(5, 40), (30, 300), (12, 12), (1, 7), (30, 25)]]
+    for cost, (rows, cols) in zip(costs, dynamic_time_warping_many(costs)):
+        theirs = whisper_timing.dtw_cpu(cost)
+        assert np.array_equal(rows, theirs[0]) and np.array_equal(cols, theirs[1])
 
 
 def test_median_filter_equals_openai():
