@@ -15,13 +15,9 @@ from python_backend_lib.core import geometry
 from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
 from python_backend_lib.core.segments import Word
 from python_backend_lib.text.words import merge_punctuation, shorten_words_after_pauses, split_words
-from python_backend_lib.transcription.alignment import (
-    Aligner,
-    dynamic_time_warping,
-    dynamic_time_warping_many,
-    median_filter,
-)
+from python_backend_lib.transcription.alignment import Aligner
 from python_backend_lib.transcription.pipeline import Pipeline
+from python_backend_lib.transcription.time_warping import dynamic_time_warping, dynamic_time_warping_many, median_filter
 
 whisper_timing = pytest.importorskip("whisper.timing")
 CLIPS = ["jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav", "cards_005.wav"]
