@@ -13,7 +13,9 @@ KV slot while the result's callback runs (`Engine.submit`'s keep_audio); without
 slot (a caller that did not keep it) the window is encoded again. It runs on the
 engine thread, so the running batch's next step waits for it: `align_many` aligns the
 windows an engine step delivers together in one padded pass (`alignment_rounds`), so
-that their launches and reads back to the host are paid once, not once a window.
+that their launches and reads back to the host are paid once, not once a window; on a
+GPU that pass is replayed from a CUDA graph (`alignment_graphs`), and the smoothing's
+output is warped into times on the host (`time_warping`).
 """
 
 from __future__ import annotations
