@@ -247,7 +247,7 @@ async def _run_order(client_for, requests, inputs, outputs, order: _Order) -> _R
             identity = request_id(order.point, window_start <= sent, index, count)
             status, verdict, reason = await _send(client, requests[clip], inputs[clip], outputs, plan.timeout_s, identity)
             outcomes.append(Outcome(clip, sent, time.monotonic(), status, verdict.tokens, verdict.fallback,
-                                    verdict.long_sample, verdict.exact, reason))  # fmt: skip
+                                    verdict.long_sample, verdict.exact, reason, verdict.differs))  # fmt: skip
             problem = verdict.problem
             if problem and len(problems) < 5:
                 problems.append(f"{requests[clip].name}: {problem}")

@@ -23,6 +23,7 @@ SATURATION_SHARE = 0.95
 # keeps at least this share of the goodput at saturation.
 OVERLOAD_SHARE = 0.9
 PERCENTILES = (50, 90, 99)
+DIFFERING_TEXTS = 3  # a clip's most frequent texts kept where its answers differ from the library's
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +39,7 @@ class Outcome:
     long_sample: bool = False  # a sampled window repeated itself past the plausible length (`transcripts`)
     exact: bool | None = None  # equal to the library's transcript of the clip (None: not compared)
     reason: str = ""  # an error's message, its numbers masked (`load.error_reason`), so like errors count together
+    differs: str | None = None  # the text, where it was not equal to the library's transcript of the clip
 
 
 @dataclass(frozen=True)
@@ -61,6 +63,8 @@ class PointStats:
     compared_sampled: int = 0
     exact_sampled: int = 0
     differing: dict[int, int] = field(default_factory=dict)  # clip index: its compared answers not equal
+    # clip index: the texts of those answers (at most DIFFERING_TEXTS a clip), each with its count
+    differing_texts: dict[int, dict[str, int]] = field(default_factory=dict)
     mean_clip_s: float | None = None  # mean length of the clips of the good requests completed in the window
     problems: list[str] = field(default_factory=list)  # a few examples of bad transcripts
     reasons: dict[str, int] = field(default_factory=dict)  # "STATUS: message" of the failed requests sent inside the window
@@ -118,10 +122,21 @@ def summarize(
         compared_sampled=sum(o.exact is not None and o.fallback for o in good_sent),
         exact_sampled=sum(o.exact is True and o.fallback for o in good_sent),
         differing=dict(sorted(Counter(o.clip for o in good_sent if o.exact is False).items())),
+        differing_texts=differing_texts(good_sent),
         mean_clip_s=round(audio_s / len(good_completed), 3) if good_completed else None,
         problems=list(problems)[:5],
         reasons=dict(Counter(f"{o.status}: {o.reason}" for o in sent if o.reason).most_common()),
     )
+
+
+def differing_texts(outcomes: Sequence[Outcome]) -> dict[int, dict[str, int]]:
+    """For each clip with answers unequal to the library's transcript, their most frequent
+    texts and how often each came: whether the server reads the clip one other way or many."""
+    by_clip: dict[int, Counter[str]] = {}
+    for o in outcomes:
+        if o.differs is not None:
+            by_clip.setdefault(o.clip, Counter())[o.differs] += 1
+    return {clip: dict(texts.most_common(DIFFERING_TEXTS)) for clip, texts in sorted(by_clip.items())}
 
 
 def saturation_index(goodputs: Sequence[float]) -> int | None:

@@ -77,6 +77,7 @@ class Verdict:
     problem: str | None  # None when the transcript passes
     long_sample: bool = False  # longer than plausible, from a window sampled at a temperature
     exact: bool | None = None  # equal to the reference; None: no reference, or a problem
+    differs: str | None = None  # the transcript's text where it is not equal to the reference
 
     @property
     def ok(self) -> bool:
@@ -110,7 +111,8 @@ def judge(record: Mapping[str, Any], check: TranscriptCheck) -> Verdict:
         error = 0.0 if exact or fallback else word_error_rate(check.reference, text)
         if error > MAX_REFERENCE_WORD_ERROR:
             problem = f"word error rate {error:.2f} against the library's transcript {check.reference[:60]!r}"
-    return Verdict(tokens=tokens, fallback=fallback, problem=problem, long_sample=long_sample, exact=exact)
+    return Verdict(tokens=tokens, fallback=fallback, problem=problem, long_sample=long_sample, exact=exact,
+                   differs=str(record.get("text", "")) if exact is False else None)
 
 
 def words(text: str) -> list[str]:

@@ -153,16 +153,21 @@ def test_a_sampled_window_that_loops_is_the_models_answer_but_a_greedy_loop_is_n
 
 def test_a_sampled_answer_is_compared_for_equality_but_never_judged_wrong_by_its_words():
     check = TranscriptCheck(EOT, 2.0, reference="the quick brown fox")
-    assert judge(verbose("the quick brown fox", [1, 2, 3, 4], temperature=0.2), check).exact is True
+    equal = judge(verbose("the quick brown fox", [1, 2, 3, 4], temperature=0.2), check)
+    assert equal.exact is True and equal.differs is None
     sampled = judge(verbose("a slow red hen", [1, 2, 3, 4], temperature=0.2), check)
     assert sampled.ok and sampled.exact is False  # the seeded draw followed a moved logit
+    assert sampled.differs == "a slow red hen"
     greedy = judge(verbose("a slow red hen", [1, 2, 3, 4]), check)
     assert greedy.problem.startswith("word error rate 1.00") and greedy.exact is False
-    outcomes = [Outcome(0, 1.0, 1.1, OK, 4, True, exact=True), Outcome(0, 1.1, 1.2, OK, 4, True, exact=False),
-                Outcome(0, 1.2, 1.3, OK, 4, exact=True)]
-    point = summarize(outcomes, [2.0], (0.0, 2.0), 1)
-    assert (point.compared, point.exact, point.compared_sampled, point.exact_sampled) == (3, 2, 2, 1)
-    assert point.differing == {0: 1}
+    outcomes = [Outcome(0, 1.0, 1.1, OK, 4, True, exact=True),
+                Outcome(0, 1.1, 1.2, OK, 4, True, exact=False, differs="a slow red hen"),
+                Outcome(0, 1.2, 1.3, OK, 4, exact=True), Outcome(1, 1.2, 1.3, OK, 4, exact=False, differs="b"),
+                Outcome(1, 1.3, 1.4, OK, 4, exact=False, differs="c"), Outcome(1, 1.4, 1.5, OK, 4, exact=False, differs="c")]
+    point = summarize(outcomes, [2.0, 2.0], (0.0, 2.0), 1)
+    assert (point.compared, point.exact, point.compared_sampled, point.exact_sampled) == (6, 2, 2, 1)
+    assert point.differing == {0: 1, 1: 3}
+    assert point.differing_texts == {0: {"a slow red hen": 1}, 1: {"c": 2, "b": 1}}  # the clip's readings, likeliest first
 
 
 def test_fallback_and_broken_documents_are_reported():
