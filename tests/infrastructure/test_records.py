@@ -306,3 +306,28 @@ def test_docs_hold_at_most_a_hundred_files():
     (docs/benchmarks/README.md lists where they went)."""
     files = [path for path in (REPO_ROOT / "docs").rglob("*") if path.is_file()]
     assert len(files) <= MAX_DOCS_FILES, f"{len(files)} files under docs/"
+
+
+WORD_TIMESTAMPS = BENCHMARKS / "live-gpu" / "13-5122971-h200" / "word-timestamps.json"
+
+
+def test_the_word_timestamps_figures_are_the_record():
+    """The README's and performance.md's requests a second served with word timestamps
+    at 5122971 (and without them, and for 654df5d's a pass a window) are the record's best
+    points, every answer compared equal to the library's."""
+    from bench.comparisons import best_point
+
+    served = json.loads(WORD_TIMESTAMPS.read_text(encoding="utf-8"))["served_5122971"]
+    assert served["run"]["commit"].startswith("5122971") and "H200" in served["run"]["machine"]["gpu"]
+    best = {v["label"]: best_point(v) for v in served["variants"]}
+    assert all(point["exact"] == point["compared"] > 0 for point in best.values())
+    rate = {label: f"{point['goodput_per_s']:,.1f}" for label, point in best.items()}
+    readme = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"{rate['words']} requests/s against {rate['plain']} for the same clips without them" in readme
+    performance = PERFORMANCE.read_text(encoding="utf-8")
+    for label, row in (("words", "5122971 (the recorder's self-attention written out, 2f898ac), words**"),
+                       ("rows1", "5122971 with `PASS_ROWS = 1`"), ("before-words", "654df5d, words, the same call"),
+                       ("plain", "5122971, no word timestamps, the same call")):
+        exact = thousands(best[label]["exact"])
+        assert any(line.startswith(f"| {'**' if label == 'words' else ''}{row}") and rate[label] in line
+                   and f"{exact} of {exact}" in line for line in performance.splitlines()), label
