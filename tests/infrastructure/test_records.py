@@ -331,3 +331,23 @@ def test_the_word_timestamps_figures_are_the_record():
         exact = thousands(best[label]["exact"])
         assert any(line.startswith(f"| {'**' if label == 'words' else ''}{row}") and rate[label] in line
                    and f"{exact} of {exact}" in line for line in performance.splitlines()), label
+
+
+LIVE_RUN = BENCHMARKS / "live-gpu" / "13-5122971-h200" / "live.json"
+
+
+def test_the_live_headline_is_the_latest_run():
+    """The README's and performance.md's live figures (word end to delta, p50, and what the
+    batch clients kept) are run 13's record, with no errors in any row."""
+    run = json.loads(LIVE_RUN.read_text(encoding="utf-8"))
+    assert run["commit"].startswith("5122971") and "H200" in run["machine"]["gpu"]
+    rows = {(r["sessions"], r["batch_concurrency"]): r for r in run["rows"]}
+    assert all(r["errors"] == 0 for r in rows.values())
+    p50 = {key: f"{r['word_latency_p50_s']:.2f} s" for key, r in rows.items()}
+    beside = rows[100, 64]
+    kept = f"{100 * beside['batch_rtfx_beside'] / beside['batch_rtfx_alone']:.0f}%"
+    readme = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert f"{p50[1, 0]} after the word ends (p50, one session; {p50[100, 0]} with 100)" in readme
+    assert (f"| one session {p50[1, 0]}, 100 sessions {p50[100, 0]}, 100 beside 64 batch clients {p50[100, 64]} "
+            f"(the batch kept {kept}; target 50% **missed**), 200 sessions {p50[200, 0]} |"
+            ) in PERFORMANCE.read_text(encoding="utf-8")
