@@ -11,9 +11,9 @@ Static buffers per shape (rows, length): the token ids [rows * length], the toke
 position predicts [rows, length] and each row's slot [rows], filled from pinned host
 memory. The outputs (`alignment.PassScores`) live in the graphs' private pool and are
 rewritten by the next replay of the same shape: the caller reads them first, on the
-engine thread, before it aligns anything else. So only one thread may replay: the
-engine's, where the alignment rounds run (`alignment_rounds`); a caller on another
-thread with kept slots would share these buffers.
+engine thread, before it aligns anything else. Only that thread replays: a kept slot
+holds its window only while the window's callback runs there (`Engine.submit`'s
+keep_audio), and only passes over kept slots are replayed.
 """
 
 from __future__ import annotations
