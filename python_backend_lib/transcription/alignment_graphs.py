@@ -7,7 +7,7 @@ while the running batch waits; a replay is one. A captured pass reads the window
 from their kept KV slots (the pool's tensors never move), which is how the engine's
 windows come; a window encoded again from its features takes the eager pass.
 
-Static buffers per shape (rows, length): the token ids [rows * length], the token each
+Static buffers per shape (rows, length): the token ids [rows, length], the token each
 position predicts [rows, length] and each row's slot [rows], filled from pinned host
 memory. The outputs (`alignment.PassScores`) live in the graphs' private pool and are
 rewritten by the next replay of the same shape: the caller reads them first, on the
@@ -69,7 +69,7 @@ class AlignmentGraphs:
         self.pool = pool
         parameter = next(model.parameters())
         self.device, self.dtype = parameter.device, parameter.dtype
-        self.rows = dict((length, rows) for rows, length in pass_shapes(config))  # length: rows
+        self.rows = {length: rows for rows, length in pass_shapes(config)}  # length: rows
         self._graphs: dict[int, CapturedGraph[_Buffers, PassScores]] = {}
         self.capture_seconds = 0.0
 
