@@ -18,7 +18,6 @@ keep_audio), and only passes over kept slots are replayed.
 
 from __future__ import annotations
 
-import gc
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -47,18 +46,12 @@ def captured_passes(model: Whisper, config: ModelConfig, pool: KVSlotPool) -> Al
     """Every fixed shape's pass captured, or None where capturing failed (out of device
     memory, say), with a warning that names why: the eager passes give the same words,
     only at a higher cost to the engine thread, so a server still starts."""
-    graphs: AlignmentGraphs | None = AlignmentGraphs(model, config, pool)
+    graphs = AlignmentGraphs(model, config, pool)
     try:
         graphs.capture()
     except RuntimeError as error:
         log.warning("word alignments run eagerly: capturing their passes failed: %s", error)
-        graphs = None
-    # Each shape warmed up on a side stream of its own (`devices.graph_capture`), and the
-    # caching allocator gives a freed block again only to the stream that allocated it:
-    # those blocks would stay reserved for streams never used again. A failed capture's
-    # graphs go first (its traceback held them in a cycle).
-    gc.collect()
-    torch.cuda.empty_cache()
+        return None
     return graphs
 
 
