@@ -63,8 +63,9 @@ class Pipeline:
         self.config = config
         self.tokenizer = tokenizer
         self.engine = engine
-        self.aligner = Aligner(model, config, tokenizer, engine.batch.pool, alignment_graphs) if aligns(
-            config, tokenizer) else None
+        self.aligner: Aligner | None = None
+        if aligns(config, tokenizer):
+            self.aligner = Aligner(model, config, tokenizer, engine.batch.pool, alignment_graphs)
         # The windows one engine step delivers are aligned together (`alignment_rounds`).
         self.alignments = AlignmentRounds(self.aligner) if self.aligner else None
         if self.alignments is not None:
