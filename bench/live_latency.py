@@ -19,6 +19,8 @@ between them (STREAM). The sessions start spread over one second.
   batch load beside the sessions: N gRPC clients, in a process of their own,
   sending the same recordings to `transcribe` one after another; their RTFx is
   measured alone first, for as long as the stream, then beside the sessions.
+  Each batch request has a timeout (BATCH_TIMEOUT_S); every one is counted as
+  answered or failed with its reason, and every turn as completed or not.
 - CPU: the gateway's processes' cores (`--gateway-workers`: how many it runs)
   and this process's, the sessions' side, so that a row says which was busy.
 
@@ -53,8 +55,10 @@ import soxr
 
 from bench.clips import AUDIO_DIR
 from bench.host import process_cpu_seconds
+from bench.load import error_reason
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
 from gateway.local_agreement import comparison_key
+from loadtest.outcomes import status_name
 from loadtest.processes import child_pids
 from loadtest.provenance import commit_info, machine_info
 from python_backend_lib.audio.encode import wav_bytes
@@ -68,6 +72,8 @@ STREAM = ("jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav",
 VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 700}
 MODEL = "whisper-1"
 EVENT_TIMEOUT_S = 300.0
+# A batch request not answered by then is counted failed (DEADLINE_EXCEEDED) and the client sends the next.
+BATCH_TIMEOUT_S = 60.0
 STARTUP_TIMEOUT_S = 900.0
 
 
@@ -197,9 +203,18 @@ def word_latencies(deltas: list[tuple[float, str]], words: tuple[ReferenceWord, 
 
 @dataclass
 class BatchLoad:
-    audio_s: float = 0.0
-    requests: int = 0
-    errors: int = 0
+    audio_s: float = 0.0  # of the requests answered inside the window
+    requests: int = 0  # answered inside the window
+    failed: dict[str, int] = field(default_factory=dict)  # "STATUS: reason": requests that failed
+
+
+def failure_reason(error: Exception) -> str:
+    """How a failed batch request is counted: Triton's status and message, or the exception's kind."""
+    from tritonclient.utils import InferenceServerException
+
+    if isinstance(error, InferenceServerException):
+        return f"{status_name(error)}: {error_reason(str(error.message()))}"
+    return f"{type(error).__name__}: {error_reason(str(error))}"
 
 
 async def batch_load(triton_grpc: str, concurrency: int, seconds: float) -> BatchLoad:
@@ -221,9 +236,11 @@ async def batch_load(triton_grpc: str, concurrency: int, seconds: float) -> Batc
             tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
             try:
-                await client.infer("transcribe", [tensor], parameters={"response_format": "text"})
-            except Exception:  # counted and reported: the load goes on
-                load.errors += 1
+                await client.infer("transcribe", [tensor], parameters={"response_format": "text"},
+                                   client_timeout=BATCH_TIMEOUT_S)
+            except Exception as error:  # counted with its reason and reported: the load goes on
+                reason = failure_reason(error)
+                load.failed[reason] = load.failed.get(reason, 0) + 1
                 continue
             if time.monotonic() < stop:
                 load.audio_s += duration
@@ -265,12 +282,15 @@ class Summary:
     second_half_p50_s: float | None
     first_delta_p50_s: float | None
     turns: int
+    completed_turns: int  # turns whose completed event came before the session gave up waiting
     turn_latency_p50_s: float | None
     turn_latency_max_s: float | None
     max_send_lag_s: float
     errors: int
     batch_rtfx_alone: float | None = None
     batch_rtfx_beside: float | None = None
+    batch_answered: tuple[int, int] | None = None  # batch requests answered alone, and beside the sessions
+    batch_failed: dict[str, int] = field(default_factory=dict)  # "STATUS: reason": both phases' failed requests
     load_average: tuple[float, float] | None = None  # the host's 1-minute load average before and after
     hypothesis_every_s: float | None = None  # the gateway's --live-hypothesis-every (None: its default)
     gateway_cores: float | None = None  # the gateway's processes' CPU time over the row's wall time, in all
@@ -299,6 +319,7 @@ def summarize(results: list[SessionResult], stream: Stream, batch_concurrency: i
         first_half_p50_s=_quantile([x for x, first in halves if first], 0.5),
         second_half_p50_s=_quantile([x for x, first in halves if not first], 0.5),
         first_delta_p50_s=_quantile(firsts, 0.5), turns=sum(r.turns for r in results),
+        completed_turns=sum(len(r.turn_latencies_s) for r in results),
         turn_latency_p50_s=_quantile(turns, 0.5), turn_latency_max_s=_quantile(turns, 1.0),
         max_send_lag_s=round(max(r.max_send_lag_s for r in results), 3), errors=sum(len(r.errors) for r in results),
     )
@@ -326,8 +347,13 @@ async def measure(
     summary = dataclasses.replace(summarize(list(results), stream, batch_concurrency),
                                   load_average=(round(load_before, 2), round(os.getloadavg()[0], 2)))
     if alone is not None and beside is not None:
+        failed = {reason: alone.failed.get(reason, 0) + beside.failed.get(reason, 0)
+                  for reason in {**alone.failed, **beside.failed}}
         summary = dataclasses.replace(summary, batch_rtfx_alone=round(alone.audio_s / stream.seconds, 1),
-                                      batch_rtfx_beside=round(beside.audio_s / stream.seconds, 1))
+                                      batch_rtfx_beside=round(beside.audio_s / stream.seconds, 1),
+                                      batch_answered=(alone.requests, beside.requests), batch_failed=failed)
+        for reason, count in failed.items():
+            print(f"  batch requests failed: {count} x {reason}", flush=True)
     for result in results:
         for error in result.errors[:3]:
             print("  error:", error, flush=True)
@@ -405,17 +431,21 @@ def _own_cpu_s() -> float:
 def markdown(rows: list[Summary], header: str) -> str:
     lines = [header, "",
              "| hypothesis every | sessions | batch clients | words matched | word → delta p50 | p90 | max | "
-             "first half p50 | second half p50 | first delta p50 | turn end → completed p50 | max | send lag max | "
-             "errors | batch RTFx alone → beside | load average before → after | gateway workers | "
-             "gateway cores (busiest process) | client cores |", "|" + "---|" * 19]
+             "first half p50 | second half p50 | first delta p50 | turns completed | turn end → completed p50 | max | "
+             "send lag max | errors | batch RTFx alone → beside | batch answered alone, beside (failed) | "
+             "load average before → after | gateway workers | gateway cores (busiest process) | client cores |",
+             "|" + "---|" * 21]
     for r in rows:
         batch = f"{r.batch_rtfx_alone} → {r.batch_rtfx_beside}" if r.batch_rtfx_alone is not None else "–"
+        answered = "–" if r.batch_answered is None else (
+            f"{r.batch_answered[0]}, {r.batch_answered[1]} ({sum(r.batch_failed.values())})")
         every = "default" if r.hypothesis_every_s is None else f"{r.hypothesis_every_s:g} s"
         lines.append(
             f"| {every} | {r.sessions} | {r.batch_concurrency} | {r.matched}/{r.words} | **{r.word_latency_p50_s} s** | "
             f"{r.word_latency_p90_s} s | {r.word_latency_max_s} s | {r.first_half_p50_s} s | {r.second_half_p50_s} s | "
-            f"{r.first_delta_p50_s} s | {r.turn_latency_p50_s} s | {r.turn_latency_max_s} s | {r.max_send_lag_s} s | "
-            f"{r.errors} | {batch} | {r.load_average[0]} → {r.load_average[1]} | "
+            f"{r.first_delta_p50_s} s | {r.completed_turns}/{r.turns} | {r.turn_latency_p50_s} s | "
+            f"{r.turn_latency_max_s} s | {r.max_send_lag_s} s | {r.errors} | {batch} | {answered} | "
+            f"{r.load_average[0]} → {r.load_average[1]} | "
             f"{r.gateway_workers} | {_cores(r.gateway_cores, r.gateway_busiest_core)} | "
             f"{'–' if r.client_cores is None else r.client_cores} |")
     return "\n".join(lines) + "\n"

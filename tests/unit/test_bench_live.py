@@ -20,9 +20,10 @@ def test_the_summary_reads_halves_turns_and_the_slowest_send():
     results = [SessionResult(word_latencies_s=[1.0, 2.0, 3.0, 4.0], matched=4, reference_words=4, first_delta_s=2.0,
                              turn_latencies_s=[0.5], turns=1, max_send_lag_s=0.01),
                SessionResult(word_latencies_s=[1.0, 1.0], matched=2, reference_words=4, first_delta_s=3.0,
-                             turn_latencies_s=[1.5], turns=1, max_send_lag_s=0.2)]
+                             turn_latencies_s=[1.5], turns=2, max_send_lag_s=0.2)]  # a turn never completed
     summary = summarize(results, stream, batch_concurrency=0)
-    assert (summary.sessions, summary.words, summary.matched, summary.turns) == (2, 8, 6, 2)
+    assert (summary.sessions, summary.words, summary.matched, summary.turns) == (2, 8, 6, 3)
+    assert summary.completed_turns == 2
     assert summary.stream_s == 4.0 and summary.max_send_lag_s == 0.2
     assert summary.first_half_p50_s == 1.0 and summary.second_half_p50_s == 3.0  # [1, 2, 1] and [3, 4, 1]
     assert summary.turn_latency_max_s == 1.5 and summary.word_latency_max_s == 4.0
