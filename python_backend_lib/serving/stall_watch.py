@@ -12,6 +12,11 @@ then fails what it holds with an error naming the instance and where its
 engine thread stands, and marks the engine unhealthy (`Engine.stall`), which
 the metrics and the launcher read.
 
+The log of a stall holds every Python thread's stack and, for this process and
+its parent (tritonserver), where each thread waits in the kernel
+(`kernel_waits`): a thread inside a call to the Triton process shows only that
+call in Python, and the kernel's wait channels tell a full pipe from a lock.
+
 The bound comes from the longest legitimate gap between two signs of progress:
 one engine loop turn, which encodes up to `EngineOptions.max_admit` new windows
 and takes one decoder step (`stall_bound_s`).
@@ -24,6 +29,7 @@ import sys
 import threading
 import time
 import traceback
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -87,6 +93,23 @@ def thread_stacks() -> str:
     for ident, frame in sys._current_frames().items():
         parts.append(f"thread {names.get(ident, ident)}:\n{''.join(traceback.format_stack(frame))}")
     return "\n".join(parts)
+
+
+def kernel_waits(pid: int, proc: Path = Path("/proc")) -> str:
+    """Where the threads of process `pid` wait in the kernel, counted by thread name, state
+    (R running, S sleeping, D uninterruptible) and wait channel, from `/proc/PID/task`:
+    "12 x python_backend S futex_wait_queue, 2 x tritonserver S anon_pipe_write". '-' for a
+    channel the kernel does not name; '' where `/proc` cannot be read."""
+    counts: Counter[str] = Counter()
+    for task in sorted((proc / str(pid) / "task").glob("*")):
+        try:
+            name = (task / "comm").read_text().strip()
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            channel = (task / "wchan").read_text().strip()
+        except (OSError, IndexError):  # the thread ended while read, or /proc hides it
+            continue
+        counts[f"{name} {state} {channel if channel not in ('', '0') else '-'}"] += 1
+    return ", ".join(f"{n} x {key}" for key, n in counts.most_common())
 
 
 def where(thread: threading.Thread | None) -> str:

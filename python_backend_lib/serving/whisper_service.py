@@ -65,7 +65,15 @@ from python_backend_lib.serving.settings import (
     ModelSettings,
     device_label,
 )
-from python_backend_lib.serving.stall_watch import Beat, EngineStalled, StallWatch, stall_bound_s, thread_stacks, where
+from python_backend_lib.serving.stall_watch import (
+    Beat,
+    EngineStalled,
+    StallWatch,
+    kernel_waits,
+    stall_bound_s,
+    thread_stacks,
+    where,
+)
 
 log = logging.getLogger(__name__)
 
@@ -322,7 +330,9 @@ class WhisperService:
             f"whisper instance {self.instance} made no progress for {seconds:.0f} s while holding "
             f"{len(held)} requests; its engine thread is at {where(engine.thread)}"
         )
-        log.error("%s. Every thread's stack:\n%s", reason, thread_stacks())
+        log.error("%s. Every thread's stack:\n%s\nThis process's threads in the kernel: %s\n"
+                  "Its parent's (tritonserver, pid %d): %s", reason, thread_stacks(),
+                  kernel_waits(os.getpid()), os.getppid(), kernel_waits(os.getppid()))
         engine.stall(reason)
         error = EngineStalled(f"{reason}. The instance refuses new requests; the server stops to be replaced")
         for pending in held:  # on this thread: the responders may be the ones stuck

@@ -58,7 +58,7 @@ from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 from python_backend_lib.serving.parent_watch import CHECK_INTERVAL_S
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, STALL_PROMPT_ENV, STALL_TIMEOUT_ENV
 from python_backend_lib.serving.stall_watch import CHECK_INTERVAL_S as STALL_CHECK_S
-from python_backend_lib.serving.stall_watch import Beat, StallClock
+from python_backend_lib.serving.stall_watch import Beat, StallClock, kernel_waits
 
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
@@ -280,6 +280,43 @@ def test_a_stall_is_held_work_without_progress_for_the_bound():
     assert clock.stalled_for(Beat(progress=6, held=1), now=40.0) == 10.0
 
 
+def test_kernel_waits_name_a_thread_blocked_writing_a_full_pipe(tmp_path):
+    """What a stall's log says of threads outside Python's view: here a thread of this
+    process blocked writing a pipe no one reads, as Triton's logger would be behind a
+    stalled reader of its output."""
+    reader, writer = os.pipe()
+
+    def fill() -> None:
+        try:
+            while True:
+                os.write(writer, bytes(65_536))
+        except OSError:  # the reader closed: the test is over
+            os.close(writer)
+
+    blocked = threading.Thread(target=fill, name="filler", daemon=True)
+    blocked.start()
+    deadline = time.monotonic() + 10
+    while "pipe_write" not in (waits := kernel_waits(os.getpid())) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if all(key.endswith(" -") for key in re.findall(r"x ([^,]+)", waits)):
+        pytest.skip(f"this kernel names no wait channels in /proc: {waits}")
+    assert re.search(r"1 x \S+ S \S*pipe_write", waits), waits
+    os.close(reader)  # the writer then fails, and the thread ends
+    blocked.join(timeout=10)
+
+    # Read from /proc's files alone: a thread's name, state and channel, like ones counted together.
+    for tid, (name, state, channel) in {"7": ("tritonserver", "S", "futex_wait_queue"),
+                                        "8": ("tritonserver", "S", "futex_wait_queue"),
+                                        "9": ("grpc", "R", "0")}.items():
+        task = tmp_path / "42" / "task" / tid
+        task.mkdir(parents=True)
+        (task / "comm").write_text(f"{name}\n")
+        (task / "stat").write_text(f"{tid} ({name}) {state} 1 2 3\n")
+        (task / "wchan").write_text(channel)
+    assert kernel_waits(42, proc=tmp_path) == "2 x tritonserver S futex_wait_queue, 1 x grpc R -"
+    assert kernel_waits(43, proc=tmp_path) == ""
+
+
 STALL_PROMPT = "this request's decoder step never returns"
 STALL_BOUND_S = 10.0  # well above one loop turn of a first request on a busy 2-core machine
 
@@ -333,6 +370,7 @@ def test_a_stalled_engine_fails_what_it_holds_within_its_bound_and_the_server_ex
     assert status == 1, _log_tail(server.log)
     assert "a whisper engine failed repeatedly or stalled, and refuses new requests" in log
     assert "Every thread's stack" in log and "thread whisper-engine" in log
+    assert re.search(r"Its parent's \(tritonserver, pid \d+\): \d+ x tritonserver ", log), _log_tail(server.log)
 
 
 # Short bounds, but well above one loop turn of a first request on a busy 2-core machine:
