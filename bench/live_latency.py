@@ -21,8 +21,13 @@ between them (STREAM). The sessions start spread over one second.
   measured alone first, for as long as the stream, then beside the sessions.
   Each batch request has a timeout (BATCH_TIMEOUT_S); every one is counted as
   answered or failed with its reason, and every turn as completed or not.
+- The sessions' side: the sessions run in processes of their own, at most
+  SESSIONS_PER_PROCESS each, all started for one moment, so that one event loop
+  is not what bounds many sessions; a session's start late past that moment
+  counts as send lag.
 - CPU: the gateway's processes' cores (`--gateway-workers`: how many it runs)
-  and this process's, the sessions' side, so that a row says which was busy.
+  and the sessions' processes' (in all, and the busiest one's), so that a row
+  says which was busy.
 
 The server is started here (`--checkpoint`, as `whisper-triton serve` takes it)
 with a gateway in front, unless `--gateway` and `--triton-grpc` name running ones.
@@ -72,6 +77,12 @@ STREAM = ("jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav",
 VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 300, "silence_duration_ms": 700}
 MODEL = "whisper-1"
 EVENT_TIMEOUT_S = 300.0
+# Sessions a process runs: one event loop carried 200 at 0.9 of a core, chunks then
+# up to 0.9 s late (live run 14), so more spread over several stay far from a core each.
+SESSIONS_PER_PROCESS = 50
+# From the sessions' processes being asked to start to the moment their sessions begin:
+# time for a spawned interpreter to import what a session needs.
+SESSIONS_START_S = 5.0
 # A batch request not answered by then is counted failed (DEADLINE_EXCEEDED) and the client sends the next.
 BATCH_TIMEOUT_S = 60.0
 STARTUP_TIMEOUT_S = 900.0
@@ -93,10 +104,11 @@ class Stream:
         return len(self.pcm) / RATE
 
 
-def stream_audio() -> tuple[np.ndarray, list[tuple[str, float, np.ndarray]]]:
-    """The stream at 24 kHz (float), and each recording: its name, its start in the stream, its 16 kHz audio."""
+def stream_audio(names: tuple[str, ...] = STREAM) -> tuple[np.ndarray, list[tuple[str, float, np.ndarray]]]:
+    """The stream of these recordings at 24 kHz (float), and each recording: its name, its
+    start in the stream, its 16 kHz audio."""
     pieces, placed, position = [np.zeros(int(PAUSE_S * RATE), np.float32)], [], PAUSE_S
-    for name in STREAM:
+    for name in names:
         audio, rate = soundfile.read(AUDIO_DIR / name, dtype="float32")
         placed.append((name, position, audio))
         resampled = soxr.resample(audio, rate, RATE)
@@ -105,11 +117,11 @@ def stream_audio() -> tuple[np.ndarray, list[tuple[str, float, np.ndarray]]]:
     return np.concatenate(pieces), placed
 
 
-def reference_stream(gateway: str) -> Stream:
+def reference_stream(gateway: str, names: tuple[str, ...] = STREAM) -> Stream:
     """The stream, and its words timed by transcribing each recording as a file."""
     import openai
 
-    audio, placed = stream_audio()
+    audio, placed = stream_audio(names)
     words = []
     with openai.OpenAI(base_url=gateway, api_key="unused", max_retries=0, timeout=600) as client:
         for name, start_s, recording in placed:
@@ -137,11 +149,13 @@ class SessionResult:
     errors: list[str] = field(default_factory=list)
 
 
-async def live_session(url: str, stream: Stream, delay_s: float) -> SessionResult:
+async def live_session(url: str, stream: Stream, begin: float) -> SessionResult:
+    """One session, from `begin` (time.monotonic(), shared by every process of the host)."""
     from websockets.asyncio.client import connect
 
-    await asyncio.sleep(delay_s)
+    await asyncio.sleep(max(0.0, begin - time.monotonic()))
     result = SessionResult(reference_words=len(stream.words))
+    result.max_send_lag_s = max(0.0, time.monotonic() - begin)  # a process that started late
     deltas: list[tuple[float, str]] = []  # (arrival, text)
     stopped: dict[str, float] = {}  # item -> its speech's end, in the stream (s)
     completed: dict[str, float] = {}  # item -> arrival
@@ -198,14 +212,58 @@ def word_latencies(deltas: list[tuple[float, str]], words: tuple[ReferenceWord, 
             for block in matcher.get_matching_blocks() for k in range(block.size)]
 
 
+def session_shares(sessions: int, per_process: int) -> list[list[int]]:
+    """The sessions' numbers each process runs: as few processes as hold `per_process`
+    each, dealt round, so that each process's sessions begin spread over the same second."""
+    processes = max(1, -(-sessions // per_process))
+    return [list(range(first, sessions, processes)) for first in range(min(processes, sessions))]
+
+
+def session_begin(index: int, sessions: int, start_at: float) -> float:
+    """When session `index` of `sessions` begins: spread over one second after `start_at`."""
+    return start_at + (random.Random(index).uniform(0, 1.0) if sessions > 1 else 0.0)
+
+
+def _sessions_here(url: str, stream: Stream, indices: list[int], sessions: int,
+                   start_at: float) -> tuple[list[SessionResult], float]:
+    """In a process of the sessions' side: its sessions, and the CPU seconds it spent on them."""
+    async def run() -> list[SessionResult]:
+        return list(await asyncio.gather(*(live_session(url, stream, session_begin(i, sessions, start_at))
+                                           for i in indices)))
+
+    before = _own_cpu_s()
+    results = asyncio.run(run())
+    return results, _own_cpu_s() - before
+
+
+async def sessions_apart(
+    url: str, stream: Stream, sessions: int, per_process: int = SESSIONS_PER_PROCESS
+) -> tuple[list[SessionResult], list[float]]:
+    """`sessions` live sessions in processes of their own (`session_shares`): every
+    session's result, in session order, and each process's CPU seconds."""
+    shares = session_shares(sessions, per_process)
+    start_at = time.monotonic() + SESSIONS_START_S
+    context = multiprocessing.get_context("spawn")  # no inherited event loop or gRPC threads
+    loop = asyncio.get_running_loop()
+    with concurrent.futures.ProcessPoolExecutor(len(shares), mp_context=context) as pool:
+        done = await asyncio.gather(*(loop.run_in_executor(pool, _sessions_here, url, stream, share, sessions,
+                                                           start_at) for share in shares))
+    by_index = {i: result for share, (results, _) in zip(shares, done) for i, result in zip(share, results)}
+    return [by_index[i] for i in range(sessions)], [cpu_s for _, cpu_s in done]
+
+
 # ------------------------------------------------------------- batch load beside
 
 
 @dataclass
 class BatchLoad:
-    audio_s: float = 0.0  # of the requests answered inside the window
-    requests: int = 0  # answered inside the window
+    """Every request sent is answered or failed: sent == answered + sum(failed.values())."""
+
+    sent: int = 0
+    answered: int = 0  # the last ones may be answered after the window
     failed: dict[str, int] = field(default_factory=dict)  # "STATUS: reason": requests that failed
+    requests: int = 0  # answered inside the window: the RTFx's
+    audio_s: float = 0.0  # of those
 
 
 def failure_reason(error: Exception) -> str:
@@ -235,6 +293,7 @@ async def batch_load(triton_grpc: str, concurrency: int, seconds: float) -> Batc
             turn += 1
             tensor = triton.InferInput(tensor_names.AUDIO, [1, 1], "BYTES")
             tensor.set_data_from_numpy(np.array([[data]], dtype=np.object_))
+            load.sent += 1
             try:
                 await client.infer("transcribe", [tensor], parameters={"response_format": "text"},
                                    client_timeout=BATCH_TIMEOUT_S)
@@ -242,6 +301,7 @@ async def batch_load(triton_grpc: str, concurrency: int, seconds: float) -> Batc
                 reason = failure_reason(error)
                 load.failed[reason] = load.failed.get(reason, 0) + 1
                 continue
+            load.answered += 1
             if time.monotonic() < stop:
                 load.audio_s += duration
                 load.requests += 1
@@ -289,14 +349,15 @@ class Summary:
     errors: int
     batch_rtfx_alone: float | None = None
     batch_rtfx_beside: float | None = None
-    batch_answered: tuple[int, int] | None = None  # batch requests answered alone, and beside the sessions
+    batch_answered: tuple[int, int] | None = None  # batch requests answered alone, and beside the sessions (all)
     batch_failed: dict[str, int] = field(default_factory=dict)  # "STATUS: reason": both phases' failed requests
     load_average: tuple[float, float] | None = None  # the host's 1-minute load average before and after
     hypothesis_every_s: float | None = None  # the gateway's --live-hypothesis-every (None: its default)
     gateway_cores: float | None = None  # the gateway's processes' CPU time over the row's wall time, in all
     gateway_workers: int = 1  # the gateway's --workers
     gateway_busiest_core: float | None = None  # the busiest gateway process's (1.0: bound by its interpreter lock)
-    client_cores: float | None = None  # this process's: the sessions' and batch clients' side
+    client_cores: float | None = None  # the sessions' processes', in all
+    client_busiest_core: float | None = None  # the busiest sessions' process's (1.0: its event loop is the bound)
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -327,8 +388,8 @@ def summarize(results: list[SessionResult], stream: Stream, batch_concurrency: i
 
 async def measure(
     gateway: str, triton_grpc: str, stream: Stream, sessions: int, batch_concurrency: int
-) -> tuple[Summary, list[float]]:
-    """The summary, and every matched word's latency."""
+) -> tuple[Summary, list[float], list[float]]:
+    """The summary, every matched word's latency, and each sessions' process's CPU seconds."""
     url = gateway.replace("http://", "ws://") + "/realtime?intent=transcription"
     alone = None
     if batch_concurrency:
@@ -336,14 +397,12 @@ async def measure(
         alone = await batch_load_apart(triton_grpc, batch_concurrency, stream.seconds)
     print(f"{sessions} live session(s) streaming {stream.seconds:.0f} s of speech"
           + (f", {batch_concurrency} batch clients beside" if batch_concurrency else ""), flush=True)
-    jobs = [live_session(url, stream, random.Random(i).uniform(0, 1.0) if sessions > 1 else 0.0)
-            for i in range(sessions)]
     beside, load_before = None, os.getloadavg()[0]
     if batch_concurrency:
-        *results, beside = await asyncio.gather(*jobs, batch_load_apart(triton_grpc, batch_concurrency,
-                                                                         stream.seconds))
+        (results, client_cpu_s), beside = await asyncio.gather(
+            sessions_apart(url, stream, sessions), batch_load_apart(triton_grpc, batch_concurrency, stream.seconds))
     else:
-        results = await asyncio.gather(*jobs)
+        results, client_cpu_s = await sessions_apart(url, stream, sessions)
     summary = dataclasses.replace(summarize(list(results), stream, batch_concurrency),
                                   load_average=(round(load_before, 2), round(os.getloadavg()[0], 2)))
     if alone is not None and beside is not None:
@@ -351,13 +410,13 @@ async def measure(
                   for reason in {**alone.failed, **beside.failed}}
         summary = dataclasses.replace(summary, batch_rtfx_alone=round(alone.audio_s / stream.seconds, 1),
                                       batch_rtfx_beside=round(beside.audio_s / stream.seconds, 1),
-                                      batch_answered=(alone.requests, beside.requests), batch_failed=failed)
+                                      batch_answered=(alone.answered, beside.answered), batch_failed=failed)
         for reason, count in failed.items():
             print(f"  batch requests failed: {count} x {reason}", flush=True)
     for result in results:
         for error in result.errors[:3]:
             print("  error:", error, flush=True)
-    return summary, [x for r in results for x in r.word_latencies_s]
+    return summary, [x for r in results for x in r.word_latencies_s], client_cpu_s
 
 
 @dataclass(frozen=True)
@@ -407,14 +466,15 @@ class CpuUse:
     gateway_cores: float | None
     gateway_busiest_core: float | None
     client_cores: float
+    client_busiest_core: float
 
 
 def cpu_use(before: dict[int, float | None], after: dict[int, float | None],
-            client_s: float, wall_s: float) -> CpuUse:
-    """Between two `gateway_cpu_s` readings `wall_s` apart, and this process's `client_s`."""
+            client_s: list[float], wall_s: float) -> CpuUse:
+    """Between two `gateway_cpu_s` readings `wall_s` apart, and the sessions' processes' CPU seconds."""
     cores = [(after[p] - before[p]) / wall_s for p in before if before[p] is not None and after.get(p) is not None]
     return CpuUse(round(sum(cores), 2) if cores else None, round(max(cores), 2) if cores else None,
-                  round(client_s / wall_s, 2))
+                  round(sum(client_s) / wall_s, 2), round(max(client_s, default=0.0) / wall_s, 2))
 
 
 def _cores(total: float | None, busiest: float | None) -> str:
@@ -433,7 +493,8 @@ def markdown(rows: list[Summary], header: str) -> str:
              "| hypothesis every | sessions | batch clients | words matched | word → delta p50 | p90 | max | "
              "first half p50 | second half p50 | first delta p50 | turns completed | turn end → completed p50 | max | "
              "send lag max | errors | batch RTFx alone → beside | batch answered alone, beside (failed) | "
-             "load average before → after | gateway workers | gateway cores (busiest process) | client cores |",
+             "load average before → after | gateway workers | gateway cores (busiest process) | "
+             "sessions' cores (busiest process) |",
              "|" + "---|" * 21]
     for r in rows:
         batch = f"{r.batch_rtfx_alone} → {r.batch_rtfx_beside}" if r.batch_rtfx_alone is not None else "–"
@@ -447,7 +508,7 @@ def markdown(rows: list[Summary], header: str) -> str:
             f"{r.turn_latency_max_s} s | {r.max_send_lag_s} s | {r.errors} | {batch} | {answered} | "
             f"{r.load_average[0]} → {r.load_average[1]} | "
             f"{r.gateway_workers} | {_cores(r.gateway_cores, r.gateway_busiest_core)} | "
-            f"{'–' if r.client_cores is None else r.client_cores} |")
+            f"{_cores(r.client_cores, r.client_busiest_core)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -491,10 +552,10 @@ def main() -> None:
                 if args.batch_concurrency and index == 0:
                     plan.append((args.sessions[-1], args.batch_concurrency))
                 for sessions, batch in plan:
-                    cpu_before, client_before, started = gateway_cpu_s(gateway), _own_cpu_s(), time.monotonic()
-                    summary, measured = asyncio.run(measure(gateway.url, triton_grpc, stream, sessions, batch))
-                    use = cpu_use(cpu_before, gateway_cpu_s(gateway), _own_cpu_s() - client_before,
-                                  time.monotonic() - started)
+                    cpu_before, started = gateway_cpu_s(gateway), time.monotonic()
+                    summary, measured, client_s = asyncio.run(measure(gateway.url, triton_grpc, stream, sessions,
+                                                                      batch))
+                    use = cpu_use(cpu_before, gateway_cpu_s(gateway), client_s, time.monotonic() - started)
                     rows.append(dataclasses.replace(summary, hypothesis_every_s=every, gateway_workers=gateway.workers,
                                                     **asdict(use)))
                     latencies.append(measured)

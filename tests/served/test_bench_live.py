@@ -1,5 +1,6 @@
-"""bench.live_latency's batch clients against the real server: every request they send is
-answered or counted failed with its reason, and none waits past the bench's timeout."""
+"""bench.live_latency against the real server and gateway: its batch clients account for
+every request they send, none waiting past the bench's timeout, and its live sessions run
+in processes of their own."""
 
 from __future__ import annotations
 
@@ -15,10 +16,25 @@ pytestmark = pytest.mark.server
 
 def test_every_batch_request_is_answered_or_counted_failed_with_its_reason(server: RunningServer, monkeypatch):
     load = asyncio.run(live_latency.batch_load(server.grpc_url, concurrency=2, seconds=2.0))
-    assert load.requests > 0 and load.audio_s > 0 and load.failed == {}
+    assert load.sent >= 2 and load.answered == load.sent and load.failed == {}, load
 
     # A timeout no answer can meet: each request fails at its deadline and is counted, by its reason.
     monkeypatch.setattr(live_latency, "BATCH_TIMEOUT_S", 0.001)
     load = asyncio.run(live_latency.batch_load(server.grpc_url, concurrency=2, seconds=1.0))
-    assert load.requests == 0 and load.audio_s == 0.0
-    assert sum(load.failed.values()) >= 2 and all(r.startswith("DEADLINE_EXCEEDED") for r in load.failed), load.failed
+    assert load.answered == load.requests == 0 and load.audio_s == 0.0
+    assert sum(load.failed.values()) == load.sent >= 2, load
+    assert all(reason.startswith("DEADLINE_EXCEEDED") for reason in load.failed), load.failed
+
+
+def test_live_sessions_run_in_processes_of_their_own_and_complete_their_turns(gateway: str):
+    """Two sessions, one a process, streaming jfk.wav at the speed of speech through the
+    real gateway: each completes its turn without an error, its deltas carry the file's
+    words, and each process reports its own CPU time."""
+    stream = live_latency.reference_stream(gateway, names=("jfk.wav",))
+    url = gateway.replace("http://", "ws://") + "/realtime?intent=transcription"
+    results, cpu_s = asyncio.run(live_latency.sessions_apart(url, stream, sessions=2, per_process=1))
+    assert len(results) == 2 and len(cpu_s) == 2 and all(seconds > 0 for seconds in cpu_s), cpu_s
+    for result in results:
+        assert result.errors == [] and result.turns >= 1, result
+        assert len(result.turn_latencies_s) == result.turns, "a turn never completed"
+        assert result.matched >= 0.8 * len(stream.words), (result.matched, len(stream.words))

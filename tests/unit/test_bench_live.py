@@ -5,7 +5,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bench.live_latency import CpuUse, ReferenceWord, SessionResult, Stream, cpu_use, summarize, word_latencies
+from bench.live_latency import (
+    CpuUse,
+    ReferenceWord,
+    SessionResult,
+    Stream,
+    cpu_use,
+    session_shares,
+    summarize,
+    word_latencies,
+)
 
 
 def test_each_word_is_timed_by_the_delta_that_carried_it():
@@ -33,6 +42,14 @@ def test_the_gateways_cores_are_summed_over_its_processes_and_the_busiest_named(
     # The parent idles; two workers ran 1.5 and 0.5 cores over 10 s; a worker that ended is left out.
     before = {10: 1.0, 11: 2.0, 12: 3.0, 13: 4.0}
     after = {10: 1.1, 11: 17.0, 12: 8.0, 13: None}
-    use = cpu_use(before, after, client_s=4.0, wall_s=10.0)
-    assert use == CpuUse(gateway_cores=2.01, gateway_busiest_core=1.5, client_cores=0.4)
-    assert cpu_use({}, {}, client_s=1.0, wall_s=10.0) == CpuUse(None, None, 0.1)  # a gateway not started here
+    use = cpu_use(before, after, client_s=[3.0, 1.0], wall_s=10.0)
+    assert use == CpuUse(gateway_cores=2.01, gateway_busiest_core=1.5, client_cores=0.4, client_busiest_core=0.3)
+    assert cpu_use({}, {}, client_s=[1.0], wall_s=10.0) == CpuUse(None, None, 0.1, 0.1)  # a gateway not started here
+
+
+def test_sessions_are_dealt_to_as_few_processes_as_hold_them():
+    assert session_shares(1, per_process=50) == [[0]]
+    assert session_shares(100, per_process=50) == [list(range(0, 100, 2)), list(range(1, 100, 2))]
+    shares = session_shares(201, per_process=50)
+    assert len(shares) == 5 and max(map(len, shares)) <= 50
+    assert sorted(i for share in shares for i in share) == list(range(201))
