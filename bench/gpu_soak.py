@@ -164,7 +164,7 @@ def run_soak(label: str, soak: Soak, args) -> dict:
     say(f"{label}: starting {command.display}")
     with ServerProcess(command, args.out / f"{label}-server.log", 600.0) as server:
         record["ready_s"] = server.ready_s
-        metrics_url = f"http://localhost:{command.ports['metrics']}/metrics"
+        metrics_url = command.metrics_url
         live = None
         with LoadGenerator(command.grpc_url, [job.load_request() for job in jobs], processes=args.clients) as load, \
                 _gateway(soak, command, args.out / f"{label}-gateway.log") as gateway:

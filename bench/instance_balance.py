@@ -79,7 +79,7 @@ def run_variant(variant, checkpoint: str, requests: list, args, timeout_s: float
     say(f"{label}: starting {command.display}")
     with ServerProcess(command, log_path, 300.0) as server:
         record["ready_s"] = server.ready_s
-        metrics_url = f"http://localhost:{command.ports['metrics']}/metrics"
+        metrics_url = command.metrics_url
         with LoadGenerator(command.grpc_url, requests, processes=args.clients) as load:
             plan = PointPlan(args.concurrency, 0.0, args.seconds, timeout_s)  # no warm-up: every request counted
             _, point = measure_point(load, plan, command.grpc_url)

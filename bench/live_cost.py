@@ -153,7 +153,7 @@ def main() -> None:
     rows = []
     with ServerProcess(command, args.out / "serve.log", STARTUP_TIMEOUT_S):
         processes = ServerProcesses.find(command.ports["grpc"])
-        metrics_url = f"http://127.0.0.1:{command.ports['metrics']}/metrics"
+        metrics_url = command.metrics_url
         with gateway_process(command.grpc_url, args.out / "gateway.log") as gateway:
             for _ in range(args.repeats):
                 before, cpu_before = whisper_samples(metrics_url), processes.cpu_seconds()

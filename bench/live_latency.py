@@ -25,6 +25,9 @@ between them (STREAM). The sessions start spread over one second.
   SESSIONS_PER_PROCESS each, all started for one moment, so that one event loop
   is not what bounds many sessions; a session's start late past that moment
   counts as send lag.
+- Per whisper instance: each instance's answered requests in the row and the
+  instances that stalled, from the server's metrics, so that one stuck instance
+  does not hide behind a healthy total.
 - CPU: the gateway's processes' cores (`--gateway-workers`: how many it runs)
   and the sessions' processes' (in all, and the busiest one's), so that a row
   says which was busy.
@@ -63,6 +66,7 @@ from bench.host import process_cpu_seconds
 from bench.load import error_reason
 from bench.server_process import ServeCommand, ServerProcess, free_port, whisper_triton
 from gateway.local_agreement import comparison_key
+from loadtest.metrics import per_instance
 from loadtest.outcomes import status_name
 from loadtest.processes import child_pids
 from loadtest.provenance import commit_info, machine_info
@@ -358,6 +362,9 @@ class Summary:
     gateway_busiest_core: float | None = None  # the busiest gateway process's (1.0: bound by its interpreter lock)
     client_cores: float | None = None  # the sessions' processes', in all
     client_busiest_core: float | None = None  # the busiest sessions' process's (1.0: its event loop is the bound)
+    answered_per_instance: dict[str, int] | None = None  # "gpuN/whisper_0_k": requests it answered in the row
+    stalled_instances: list[str] = field(default_factory=list)  # instances whose engine stalled, by the row's end
+    metrics_error: str | None = None  # why the server's metrics could not be read
 
 
 def _quantile(values: list[float], q: float) -> float | None:
@@ -483,6 +490,51 @@ def _cores(total: float | None, busiest: float | None) -> str:
     return f"{total}" if busiest is None or busiest == total else f"{total} ({busiest})"
 
 
+@dataclass(frozen=True)
+class InstanceReading:
+    """The server's metrics at one moment: each whisper instance's answered requests so far,
+    and the instances whose engine stalled."""
+
+    answered: dict[str, float]
+    stalled: list[str]
+
+
+def read_instances(metrics_url: str) -> InstanceReading:
+    answered = per_instance(metrics_url, "whisper_requests_total", outcome="success")
+    stalled = per_instance(metrics_url, "whisper_engine_stalled")
+    return InstanceReading(answered, sorted(name for name, value in stalled.items() if value))
+
+
+def instance_fields(before: InstanceReading | str | None, after: InstanceReading | str | None) -> dict:
+    """A row's per-instance fields from readings at its start and end (a str: why one failed;
+    None: no metrics to read, a server not started here)."""
+    if before is None or after is None:
+        return {}
+    if isinstance(before, str) or isinstance(after, str):
+        return {"metrics_error": before if isinstance(before, str) else after}
+    answered = {name: round(after.answered[name] - before.answered.get(name, 0.0)) for name in sorted(after.answered)}
+    return {"answered_per_instance": answered, "stalled_instances": after.stalled}
+
+
+def _reading(metrics_url: str | None) -> InstanceReading | str | None:
+    if metrics_url is None:
+        return None
+    try:
+        return read_instances(metrics_url)
+    except OSError as error:  # a server that stopped, or stalled past the read's timeout: said in the row
+        return f"{type(error).__name__}: {error}"
+
+
+def _instances(r: Summary) -> str:
+    if r.metrics_error is not None:
+        return f"unread ({r.metrics_error[:60]})"
+    if r.answered_per_instance is None:
+        return "–"
+    counts = r.answered_per_instance.values()
+    text = f"{len(counts)}: {min(counts, default=0):,} to {max(counts, default=0):,}"
+    return text + (f", **{len(r.stalled_instances)} stalled**" if r.stalled_instances else "")
+
+
 def _own_cpu_s() -> float:
     times = os.times()
     return times.user + times.system
@@ -494,8 +546,8 @@ def markdown(rows: list[Summary], header: str) -> str:
              "first half p50 | second half p50 | first delta p50 | turns completed | turn end → completed p50 | max | "
              "send lag max | errors | batch RTFx alone → beside | batch answered alone, beside (failed) | "
              "load average before → after | gateway workers | gateway cores (busiest process) | "
-             "sessions' cores (busiest process) |",
-             "|" + "---|" * 21]
+             "sessions' cores (busiest process) | whisper instances: answered in the row |",
+             "|" + "---|" * 22]
     for r in rows:
         batch = f"{r.batch_rtfx_alone} → {r.batch_rtfx_beside}" if r.batch_rtfx_alone is not None else "–"
         answered = "–" if r.batch_answered is None else (
@@ -508,7 +560,7 @@ def markdown(rows: list[Summary], header: str) -> str:
             f"{r.turn_latency_max_s} s | {r.max_send_lag_s} s | {r.errors} | {batch} | {answered} | "
             f"{r.load_average[0]} → {r.load_average[1]} | "
             f"{r.gateway_workers} | {_cores(r.gateway_cores, r.gateway_busiest_core)} | "
-            f"{_cores(r.client_cores, r.client_busiest_core)} |")
+            f"{_cores(r.client_cores, r.client_busiest_core)} | {_instances(r)} |")
     return "\n".join(lines) + "\n"
 
 
@@ -521,6 +573,8 @@ def main() -> None:
     parser.add_argument("--checkpoint", help="as `whisper-triton serve --checkpoint` takes it (default: packaged)")
     parser.add_argument("--gateway", help="a running gateway's base URL (http://HOST:PORT/v1)")
     parser.add_argument("--triton-grpc", help="the gateway's Triton (HOST:PORT), with --gateway")
+    parser.add_argument("--metrics-url", help="that Triton's metrics (http://HOST:PORT/metrics), with --gateway: "
+                                              "each whisper instance's answers in each row")
     parser.add_argument("--hypothesis-every", type=float, nargs="+", default=[None], metavar="SECONDS",
                         help="the gateway's --live-hypothesis-every, a gateway for each in turn (the batch row "
                              "runs with the first); default: the gateway's own")
@@ -530,12 +584,13 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         if args.gateway:
-            triton_grpc, cadences = args.triton_grpc, [None]
+            triton_grpc, cadences, metrics_url = args.triton_grpc, [None], args.metrics_url
         else:
             command = ServeCommand(checkpoint=args.checkpoint)
             print(f"starting {command.display}", flush=True)
             stack.enter_context(ServerProcess(command, args.out / "serve.log", STARTUP_TIMEOUT_S))
             triton_grpc, cadences = command.grpc_url, args.hypothesis_every
+            metrics_url = command.metrics_url
         rows, latencies, stream = [], [], None
         for index, every in enumerate(cadences):
             with contextlib.ExitStack() as gateway_stack:
@@ -553,11 +608,13 @@ def main() -> None:
                     plan.append((args.sessions[-1], args.batch_concurrency))
                 for sessions, batch in plan:
                     cpu_before, started = gateway_cpu_s(gateway), time.monotonic()
+                    instances_before = _reading(metrics_url)
                     summary, measured, client_s = asyncio.run(measure(gateway.url, triton_grpc, stream, sessions,
                                                                       batch))
                     use = cpu_use(cpu_before, gateway_cpu_s(gateway), client_s, time.monotonic() - started)
                     rows.append(dataclasses.replace(summary, hypothesis_every_s=every, gateway_workers=gateway.workers,
-                                                    **asdict(use)))
+                                                    **asdict(use), **instance_fields(instances_before,
+                                                                                     _reading(metrics_url))))
                     latencies.append(measured)
                     print(markdown(rows[-1:], ""), flush=True)
     commit, machine = commit_info(), machine_info()

@@ -90,6 +90,10 @@ class ServeCommand:
     def grpc_url(self) -> str:
         return f"localhost:{self.ports['grpc']}"
 
+    @property
+    def metrics_url(self) -> str:
+        return f"http://localhost:{self.ports['metrics']}/metrics"
+
 
 class ServerProcess:
     """A running `whisper-triton serve`; `with ServerProcess(command, log, timeout) as server: ...`."""

@@ -5,18 +5,30 @@ in processes of their own."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 from conftest import RunningServer
 
 from bench import live_latency
+from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 
 pytestmark = pytest.mark.server
 
 
 def test_every_batch_request_is_answered_or_counted_failed_with_its_reason(server: RunningServer, monkeypatch):
+    before = live_latency.read_instances(server.metrics_url)
     load = asyncio.run(live_latency.batch_load(server.grpc_url, concurrency=2, seconds=2.0))
     assert load.sent >= 2 and load.answered == load.sent and load.failed == {}, load
+    # Each instance's count, as a row reads it: the stub publishes its metrics every second.
+    deadline = time.monotonic() + 10 * PUBLISH_INTERVAL_S
+    while True:
+        after = live_latency.read_instances(server.metrics_url)
+        fields = live_latency.instance_fields(before, after)
+        if sum(fields["answered_per_instance"].values()) >= load.answered or time.monotonic() > deadline:
+            break
+        time.sleep(PUBLISH_INTERVAL_S / 4)
+    assert sum(fields["answered_per_instance"].values()) == load.answered and fields["stalled_instances"] == []
 
     # A timeout no answer can meet: each request fails at its deadline and is counted, by its reason.
     monkeypatch.setattr(live_latency, "BATCH_TIMEOUT_S", 0.001)

@@ -7,10 +7,12 @@ import pytest
 
 from bench.live_latency import (
     CpuUse,
+    InstanceReading,
     ReferenceWord,
     SessionResult,
     Stream,
     cpu_use,
+    instance_fields,
     session_shares,
     summarize,
     word_latencies,
@@ -53,3 +55,14 @@ def test_sessions_are_dealt_to_as_few_processes_as_hold_them():
     shares = session_shares(201, per_process=50)
     assert len(shares) == 5 and max(map(len, shares)) <= 50
     assert sorted(i for share in shares for i in share) == list(range(201))
+
+
+def test_a_rows_answers_are_counted_per_instance_and_a_stalled_one_named():
+    before = InstanceReading({"gpu0/whisper_0_0": 10.0, "gpu0/whisper_0_1": 12.0}, [])
+    after = InstanceReading({"gpu0/whisper_0_0": 110.0, "gpu0/whisper_0_1": 12.0}, ["gpu0/whisper_0_1"])
+    assert instance_fields(before, after) == {
+        "answered_per_instance": {"gpu0/whisper_0_0": 100, "gpu0/whisper_0_1": 0},
+        "stalled_instances": ["gpu0/whisper_0_1"]}
+    assert instance_fields(before, "URLError: <urlopen error timed out>") == {
+        "metrics_error": "URLError: <urlopen error timed out>"}
+    assert instance_fields(None, None) == {}  # a server not started here, and no --metrics-url
