@@ -230,21 +230,22 @@ def session_begin(index: int, sessions: int, start_at: float) -> float:
 
 def _sessions_here(url: str, stream: Stream, indices: list[int], sessions: int,
                    start_at: float) -> tuple[list[SessionResult], float]:
-    """In a process of the sessions' side: its sessions, and the CPU seconds it spent on them."""
+    """In a process of the sessions' side: its sessions, and the cores it kept busy from
+    their start to their end (its CPU seconds over that time)."""
     async def run() -> list[SessionResult]:
         return list(await asyncio.gather(*(live_session(url, stream, session_begin(i, sessions, start_at))
                                            for i in indices)))
 
     before = _own_cpu_s()
     results = asyncio.run(run())
-    return results, _own_cpu_s() - before
+    return results, (_own_cpu_s() - before) / max(time.monotonic() - start_at, 1e-3)
 
 
 async def sessions_apart(
     url: str, stream: Stream, sessions: int, per_process: int = SESSIONS_PER_PROCESS
 ) -> tuple[list[SessionResult], list[float]]:
     """`sessions` live sessions in processes of their own (`session_shares`): every
-    session's result, in session order, and each process's CPU seconds."""
+    session's result, in session order, and each process's cores (`_sessions_here`)."""
     shares = session_shares(sessions, per_process)
     start_at = time.monotonic() + SESSIONS_START_S
     context = multiprocessing.get_context("spawn")  # no inherited event loop or gRPC threads
@@ -253,7 +254,7 @@ async def sessions_apart(
         done = await asyncio.gather(*(loop.run_in_executor(pool, _sessions_here, url, stream, share, sessions,
                                                            start_at) for share in shares))
     by_index = {i: result for share, (results, _) in zip(shares, done) for i, result in zip(share, results)}
-    return [by_index[i] for i in range(sessions)], [cpu_s for _, cpu_s in done]
+    return [by_index[i] for i in range(sessions)], [cores for _, cores in done]
 
 
 # ------------------------------------------------------------- batch load beside
@@ -396,7 +397,7 @@ def summarize(results: list[SessionResult], stream: Stream, batch_concurrency: i
 async def measure(
     gateway: str, triton_grpc: str, stream: Stream, sessions: int, batch_concurrency: int
 ) -> tuple[Summary, list[float], list[float]]:
-    """The summary, every matched word's latency, and each sessions' process's CPU seconds."""
+    """The summary, every matched word's latency, and each sessions' process's cores."""
     url = gateway.replace("http://", "ws://") + "/realtime?intent=transcription"
     alone = None
     if batch_concurrency:
@@ -406,10 +407,10 @@ async def measure(
           + (f", {batch_concurrency} batch clients beside" if batch_concurrency else ""), flush=True)
     beside, load_before = None, os.getloadavg()[0]
     if batch_concurrency:
-        (results, client_cpu_s), beside = await asyncio.gather(
+        (results, client_cores), beside = await asyncio.gather(
             sessions_apart(url, stream, sessions), batch_load_apart(triton_grpc, batch_concurrency, stream.seconds))
     else:
-        results, client_cpu_s = await sessions_apart(url, stream, sessions)
+        results, client_cores = await sessions_apart(url, stream, sessions)
     summary = dataclasses.replace(summarize(list(results), stream, batch_concurrency),
                                   load_average=(round(load_before, 2), round(os.getloadavg()[0], 2)))
     if alone is not None and beside is not None:
@@ -423,7 +424,7 @@ async def measure(
     for result in results:
         for error in result.errors[:3]:
             print("  error:", error, flush=True)
-    return summary, [x for r in results for x in r.word_latencies_s], client_cpu_s
+    return summary, [x for r in results for x in r.word_latencies_s], client_cores
 
 
 @dataclass(frozen=True)
@@ -477,11 +478,11 @@ class CpuUse:
 
 
 def cpu_use(before: dict[int, float | None], after: dict[int, float | None],
-            client_s: list[float], wall_s: float) -> CpuUse:
-    """Between two `gateway_cpu_s` readings `wall_s` apart, and the sessions' processes' CPU seconds."""
+            client_cores: list[float], wall_s: float) -> CpuUse:
+    """Between two `gateway_cpu_s` readings `wall_s` apart, and the sessions' processes' cores."""
     cores = [(after[p] - before[p]) / wall_s for p in before if before[p] is not None and after.get(p) is not None]
     return CpuUse(round(sum(cores), 2) if cores else None, round(max(cores), 2) if cores else None,
-                  round(sum(client_s) / wall_s, 2), round(max(client_s, default=0.0) / wall_s, 2))
+                  round(sum(client_cores), 2), round(max(client_cores, default=0.0), 2))
 
 
 def _cores(total: float | None, busiest: float | None) -> str:
@@ -609,9 +610,9 @@ def main() -> None:
                 for sessions, batch in plan:
                     cpu_before, started = gateway_cpu_s(gateway), time.monotonic()
                     instances_before = _reading(metrics_url)
-                    summary, measured, client_s = asyncio.run(measure(gateway.url, triton_grpc, stream, sessions,
-                                                                      batch))
-                    use = cpu_use(cpu_before, gateway_cpu_s(gateway), client_s, time.monotonic() - started)
+                    summary, measured, client_cores = asyncio.run(measure(gateway.url, triton_grpc, stream,
+                                                                          sessions, batch))
+                    use = cpu_use(cpu_before, gateway_cpu_s(gateway), client_cores, time.monotonic() - started)
                     rows.append(dataclasses.replace(summary, hypothesis_every_s=every, gateway_workers=gateway.workers,
                                                     **asdict(use), **instance_fields(instances_before,
                                                                                      _reading(metrics_url))))

@@ -41,11 +41,11 @@ def test_every_batch_request_is_answered_or_counted_failed_with_its_reason(serve
 def test_live_sessions_run_in_processes_of_their_own_and_complete_their_turns(gateway: str):
     """Two sessions, one a process, streaming jfk.wav at the speed of speech through the
     real gateway: each completes its turn without an error, its deltas carry the file's
-    words, and each process reports its own CPU time."""
+    words, and each process reports the cores it kept busy."""
     stream = live_latency.reference_stream(gateway, names=("jfk.wav",))
     url = gateway.replace("http://", "ws://") + "/realtime?intent=transcription"
-    results, cpu_s = asyncio.run(live_latency.sessions_apart(url, stream, sessions=2, per_process=1))
-    assert len(results) == 2 and len(cpu_s) == 2 and all(seconds > 0 for seconds in cpu_s), cpu_s
+    results, cores = asyncio.run(live_latency.sessions_apart(url, stream, sessions=2, per_process=1))
+    assert len(results) == 2 and len(cores) == 2 and all(0 < c < 1.5 for c in cores), cores
     for result in results:
         assert result.errors == [] and result.turns >= 1, result
         assert len(result.turn_latencies_s) == result.turns, "a turn never completed"

@@ -44,9 +44,9 @@ def test_the_gateways_cores_are_summed_over_its_processes_and_the_busiest_named(
     # The parent idles; two workers ran 1.5 and 0.5 cores over 10 s; a worker that ended is left out.
     before = {10: 1.0, 11: 2.0, 12: 3.0, 13: 4.0}
     after = {10: 1.1, 11: 17.0, 12: 8.0, 13: None}
-    use = cpu_use(before, after, client_s=[3.0, 1.0], wall_s=10.0)
+    use = cpu_use(before, after, client_cores=[0.3, 0.1], wall_s=10.0)
     assert use == CpuUse(gateway_cores=2.01, gateway_busiest_core=1.5, client_cores=0.4, client_busiest_core=0.3)
-    assert cpu_use({}, {}, client_s=[1.0], wall_s=10.0) == CpuUse(None, None, 0.1, 0.1)  # a gateway not started here
+    assert cpu_use({}, {}, client_cores=[0.1], wall_s=10.0) == CpuUse(None, None, 0.1, 0.1)  # no gateway started here
 
 
 def test_sessions_are_dealt_to_as_few_processes_as_hold_them():
