@@ -98,7 +98,7 @@ SESSION_FILE_SECONDS = {
     "test_streaming.py": 99, "test_loadtest.py": 77, "test_long_audio.py": 74, "test_gateway.py": 74,
     "test_bad_input.py": 62, "test_realtime.py": 59, "test_faults.py": 46, "test_media_served.py": 34,
     "test_quantization.py": 32, "test_transcribe_cancel.py": 31, "test_page.py": 19, "test_bench_streamed_file.py": 19,
-    "test_vad_served.py": 15, "test_bench_live.py": 40,
+    "test_vad_served.py": 15, "test_bench_live_served.py": 40,
 }  # fmt: skip
 SESSION_FILE_DEFAULT_S = 10
 
