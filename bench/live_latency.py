@@ -532,7 +532,8 @@ def _instances(r: Summary) -> str:
     if r.answered_per_instance is None:
         return "–"
     counts = r.answered_per_instance.values()
-    text = f"{len(counts)}: {min(counts, default=0):,} to {max(counts, default=0):,}"
+    low, high = min(counts, default=0), max(counts, default=0)
+    text = f"{len(counts)}: {low:,}" + ("" if low == high else f" to {high:,}")
     return text + (f", **{len(r.stalled_instances)} stalled**" if r.stalled_instances else "")
 
 
