@@ -23,7 +23,7 @@ from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.engine import cpu_int8
 from python_backend_lib.engine.model import Whisper
 from python_backend_lib.serving.settings import QUANTIZE_ENV, ModelSettings
-from python_backend_lib.serving.whisper_service import load_pipeline
+from python_backend_lib.serving.whisper_pipeline import load_pipeline
 from whisper_triton.cli import build_parser
 
 # A few clips, 80 words in all: a speech, read prose and spoken card names.

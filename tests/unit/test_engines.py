@@ -42,7 +42,7 @@ from python_backend_lib.serving.settings import (
     engines_on_device,
     engines_sharing_queue,
 )
-from python_backend_lib.serving.whisper_service import fault_plan
+from python_backend_lib.serving.whisper_pipeline import fault_plan
 from whisper_triton.cli import build_parser
 
 GIB = 2**30

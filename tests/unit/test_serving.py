@@ -38,7 +38,7 @@ from python_backend_lib.serving.settings import (
     instance_device,
     log_mel_handover,
 )
-from python_backend_lib.serving.whisper_service import load_pipeline
+from python_backend_lib.serving.whisper_pipeline import load_pipeline
 from python_backend_lib.text.formats import Document
 
 

@@ -27,7 +27,8 @@ from python_backend_lib.serving.settings import (
     engines_sharing_queue,
     instance_device,
 )
-from python_backend_lib.serving.whisper_service import WhisperService, load_pipeline
+from python_backend_lib.serving.whisper_pipeline import load_pipeline
+from python_backend_lib.serving.whisper_service import WhisperService
 
 
 class TritonPythonModel:
