@@ -86,6 +86,16 @@ STREAM_FAULT_STATUS = {
 }
 
 
+def is_overloaded(error: Exception) -> bool:
+    """Whether Triton refused the request as overloaded (too many in flight: retry later),
+    as the server says it (`serving.responses`) or Triton's own full queue does."""
+    from tritonclient.utils import InferenceServerException
+
+    if not isinstance(error, InferenceServerException):
+        return False
+    return fault_of_message(triton_message(error.message() or str(error))) is Fault.OVERLOADED
+
+
 def error_from_triton(
     error: InferenceServerException, triton: ServerAddress | None = None, streamed: bool = False
 ) -> ApiError:

@@ -31,7 +31,7 @@ from gateway import realtime_protocol as protocol
 from gateway.hypothesis_window import Window, in_turn, next_window
 from gateway.live_transcriber import LiveTranscript, Transcriber
 from gateway.local_agreement import LocalAgreement, delta_text
-from gateway.openai_errors import unauthorized
+from gateway.openai_errors import is_overloaded, unauthorized
 from gateway.realtime_protocol import ProtocolError, SessionSettings
 from gateway.session_slots import SessionSlots
 from gateway.turn_detection import SpeechProbability, SpeechStarted, TurnDetector
@@ -44,6 +44,11 @@ if TYPE_CHECKING:
     from gateway.triton_calls import TritonCalls
 
 DEFAULT_MAX_SESSIONS = 100
+# A turn's final transcription that the server refuses as overloaded is asked again after
+# each of these pauses, then fails: its audio is final, and its text is what a caption
+# keeps, while a hypothesis refused so is only skipped. Overload is the server's answer to
+# a load that comes and goes, such as the hypotheses of many sessions at once.
+FINAL_RETRY_PAUSES_S = (0.25, 0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
 # A hypothesis once the turn has this much audio, then each time it has grown by HYPOTHESIS_STEP_S
 # (one at a time per turn: a slow server gets fewer, longer ones). On real hypotheses a 0.25 s
 # cadence committed no misreading (docs/benchmarks/live-agreement), and on a GPU it gave a lone
@@ -321,7 +326,7 @@ class Session:
                     turn.changed.clear()
                     await turn.changed.wait()
             audio = turn.audio()
-            transcript = await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+            transcript = await self._final(audio, settings)
             if before is not None:
                 await before.transcribed.wait()
             await self._delta(turn, agreement, agreement.finish(transcript.words))
@@ -336,6 +341,19 @@ class Session:
             ))  # fmt: skip
         finally:
             turn.transcribed.set()
+
+    async def _final(self, audio: np.ndarray, settings: SessionSettings) -> LiveTranscript:
+        """The turn's transcript, asked again after each of FINAL_RETRY_PAUSES_S while the
+        server refuses it as overloaded; any other failure, or the last refusal, is raised."""
+        for pause in FINAL_RETRY_PAUSES_S:
+            try:
+                return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+            except Exception as error:
+                if not is_overloaded(error):
+                    raise
+                log.info("a live turn's transcription was refused as overloaded; asked again in %g s", pause)
+                await asyncio.sleep(pause)
+        return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
 
     @staticmethod
     async def _unless_ended(turn: Turn, hypothesis: Awaitable[LiveTranscript | None]) -> LiveTranscript | None:
