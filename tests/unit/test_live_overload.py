@@ -11,25 +11,16 @@ from pathlib import Path
 
 import pytest
 from test_hypothesis_window import Events, LibraryTranscriber
+from test_outcomes import overloaded  # a full whisper instance's refusal, from its request ledger
 from tritonclient.utils import InferenceServerException
 
 from gateway import realtime
 from gateway.realtime import RealtimeOptions, Session
 from gateway.realtime_protocol import SessionSettings
 from python_backend_lib.audio.decode import decode_audio
-from python_backend_lib.serving.admission import Overloaded, RequestLedger
 from python_backend_lib.serving.responses import describe_failure
 
 AUDIO = Path(__file__).resolve().parents[1] / "data" / "audio"
-
-
-def overloaded() -> Overloaded:
-    """The refusal of a full whisper instance, as its request ledger raises it."""
-    ledger = RequestLedger(limit=1)
-    ledger.enter()
-    with pytest.raises(Overloaded) as refused:
-        ledger.enter()
-    return refused.value
 
 
 def refusal(error: Exception) -> InferenceServerException:
