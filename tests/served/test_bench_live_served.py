@@ -5,28 +5,14 @@ in processes of their own."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import pytest
 from conftest import RunningServer
 
 from bench import live_latency
-from loadtest.metrics import per_instance
-from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
+from bench.gpu_soak import settle
 
 pytestmark = pytest.mark.server
-
-
-def wait_until_nothing_is_held(server: RunningServer) -> None:
-    """Until no whisper instance has held a request for two publishes of its metrics."""
-    quiet_since, deadline = None, time.monotonic() + 60
-    while time.monotonic() < deadline:
-        held = sum(per_instance(server.metrics_url, "whisper_requests_in_flight").values())
-        quiet_since = (quiet_since or time.monotonic()) if held == 0 else None
-        if quiet_since is not None and time.monotonic() - quiet_since > 2 * PUBLISH_INTERVAL_S:
-            return
-        time.sleep(PUBLISH_INTERVAL_S / 4)
-    pytest.fail("the whisper instances still held requests after 60 s")
 
 
 def test_every_batch_request_is_answered_or_counted_failed_with_its_reason(server: RunningServer, monkeypatch):
@@ -41,11 +27,11 @@ def test_every_batch_request_is_answered_or_counted_failed_with_its_reason(serve
     # The server decodes on what those clients gave up on, as it does what earlier tests of
     # the shared server left: once nothing is held, the instances' counts in the window are
     # this load's requests alone, as a row reads them (the stub publishes every second).
-    wait_until_nothing_is_held(server)
+    assert not any(settle(server.metrics_url)["held_after"].values())
     before = live_latency.read_instances(server.metrics_url)
     load = asyncio.run(live_latency.batch_load(server.grpc_url, concurrency=2, seconds=2.0))
     assert load.sent >= 2 and load.answered == load.sent and load.failed == {}, load
-    wait_until_nothing_is_held(server)
+    assert not any(settle(server.metrics_url)["held_after"].values())
     fields = live_latency.instance_fields(before, live_latency.read_instances(server.metrics_url))
     assert sum(fields["answered_per_instance"].values()) == load.answered and fields["stalled_instances"] == []
 
