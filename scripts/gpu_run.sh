@@ -230,9 +230,13 @@ fi
 # 4e. Live sessions: word end to delta, alone and beside batch load (needs install and the weights).
 if has live; then
     say "live (budget $(($(left) - 10)) s)"
+    mkdir -p "$OUT/live"
+    scripts/stall_dump.sh "$OUT/live/serve.log" "$OUT/stall" &
+    dumper=$!
     timeout $(($(left) - 10)) $PY -m bench.live_latency --sessions 1 ${LIVE_SESSIONS:-100} \
         --batch-concurrency ${LIVE_BATCH:-64} --out "$OUT/live" ${LIVE_ARGS:-}
     say "live exit $?"
+    kill $dumper 2>/dev/null
 fi
 
 # 5. Offline benchmark: transformers against the engine, step times, memory.

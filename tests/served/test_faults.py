@@ -16,6 +16,7 @@ import io
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -315,6 +316,31 @@ def test_kernel_waits_name_a_thread_blocked_writing_a_full_pipe(tmp_path):
         (task / "wchan").write_text(channel)
     assert kernel_waits(42, proc=tmp_path) == "2 x tritonserver S futex_wait_queue, 1 x grpc R -"
     assert kernel_waits(43, proc=tmp_path) == ""
+
+
+STALL_DUMP = Path(__file__).resolve().parents[2] / "scripts" / "stall_dump.sh"
+
+
+def test_the_stall_dumper_writes_each_thread_of_triton_once_a_verdict_is_logged(tmp_path):
+    """scripts/stall_dump.sh, beside a GPU benchmark, waits for a stall verdict in the
+    server's log and then writes every thread of each tritonserver process with its state
+    and kernel wait channel; before the verdict it writes nothing."""
+    log = tmp_path / "serve.log"
+    log.write_text("I1130 whisper instance whisper_0_0 on 0 is ready\n")
+    stand_in = subprocess.Popen(["bash", "-c", "exec -a /opt/x/bin/tritonserver sleep 60"])
+    dumper = subprocess.Popen(["bash", str(STALL_DUMP), str(log), str(tmp_path / "dump")])
+    try:
+        time.sleep(3)  # longer than the dumper's poll
+        assert dumper.poll() is None and not (tmp_path / "dump").exists()
+        with log.open("a") as out:
+            out.write("E1130 whisper instance whisper_0_0 on 0 made no progress for 60 s while holding 3 requests\n")
+        assert dumper.wait(timeout=30) == 0
+        text = (tmp_path / "dump" / f"{stand_in.pid}.txt").read_text()
+        assert text.startswith(f"== {stand_in.pid} /opt/x/bin/tritonserver 60")
+        assert re.search(rf"^-- {stand_in.pid} sleep S \S*", text, re.MULTILINE), text
+    finally:
+        dumper.kill()
+        stand_in.kill()
 
 
 STALL_PROMPT = "this request's decoder step never returns"
