@@ -53,6 +53,7 @@ from typing import TYPE_CHECKING, Any
 from clients.connection import Protocol, ServerAddress, parse_address
 from gateway import realtime, session_slots
 from gateway.api_key import PROTECTED_PREFIX
+from gateway.finals_first import FinalsFirst
 from gateway.openai_api import DEFAULT_MODEL_ID, MEDIA_TYPES, AudioRequest, parse_form, request_body
 from gateway.openai_errors import ApiError, InvalidRequest, api_error, http_error, unauthorized
 from gateway.speech_detector import speech_detectors
@@ -237,10 +238,11 @@ def create_app(settings: GatewaySettings = GatewaySettings(),
                                             hypothesis_every_s=settings.live_hypothesis_every_s)
     if live_slots is None:
         live_slots = session_slots.SessionSlots(settings.max_live_sessions)
+    finals_first = FinalsFirst()
 
     @app.websocket("/v1/realtime")
     async def live(websocket: WebSocket) -> None:
-        await realtime.serve(websocket, state["calls"], live_options, live_slots)
+        await realtime.serve(websocket, state["calls"], live_options, live_slots, finals_first)
 
     @app.post("/v1/audio/transcriptions", openapi_extra=request_body(Task.TRANSCRIBE))
     async def transcriptions(request: Request) -> Response:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from gateway import realtime_protocol as protocol
+from gateway.finals_first import FinalsFirst
 from gateway.hypothesis_window import Window, in_turn, next_window
 from gateway.live_transcriber import LiveTranscript, Transcriber
 from gateway.local_agreement import LocalAgreement, delta_text
@@ -93,8 +94,10 @@ def check_hypothesis_every(seconds: float) -> None:
                          f"{MAX_HYPOTHESIS_STEP_S:g} s (one 30 s window)")
 
 
-async def serve(websocket: WebSocket, calls: TritonCalls, options: RealtimeOptions, slots: SessionSlots) -> None:
-    """One WebSocket connection, from the handshake to its close; `calls`: the gateway's to Triton."""
+async def serve(websocket: WebSocket, calls: TritonCalls, options: RealtimeOptions, slots: SessionSlots,
+                finals: FinalsFirst) -> None:
+    """One WebSocket connection, from the handshake to its close; `calls`: the gateway's to Triton;
+    `slots` and `finals`: what this process's sessions share."""
     offered = list(websocket.scope.get("subprotocols", []))
     header = websocket.headers.get("authorization")
     refused = options.api_key is not None and not _authorized(header, offered, options.api_key)
@@ -115,7 +118,7 @@ async def serve(websocket: WebSocket, calls: TritonCalls, options: RealtimeOptio
                                                "try again later", code="session_limit_reached"), CLOSE_TRY_LATER)
         return
     try:
-        await Session(websocket, Transcriber(calls), options).run()
+        await Session(websocket, Transcriber(calls), options, finals).run()
     finally:
         slots.release()
 
@@ -172,10 +175,13 @@ class Turn:
 class Session:
     """The events of one connection, and the turns they make."""
 
-    def __init__(self, websocket: WebSocket, transcriber: Transcriber, options: RealtimeOptions) -> None:
+    def __init__(self, websocket: WebSocket, transcriber: Transcriber, options: RealtimeOptions,
+                 finals: FinalsFirst | None = None) -> None:
+        """finals: this process's sessions' gate (`serve` passes the app's); None: one of its own."""
         import soxr
 
         self.websocket, self.transcriber, self.options = websocket, transcriber, options
+        self.finals = finals if finals is not None else FinalsFirst()
         self.id = protocol.new_id("sess")
         self.settings = SessionSettings(model=options.model_ids[0])
         self.new_resampler = lambda: soxr.ResampleStream(protocol.INPUT_RATE, SAMPLE_RATE, 1, dtype="float32")
@@ -344,16 +350,25 @@ class Session:
 
     async def _final(self, audio: np.ndarray, settings: SessionSettings) -> LiveTranscript:
         """The turn's transcript, asked again after each of FINAL_RETRY_PAUSES_S while the
-        server refuses it as overloaded; any other failure, or the last refusal, is raised."""
-        for pause in FINAL_RETRY_PAUSES_S:
-            try:
-                return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
-            except Exception as error:
-                if not is_overloaded(error):
-                    raise
+        server refuses it as overloaded, this process's hypotheses held back meanwhile
+        (`FinalsFirst`); any other failure, or the last refusal, is raised."""
+        try:
+            return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+        except Exception as error:
+            if not is_overloaded(error):
+                raise
+            refused = error
+        with self.finals.waiting():
+            for pause in FINAL_RETRY_PAUSES_S:
                 log.info("a live turn's transcription was refused as overloaded; asked again in %g s", pause)
                 await asyncio.sleep(pause)
-        return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+                try:
+                    return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
+                except Exception as error:
+                    if not is_overloaded(error):
+                        raise
+                    refused = error
+        raise refused
 
     @staticmethod
     async def _unless_ended(turn: Turn, hypothesis: Awaitable[LiveTranscript | None]) -> LiveTranscript | None:
@@ -382,6 +397,9 @@ class Session:
         could not give one (the next try may)."""
         from tritonclient.utils import InferenceServerException
 
+        if self.finals.holding:
+            log.debug("live session %s: a hypothesis skipped while a final waits for room", self.id)
+            return None
         try:
             return await self.transcriber.transcribe(audio, settings.model, settings.language, prompt)
         except InferenceServerException as error:

@@ -1,6 +1,7 @@
 """A live turn's final transcription that the server refuses as overloaded is asked again
 (gateway.realtime.Session, FINAL_RETRY_PAUSES_S): the turn completes once the server has
-room, fails after the last pause, and any other failure fails it at once. The session is
+room, fails after the last pause, and any other failure fails it at once. While it waits,
+the process's sessions send no hypotheses (gateway.finals_first). The session is
 driven without a WebSocket, its turns transcribed by the library's pipeline with the
 packaged tiny.en; the refusals are the whisper model's own, as Triton hands them on."""
 
@@ -15,6 +16,7 @@ from test_outcomes import overloaded  # a full whisper instance's refusal, from 
 from tritonclient.utils import InferenceServerException
 
 from gateway import realtime
+from gateway.finals_first import FinalsFirst
 from gateway.realtime import RealtimeOptions, Session
 from gateway.realtime_protocol import SessionSettings
 from python_backend_lib.audio.decode import decode_audio
@@ -95,3 +97,33 @@ def test_any_other_failure_fails_the_turn_at_once(pipeline, no_pauses):
     events = one_turn(transcriber)
     assert [e["type"] for e in events] == ["conversation.item.input_audio_transcription.failed"]
     assert transcriber.asked == 1
+
+
+def test_no_hypothesis_is_sent_while_another_sessions_final_waits_for_room(pipeline, monkeypatch):
+    """Hypotheses sent every cadence would take the room a refused final waits for: while
+    one session's final waits, another session of the process skips its hypotheses, and
+    sends them again once the final is answered."""
+    monkeypatch.setattr(realtime, "FINAL_RETRY_PAUSES_S", (0.5,))
+    audio = decode_audio((AUDIO / "jfk.wav").read_bytes())
+    options = RealtimeOptions(model_ids=("tiny.en",), detector=lambda: None)
+    settings = SessionSettings(model="tiny.en", turn_detection=None)
+    finals = FinalsFirst()
+    refused_once = RefusingTranscriber(pipeline, refusal(overloaded()), refusals=1)
+    other = RefusingTranscriber(pipeline, refusal(overloaded()), refusals=0)
+
+    async def run():
+        waiting = Session(Events(), refused_once, options, finals)
+        sending = Session(Events(), other, options, finals)
+        final = asyncio.create_task(waiting._final(audio, settings))
+        await asyncio.sleep(0.2)  # refused at once, now in its pause (or asked again: still held)
+        held = finals.holding
+        during = await sending._hypothesis(audio, settings, None)
+        transcript = await asyncio.wait_for(final, 120)
+        after = await sending._hypothesis(audio, settings, None)
+        return held, during, transcript, after
+
+    held, during, transcript, after = asyncio.run(run())
+    assert held and during is None
+    assert "fellow Americans" in transcript.text and refused_once.asked == 2
+    assert after is not None and "fellow Americans" in after.text
+    assert other.asked == 1 and not finals.holding  # the one hypothesis sent, after the final
