@@ -352,22 +352,19 @@ class Session:
         """The turn's transcript, asked again after each of FINAL_RETRY_PAUSES_S while the
         server refuses it as overloaded, this process's hypotheses held back meanwhile
         (`FinalsFirst`); any other failure, or the last refusal, is raised."""
-        try:
-            return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
-        except Exception as error:
-            if not is_overloaded(error):
-                raise
-            refused = error
-        with self.finals.waiting():
-            for pause in FINAL_RETRY_PAUSES_S:
-                log.info("a live turn's transcription was refused as overloaded; asked again in %g s", pause)
-                await asyncio.sleep(pause)
+        with contextlib.ExitStack() as held:
+            for pause in (None, *FINAL_RETRY_PAUSES_S):
+                if pause is not None:
+                    log.info("a live turn's transcription was refused as overloaded; asked again in %g s", pause)
+                    await asyncio.sleep(pause)
                 try:
                     return await self.transcriber.transcribe(audio, settings.model, settings.language, settings.prompt)
                 except Exception as error:
                     if not is_overloaded(error):
                         raise
                     refused = error
+                if pause is None:
+                    held.enter_context(self.finals.waiting())
         raise refused
 
     @staticmethod
