@@ -53,7 +53,10 @@ class System:
     self-attention (`EngineSetup.encoder_kernel`, an `EncoderKernel` value; None: as
     shipped, FlashInfer's with fp8); silence_threshold: transcribe with word
     timestamps and this `hallucination_silence_threshold` (openai-whisper's rule for
-    text invented in silence; None: the defaults, without either)."""
+    text invented in silence; None: the defaults, without either); fast_accumulation:
+    True sums the FP8 products of up to `fp8_linear.FAST_ACCUMULATION_TRIED` inputs
+    without float32 promotion (`fp8_linear.FAST_ACCUMULATION_MAX_INPUTS`; None: as
+    shipped, every product promoted)."""
 
     dtype: str
     fp8: bool = False
@@ -62,6 +65,7 @@ class System:
     fp8_cross_kv: bool | None = None
     encoder_kernel: str | None = None
     silence_threshold: float | None = None
+    fast_accumulation: bool | None = None
 
 
 # The shipped `--quantize fp8` is "fp8"; the others measure where its differences come from.
@@ -78,6 +82,7 @@ SYSTEMS = {
     "fp8, tanh by the GPU's approximation": System("bfloat16", fp8=True, gelu="TANH_APPROX"),
     "fp8, bfloat16 cross-attention cache": System("bfloat16", fp8=True, fp8_cross_kv=False),
     "fp8, SDPA encoder attention": System("bfloat16", fp8=True, encoder_kernel="sdpa"),  # as fp8 shipped before FA3
+    "fp8, fast accumulation": System("bfloat16", fp8=True, fast_accumulation=True),
     # fp8's repeated line at the end of the sonnet is text invented after the speech ends:
     # whether openai-whisper's rule drops it, against the reference with the same rule.
     "float16, hallucination_silence_threshold 1": System("float16", silence_threshold=1.0),
@@ -106,17 +111,22 @@ def keeping(kept: str | None):
 
 
 @contextlib.contextmanager
-def gelu_of(system: str):
-    """`fp8_linear.GELU` as `system` wants it, while it loads and decodes (the kernels
-    read it at each launch)."""
+def kernels_of(system: str):
+    """`fp8_linear.GELU` and `fp8_linear.FAST_ACCUMULATION_MAX_INPUTS` as `system` wants
+    them, while it loads and decodes (each launch reads them, and the captured graphs
+    keep what their capture read)."""
     from python_backend_lib.engine import fp8_linear
 
-    shipped, wanted = fp8_linear.GELU, SYSTEMS[system].gelu
-    fp8_linear.GELU = shipped if wanted is None else fp8_linear.GeluForm[wanted]
+    chosen = SYSTEMS[system]
+    shipped = fp8_linear.GELU, fp8_linear.FAST_ACCUMULATION_MAX_INPUTS
+    if chosen.gelu is not None:
+        fp8_linear.GELU = fp8_linear.GeluForm[chosen.gelu]
+    if chosen.fast_accumulation:
+        fp8_linear.FAST_ACCUMULATION_MAX_INPUTS = fp8_linear.FAST_ACCUMULATION_TRIED
     try:
         yield
     finally:
-        fp8_linear.GELU = shipped
+        fp8_linear.GELU, fp8_linear.FAST_ACCUMULATION_MAX_INPUTS = shipped
 
 
 @contextlib.contextmanager
@@ -170,7 +180,7 @@ def run_set(name: str, source: str, clips: list[Clip], given_language: bool, sys
     say(f"{name}: {len(clips)} clips, checkpoint {source}")
     scored = {}
     for system in systems:
-        with gelu_of(system):
+        with kernels_of(system):
             transcribe, close = transcriber(source, system, given_language, device)
             try:
                 scored[system] = score(system, clips, transcribe, lambda message: None)

@@ -7,6 +7,12 @@ scale per row (per token), multiplies in FP8 with float32 sums, applies both sca
 and the bias in the product's epilogue, and returns bfloat16 (what row-wise scaled
 products return), so a model quantized this way runs in bfloat16.
 
+The sums: Hopper's tensor cores add FP8 products in a precision of their own, and a
+product either promotes its partial sums to float32 every few steps or, with fast
+accumulation, not at all. Every product promotes as shipped: fast accumulation
+(FAST_ACCUMULATION_MAX_INPUTS, for the benchmarks) made large-v3's encoder faster and
+failed the accuracy gate on the multilingual set (docs/performance.md).
+
 A row's scale is its own: unlike int8's whole-input scale (`cpu_int8`), a clip's result
 does not depend on the clips encoded beside it.
 
@@ -55,6 +61,12 @@ OUTPUT_DTYPE = torch.bfloat16
 QUANTIZE_ELEMENTS = 4096
 QUANTIZE_WARPS = 4
 NORM_WARPS = 4
+# The widest input a product sums with fast accumulation (`use_fast_accum`); 0: none, as
+# shipped. bench.fp8_accuracy's "fp8, fast accumulation" sets 1,280, large-v3's width:
+# bench.fp8_products found it paying on the products of 1,280 inputs and not on fc2's
+# 5,120, where its error was three times promotion's.
+FAST_ACCUMULATION_MAX_INPUTS = 0
+FAST_ACCUMULATION_TRIED = 1280
 # The smallest second block of a row (`row_blocks`): a row of a power of two has one,
 # wholly masked.
 MIN_BLOCK = 16
@@ -218,10 +230,15 @@ def fp8_linear(
         quantized = QuantizedInput(values, scales, x.shape)
     out = torch._scaled_mm(
         quantized.values, weight.t(), scale_a=quantized.scales, scale_b=weight_scales, bias=bias,
-        out_dtype=OUTPUT_DTYPE,
+        out_dtype=OUTPUT_DTYPE, use_fast_accum=fast_accumulation(weight.shape[1]),
     )
     rows = quantized.shape.numel() // quantized.shape[-1]
     return out[:rows].reshape(*quantized.shape[:-1], weight.shape[0])
+
+
+def fast_accumulation(inputs: int) -> bool:
+    """Whether a product of `inputs` inputs sums with fast accumulation (FAST_ACCUMULATION_MAX_INPUTS)."""
+    return inputs <= FAST_ACCUMULATION_MAX_INPUTS
 
 
 class Fp8Linear(nn.Module):

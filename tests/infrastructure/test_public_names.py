@@ -22,6 +22,7 @@ SERVER_PACKAGES = ("python_backend_lib", "clients", "gateway", "whisper_triton")
 # Private names of other projects that they document for use, and why each is needed.
 FOREIGN = {
     "_attn_implementation": "transformers' config: how its models are told to use SDPA attention",
+    "_scaled_mm": "torch's FP8 product, the call fp8_linear makes: bench.fp8_products times it beside other scalings",
 }
 
 

@@ -151,20 +151,23 @@ def test_serve_refuses_fp8_on_the_cpu_in_one_line(tmp_path):
     assert preflight.quantization_problem(Quantization.FP8, on_cpu, gpus=2) == expected
 
 
-def test_the_accuracy_bench_sets_each_systems_gelu_and_puts_the_shipped_one_back():
+def test_the_accuracy_bench_sets_each_systems_kernels_and_puts_the_shipped_ones_back():
     from bench import fp8_accuracy
 
     assert {name: system.gelu for name, system in fp8_accuracy.SYSTEMS.items() if system.gelu} == {
         "fp8, libdevice's erf": "LIBDEVICE_ERF", "fp8, polynomial erf": "POLYNOMIAL_ERF", "fp8, tanh GELU": "TANH",
         "fp8, tanh by the GPU's approximation": "TANH_APPROX"}
     assert fp8_linear.GELU is fp8_linear.GeluForm.TANH  # shipped
-    with fp8_accuracy.gelu_of("fp8, libdevice's erf"):
+    with fp8_accuracy.kernels_of("fp8, libdevice's erf"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.LIBDEVICE_ERF
-    with fp8_accuracy.gelu_of("fp8, polynomial erf"):
+    with fp8_accuracy.kernels_of("fp8, polynomial erf"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF
-    with fp8_accuracy.gelu_of("fp8"):
+    with fp8_accuracy.kernels_of("fp8"):
+        assert fp8_linear.GELU is fp8_linear.GeluForm.TANH and not fp8_linear.fast_accumulation(384)
+    with fp8_accuracy.kernels_of("fp8, fast accumulation"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.TANH
-    assert fp8_linear.GELU is fp8_linear.GeluForm.TANH
+        assert fp8_linear.fast_accumulation(1280) and not fp8_linear.fast_accumulation(5120)
+    assert fp8_linear.GELU is fp8_linear.GeluForm.TANH and not fp8_linear.fast_accumulation(1280)
 
 
 @pytest.mark.parametrize("form", list(fp8_linear.GeluForm))
