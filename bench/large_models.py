@@ -6,11 +6,12 @@ accuracy, from their benchmarks' JSON files, as one record with its table and pl
         --encoder "645f790=BEFORE/enc/encoder-cost.json" "44d0e55=OUT/enc/encoder-cost.json" \
         --accuracy "44d0e55=OUT/acc/fp8-accuracy.json" "645f790=BEFORE/acc/fp8-accuracy.json" \
         --kernels "44d0e55=OUT/k/fp8-kernels.json" --profile "bced14a=OUT/p/engine-profile.json" \
-        --cross "4a0f538=OUT/cross/cross-attention.json" --engine-runs "GELU forms=RUNS.json"
+        --cross "4a0f538=OUT/cross/cross-attention.json" --engine-runs "GELU forms=RUNS.json" \
+        --products "b63c111=OUT/prod/fp8-products.json"
 
 Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
-`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`, `bench.engine_profile`,
-`bench.cross_attention` and `bench.encoder_attention` runs, and engine runs known only
+`bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`, `bench.fp8_products`,
+`bench.engine_profile`, `bench.cross_attention` and `bench.encoder_attention` runs, and engine runs known only
 by the RTFx line each printed (`--engine-runs`), each labelled (LABEL=PATH: the
 code and conditions it measured). A served variant's code is its checkout's commit, or
 the commit the call ran. Writes large-models.json (the
@@ -46,9 +47,10 @@ def served_rows(served: list[dict]) -> list[list]:
     for run in served:
         for variant in run["variants"]:
             top, alone = best_point(variant), variant["latency_5s"]["latency_ms"]
+            # A variant whose server took its whole share of the run to start has no load point.
+            load = (top["rtfx"], top["goodput_per_s"], top["concurrency"]) if top else ("not measured", "–", "–")
             rows.append([run["model"], variant["label"], code(variant.get("checkout_commit"), run["run"]["commit"]),
-                         top["rtfx"], top["goodput_per_s"], top["concurrency"], f"{alone['p50']} / {alone['p99']}",
-                         TARGETS[run["model"]]])
+                         *load, f"{alone['p50']} / {alone['p99']}", TARGETS[run["model"]]])
     return rows
 
 
@@ -128,6 +130,7 @@ def markdown(data: dict) -> str:
         f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel:", "",
         markdown_table(["code", "model", "variant", *kinds], kernels), "",
         *kernel_section(data.get("kernels", {})),
+        *products_section(data.get("products", {})),
         *profile_section(data.get("profiles", {})),
         *cross_section(data.get("cross", {})),
         *encoder_attention_section(data.get("encoder_attention", {})),
@@ -138,7 +141,16 @@ def markdown(data: dict) -> str:
         "each set's reference, its first system (float16 on a GPU, float32 on the CPU).", "",
         markdown_table(["code", "set", "checkpoint", "system", "WER", "CER", "WER points", "CER points",
                         "identical to the reference"], accuracy_rows(accuracies)), "",
+        *notes_section(data),
     ])
+
+
+def notes_section(data: dict) -> list[str]:
+    """The notes an input carries (a record's code that its commit alone does not say)."""
+    notes = [f"- {run['model']}, {run['run']['date']}: {run['note']}" for run in data["served"] if run.get("note")]
+    notes += [f"- {label}: {record['note']}" for key in ("accuracy", "products") for label, record in data.get(key, {}).items()
+              if record.get("note")]
+    return ["## Notes on the inputs", "", *notes, ""] if notes else []
 
 
 def kernel_section(kernels: dict[str, dict]) -> list[str]:
@@ -151,6 +163,27 @@ def kernel_section(kernels: dict[str, dict]) -> list[str]:
             f"{label}: `{record['provenance']['command']}`" for label, record in kernels.items()) + ".", "",
         markdown_table(["code", "case", "us a launch, as shipped", "us a launch, best", "best settings",
                         "GB/s at best"], kernel_timing_rows(kernels)), "",
+    ]
+
+
+def products_section(products: dict[str, dict]) -> list[str]:
+    """`bench.fp8_products` runs: each way of scaling an encoder product, its speed and error."""
+    if not products:
+        return []
+    first = next(iter(products.values()))
+    rows = [[label, r["windows"], r["product"], r["case"], r["us"], r["tflops"], f"{r['relative_error']:.2e}",
+             f"{r['norm_error']:.2e}" if "norm_error" in r else "–"]
+            for label, record in products.items() for r in record["results"] if "us" in r]
+    failed = sorted({f"{r['case']} ({r['failed'].splitlines()[0][:120]})"
+                     for record in products.values() for r in record["results"] if "failed" in r})
+    return [
+        "## The encoder's matrix products alone, each way of scaling FP8 (large-v3's shapes)", "",
+        f"{machine(first['provenance'])}; " + "; ".join(
+            f"{label}: `{record['provenance']['command']}`" for label, record in products.items())
+        + ". Rows are 1,500 a window; the error is the largest difference from float32 sums of the same FP8 "
+        "values and scales over the largest magnitude (and the norm of the differences over the norm); row-wise "
+        "is the shipped scaling." + (f" Not run: {'; '.join(failed)}." if failed else ""), "",
+        markdown_table(["code", "windows", "product", "case", "us", "TFLOP/s", "error", "error of the norm"], rows), "",
     ]
 
 
@@ -250,7 +283,7 @@ def plot(data: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = served_rows(data["served"])
+    rows = [row for row in served_rows(data["served"]) if not isinstance(row[3], str)]
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 0.9 + 0.28 * len(rows)), gridspec_kw={"width_ratios": [1.2, 1]})
     labels = [f"{r[0].replace('large-v3-turbo', 'turbo')} {r[1]} ({r[2][:7]})" for r in rows]
     left.barh(range(len(rows)), [r[3] for r in rows],
@@ -292,6 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.encoder_cost")
     parser.add_argument("--accuracy", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.fp8_accuracy")
     parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
+    parser.add_argument("--products", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_products")
     parser.add_argument("--profile", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.engine_profile")
     parser.add_argument("--cross", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.cross_attention")
     parser.add_argument("--encoder-attention", type=labelled, nargs="*", default=[],
@@ -306,6 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     data = {"served": [read(p) for p in args.served], "encoder": {label: read(p) for label, p in args.encoder},
             "accuracy": {label: read(p) for label, p in args.accuracy},
             "kernels": {label: read(p) for label, p in args.kernels},
+            "products": {label: read(p) for label, p in args.products},
             "profiles": {label: read(p) for label, p in args.profile},
             "cross": {label: read(p) for label, p in args.cross},
             "encoder_attention": {label: read(p) for label, p in args.encoder_attention},
