@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from clients.connection import Protocol, ServerAddress, parse_address
-from gateway import realtime, session_slots
+from gateway import live_turn, realtime, session_slots
 from gateway.api_key import PROTECTED_PREFIX
 from gateway.finals_first import FinalsFirst
 from gateway.openai_api import DEFAULT_MODEL_ID, MEDIA_TYPES, AudioRequest, parse_form, request_body
@@ -92,7 +92,7 @@ class GatewaySettings:
     triton_model: str = tensor_names.ENSEMBLE_NAME
     api_key: str | None = field(default=None, repr=False)  # None: no key asked for
     max_live_sessions: int = realtime.DEFAULT_MAX_SESSIONS
-    live_hypothesis_every_s: float = realtime.HYPOTHESIS_STEP_S
+    live_hypothesis_every_s: float = live_turn.HYPOTHESIS_STEP_S
     triton: ServerAddress = field(init=False)
 
     def __post_init__(self) -> None:
@@ -105,7 +105,7 @@ class GatewaySettings:
             raise ValueError("the API key is empty")
         if self.max_live_sessions < 1:
             raise ValueError(f"the live session limit must be at least 1, got {self.max_live_sessions}")
-        realtime.check_hypothesis_every(self.live_hypothesis_every_s)
+        live_turn.check_hypothesis_every(self.live_hypothesis_every_s)
 
 
 # ---------------------------------------------------------------- the app

@@ -6,7 +6,7 @@ import os
 import sys
 
 from clients.connection import AddressError
-from gateway import app, realtime, workers
+from gateway import app, live_turn, realtime, workers
 from gateway.api_key import API_KEY_ENV
 from gateway.app import BYTES_PER_MB, DEFAULT_MAX_FILE_MB, DEFAULT_TRITON_URL, GatewaySettings, create_app
 from gateway.openai_api import DEFAULT_MODEL_ID
@@ -35,7 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="live transcription sessions (/v1/realtime) at once; one more is refused (default: %(default)s)",
     )
     parser.add_argument(
-        "--live-hypothesis-every", type=float, default=realtime.HYPOTHESIS_STEP_S, metavar="SECONDS",
+        "--live-hypothesis-every", type=float, default=live_turn.HYPOTHESIS_STEP_S, metavar="SECONDS",
         help="a live turn is transcribed again each time it has grown by this much audio, one transcription at "
         "a time per session: less shows words sooner and asks more of the server (default: %(default)s)",
     )

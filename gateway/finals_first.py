@@ -3,7 +3,7 @@ overloaded server, the sessions of this gateway process send no hypotheses.
 
 A hypothesis the server refuses as overloaded is only skipped, and the turn's next one
 comes once its audio has grown by the cadence; a refused final is asked again after a
-pause (`realtime.FINAL_RETRY_PAUSES_S`). With many sessions on a server at its request
+pause (`live_turn.FINAL_RETRY_PAUSES_S`). With many sessions on a server at its request
 limit, hypotheses sent every cadence took each place that a finished request freed
 before a final's next try came, and turns failed after the last pause. A final's text is
 what a caption keeps, where a hypothesis's is replaced a moment later, so the final goes

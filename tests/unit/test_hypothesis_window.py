@@ -19,8 +19,9 @@ from reference import clips, normalize, word_error_rate
 
 from gateway.hypothesis_window import PROMPT_WORDS, TRIM_AFTER_S, Window, in_turn, next_window
 from gateway.live_transcriber import LiveTranscript
+from gateway.live_turn import Turn
 from gateway.local_agreement import comparison_key
-from gateway.realtime import RealtimeOptions, Session, Turn
+from gateway.realtime import RealtimeOptions, Session
 from gateway.realtime_protocol import SessionSettings
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.core.geometry import SAMPLE_RATE
@@ -108,7 +109,7 @@ def test_a_long_turns_hypotheses_cost_what_its_new_audio_does_and_lose_no_word(p
     async def turn_of_speech() -> None:
         session = Session(events, transcriber, options)
         turn = Turn("item_1", 0)
-        task = asyncio.create_task(session.transcribe_turn(turn, SessionSettings(model="tiny.en", turn_detection=None)))
+        task = asyncio.create_task(session.turns.run(turn, SessionSettings(model="tiny.en", turn_detection=None)))
         step = int(STEP_S * SAMPLE_RATE)
         for start in range(0, len(audio), step):
             transcriber.done.clear()

@@ -1,5 +1,5 @@
 """A live turn's final transcription that the server refuses as overloaded is asked again
-(gateway.realtime.Session, FINAL_RETRY_PAUSES_S): the turn completes once the server has
+(gateway.realtime.Session, live_turn.FINAL_RETRY_PAUSES_S): the turn completes once the server has
 room, fails after the last pause, and any other failure fails it at once. While it waits,
 the process's sessions send no hypotheses (gateway.finals_first). The session is
 driven without a WebSocket, its turns transcribed by the library's pipeline with the
@@ -15,7 +15,7 @@ from test_hypothesis_window import Events, LibraryTranscriber
 from test_outcomes import overloaded  # a full whisper instance's refusal, from its request ledger
 from tritonclient.utils import InferenceServerException
 
-from gateway import realtime
+from gateway import live_turn
 from gateway.finals_first import FinalsFirst
 from gateway.realtime import RealtimeOptions, Session
 from gateway.realtime_protocol import SessionSettings
@@ -74,7 +74,7 @@ def one_turn(transcriber) -> list[dict]:
 
 @pytest.fixture
 def no_pauses(monkeypatch):
-    monkeypatch.setattr(realtime, "FINAL_RETRY_PAUSES_S", (0.0, 0.0, 0.0))
+    monkeypatch.setattr(live_turn, "FINAL_RETRY_PAUSES_S", (0.0, 0.0, 0.0))
 
 
 def test_a_turn_refused_as_overloaded_completes_once_the_server_has_room(pipeline, no_pauses):
@@ -103,7 +103,7 @@ def test_no_hypothesis_is_sent_while_another_sessions_final_waits_for_room(pipel
     """Hypotheses sent every cadence would take the room a refused final waits for: while
     one session's final waits, another session of the process skips its hypotheses, and
     sends them again once the final is answered."""
-    monkeypatch.setattr(realtime, "FINAL_RETRY_PAUSES_S", (0.5,))
+    monkeypatch.setattr(live_turn, "FINAL_RETRY_PAUSES_S", (0.5,))
     audio = decode_audio((AUDIO / "jfk.wav").read_bytes())
     options = RealtimeOptions(model_ids=("tiny.en",), detector=lambda: None)
     settings = SessionSettings(model="tiny.en", turn_detection=None)
@@ -114,12 +114,12 @@ def test_no_hypothesis_is_sent_while_another_sessions_final_waits_for_room(pipel
     async def run():
         waiting = Session(Events(), refused_once, options, finals)
         sending = Session(Events(), other, options, finals)
-        final = asyncio.create_task(waiting._final(audio, settings))
+        final = asyncio.create_task(waiting.turns._final(audio, settings))
         await asyncio.sleep(0.2)  # refused at once, now in its pause (or asked again: still held)
         held = finals.holding
-        during = await sending._hypothesis(audio, settings, None)
+        during = await sending.turns._hypothesis(audio, settings, None)
         transcript = await asyncio.wait_for(final, 120)
-        after = await sending._hypothesis(audio, settings, None)
+        after = await sending.turns._hypothesis(audio, settings, None)
         return held, during, transcript, after
 
     held, during, transcript, after = asyncio.run(run())

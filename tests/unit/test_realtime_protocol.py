@@ -97,11 +97,11 @@ def test_a_hypothesis_in_flight_is_cancelled_when_its_turn_ends():
     """The turn's final transcription must not wait behind a hypothesis nobody needs."""
     import asyncio
 
-    from gateway.realtime import Session, Turn
+    from gateway.live_turn import Turn, TurnTranscription
 
     async def scenario() -> tuple[object, object, bool]:
         finished = Turn("item_a", 0)
-        quick = await Session._unless_ended(finished, asyncio.sleep(0, result="hypothesis"))
+        quick = await TurnTranscription._unless_ended(finished, asyncio.sleep(0, result="hypothesis"))
         cancelled = asyncio.Event()
 
         async def slow() -> str:
@@ -114,7 +114,7 @@ def test_a_hypothesis_in_flight_is_cancelled_when_its_turn_ends():
 
         turn = Turn("item_b", 0)
         asyncio.get_running_loop().call_later(0.05, turn.close)
-        late = await asyncio.wait_for(Session._unless_ended(turn, slow()), 5)
+        late = await asyncio.wait_for(TurnTranscription._unless_ended(turn, slow()), 5)
         return quick, late, cancelled.is_set()
 
     assert asyncio.run(scenario()) == ("hypothesis", None, True)
