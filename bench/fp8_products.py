@@ -26,12 +26,11 @@ import torch.nn.functional as F
 
 from bench.kernel_timing import microseconds
 from loadtest.provenance import provenance
+from python_backend_lib.engine.fp8_linear import FP8, FP8_MAX, MIN_SCALE
 
 CUDA = torch.device("cuda")
 POSITIONS = 1500
 WIDTH = 1280  # large-v3's
-FP8 = torch.float8_e4m3fn
-FP8_MAX = torch.finfo(FP8).max
 BLOCK = 128
 # (name, out features, in features) of one encoder layer's products
 PRODUCTS = (("qkv", 3 * WIDTH, WIDTH), ("out", WIDTH, WIDTH), ("fc1", 4 * WIDTH, WIDTH), ("fc2", WIDTH, 4 * WIDTH))
@@ -46,7 +45,7 @@ def quantize(x: torch.Tensor, scale_shape: tuple[int, ...]) -> tuple[torch.Tenso
     rows // scale_shape[0] x cols // scale_shape[1] elements (max |x| / 448)."""
     rows, cols = x.shape
     blocks = x.reshape(scale_shape[0], rows // scale_shape[0], scale_shape[1], cols // scale_shape[1])
-    scales = blocks.abs().amax(dim=(1, 3), keepdim=True).clamp(min=1e-12) / FP8_MAX
+    scales = (blocks.abs().amax(dim=(1, 3), keepdim=True) / FP8_MAX).clamp(min=MIN_SCALE)  # as fp8_linear scales
     values = (blocks / scales).to(FP8).reshape(rows, cols)
     return values, scales.reshape(scale_shape)
 

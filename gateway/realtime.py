@@ -124,10 +124,10 @@ class Session:
         """finals: this process's sessions' gate (`serve` passes the app's); None: one of its own."""
         import soxr
 
-        self.websocket, self.transcriber, self.options = websocket, transcriber, options
-        self.finals = finals if finals is not None else FinalsFirst()
+        self.websocket, self.options = websocket, options
         self.id = protocol.new_id("sess")
-        self.turns = TurnTranscription(transcriber, self.finals, options.hypothesis_every_s, self.send, self.id)
+        self.turns = TurnTranscription(transcriber, finals if finals is not None else FinalsFirst(),
+                                       options.hypothesis_every_s, self.send, self.id)
         self.settings = SessionSettings(model=options.model_ids[0])
         self.new_resampler = lambda: soxr.ResampleStream(protocol.INPUT_RATE, SAMPLE_RATE, 1, dtype="float32")
         self.resampler = self.new_resampler()
