@@ -60,6 +60,10 @@ KINDS: dict[str, dict[str, object]] = {
 }
 SETTLE_TIMEOUT_S = 120.0  # after the load: until nothing is held, at most this long
 LIVE_START_SPREAD_S = 2.0
+# A live session sends its audio at the pace of speech; a chunk sent later than this
+# means the soak's own sessions fell behind (their process starved), and its live
+# figures no longer describe sessions at that pace.
+LIVE_SEND_LAG_LIMIT_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -131,7 +135,7 @@ async def _live_soak(gateway_url: str, sessions: int, seconds: float) -> LiveTal
         while first or time.monotonic() + stream.seconds <= end:  # streams again while a whole stream fits
             first = False
             try:
-                result = await live_session(url, stream, delay)
+                result = await live_session(url, stream, time.monotonic() + delay)
             except Exception as error:  # a session that broke is a problem of the soak, not of this loop
                 tally.errors.append(f"{type(error).__name__}: {error}"[:300])
                 return
@@ -240,6 +244,8 @@ def problems(record: dict) -> list[str]:
             found.append(f"live turns without a transcript: {live['turns'] - live['completed']} of {live['turns']}")
         if not live["turns"]:
             found.append("no live turn ended")
+        if live["max_send_lag_s"] > LIVE_SEND_LAG_LIMIT_S:
+            found.append(f"live audio sent up to {live['max_send_lag_s']:g} s late (limit {LIVE_SEND_LAG_LIMIT_S:g} s)")
     return found
 
 

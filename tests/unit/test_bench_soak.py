@@ -3,8 +3,11 @@ what a soak's record must show for the soak to pass, each rule failing on the re
 
 from __future__ import annotations
 
+import asyncio
 import copy
+import time
 
+from bench import gpu_soak, live_latency
 from bench.gpu_soak import KINDS, SOAKS, problems
 from bench.load import error_reason
 from bench.stats import Outcome, summarize
@@ -49,12 +52,30 @@ def test_every_way_a_soak_can_lose_or_fail_a_request_is_a_problem():
         "stalled engine": changed(("engine_stalled", "gpu0/whisper_0_0"), 1.0),
         "live turn lost": changed(("live", "completed"), 191),
         "live error": changed(("live", "errors"), ['{"type": "error"}']),
+        "live audio sent late": changed(("live", "max_send_lag_s"), 913.112),
         "no live turn": changed(("live", "turns"), 0) | {"live": {**PASSING["live"], "turns": 0, "completed": 0}},
         "nothing answered": changed(("point", "statuses"), {"UNAVAILABLE": 12}),
     }
     for name, record in cases.items():
         assert problems(record), name
     assert problems({"label": "x", "error": "RuntimeError: the server did not start"})
+
+
+def test_the_live_sessions_begin_spread_over_the_moments_after_the_soak_starts(monkeypatch):
+    """live_session takes the moment a session begins (time.monotonic()); a delay passed
+    instead began every session at once and read the host's uptime as send lag."""
+    begins = []
+
+    async def session(url, stream, begin):
+        begins.append(begin)
+        return live_latency.SessionResult(turns=1, turn_latencies_s=[0.5])
+
+    monkeypatch.setattr(live_latency, "live_session", session)
+    started = time.monotonic()
+    tally = asyncio.run(gpu_soak._live_soak("http://localhost:1/v1", sessions=4, seconds=0.0))
+    assert tally.sessions == 4 and tally.completed == 4 and tally.errors == []
+    assert all(started <= b <= started + gpu_soak.LIVE_START_SPREAD_S + 1.0 for b in begins), (started, begins)
+    assert len(set(begins)) == 4, begins
 
 
 def test_error_reasons_mask_numbers_so_like_errors_count_together():
