@@ -60,7 +60,7 @@ PROGRESS_S = 15.0
 SETTLE_TIMEOUT_S = 180.0
 # The whisper stub's RSS rises with the most memory its requests held at once, and the
 # allocator keeps what they freed until the idle engine gives it back
-# (`engine.scheduler.IDLE_RELEASE_S`); the server runs with two malloc arenas
+# (`devices.host_memory.IDLE_RELEASE_S`); the server runs with two malloc arenas
 # (`apps.triton_environment.MALLOC_ARENAS`), which hold less of it meanwhile. So memory
 # is read with the server settled, after a warm-up of the same load, and may then grow by
 # RSS_TOLERANCE_MIB, twice the largest rise seen after the warm-up before either change.
@@ -173,7 +173,7 @@ def settle(server: Server, say: Callable[[str], None], timeout: float = SETTLE_T
             say(f"settling: {now.in_flight:g} requests in the whisper model, {now.running:g} windows decoding, "
                 f"{now.waiting:g} waiting ({said - started:.0f} s)")  # fmt: skip
         time.sleep(0.5)
-    time.sleep(2.5)  # by then the idle engine gave its freed memory back (engine.scheduler.IDLE_RELEASE_S)
+    time.sleep(2.5)  # by then the idle engine gave its freed memory back (devices.host_memory.IDLE_RELEASE_S)
     return snapshot(server)
 
 

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 # returns little of a heap's freed memory to the system. A whisper stub's threads (the
 # engine, the responders, Triton's) each took large blocks in turn, so its resident memory
 # kept rising under mixed load with no leak; two arenas hold less of it, and the idle
-# engine gives the rest back (engine.scheduler.IDLE_RELEASE_S). A user's own value is kept.
+# engine gives the rest back (devices.host_memory.IDLE_RELEASE_S). A user's own value is kept.
 MALLOC_ARENAS = ("MALLOC_ARENA_MAX", "2")
 
 

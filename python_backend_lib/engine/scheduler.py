@@ -40,7 +40,7 @@ from python_backend_lib.core.errors import RequestError, ServerUnavailable
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelConfig
 from python_backend_lib.core.options import DecodingOptions, DecodingResult
-from python_backend_lib.devices.host_memory import release_free_memory
+from python_backend_lib.devices.host_memory import IDLE_RELEASE_S, release_free_memory
 from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
 from python_backend_lib.engine.beams import admissible, rows_needed, with_beam_mates
@@ -60,9 +60,6 @@ CANCEL_CHECK_INTERVAL_S = 0.05
 # Restarts in a row, with no decoder step succeeding in between, after which the
 # engine gives up and reports itself unhealthy.
 MAX_CONSECUTIVE_RESTARTS = 3
-# Idle this long, the engine gives freed host memory back (`devices.host_memory`): long
-# enough that a server under load never pays for it between two requests.
-IDLE_RELEASE_S = 1.0
 
 
 @dataclass(frozen=True)

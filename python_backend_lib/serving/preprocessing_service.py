@@ -11,6 +11,10 @@ answered at once, alone; the others of its call are not held back by it.
 With `vad_filter`, the decoding thread also runs Silero VAD (`audio.vad`, on the
 CPU) and keeps only the speech, joined: LOG_MEL and SAMPLES are the speech's, and
 SPEECH_SPANS and RECORDING_SAMPLES tell postprocessing where it lies in the recording.
+
+Once no call has been in progress for a second, the instance gives the memory its
+calls freed back to the system (`devices.host_memory.IdleRelease`): two-minute
+waveforms and their spectra otherwise stay in glibc's heaps at their peak.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from python_backend_lib.audio.vad import SpeechSpan, collect_speech, speech_time
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.contract.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.core.errors import RequestError
+from python_backend_lib.devices.host_memory import IdleRelease
 from python_backend_lib.devices.placement import on_device, single_threaded_host
 from python_backend_lib.devices.transfers import to_host_asleep, wait_idle
 from python_backend_lib.serving.inputs import decode_request_audio, single_row
@@ -125,11 +130,15 @@ class PreprocessingService:
         self.settings = settings
         self.log_mels = log_mels
         self.decoders = ThreadPoolExecutor(settings.thread_count(), thread_name_prefix="decode-audio")
+        self.idle_release = IdleRelease()
         single_threaded_host()
 
     def start(self, requests: list[Any]) -> None:
         """Take every request of one `execute` call; the answers come from the decoding threads."""
+        if not requests:
+            return
         call = _Call(len(requests))
+        self.idle_release.begin()  # ended once the call's last request is answered (`_answer`)
         for request in requests:
             sender = request.get_response_sender()
             try:
@@ -157,8 +166,16 @@ class PreprocessingService:
         self._answer(call.settle(decoded))
 
     def _answer(self, decoded: list[_Decoded] | None) -> None:
-        """Every decoded request of a call, once the last is: their log-mels together."""
-        if not decoded:
+        """Every decoded request of a call, once the last is (None before): their log-mels together."""
+        if decoded is None:
+            return
+        try:
+            self._send_log_mels(decoded)
+        finally:
+            self.idle_release.end()
+
+    def _send_log_mels(self, decoded: list[_Decoded]) -> None:
+        if not decoded:  # every request of the call failed, and was answered
             return
         try:
             log_mels = self.log_mels([d.waveform for d in decoded])
@@ -184,6 +201,7 @@ class PreprocessingService:
 
     def close(self) -> None:
         self.decoders.shutdown(wait=True)
+        self.idle_release.close()
 
 
 def _spans_tensor(spans: tuple[SpeechSpan, ...]) -> np.ndarray:
