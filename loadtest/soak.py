@@ -12,8 +12,8 @@ judged (`soak_requests`). A warm-up comes first (its requests are judged too):
 each kind once, then the same mix; then the soak proper. At the end the soak
 requires: no UNEXPECTED outcome, nothing left in the whisper model (requests in
 flight, windows decoding or waiting), the engine healthy and Triton ready, and
-the whisper stub's resident memory within `RSS_TOLERANCE_MIB` of where it was
-after the warm-up.
+the resident memory of the whisper and the preprocessing stubs (`JUDGED_MODELS`) each
+within `RSS_TOLERANCE_MIB` of where it was after the warm-up.
 
 `--serve` starts a server of its own with a fault prompt armed; otherwise the
 server must run on this machine (its memory is read from /proc). Progress is
@@ -68,6 +68,11 @@ SETTLE_TIMEOUT_S = 180.0
 # of a slot, grows with the requests (over 1,000 in 10 minutes) and survives the release.
 WARMUP_S = 30.0
 RSS_TOLERANCE_MIB = 128.0
+# The models whose stubs the memory rule judges, each model's instances together: both
+# give what they freed back once idle (the whisper engine's loop, the preprocessing
+# model's `IdleRelease`), so a settled reading is what they keep. postprocessing holds
+# no large blocks; whisper_stream's engine idles through the soak.
+JUDGED_MODELS = ("whisper", "preprocessing")
 SEED = 11
 
 
@@ -284,7 +289,11 @@ class SoakReport:
 
     @property
     def rss_growth_mib(self) -> float:
-        return self.after.rss_mib["whisper"] - self.before.rss_mib["whisper"]
+        return self.growth_mib("whisper")
+
+    def growth_mib(self, model: str) -> float:
+        """How much more `model`'s stubs kept settled after the soak than after the warm-up."""
+        return self.after.rss_mib.get(model, 0.0) - self.before.rss_mib.get(model, 0.0)
 
     def problems(self) -> list[str]:
         """Why the soak failed; empty when it passed."""
@@ -295,13 +304,16 @@ class SoakReport:
         # whisper_engine_healthy is 1 per healthy engine (whisper's and whisper_stream's): all still healthy
         if self.after.healthy < self.before.healthy or not self.after.ready:
             problems.append(f"server not well: engine healthy {self.after.healthy:g}, ready {self.after.ready}")
-        if self.rss_growth_mib > RSS_TOLERANCE_MIB:
-            problems.append(f"the whisper stub grew {self.rss_growth_mib:.0f} MiB (tolerance {RSS_TOLERANCE_MIB:g})")
+        for model in JUDGED_MODELS:
+            if self.growth_mib(model) > RSS_TOLERANCE_MIB:
+                problems.append(f"the {model} stubs grew {self.growth_mib(model):.0f} MiB "
+                                f"(tolerance {RSS_TOLERANCE_MIB:g})")  # fmt: skip
         return problems
 
     def results(self) -> dict:
         data = asdict(self)
         data |= {"sent": self.sent, "rss_growth_mib": round(self.rss_growth_mib, 1),
+                 "growth_mib": {model: round(self.growth_mib(model), 1) for model in JUDGED_MODELS},
                  "rss_tolerance_mib": RSS_TOLERANCE_MIB, "weights": WEIGHTS, "problems": self.problems()}  # fmt: skip
         return data
 
@@ -372,7 +384,8 @@ def markdown(report: SoakReport) -> list[str]:
         "The whisper stub's RSS during the soak (s: MiB): "
         + ", ".join(f"{second:.0f}: {rss:.0f}" for second, rss in report.rss_timeline_mib) + ".",
         "",
-        f"The whisper stub's RSS grew {report.rss_growth_mib:.0f} MiB (tolerance {RSS_TOLERANCE_MIB:g} MiB). "
+        "Settled, the stubs grew: " + ", ".join(f"{model} {report.growth_mib(model):.0f} MiB" for model in JUDGED_MODELS)
+        + f" (tolerance {RSS_TOLERANCE_MIB:g} MiB each). "
         + ("Passed." if not report.problems() else "FAILED: " + "; ".join(report.problems())),
     ]
 
