@@ -13,7 +13,10 @@ each kind once, then the same mix; then the soak proper. At the end the soak
 requires: no UNEXPECTED outcome, nothing left in the whisper model (requests in
 flight, windows decoding or waiting), the engine healthy and Triton ready, and
 the resident memory of the whisper and the preprocessing stubs (`JUDGED_MODELS`) each
-within `RSS_TOLERANCE_MIB` of where it was after the warm-up.
+within `RSS_TOLERANCE_MIB` of where it was after the warm-up. A long soak can pause to
+settle every `--settle-every` seconds (`checkpoints`): then the last stretch alone may
+grow by no more than `LATE_TOLERANCE_MIB`, so that memory which rises early and levels
+passes, and memory that keeps rising fails however long the run.
 
 `--serve` starts a server of its own with a fault prompt armed; otherwise the
 server must run on this machine (its memory is read from /proc). Progress is
@@ -73,6 +76,12 @@ RSS_TOLERANCE_MIB = 128.0
 # model's `IdleRelease`), so a settled reading is what they keep. postprocessing holds
 # no large blocks; whisper_stream's engine idles through the soak.
 JUDGED_MODELS = ("whisper", "preprocessing")
+# What the judged stubs may grow, settled, over a long soak's last stretch between two
+# settled readings (`--settle-every`): half the whole run's tolerance, and about twice the
+# largest rise seen under load in the second half of an hour-long run (33 MiB,
+# docs/operating.md). A leak of a steady rate grows in every stretch; the native
+# memory that rises with the first minutes of the load and then holds, only in the first.
+LATE_TOLERANCE_MIB = 64.0
 SEED = 11
 
 
@@ -282,6 +291,9 @@ class SoakReport:
     before: Snapshot  # after the warm-up
     after: Snapshot  # once settled
     rss_timeline_mib: list[tuple[float, float]]  # the whisper stub's RSS during the soak proper
+    # Settled readings between stretches of the soak proper (`--settle-every`), by the
+    # seconds of load before each; none in a soak of one stretch.
+    checkpoints: list[tuple[float, Snapshot]] = field(default_factory=list)
 
     @property
     def sent(self) -> int:
@@ -290,6 +302,13 @@ class SoakReport:
     def growth_mib(self, model: str) -> float:
         """How much more `model`'s stubs kept settled after the soak than after the warm-up."""
         return self.after.rss_mib.get(model, 0.0) - self.before.rss_mib.get(model, 0.0)
+
+    def late_growth_mib(self, model: str) -> float | None:
+        """How much more `model`'s stubs kept settled after the soak than at its last
+        checkpoint; None without checkpoints."""
+        if not self.checkpoints:
+            return None
+        return self.after.rss_mib.get(model, 0.0) - self.checkpoints[-1][1].rss_mib.get(model, 0.0)
 
     def problems(self) -> list[str]:
         """Why the soak failed; empty when it passed."""
@@ -304,6 +323,10 @@ class SoakReport:
             if self.growth_mib(model) > RSS_TOLERANCE_MIB:
                 problems.append(f"the {model} stubs grew {self.growth_mib(model):.0f} MiB "
                                 f"(tolerance {RSS_TOLERANCE_MIB:g})")  # fmt: skip
+            late = self.late_growth_mib(model)
+            if late is not None and late > LATE_TOLERANCE_MIB:
+                problems.append(f"the {model} stubs grew {late:.0f} MiB after {self.checkpoints[-1][0]:.0f} s "
+                                f"of the soak (tolerance {LATE_TOLERANCE_MIB:g})")  # fmt: skip
         return problems
 
     def results(self) -> dict:
@@ -311,7 +334,8 @@ class SoakReport:
         # rss_growth_mib: the whisper stubs', as the records before JUDGED_MODELS name it
         data |= {"sent": self.sent, "rss_growth_mib": round(self.growth_mib("whisper"), 1),
                  "growth_mib": {model: round(self.growth_mib(model), 1) for model in JUDGED_MODELS},
-                 "rss_tolerance_mib": RSS_TOLERANCE_MIB, "weights": WEIGHTS, "problems": self.problems()}  # fmt: skip
+                 "late_growth_mib": {model: self.late_growth_mib(model) for model in JUDGED_MODELS},
+                 "rss_tolerance_mib": RSS_TOLERANCE_MIB, "late_tolerance_mib": LATE_TOLERANCE_MIB, "weights": WEIGHTS, "problems": self.problems()}  # fmt: skip
         return data
 
 
@@ -322,9 +346,20 @@ def warmup_kinds() -> list[str]:
     return sorted(WEIGHTS)
 
 
+def stretches(seconds: float, settle_every: float | None) -> list[float]:
+    """The soak proper's stretches of load, each `settle_every` long but the last, which
+    takes what is left; one stretch when `settle_every` is None."""
+    if settle_every is None or settle_every >= seconds:
+        return [seconds]
+    whole, rest = divmod(seconds, settle_every)
+    return [settle_every] * int(whole) + ([rest] if rest > 0 else [])
+
+
 def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY, seed: int = SEED,
-         warmup_seconds: float = WARMUP_S, say: Callable[[str], None] = print) -> SoakReport:  # fmt: skip
-    """References, a warm-up of the load, the soak proper, and the server once settled."""
+         warmup_seconds: float = WARMUP_S, say: Callable[[str], None] = print,
+         settle_every: float | None = None) -> SoakReport:  # fmt: skip
+    """References, a warm-up of the load, the soak proper (settling between stretches of
+    `settle_every` seconds, if given), and the server once settled."""
     inputs = load_inputs()
     say(f"soak: references against {server.grpc_url}")
     client = SoakClient(server.http_url, server.grpc_url, server.fault_prompt, inputs)
@@ -336,14 +371,30 @@ def soak(server: Server, seconds: float, concurrency: int = DEFAULT_CONCURRENCY,
                       first=warmup_kinds())
     before = settle(server, say)
     say(f"soak: {seconds:.0f} s with {concurrency} workers; whisper stub {before.rss_mib['whisper']:.0f} MiB")
-    load = run_load(server, inputs, expected, seconds, concurrency, seed, say)
+    parts = stretches(seconds, settle_every)
+    outcomes: list[Outcome] = []
+    timeline: list[tuple[float, float]] = []
+    checkpoints: list[tuple[float, Snapshot]] = []
+    done = 0.0
+    for index, part in enumerate(parts):
+        if index:
+            checkpoint = settle(server, say)
+            checkpoints.append((done, checkpoint))
+            say(f"soak: settled after {done:.0f} s: " + ", ".join(f"{model} {checkpoint.rss_mib[model]:.0f} MiB"
+                                                                   for model in JUDGED_MODELS))  # fmt: skip
+        # One stretch keeps the draws of a soak without checkpoints (its phase names its seed).
+        phase = "soak" if len(parts) == 1 else f"soak {index + 1}/{len(parts)}"
+        load = run_load(server, inputs, expected, part, concurrency, seed, say, phase=phase)
+        outcomes += load.outcomes
+        timeline += [(round(done + second, 1), rss) for second, rss in load.rss_mib]
+        done += part
     say("soak: waiting for the server to settle")
     after = settle(server, say)
-    every = warmup.outcomes + load.outcomes
+    every = warmup.outcomes + outcomes
     details = collections.Counter(f"{o.kind} {o.result.value}: {o.detail}" for o in every if o.detail)
     unexpected = [f"{o.kind}: {o.detail}" for o in every if o.result is Result.UNEXPECTED][:20]
-    return SoakReport(seconds, warmup_seconds, concurrency, seed, count(load.outcomes), count(warmup.outcomes),
-                      dict(sorted(details.items())), unexpected, before, after, load.rss_mib)  # fmt: skip
+    return SoakReport(seconds, warmup_seconds, concurrency, seed, count(outcomes), count(warmup.outcomes),
+                      dict(sorted(details.items())), unexpected, before, after, timeline, checkpoints)  # fmt: skip
 
 
 def markdown(report: SoakReport) -> list[str]:
@@ -381,9 +432,27 @@ def markdown(report: SoakReport) -> list[str]:
         "The whisper stub's RSS during the soak (s: MiB): "
         + ", ".join(f"{second:.0f}: {rss:.0f}" for second, rss in report.rss_timeline_mib) + ".",
         "",
+        *checkpoint_lines(report),
         "Settled, the stubs grew: " + ", ".join(f"{model} {report.growth_mib(model):.0f} MiB" for model in JUDGED_MODELS)
         + f" (tolerance {RSS_TOLERANCE_MIB:g} MiB each). "
         + ("Passed." if not report.problems() else "FAILED: " + "; ".join(report.problems())),
+    ]
+
+
+def checkpoint_lines(report: SoakReport) -> list[str]:
+    """The settled readings between stretches and the last stretch's growth; none without checkpoints."""
+    if not report.checkpoints:
+        return []
+    readings = [(0.0, report.before), *report.checkpoints, (report.seconds, report.after)]
+    return [
+        "Settled between stretches of the soak (s of load: " + ", ".join(JUDGED_MODELS) + " MiB): "
+        + "; ".join(f"{second:.0f}: " + ", ".join(f"{shot.rss_mib.get(model, float('nan')):.0f}" for model in JUDGED_MODELS)
+                    for second, shot in readings) + ".",  # fmt: skip
+        "",
+        f"After {report.checkpoints[-1][0]:.0f} s, the last stretch: "
+        + ", ".join(f"{model} {report.late_growth_mib(model):+.0f} MiB" for model in JUDGED_MODELS)
+        + f" (tolerance {LATE_TOLERANCE_MIB:g} MiB each).",
+        "",
     ]
 
 
@@ -413,6 +482,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--warmup-seconds", type=float, default=WARMUP_S, help="the same load first, before memory is read")
     parser.add_argument("--concurrency", type=int, default=DEFAULT_CONCURRENCY, help="workers")
     parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument("--settle-every", type=float, metavar="SECONDS",
+                        help="pause the load to settle and read memory this often; the last stretch must then "
+                             f"grow no more than {LATE_TOLERANCE_MIB:g} MiB")  # fmt: skip
     parser.add_argument("--serve", action="store_true", help="start a server of its own, with a fault prompt armed")
     parser.add_argument("--http-url", default="localhost:8000", help="Triton's HTTP address, host:port or http://")
     parser.add_argument("--grpc-url", default="localhost:8001", help="Triton's gRPC address, host:port or grpc://")
@@ -420,8 +492,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fault-prompt", help="the WHISPER_TRITON_FAULT_PROMPT the server was started with")
     parser.add_argument("--record", type=Path, help="write <RECORD>.json and <RECORD>.md, e.g. docs/benchmarks/soak")
     args = parser.parse_args(argv)
-    if args.seconds <= 0 or args.concurrency < 1:
-        parser.error("--seconds must be above 0 and --concurrency at least 1")
+    if args.seconds <= 0 or args.concurrency < 1 or (args.settle_every is not None and args.settle_every <= 0):
+        parser.error("--seconds and --settle-every must be above 0 and --concurrency at least 1")
     try:
         http_url = parse_address(args.http_url, Protocol.HTTP).location
         grpc_url = parse_address(args.grpc_url, Protocol.GRPC).location
@@ -434,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         context = contextlib.nullcontext(Server(http_url, grpc_url, args.metrics_url, args.fault_prompt))
     with context as server:
         report = soak(server, args.seconds, args.concurrency, args.seed, args.warmup_seconds,
-                      say=lambda line: print(line, flush=True))
+                      say=lambda line: print(line, flush=True), settle_every=args.settle_every)
     print("\n".join(markdown(report)))
     if args.record:
         for path in records.write_record(args.record, "Soak test", origin, report.results(), markdown(report)):

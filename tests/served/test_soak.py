@@ -20,12 +20,13 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(REPO_ROOT))
 
-from loadtest.soak import WEIGHTS, Server, SoakReport, soak  # noqa: E402
+from loadtest.soak import JUDGED_MODELS, WEIGHTS, Server, SoakReport, soak  # noqa: E402
 from loadtest.soak_requests import Result  # noqa: E402
 
 # The warm-up sends each kind once however short it is (loadtest.soak.warmup_kinds), and
-# memory is read with the server settled, once its idle engine gave freed memory back.
-SHORT_WARMUP_S, SHORT_SOAK_S = 10.0, 40.0
+# memory is read with the server settled, once its idle engine gave freed memory back:
+# also once in the middle of the short soak, so that its settled checkpoints run served.
+SHORT_WARMUP_S, SHORT_SOAK_S, SHORT_SETTLE_EVERY_S = 10.0, 40.0, 20.0
 
 
 def session(server) -> Server:
@@ -42,11 +43,15 @@ def check(report: SoakReport) -> None:
     assert report.after.counters['whisper_requests_total{outcome="success"}'] > report.before.counters[
         'whisper_requests_total{outcome="success"}'
     ]
+    for _, checkpoint in report.checkpoints:
+        assert checkpoint.idle and checkpoint.ready and set(JUDGED_MODELS) <= set(checkpoint.rss_mib)
 
 
 @pytest.mark.server
 def test_a_minute_of_mixed_load_leaves_every_request_accounted_for(server):
-    check(soak(session(server), SHORT_SOAK_S, warmup_seconds=SHORT_WARMUP_S))
+    report = soak(session(server), SHORT_SOAK_S, warmup_seconds=SHORT_WARMUP_S, settle_every=SHORT_SETTLE_EVERY_S)
+    check(report)
+    assert [second for second, _ in report.checkpoints] == [SHORT_SETTLE_EVERY_S]
 
 
 @pytest.mark.server

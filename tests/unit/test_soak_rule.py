@@ -6,16 +6,20 @@ from __future__ import annotations
 
 import dataclasses
 
-from loadtest.soak import JUDGED_MODELS, RSS_TOLERANCE_MIB, Snapshot, SoakReport
+from loadtest.soak import JUDGED_MODELS, LATE_TOLERANCE_MIB, RSS_TOLERANCE_MIB, Snapshot, SoakReport, stretches
 
 BEFORE = Snapshot(in_flight=0, running=0, waiting=0, healthy=2, ready=True, counters={},
                   rss_mib={"postprocessing": 271.4, "preprocessing": 1323.3, "whisper": 1149.2, "whisper_stream": 1003.4})
 
 
-def report(**after_rss: float) -> SoakReport:
-    after = dataclasses.replace(BEFORE, rss_mib={**BEFORE.rss_mib, **after_rss})
+def settled(**rss: float) -> Snapshot:
+    return dataclasses.replace(BEFORE, rss_mib={**BEFORE.rss_mib, **rss})
+
+
+def report(checkpoints: tuple[tuple[float, Snapshot], ...] = (), **after_rss: float) -> SoakReport:
     return SoakReport(seconds=600.0, warmup_seconds=30.0, concurrency=6, seed=11, counts={}, warmup_counts={},
-                      details={}, unexpected=[], before=BEFORE, after=after, rss_timeline_mib=[])  # fmt: skip
+                      details={}, unexpected=[], before=BEFORE, after=settled(**after_rss), rss_timeline_mib=[],
+                      checkpoints=list(checkpoints))  # fmt: skip
 
 
 def test_a_soak_whose_judged_stubs_keep_their_memory_passes():
@@ -39,3 +43,30 @@ def test_a_report_says_what_else_went_wrong():
     assert problems[0] == "unexpected: short: a wrong transcript"
     assert problems[1].startswith("left in the whisper model: 1 requests")
     assert problems[2] == "server not well: engine healthy 1, ready False"
+
+
+def test_a_long_soak_settles_between_stretches_of_the_load():
+    assert stretches(600.0, None) == [600.0]
+    assert stretches(600.0, 600.0) == stretches(600.0, 900.0) == [600.0]
+    assert stretches(6000.0, 1200.0) == [1200.0] * 5
+    assert stretches(1000.0, 300.0) == [300.0, 300.0, 300.0, 100.0]
+
+
+def test_memory_that_rises_early_and_then_holds_passes_the_last_stretchs_rule():
+    # the shape of the hours: most of the rise in the first stretch, then level
+    early = ((300.0, settled(whisper=1149.2 + 60, preprocessing=1323.3 + 5)),)
+    passed = report(early, whisper=1149.2 + 60 + LATE_TOLERANCE_MIB, preprocessing=1323.3)
+    assert passed.problems() == []
+    assert passed.late_growth_mib("whisper") == LATE_TOLERANCE_MIB and report().late_growth_mib("whisper") is None
+
+
+def test_memory_that_keeps_rising_fails_the_last_stretchs_rule_within_the_whole_runs_tolerance():
+    # 25 MiB a stretch: within the whole run's tolerance after two, over the last stretch's
+    rising = tuple((300.0 * n, settled(whisper=1149.2 + 25 * n)) for n in (1, 2))
+    (problem,) = report(rising, whisper=1149.2 + 25 * 2 + LATE_TOLERANCE_MIB + 1).problems()
+    assert problem == f"the whisper stubs grew 65 MiB after 600 s of the soak (tolerance {LATE_TOLERANCE_MIB:g})"
+    assert 25 * 2 + LATE_TOLERANCE_MIB + 1 < RSS_TOLERANCE_MIB
+    (problem,) = report(rising[:1], preprocessing=1323.3 + 100).problems()
+    assert problem.startswith("the preprocessing stubs grew 100 MiB after 300 s of the soak")
+    # the whole run's rule still holds beside it
+    assert len(report(rising, whisper=1149.2 + 200).problems()) == 2
