@@ -34,6 +34,11 @@ REQUEST_TIMEOUT_S = 180.0  # no answer by then: lost, UNEXPECTED
 CANCEL_AFTER_S = (0.05, 1.5)
 NOT_AUDIO = b"this is not audio at all; " * 8
 MISSPELT_PARAMETER = {"temprature": 0.5}
+# How often the soak picks each kind (relative). Short clips dominate, as in real traffic.
+WEIGHTS = {
+    "short": 30, "long": 5, "words": 8, "bad_input": 8, "fault": 4,
+    "cancel": 8, "cancel_decoding": 5, "disconnect": 6,
+}  # fmt: skip
 
 
 class Result(enum.Enum):

@@ -20,8 +20,9 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # loadtest/ is a folder of the checkout, not part of the installed package.
 sys.path.insert(0, str(REPO_ROOT))
 
-from loadtest.soak import JUDGED_MODELS, WEIGHTS, Server, SoakReport, soak  # noqa: E402
-from loadtest.soak_requests import Result  # noqa: E402
+from loadtest.soak import Server, soak  # noqa: E402
+from loadtest.soak_report import JUDGED_MODELS, SoakReport  # noqa: E402
+from loadtest.soak_requests import WEIGHTS, Result  # noqa: E402
 
 # The warm-up sends each kind once however short it is (loadtest.soak.warmup_kinds), and
 # memory is read with the server settled, once its idle engine gave freed memory back:

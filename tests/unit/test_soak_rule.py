@@ -1,4 +1,4 @@
-"""The soak's verdict (`loadtest.soak.SoakReport.problems`): what it must find wrong in
+"""The soak's verdict (`loadtest.soak_report.SoakReport.problems`): what it must find wrong in
 a report, each rule failing on the report it guards. The figures are the CPU soak's
 hours (docs/benchmarks/soak-hour.json)."""
 
@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
-from loadtest.soak import JUDGED_MODELS, LATE_TOLERANCE_MIB, RSS_TOLERANCE_MIB, Snapshot, SoakReport, stretches
+from loadtest.soak import stretches
+from loadtest.soak_report import JUDGED_MODELS, LATE_TOLERANCE_MIB, RSS_TOLERANCE_MIB, Snapshot, SoakReport
 
 BEFORE = Snapshot(in_flight=0, running=0, waiting=0, healthy=2, ready=True, counters={},
                   rss_mib={"postprocessing": 271.4, "preprocessing": 1323.3, "whisper": 1149.2, "whisper_stream": 1003.4})
