@@ -20,7 +20,9 @@ After the load, the soak waits until nothing is held, then judges (`problems`):
   nothing after the settle;
 - no failed decoder step and no stalled engine (`whisper_failed_steps_total`,
   `whisper_engine_stalled`);
-- every live turn that ended got its transcript, and no session saw an error.
+- every live turn that ended got its transcript, and no session saw an error;
+- no role's host memory and no GPU's memory grew by more than MEMORY_GROWTH_LIMIT_GIB
+  over the second half of the load (`bench.host.later_growth`).
 
 Writes `gpu-soak.json` and `gpu-soak.md` into `--out`, after each soak, and the
 servers' and gateways' logs; exits 1 when any soak has a problem.
@@ -40,6 +42,7 @@ from pathlib import Path
 
 from bench.clips import load_clips
 from bench.comparisons import described_run
+from bench.host import MemoryWatch, later_growth
 from bench.instance_balance import FAIR_SHARE, stalled
 from bench.jobs import Job, free_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan
@@ -64,6 +67,14 @@ LIVE_START_SPREAD_S = 2.0
 # means the soak's own sessions fell behind (their process starved), and its live
 # figures no longer describe sessions at that pace.
 LIVE_SEND_LAG_LIMIT_S = 1.0
+# The server's memory is read this often during the load (`bench.host.MemoryWatch`). Over
+# the load's second half no role's processes (all the whisper instances together, say)
+# and no GPU may hold more than this much more: the engines take their KV pools and
+# graphs at start, and what the allocators keep rises with the first minutes of the load
+# and then holds; a leak of a few KiB a request grows by more than this over the
+# hundreds of thousands of requests a soak's second half answers.
+MEMORY_SAMPLE_S = 10.0
+MEMORY_GROWTH_LIMIT_GIB = 0.5
 
 
 @dataclass(frozen=True)
@@ -176,7 +187,11 @@ def run_soak(label: str, soak: Soak, args) -> dict:
             if gateway is not None:
                 live = pool.submit(live_soak, gateway.url, soak.live_sessions, args.seconds)
             plan = PointPlan(soak.concurrency, 0.0, args.seconds, soak.request_timeout_s)  # every request counted
-            _, point = measure_point(load, plan, command.grpc_url)
+            with MemoryWatch(command.ports["grpc"], MEMORY_SAMPLE_S) as memory:
+                _, point = measure_point(load, plan, command.grpc_url)
+            record["memory"] = memory.samples
+            record["memory_growth_gib"] = later_growth(memory.samples)
+            say(f"{label}: memory over the load's second half (GiB): {record['memory_growth_gib']}")
             say(describe_point(label, point))
             if live is not None:
                 record["live"] = asdict(live.result(timeout=args.seconds + 600))
@@ -236,6 +251,9 @@ def problems(record: dict) -> list[str]:
         bad = {instance: value for instance, value in record[name].items() if value}
         if bad:
             found.append(f"{name}: {bad}")
+    grown = {where: gib for where, gib in later_growth(record.get("memory", [])).items() if gib > MEMORY_GROWTH_LIMIT_GIB}
+    if grown:
+        found.append(f"memory grew over the load's second half (GiB): {grown} (limit {MEMORY_GROWTH_LIMIT_GIB:g})")
     live = record.get("live")
     if live is not None:
         if live["errors"]:

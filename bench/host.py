@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import subprocess
 import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,3 +200,47 @@ class GpuSampler:
             "gpu_memory_used_gib": round(max(s[0].memory_used_gib for s in self._samples), 2),
             "gpus_utilisation_pct": each,
         }
+
+
+class MemoryWatch:
+    """Reads the server's memory every `every_s` while in its `with` block: each role's host
+    memory (`ServerProcesses.memory_gib`) and each GPU's memory in use, so that a long load
+    shows whether either keeps rising (`later_growth`)."""
+
+    def __init__(self, grpc_port: int, every_s: float) -> None:
+        self.grpc_port, self.every_s = grpc_port, every_s
+        self.samples: list[dict] = []  # {"s": seconds since the start, "host_gib": {role: GiB}, "gpus_gib": [GiB]}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="memory-watch", daemon=True)
+
+    def _run(self) -> None:
+        started = time.monotonic()
+        processes = ServerProcesses.find(self.grpc_port)
+        while not self._stop.wait(self.every_s):
+            gpus = query_gpus() or []
+            self.samples.append({"s": round(time.monotonic() - started, 1), "host_gib": processes.memory_gib(),
+                                 "gpus_gib": [round(g.memory_used_gib, 3) for g in gpus]})  # fmt: skip
+
+    def __enter__(self) -> MemoryWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=15)
+
+
+def later_growth(samples: list[dict]) -> dict[str, float]:
+    """How much each role's host memory ("host <role>") and each GPU's ("gpu <n>") grew over
+    the second half of `samples` (MemoryWatch's): from the first sample at or past half the
+    last one's time to the last. What rises with the first minutes of a load and then holds
+    is not in it; a steady leak is. Empty with fewer than two samples."""
+    if len(samples) < 2:
+        return {}
+    middle = next(sample for sample in samples if sample["s"] >= samples[-1]["s"] / 2)
+    last = samples[-1]
+    growth = {f"host {role}": round(gib - middle["host_gib"][role], 3)
+              for role, gib in last["host_gib"].items() if role in middle["host_gib"]}  # fmt: skip
+    for index, (then, now) in enumerate(zip(middle["gpus_gib"], last["gpus_gib"])):
+        growth[f"gpu {index}"] = round(now - then, 3)
+    return growth

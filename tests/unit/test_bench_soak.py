@@ -9,6 +9,7 @@ import time
 
 from bench import gpu_soak, live_latency
 from bench.gpu_soak import KINDS, SOAKS, problems
+from bench.host import later_growth
 from bench.load import error_reason
 from bench.stats import Outcome, summarize
 from bench.transcripts import TranscriptCheck, judge
@@ -24,6 +25,9 @@ PASSING = {
     "failed_steps": {"gpu0/whisper_0_0": 0.0},
     "engine_stalled": {"gpu0/whisper_0_0": 0.0},
     "live": {"sessions": 32, "turns": 192, "completed": 192, "errors": [], "max_send_lag_s": 0.01},
+    # the memory watch's samples: a rise in the first half, level in the second
+    "memory": [{"s": 10.0 * n, "host_gib": {"whisper": 20.0 + min(n, 5) * 0.2, "tritonserver": 1.0},
+                "gpus_gib": [40.0 + min(n, 5) * 0.5, 41.0]} for n in range(1, 31)],
 }
 
 
@@ -36,8 +40,26 @@ def changed(path: tuple[str, ...], value) -> dict:
     return record
 
 
+def leaking(kind: str, key) -> dict:
+    """PASSING with one role's host memory or one GPU's rising by a steady 0.04 GiB a sample."""
+    record = copy.deepcopy(PASSING)
+    for n, sample in enumerate(record["memory"]):
+        sample[kind][key] += 0.04 * n
+    return record
+
+
 def test_a_soak_where_everything_is_answered_or_refused_as_overloaded_passes():
     assert problems(PASSING) == []
+    assert problems({**PASSING, "memory": []}) == problems({**PASSING, "memory": PASSING["memory"][:1]}) == []
+
+
+def test_memory_is_judged_over_the_loads_second_half():
+    growth = later_growth(PASSING["memory"])
+    assert growth == {"host whisper": 0.0, "host tritonserver": 0.0, "gpu 0": 0.0, "gpu 1": 0.0}  # the early rise left out
+    leak = later_growth(leaking("host_gib", "whisper")["memory"])
+    assert leak["host whisper"] == round(0.04 * (29 - 14), 3) > gpu_soak.MEMORY_GROWTH_LIMIT_GIB  # samples 15 to 30
+    (problem,) = problems(leaking("gpus_gib", 1))
+    assert problem.startswith("memory grew over the load's second half (GiB): {'gpu 1': 0.6")
 
 
 def test_every_way_a_soak_can_lose_or_fail_a_request_is_a_problem():
@@ -55,6 +77,8 @@ def test_every_way_a_soak_can_lose_or_fail_a_request_is_a_problem():
         "live audio sent late": changed(("live", "max_send_lag_s"), 913.112),
         "no live turn": changed(("live", "turns"), 0) | {"live": {**PASSING["live"], "turns": 0, "completed": 0}},
         "nothing answered": changed(("point", "statuses"), {"UNAVAILABLE": 12}),
+        "host memory rising": leaking("host_gib", "whisper"),
+        "GPU memory rising": leaking("gpus_gib", 1),
     }
     for name, record in cases.items():
         assert problems(record), name
