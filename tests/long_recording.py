@@ -117,23 +117,24 @@ def word_timings(words: Sequence) -> list[TimedWord]:
 def align(hypothesis: Sequence[str], reference: Sequence[str]) -> dict[int, int]:
     """Reference index -> hypothesis index of the words that a minimum-edit
     alignment pairs exactly; the pairs are in order in both."""
+    # Rows of Python ints: a NumPy array indexed element by element made this the
+    # slowest part of the long-audio tests' checks.
     n, m = len(hypothesis), len(reference)
-    cost = np.zeros((n + 1, m + 1), dtype=np.int32)
-    cost[:, 0] = np.arange(n + 1)
-    cost[0, :] = np.arange(m + 1)
+    cost = [list(range(m + 1))]
     for i in range(1, n + 1):
+        above, row, word = cost[-1], [i], hypothesis[i - 1]
         for j in range(1, m + 1):
-            same = hypothesis[i - 1] == reference[j - 1]
-            cost[i, j] = min(cost[i - 1, j] + 1, cost[i, j - 1] + 1, cost[i - 1, j - 1] + (0 if same else 1))
+            row.append(min(above[j] + 1, row[j - 1] + 1, above[j - 1] + (word != reference[j - 1])))
+        cost.append(row)
     pairs: dict[int, int] = {}
     i, j = n, m
     while i > 0 and j > 0:
         same = hypothesis[i - 1] == reference[j - 1]
-        if cost[i, j] == cost[i - 1, j - 1] + (0 if same else 1):
+        if cost[i][j] == cost[i - 1][j - 1] + (0 if same else 1):
             if same:
                 pairs[j - 1] = i - 1
             i, j = i - 1, j - 1
-        elif cost[i, j] == cost[i - 1, j] + 1:
+        elif cost[i][j] == cost[i - 1][j] + 1:
             i -= 1
         else:
             j -= 1
