@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from python_backend_lib.contract.faults import Fault
+from python_backend_lib.devices.memory_use import memory_use
 from python_backend_lib.serving.admission import RequestLedger
 from python_backend_lib.serving.responses import describe_failure
 
@@ -42,6 +43,8 @@ OUTCOMES = (SUCCESS, *(fault.value for fault in Fault))
 REQUEST_SECONDS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]
 REAL_TIME_FACTOR_BUCKETS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 QUEUE_WAIT_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+# whisper_gpu_memory_bytes's `pool` label, in the order memory_use reads them.
+GPU_MEMORY_POOLS = ("allocated", "reserved")
 
 
 def outcome_label(outcome: object) -> str:
@@ -167,6 +170,11 @@ class WhisperMetrics:
             backend=backend,
         )
         backend_info.set(1)
+        self._device = engine.batch.device
+        self._host_memory = family.gauge("whisper_host_memory_bytes", "Resident host memory of the instance's process")
+        memory = "Bytes PyTorch holds on the instance's GPU: allocated (tensors) or reserved (kept by its allocator)"
+        self._gpu_memory = {pool: family.gauge("whisper_gpu_memory_bytes", memory, pool=pool)
+                            for pool in GPU_MEMORY_POOLS} if self._device.type == "cuda" else {}  # fmt: skip
         self._families = family  # families must outlive their metrics
         self._published = Counters(0, 0, 0, 0, 0)
         self._slots.set(engine.slots)
@@ -217,6 +225,12 @@ class WhisperMetrics:
         self._waiting.set(self.engine.waiting)
         self._healthy.set(1 if self.engine.healthy else 0)
         self._stalled.set(1 if self.stall_watch is not None and self.stall_watch.fired else 0)
+        use = memory_use(self._device)
+        if use.host_resident_bytes is not None:
+            self._host_memory.set(use.host_resident_bytes)
+        for pool, value in zip(GPU_MEMORY_POOLS, (use.gpu_allocated_bytes, use.gpu_reserved_bytes)):
+            if pool in self._gpu_memory and value is not None:
+                self._gpu_memory[pool].set(value)
         self._heartbeat.set(time.time())
 
     def close(self) -> None:

@@ -127,6 +127,19 @@ def restarts_by_gpu(metrics_url: str) -> dict[str, float]:
     return counts
 
 
+def memory_by_instance(metrics_url: str) -> dict[tuple[str, str, str], float]:
+    """whisper_gpu_memory_bytes and whisper_host_memory_bytes: (gpu, instance, pool or "host") -> bytes."""
+    with urllib.request.urlopen(metrics_url, timeout=10) as reply:
+        lines = reply.read().decode().splitlines()
+    memory: dict[tuple[str, str, str], float] = {}
+    for line in lines:
+        match = SAMPLE.match(line)
+        if match and match[1] in ("whisper_gpu_memory_bytes", "whisper_host_memory_bytes"):
+            labels = dict(re.findall(r'(\w+)="([^"]*)"', match[2]))
+            memory[labels["gpu"], labels["instance"], labels.get("pool", "host")] = float(match[3])
+    return memory
+
+
 def published(metrics_url: str, answered: int) -> dict[tuple[str, str], float]:
     """The request counts once the engines have published `answered` requests in all."""
     deadline = time.monotonic() + 15
@@ -160,6 +173,13 @@ def test_two_gpus_share_the_requests_exactly_and_a_fault_on_one_stays_there(tmp_
         grown = {gpu: counts.get((gpu, "success"), 0) - before.get((gpu, "success"), 0) for gpu in ("0", "1")}
         assert grown["0"] > 0 and grown["1"] > 0, f"a GPU took none of the concurrent requests: {grown}"
         assert sum(grown.values()) == len(work)
+        # Each engine publishes what it holds: its process's host memory, and PyTorch's on its GPU.
+        memory = memory_by_instance(server.metrics_url)
+        engines = {(gpu, instance) for gpu, instance, _ in memory}
+        assert {gpu for gpu, _ in engines} == {"0", "1"}, memory
+        for gpu, instance in engines:
+            host, allocated, reserved = (memory.get((gpu, instance, pool), 0.0) for pool in ("host", "allocated", "reserved"))
+            assert host > 0 and 0 < allocated <= reserved, (gpu, instance, memory)
 
         # A request that breaks a decoder step fails where the second GPU's engines take it, and
         # there only: the first GPU's copies of it succeed, and the good requests beside them too.

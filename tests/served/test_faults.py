@@ -508,6 +508,10 @@ def test_metrics_follow_the_requests(server):
     assert after["whisper_request_limit"] >= after["whisper_decoding_slots"]
     idle = wait_for(server, lambda s: s["whisper_running_batch_size"] == 0 and s["whisper_requests_in_flight"] == 0)
     assert idle["whisper_running_batch_size"] == idle["whisper_requests_in_flight"] == idle["whisper_waiting_windows"] == 0
+    # Each engine's process publishes its resident memory (whisper's and whisper_stream's
+    # stubs here, summed), and, on the CPU, nothing of a GPU's.
+    assert after["whisper_host_memory_bytes"] > 2 * 100 * 2**20, after["whisper_host_memory_bytes"]
+    assert not [name for name in after if name.startswith("whisper_gpu_memory_bytes")]
     # Triton's own metrics are on the same port.
     assert after['nv_inference_request_success{model="transcribe",version="1"}'] >= 2
 

@@ -177,6 +177,10 @@ def test_metrics_publish_the_ledger_and_a_real_engine():
     assert by_name["whisper_engine_restarts_total", ()].value == 0
     assert by_name["whisper_attention_backend", (("backend", "sdpa"),)].value == 1
     assert by_name["whisper_process_id", ()].value == os.getpid()
+    # this process's resident memory (the engine runs in it here), within what it held then and now
+    statm_bytes = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    assert 0.5 * statm_bytes < by_name["whisper_host_memory_bytes", ()].value <= 1.5 * statm_bytes
+    assert not any(name == "whisper_gpu_memory_bytes" for name, _ in by_name)  # on the CPU: no GPU gauges
     assert audio_seconds(transcript) == 8.0 and audio_seconds(RuntimeError()) is None
 
 
