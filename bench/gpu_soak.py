@@ -21,8 +21,9 @@ After the load, the soak waits until nothing is held, then judges (`problems`):
 - no failed decoder step and no stalled engine (`whisper_failed_steps_total`,
   `whisper_engine_stalled`);
 - every live turn that ended got its transcript, and no session saw an error;
-- no role's host memory and no GPU's memory grew by more than MEMORY_GROWTH_LIMIT_GIB
-  over the second half of the load (`bench.host.later_growth`).
+- no role's host memory, no GPU's memory and no whisper instance's PyTorch pools grew
+  by more than MEMORY_GROWTH_LIMIT_GIB over the second half of the load
+  (`bench.host.later_growth`).
 
 Writes `gpu-soak.json` and `gpu-soak.md` into `--out`, after each soak, and the
 servers' and gateways' logs; exits 1 when any soak has a problem.
@@ -68,8 +69,8 @@ LIVE_START_SPREAD_S = 2.0
 # figures no longer describe sessions at that pace.
 LIVE_SEND_LAG_LIMIT_S = 1.0
 # The server's memory is read this often during the load (`bench.host.MemoryWatch`). Over
-# the load's second half no role's processes (all the whisper instances together, say)
-# and no GPU may hold more than this much more: the engines take their KV pools and
+# the load's second half no role's processes (all the whisper instances together, say),
+# no GPU and no whisper instance's PyTorch pools may hold more than this much more: the engines take their KV pools and
 # graphs at start, and what the allocators keep rises with the first minutes of the load
 # and then holds; a leak of a few KiB a request grows by more than this over the
 # hundreds of thousands of requests a soak's second half answers.
@@ -187,7 +188,7 @@ def run_soak(label: str, soak: Soak, args) -> dict:
             if gateway is not None:
                 live = pool.submit(live_soak, gateway.url, soak.live_sessions, args.seconds)
             plan = PointPlan(soak.concurrency, 0.0, args.seconds, soak.request_timeout_s)  # every request counted
-            with MemoryWatch(command.ports["grpc"], MEMORY_SAMPLE_S) as memory:
+            with MemoryWatch(command.ports["grpc"], metrics_url, MEMORY_SAMPLE_S) as memory:
                 _, point = measure_point(load, plan, command.grpc_url)
             record["memory"] = memory.samples
             record["memory_growth_gib"] = later_growth(memory.samples)

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from loadtest.metrics import per_instance
 from loadtest.processes import stat_fields, stub_processes, tritonserver_pid
 
 PROC = Path("/proc")
@@ -204,12 +205,16 @@ class GpuSampler:
 
 class MemoryWatch:
     """Reads the server's memory every `every_s` while in its `with` block: each role's host
-    memory (`ServerProcesses.memory_gib`) and each GPU's memory in use, so that a long load
-    shows whether either keeps rising (`later_growth`)."""
+    memory (`ServerProcesses.memory_gib`), each GPU's memory in use, and what each whisper
+    instance publishes of its GPU's memory held by PyTorch (`whisper_gpu_memory_bytes`:
+    allocated to tensors, or reserved by its allocator), so that a long load shows whether
+    any of them keeps rising (`later_growth`)."""
 
-    def __init__(self, grpc_port: int, every_s: float) -> None:
-        self.grpc_port, self.every_s = grpc_port, every_s
-        self.samples: list[dict] = []  # {"s": seconds since the start, "host_gib": {role: GiB}, "gpus_gib": [GiB]}
+    def __init__(self, grpc_port: int, metrics_url: str, every_s: float) -> None:
+        self.grpc_port, self.metrics_url, self.every_s = grpc_port, metrics_url, every_s
+        # {"s": seconds since the start, "host_gib": {role: GiB}, "gpus_gib": [GiB],
+        #  "instances_gib": {pool: {"gpu<n>/<instance>": GiB}}}
+        self.samples: list[dict] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="memory-watch", daemon=True)
 
@@ -218,8 +223,12 @@ class MemoryWatch:
         processes = ServerProcesses.find(self.grpc_port)
         while not self._stop.wait(self.every_s):
             gpus = query_gpus() or []
+            instances = {pool: {instance: round(value / 2**30, 3) for instance, value in
+                                per_instance(self.metrics_url, "whisper_gpu_memory_bytes", pool=pool).items()}
+                         for pool in ("allocated", "reserved")}  # fmt: skip
             self.samples.append({"s": round(time.monotonic() - started, 1), "host_gib": processes.memory_gib(),
-                                 "gpus_gib": [round(g.memory_used_gib, 3) for g in gpus]})  # fmt: skip
+                                 "gpus_gib": [round(g.memory_used_gib, 3) for g in gpus],
+                                 "instances_gib": instances})  # fmt: skip
 
     def __enter__(self) -> MemoryWatch:
         self._thread.start()
@@ -231,10 +240,11 @@ class MemoryWatch:
 
 
 def later_growth(samples: list[dict]) -> dict[str, float]:
-    """How much each role's host memory ("host <role>") and each GPU's ("gpu <n>") grew over
-    the second half of `samples` (MemoryWatch's): from the first sample at or past half the
-    last one's time to the last. What rises with the first minutes of a load and then holds
-    is not in it; a steady leak is. Empty with fewer than two samples."""
+    """How much each role's host memory ("host <role>"), each GPU's ("gpu <n>") and each
+    whisper instance's PyTorch pools ("<pool> gpu<n>/<instance>") grew over the second half
+    of `samples` (MemoryWatch's): from the first sample at or past half the last one's time
+    to the last. What rises with the first minutes of a load and then holds is not in it; a
+    steady leak is. Empty with fewer than two samples."""
     if len(samples) < 2:
         return {}
     middle = next(sample for sample in samples if sample["s"] >= samples[-1]["s"] / 2)
@@ -243,4 +253,8 @@ def later_growth(samples: list[dict]) -> dict[str, float]:
               for role, gib in last["host_gib"].items() if role in middle["host_gib"]}  # fmt: skip
     for index, (then, now) in enumerate(zip(middle["gpus_gib"], last["gpus_gib"])):
         growth[f"gpu {index}"] = round(now - then, 3)
+    for pool, by_instance in last.get("instances_gib", {}).items():
+        before = middle.get("instances_gib", {}).get(pool, {})
+        growth |= {f"{pool} {instance}": round(gib - before[instance], 3)
+                   for instance, gib in by_instance.items() if instance in before}  # fmt: skip
     return growth

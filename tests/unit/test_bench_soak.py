@@ -27,7 +27,10 @@ PASSING = {
     "live": {"sessions": 32, "turns": 192, "completed": 192, "errors": [], "max_send_lag_s": 0.01},
     # the memory watch's samples: a rise in the first half, level in the second
     "memory": [{"s": 10.0 * n, "host_gib": {"whisper": 20.0 + min(n, 5) * 0.2, "tritonserver": 1.0},
-                "gpus_gib": [40.0 + min(n, 5) * 0.5, 41.0]} for n in range(1, 31)],
+                "gpus_gib": [40.0 + min(n, 5) * 0.5, 41.0],
+                "instances_gib": {"reserved": {"gpu0/whisper_0_0": 9.0 + min(n, 5) * 0.1, "gpu1/whisper_0_0": 9.5},
+                                  "allocated": {"gpu0/whisper_0_0": 8.0, "gpu1/whisper_0_0": 8.0}}}
+               for n in range(1, 31)],
 }
 
 
@@ -40,11 +43,15 @@ def changed(path: tuple[str, ...], value) -> dict:
     return record
 
 
-def leaking(kind: str, key) -> dict:
-    """PASSING with one role's host memory or one GPU's rising by a steady 0.04 GiB a sample."""
+def leaking(kind: str, *keys) -> dict:
+    """PASSING with one role's host memory, one GPU's or one instance's pool rising by a
+    steady 0.04 GiB a sample."""
     record = copy.deepcopy(PASSING)
     for n, sample in enumerate(record["memory"]):
-        sample[kind][key] += 0.04 * n
+        target = sample[kind]
+        for key in keys[:-1]:
+            target = target[key]
+        target[keys[-1]] += 0.04 * n
     return record
 
 
@@ -55,7 +62,9 @@ def test_a_soak_where_everything_is_answered_or_refused_as_overloaded_passes():
 
 def test_memory_is_judged_over_the_loads_second_half():
     growth = later_growth(PASSING["memory"])
-    assert growth == {"host whisper": 0.0, "host tritonserver": 0.0, "gpu 0": 0.0, "gpu 1": 0.0}  # the early rise left out
+    assert growth == {"host whisper": 0.0, "host tritonserver": 0.0, "gpu 0": 0.0, "gpu 1": 0.0,  # the early rise left out
+                      "reserved gpu0/whisper_0_0": 0.0, "reserved gpu1/whisper_0_0": 0.0,
+                      "allocated gpu0/whisper_0_0": 0.0, "allocated gpu1/whisper_0_0": 0.0}
     leak = later_growth(leaking("host_gib", "whisper")["memory"])
     assert leak["host whisper"] == round(0.04 * (29 - 14), 3) > gpu_soak.MEMORY_GROWTH_LIMIT_GIB  # samples 15 to 30
     (problem,) = problems(leaking("gpus_gib", 1))
@@ -79,6 +88,7 @@ def test_every_way_a_soak_can_lose_or_fail_a_request_is_a_problem():
         "nothing answered": changed(("point", "statuses"), {"UNAVAILABLE": 12}),
         "host memory rising": leaking("host_gib", "whisper"),
         "GPU memory rising": leaking("gpus_gib", 1),
+        "one instance's reserved memory rising": leaking("instances_gib", "reserved", "gpu1/whisper_0_0"),
     }
     for name, record in cases.items():
         assert problems(record), name
