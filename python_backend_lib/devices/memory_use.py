@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 STATM = Path("/proc/self/statm")
 
@@ -40,4 +42,8 @@ def memory_use(device: torch.device) -> MemoryUse:
     host = host_resident_bytes()
     if device.type != "cuda":
         return MemoryUse(host, None, None)
+    # Imported here, not above: the launcher and the client commands import
+    # serving.metrics for its constants, and must not load torch for them.
+    import torch
+
     return MemoryUse(host, torch.cuda.memory_allocated(device), torch.cuda.memory_reserved(device))

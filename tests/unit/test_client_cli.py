@@ -5,6 +5,8 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -106,6 +108,13 @@ def test_protocol_and_concurrency_are_checked():
         parse("--concurrency=0")
     with pytest.raises(SystemExit):
         parse("--long-form=parallel")
+
+
+def test_the_command_loads_no_torch():
+    """`whisper-triton` holds every subcommand, the client's among them: torch would
+    add seconds to each `transcribe` at start, and to its exit after Ctrl-C."""
+    code = "import sys, whisper_triton.cli\nassert 'torch' not in sys.modules, 'torch was imported'\n"
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_gateway_flags_have_the_documented_defaults():
