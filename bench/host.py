@@ -19,6 +19,7 @@ from pathlib import Path
 
 from loadtest.metrics import per_instance
 from loadtest.processes import stat_fields, stub_processes, tritonserver_pid
+from python_backend_lib.serving.metrics import GPU_MEMORY_POOLS
 
 PROC = Path("/proc")
 PROC_STAT = PROC / "stat"
@@ -225,7 +226,7 @@ class MemoryWatch:
             gpus = query_gpus() or []
             instances = {pool: {instance: round(value / 2**30, 3) for instance, value in
                                 per_instance(self.metrics_url, "whisper_gpu_memory_bytes", pool=pool).items()}
-                         for pool in ("allocated", "reserved")}  # fmt: skip
+                         for pool in GPU_MEMORY_POOLS}  # fmt: skip
             self.samples.append({"s": round(time.monotonic() - started, 1), "host_gib": processes.memory_gib(),
                                  "gpus_gib": [round(g.memory_used_gib, 3) for g in gpus],
                                  "instances_gib": instances})  # fmt: skip
