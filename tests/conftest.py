@@ -26,6 +26,7 @@ import torch
 from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.repository import InstanceGroup, read_instance_group, with_instance_group
 from python_backend_lib.apps.server import packaged_model_repository
+from python_backend_lib.devices.memory_use import host_resident_bytes
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
 
 # Every test process, and every server or command it starts, may use every core: the two
@@ -57,13 +58,23 @@ STARTUP_TIMEOUT_S = 600
 SHUTDOWN_TIMEOUT_S = 60
 
 
+# A worker that holds more than this after a module gives what it freed back. Below it,
+# the next module reuses the freed blocks: a full collection walks every object of the
+# worker's heap, and pages given back are faulted in and zeroed again by the next module;
+# after each of some ninety modules, both together cost more than many whole test files.
+RELEASE_ABOVE_BYTES = 2 * 2**30
+
+
 @pytest.fixture(scope="module", autouse=True)
 def release_freed_memory() -> Iterator[None]:
-    """After each test module, hand the heap memory it freed back to the system.
-    glibc keeps freed blocks for reuse: after the large-v3 comparison in
-    tests/served/test_random_models.py this process stayed at 13 GB, and the servers the
-    later modules start then ran the 24 GB CI machine out of memory."""
+    """After each test module that leaves this process large, hand the heap memory it
+    freed back to the system. glibc keeps freed blocks for reuse: after the large-v3
+    comparison in tests/served/test_random_models.py this process stayed at 13 GB, and
+    the servers the later modules start then ran the 24 GB CI machine out of memory."""
     yield
+    resident = host_resident_bytes()
+    if resident is not None and resident <= RELEASE_ABOVE_BYTES:
+        return
     gc.collect()
     libc_name = ctypes.util.find_library("c")
     if libc_name and hasattr(ctypes.CDLL(libc_name), "malloc_trim"):
