@@ -98,10 +98,11 @@ def charge(trace: Trace, spans: list[Span]) -> Counter[str]:
     by_worker: dict[int, list[Span]] = {}
     for span in sorted(spans, key=lambda s: s.start):
         by_worker.setdefault(span.worker, []).append(span)
+    workers = set(by_worker)
     starts = {worker: [span.start for span in runs] for worker, runs in by_worker.items()}
     charged: Counter[str] = Counter()
     for sample in trace.samples:
-        worker = worker_of(sample.pid, sample.time, set(by_worker), trace.forks)
+        worker = worker_of(sample.pid, sample.time, workers, trace.forks)
         if worker is None:
             charged[OUTSIDE] += 1
             continue
