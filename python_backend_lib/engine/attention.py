@@ -15,8 +15,9 @@ GPU path.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -100,9 +101,11 @@ class SdpaAttention:
     def __init__(self, pool: KVSlotPool) -> None:
         self.pool = pool
         self._layout: StepLayout | None = None
-        # On the CPU a loop over rows costs little and saves a copy; a GPU would
-        # rather run one kernel over the gathered rows.
-        self._cross_in_place = pool.cross_k[0].device.type == "cpu"
+        # On the CPU a loop over rows costs little and saves copies: each row attends over
+        # its own slot where it lies, where a batched call would gather every row's keys
+        # and values, padded to the longest row (`_in_place_*`). A GPU would rather run
+        # one kernel over the gathered rows.
+        self._in_place = pool.cross_k[0].device.type == "cpu"
 
     def encoder_attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         return sdpa_encoder_attention(q, k, v)
@@ -110,6 +113,9 @@ class SdpaAttention:
     def begin_step(self, layout: StepLayout) -> None:
         device = layout.slots.device
         self._layout = layout
+        if self._in_place:
+            self._begin_in_place(layout)
+            return
         max_query = max(layout.query_lens)
         max_total = max(layout.total_lens)
         lens = torch.tensor(layout.query_lens, device=device)
@@ -143,6 +149,8 @@ class SdpaAttention:
         pool = self.pool
         pool.self_k[layer][self._token_slots, self._token_positions] = k.to(pool.self_k[layer].dtype)
         pool.self_v[layer][self._token_slots, self._token_positions] = v.to(pool.self_v[layer].dtype)
+        if self._in_place:
+            return self._self_attention_in_place(layer, q)
         slots = self._layout.slots
         keys = pool.self_k[layer][slots, : self._max_total].transpose(1, 2)  # [B, H, Lk, D]
         values = pool.self_v[layer][slots, : self._max_total].transpose(1, 2)
@@ -150,7 +158,7 @@ class SdpaAttention:
         return self._unpad(out)
 
     def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:
-        if self._cross_in_place:
+        if self._in_place:
             return self._cross_attention_in_place(layer, q)
         slots = self._layout.slots
         keys = self.pool.cross_k[layer][slots].transpose(1, 2).to(q.dtype)  # [B, H, 1500, D]; FP8 kept: cast back
@@ -158,18 +166,60 @@ class SdpaAttention:
         out = F.scaled_dot_product_attention(self._pad(q), keys, values)
         return self._unpad(out)
 
+    def _begin_in_place(self, layout: StepLayout) -> None:
+        """What the row loops read: each row's slot, where its tokens start in the step's
+        flattened tokens, its keys' count, and the causal mask of a row of several new
+        tokens (None for one token, which sees every key cached before it)."""
+        device = layout.slots.device
+        self._token_slots = torch.repeat_interleave(layout.slots, torch.tensor(layout.query_lens, device=device))
+        self._token_positions = layout.positions(device)
+        starts = (0, *itertools.accumulate(layout.query_lens))
+        self._rows = [
+            _Row(slot, start, query, cached + query, None if query == 1 else _causal_mask(cached, query, device))
+            for slot, start, query, cached in zip(layout.host_slots(), starts, layout.query_lens, layout.cached_lens)
+        ]
+
+    def _self_attention_in_place(self, layer: int, q: torch.Tensor) -> torch.Tensor:
+        """Row by row over the keys and values of each row's slot where they lie: the
+        batched call copies every row's up to the longest row's length, each layer and step."""
+        keys, values = self.pool.self_k[layer], self.pool.self_v[layer]  # [S + 1, text_ctx, H, D]
+        out = [
+            F.scaled_dot_product_attention(
+                q[row.start : row.start + row.query].transpose(0, 1)[None],  # [1, H, query, D]
+                keys[row.slot, : row.keys].transpose(0, 1)[None].to(q.dtype),
+                values[row.slot, : row.keys].transpose(0, 1)[None].to(q.dtype),
+                attn_mask=row.mask,
+            )[0].transpose(0, 1)
+            for row in self._rows
+        ]  # each [query, H, D]
+        return torch.cat(out)
+
     def _cross_attention_in_place(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Row by row over each slot's K/V where it lies: gathering the rows'
         1,500 positions into one tensor would copy 2.3 MB per row, layer and
         step for K and again for V, more memory traffic than the attention's own."""
-        padded = self._pad(q)  # [B, H, max_query, D]
         keys, values = self.pool.cross_k[layer], self.pool.cross_v[layer]
         out = [
             F.scaled_dot_product_attention(
-                padded[i : i + 1],
-                keys[s : s + 1].transpose(1, 2).to(q.dtype),
-                values[s : s + 1].transpose(1, 2).to(q.dtype),
-            )
-            for i, s in enumerate(self._layout.host_slots())
-        ]  # each [1, H, max_query, D]
-        return self._unpad(torch.cat(out))
+                q[row.start : row.start + row.query].transpose(0, 1)[None],  # [1, H, query, D]
+                keys[row.slot : row.slot + 1].transpose(1, 2).to(q.dtype),
+                values[row.slot : row.slot + 1].transpose(1, 2).to(q.dtype),
+            )[0].transpose(0, 1)
+            for row in self._rows
+        ]  # each [query, H, D]
+        return torch.cat(out)
+
+
+class _Row(NamedTuple):
+    """One row of a step, as `SdpaAttention`'s row loops read it."""
+
+    slot: int
+    start: int  # its first token in the step's flattened tokens
+    query: int  # its new tokens
+    keys: int  # its tokens cached before the step and new in it
+    mask: torch.Tensor | None  # [query, keys]: which keys each new token sees; None: all
+
+
+def _causal_mask(cached: int, query: int, device: torch.device) -> torch.Tensor:
+    """[query, cached + query]: key j is visible to the new token at position cached + p when j <= cached + p."""
+    return torch.arange(cached + query, device=device)[None, :] <= cached + torch.arange(query, device=device)[:, None]

@@ -89,14 +89,14 @@ def test_sdpa_cross_attention_reads_the_fp8_values_as_a_float_pool_holding_them(
     float_pool.write_cross(slots, [(stored_cross(k, FP8).float(), stored_cross(v, FP8).float()) for k, v in kv])
     layout = StepLayout(slots=torch.tensor([3, 1]), query_lens=(1, 2), cached_lens=(0, 4))
     q = torch.randn(3, SHAPE.n_heads, SHAPE.head_dim, generator=torch.Generator().manual_seed(3))
-    outputs = []
-    for pool in (fp8_pool, float_pool):
-        for in_place in (True, False):  # the CPU's loop over slots, and the gathered rows a GPU runs
+    for in_place in (True, False):  # the CPU's loop over slots, and the gathered rows a GPU runs
+        outputs = []
+        for pool in (fp8_pool, float_pool):
             attention = SdpaAttention(pool)
-            attention._cross_in_place = in_place
+            attention._in_place = in_place
             attention.begin_step(layout)
             outputs.append(attention.cross_attention(1, q))
-    assert all(torch.equal(outputs[0], other) for other in outputs[1:])
+        assert torch.equal(*outputs), in_place
 
 
 def test_word_alignment_reads_a_kept_fp8_slot_in_the_models_dtype():
