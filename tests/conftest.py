@@ -26,6 +26,7 @@ import torch
 from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.repository import InstanceGroup, read_instance_group, with_instance_group
 from python_backend_lib.apps.server import packaged_model_repository
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.devices.memory_use import host_resident_bytes
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, FAULT_PROMPT_ENV
 
@@ -211,25 +212,39 @@ def _with_test_instances(repository: Path) -> None:
         config.write_text(with_instance_group(text, InstanceGroup(count, read_instance_group(text).kind)))
 
 
-def lean_model_repository(folder: Path) -> Path:
-    """A copy of the packaged model repository in `folder`, with TEST_INSTANCE_COUNTS."""
-    repository = folder / "lean_model_repository"
-    shutil.copytree(packaged_model_repository(), repository, ignore=shutil.ignore_patterns("__pycache__"))
+# The streamed path's two models. A server of a test that sends no streamed request is
+# started without them, as a user who serves batch requests only may: one whisper
+# process fewer, which imports torch and loads an engine at the start.
+STREAMED_PATH_MODELS = (tensor_names.STREAM_ENSEMBLE_NAME, tensor_names.WHISPER_STREAM_NAME)
+
+
+def _copy_packaged_repository(repository: Path, streamed_path: bool) -> None:
+    leave_out = () if streamed_path else STREAMED_PATH_MODELS
+    shutil.copytree(packaged_model_repository(), repository, ignore=shutil.ignore_patterns("__pycache__", *leave_out))
     _with_test_instances(repository)
+
+
+def lean_model_repository(folder: Path, streamed_path: bool = True) -> Path:
+    """A copy of the packaged model repository in `folder`, with TEST_INSTANCE_COUNTS
+    (and without STREAMED_PATH_MODELS unless `streamed_path`)."""
+    repository = folder / "lean_model_repository"
+    _copy_packaged_repository(repository, streamed_path)
     return repository
 
 
 @contextlib.contextmanager
 def launch_server(
-    folder: Path, environ: Mapping[str, str] | None = None, arguments: tuple[str, ...] = ()
+    folder: Path, environ: Mapping[str, str] | None = None, arguments: tuple[str, ...] = (), streamed_path: bool = True
 ) -> Iterator[LaunchedServer]:
     """`whisper-triton serve` on free ports, as a user would start it, with `environ`
     added to this process's environment, once it is ready; its log in `folder`.
-    Without --model-repository in `arguments`, it serves `lean_model_repository` (on a host without a GPU).
+    Without --model-repository in `arguments`, it serves `lean_model_repository`: on a host
+    without a GPU, or without the streamed path (unless `streamed_path`).
     Stopped at the end if it still runs (SIGTERM, then SIGKILL; stop it first to check how it stops)."""
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-    if TEST_INSTANCE_COUNTS and not any(argument.startswith("--model-repository") for argument in arguments):
-        arguments = (f"--model-repository={lean_model_repository(folder)}", *arguments)
+    given = any(argument.startswith("--model-repository") for argument in arguments)
+    if not given and (TEST_INSTANCE_COUNTS or not streamed_path):
+        arguments = (f"--model-repository={lean_model_repository(folder, streamed_path)}", *arguments)
     log = folder / "whisper-triton-serve.log"
     command = whisper_triton_command() + [
         "serve", f"--http-port={http_port}", f"--grpc-port={grpc_port}", f"--metrics-port={metrics_port}", *arguments,
@@ -275,12 +290,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> RunningServer:
         _stop(launched.process, "whisper-triton serve", launched.server.log)
 
 
-def model_repository_with(folder: Path, model: str, **parameters: str) -> Path:
+def model_repository_with(folder: Path, model: str, streamed_path: bool = True, **parameters: str) -> Path:
     """A copy of the packaged model repository in `folder` whose `model` has these
-    config.pbtxt parameters changed (each must be there already), and TEST_INSTANCE_COUNTS."""
+    config.pbtxt parameters changed (each must be there already), and TEST_INSTANCE_COUNTS
+    (and without STREAMED_PATH_MODELS unless `streamed_path`)."""
     repository = folder / "model_repository"
-    shutil.copytree(packaged_model_repository(), repository, ignore=shutil.ignore_patterns("__pycache__"))
-    _with_test_instances(repository)
+    _copy_packaged_repository(repository, streamed_path)
     config = repository / model / "config.pbtxt"
     text = config.read_text()
     for key, value in parameters.items():

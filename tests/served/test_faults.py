@@ -238,7 +238,7 @@ def test_an_engine_that_keeps_failing_is_refused_fast_reported_and_the_server_ex
     requests get UNAVAILABLE at once, whisper_engine_healthy says 0, Triton stops
     being ready and `whisper-triton serve` exits with status 1, so that Docker or
     Kubernetes replaces the server. Every wait is bounded."""
-    with launch_server(tmp_path, {ENGINE_FAULT_PROMPT_ENV: ENGINE_FAULT_PROMPT}) as launched:
+    with launch_server(tmp_path, {ENGINE_FAULT_PROMPT_ENV: ENGINE_FAULT_PROMPT}, streamed_path=False) as launched:
         server = launched.server
         assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
         for _ in range(MAX_CONSECUTIVE_RESTARTS):
@@ -357,7 +357,8 @@ def test_a_stalled_engine_fails_what_it_holds_within_its_bound_and_the_server_ex
     its log, so that the server is replaced (the launcher stops Triton at once, so new
     requests are refused by the engine in test_engine.py's test instead)."""
     environ = {STALL_PROMPT_ENV: STALL_PROMPT, STALL_TIMEOUT_ENV: str(STALL_BOUND_S)}
-    with launch_server(tmp_path, environ, ("--engines", "1")) as launched:  # on a GPU too: one instance holds both
+    # --engines 1 on a GPU too: one instance holds both
+    with launch_server(tmp_path, environ, ("--engines", "1"), streamed_path=False) as launched:
         server = launched.server
         assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
         # The launcher stops Triton within seconds of the verdict: its metrics are read meanwhile.
@@ -413,7 +414,7 @@ def test_a_frozen_whisper_process_is_found_and_the_server_exits(tmp_path):
     publishes, names it, kills it and exits with status 1, without draining for the
     requests the frozen process's last publish still counts (Triton's own short exit
     timeout then covers the request it never releases)."""
-    with launch_server(tmp_path, {STALL_TIMEOUT_ENV: str(FROZEN_BOUND_S)}, ("--engines", "1")) as launched:
+    with launch_server(tmp_path, {STALL_TIMEOUT_ENV: str(FROZEN_BOUND_S)}, ("--engines", "1"), streamed_path=False) as launched:
         server = launched.server
         assert isinstance(transcribe(server.grpc_url, "grpc", CARDS), str)
         grpc_port = int(server.grpc_url.rpartition(":")[2])
@@ -628,7 +629,7 @@ def few_slots_server(tmp_path_factory: pytest.TempPathFactory):
     fills its slots, then the drain test stops it (one start for the two; neither
     setting touches what the other test checks)."""
     folder = tmp_path_factory.mktemp("few-slots-server")
-    repository = model_repository_with(folder, "whisper", kv_slots=str(FEW_SLOTS))
+    repository = model_repository_with(folder, "whisper", streamed_path=False, kv_slots=str(FEW_SLOTS))
     arguments = (f"--model-repository={repository}", "--drain-timeout", str(DRAIN_S))
     with launch_server(folder, arguments=arguments) as launched:
         yield launched
@@ -695,7 +696,7 @@ def test_sigterm_answers_the_requests_in_flight(tmp_path):
     (test_launcher.py checks an idle server stops cleanly). The drain may take as long
     as the machine needs: two 53 s clips may take more than the default 30 s on a busy
     2-core machine, and what a drain that runs out does is the next test's."""
-    with launch_server(tmp_path, arguments=("--drain-timeout", "300")) as launched:
+    with launch_server(tmp_path, arguments=("--drain-timeout", "300"), streamed_path=False) as launched:
         server, process = launched.server, launched.process
         reference = transcribe(server.grpc_url, "grpc", SONNET)
         with ThreadPoolExecutor(max_workers=len(PROTOCOLS)) as pool:  # 53 s clips: two windows each, one after the other

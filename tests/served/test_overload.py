@@ -38,7 +38,9 @@ SMALL_SLOTS, SMALL_QUEUE = 4, 4
 def small_server(tmp_path_factory: pytest.TempPathFactory):
     """`whisper-triton serve` whose whisper model has SMALL_SLOTS decoding slots and SMALL_QUEUE queued requests."""
     folder = tmp_path_factory.mktemp("small-server")
-    repository = model_repository_with(folder, "whisper", kv_slots=str(SMALL_SLOTS), max_queued_requests=str(SMALL_QUEUE))
+    repository = model_repository_with(
+        folder, "whisper", streamed_path=False, kv_slots=str(SMALL_SLOTS), max_queued_requests=str(SMALL_QUEUE)
+    )
     with launch_server(folder, arguments=(f"--model-repository={repository}",)) as launched:
         yield launched.server
 

@@ -99,7 +99,8 @@ def test_serve_takes_a_random_checkpoint_by_name(tmp_path):
     from python_backend_lib.checkpoints.served_random import FOLDER
 
     cache = tmp_path / "cache"
-    with launch_server(tmp_path, {"WHISPER_TRITON_CACHE": str(cache)}, ("--checkpoint", "random:tiny:3")) as launched:
+    environ, arguments = {"WHISPER_TRITON_CACHE": str(cache)}, ("--checkpoint", "random:tiny:3")
+    with launch_server(tmp_path, environ, arguments, streamed_path=False) as launched:
         text = transcribe(launched.server.grpc_url, "grpc", (AUDIO_DIR / "cards_001.wav").read_bytes(),
                           max_new_tokens=5, min_new_tokens=5)
     assert isinstance(text, str) and text.count("<") == 5, text  # five tokens, each spelled "<i>"
