@@ -113,21 +113,19 @@ class SdpaAttention:
     def begin_step(self, layout: StepLayout) -> None:
         device = layout.slots.device
         self._layout = layout
+        lens = torch.tensor(layout.query_lens, device=device)
+        # Slot and cache position of every new token, in flattened order: where its K/V go.
+        self._token_slots = torch.repeat_interleave(layout.slots, lens)
+        self._token_positions = layout.positions(device)
         if self._in_place:
-            self._begin_in_place(layout)
+            self._rows = _rows(layout)
             return
         max_query = max(layout.query_lens)
         max_total = max(layout.total_lens)
-        lens = torch.tensor(layout.query_lens, device=device)
         cached = torch.tensor(layout.cached_lens, device=device)
         query_index = torch.arange(max_query, device=device)
         # [B, max_query]: which padded query cells hold a real token.
         self._valid = query_index[None, :] < lens[:, None]
-        # Row and cache position of every real token, in flattened order.
-        rows = torch.repeat_interleave(torch.arange(layout.batch_size, device=device), lens)
-        self._token_rows = rows
-        self._token_positions = layout.positions(device)
-        self._token_slots = layout.slots[rows]
         # Key j is visible to the query at position p when j <= p.
         query_positions = cached[:, None] + query_index[None, :]  # [B, max_query]
         key_positions = torch.arange(max_total, device=device)
@@ -165,19 +163,6 @@ class SdpaAttention:
         values = self.pool.cross_v[layer][slots].transpose(1, 2).to(q.dtype)
         out = F.scaled_dot_product_attention(self._pad(q), keys, values)
         return self._unpad(out)
-
-    def _begin_in_place(self, layout: StepLayout) -> None:
-        """What the row loops read: each row's slot, where its tokens start in the step's
-        flattened tokens, its keys' count, and the causal mask of a row of several new
-        tokens (None for one token, which sees every key cached before it)."""
-        device = layout.slots.device
-        self._token_slots = torch.repeat_interleave(layout.slots, torch.tensor(layout.query_lens, device=device))
-        self._token_positions = layout.positions(device)
-        starts = (0, *itertools.accumulate(layout.query_lens))
-        self._rows = [
-            _Row(slot, start, query, cached + query, None if query == 1 else _causal_mask(cached, query, device))
-            for slot, start, query, cached in zip(layout.host_slots(), starts, layout.query_lens, layout.cached_lens)
-        ]
 
     def _self_attention_in_place(self, layer: int, q: torch.Tensor) -> torch.Tensor:
         """Row by row over the keys and values of each row's slot where they lie: the
@@ -218,6 +203,18 @@ class _Row(NamedTuple):
     query: int  # its new tokens
     keys: int  # its tokens cached before the step and new in it
     mask: torch.Tensor | None  # [query, keys]: which keys each new token sees; None: all
+
+
+def _rows(layout: StepLayout) -> list[_Row]:
+    """What the row loops read: each row's slot, where its tokens start in the step's
+    flattened tokens, its keys' count, and the causal mask of a row of several new
+    tokens (None for one token, which sees every key cached before it)."""
+    device = layout.slots.device
+    starts = itertools.accumulate(layout.query_lens, initial=0)
+    return [
+        _Row(slot, start, query, cached + query, None if query == 1 else _causal_mask(cached, query, device))
+        for slot, start, query, cached in zip(layout.host_slots(), starts, layout.query_lens, layout.cached_lens)
+    ]
 
 
 def _causal_mask(cached: int, query: int, device: torch.device) -> torch.Tensor:
