@@ -23,6 +23,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 BETWEEN_TESTS = "(between tests)"  # collection, fixtures' teardown after the last test, xdist
 OUTSIDE = "(outside the workers)"  # pytest's controller, the install, other work on the machine
@@ -49,10 +50,17 @@ class Span:
     nodeid: str
 
 
+class Birth(NamedTuple):
+    """A process that got a pid: when, and from which parent (ordered by time, for bisect)."""
+
+    time: float
+    parent: int
+
+
 @dataclass(frozen=True)
 class Trace:
     samples: list[Sample]
-    forks: dict[int, list[tuple[float, int]]]  # pid -> (time, parent pid) of each process that had it
+    forks: dict[int, list[Birth]]  # pid -> each process that had it, in time order
 
 
 def read_trace(path: Path) -> Trace:
@@ -60,7 +68,7 @@ def read_trace(path: Path) -> Trace:
     samples, forks = [], {}
     for line in path.read_text(errors="replace").splitlines():
         if match := FORK.match(line):
-            forks.setdefault(int(match["pid"]), []).append((float(match["time"]), int(match["parent"])))
+            forks.setdefault(int(match["pid"]), []).append(Birth(float(match["time"]), int(match["parent"])))
         elif match := SAMPLE.match(line):
             samples.append(Sample(int(match["pid"]), float(match["time"]), match["command"]))
     return Trace(samples, {pid: sorted(births) for pid, births in forks.items()})
@@ -75,14 +83,14 @@ def read_spans(path: Path) -> list[Span]:
     return spans
 
 
-def parent_at(pid: int, time: float, forks: dict[int, list[tuple[float, int]]]) -> int:
+def parent_at(pid: int, time: float, forks: dict[int, list[Birth]]) -> int:
     """The parent of the process that had `pid` at `time` (0 where none is known)."""
     births = forks.get(pid, [])
-    index = bisect.bisect_right(births, (time, float("inf"))) - 1
-    return births[index][1] if index >= 0 else 0
+    index = bisect.bisect_right(births, Birth(time, float("inf"))) - 1
+    return births[index].parent if index >= 0 else 0
 
 
-def worker_of(pid: int, time: float, workers: set[int], forks: dict[int, list[tuple[float, int]]]) -> int | None:
+def worker_of(pid: int, time: float, workers: set[int], forks: dict[int, list[Birth]]) -> int | None:
     """The worker `pid` is, or descended from at `time`; None for any other process."""
     seen = set()
     while pid and pid not in seen:
@@ -121,6 +129,23 @@ def by_file(charged: Counter[str]) -> Counter[str]:
     return files
 
 
+# A process's start, for `by_command`: imports, a model's load.
+START_S = 5.0
+
+
+def by_command(trace: Trace) -> tuple[Counter[str], Counter[str]]:
+    """Samples per command name (perf's `comm`; `swapper` is an idle CPU), and those of
+    them in the first START_S seconds of their process's samples."""
+    commands: Counter[str] = Counter()
+    starting: Counter[str] = Counter()
+    first_seen: dict[int, float] = {}
+    for sample in trace.samples:
+        commands[sample.command] += 1
+        if sample.time - first_seen.setdefault(sample.pid, sample.time) < START_S:
+            starting[sample.command] += 1
+    return commands, starting
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bench.suite_profile", description=__doc__.split("\n\n")[0])
     parser.add_argument("trace", type=Path, help="perf script --show-task-events -F comm,pid,time output")
@@ -128,8 +153,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--hz", type=float, default=29.0, help="perf record's -F")
     parser.add_argument("--top", type=int, default=40)
     args = parser.parse_args(argv)
-    charged = charge(read_trace(args.trace), read_spans(args.clock))
-    print(f"{sum(charged.values()) / args.hz:.0f} CPU-s sampled\n\n| CPU-s | file |\n| ---: | --- |")
+    trace = read_trace(args.trace)
+    charged = charge(trace, read_spans(args.clock))
+    print(f"{sum(charged.values()) / args.hz:.0f} CPU-s sampled\n")
+    commands, starting = by_command(trace)
+    print(f"| CPU-s | of it in a process's first {START_S:.0f} s | command |\n| ---: | ---: | --- |")
+    for name, count in commands.most_common(args.top):
+        print(f"| {count / args.hz:.1f} | {starting[name] / args.hz:.1f} | {name} |")
+    print("\n| CPU-s | file |\n| ---: | --- |")
     for name, count in by_file(charged).most_common(args.top):
         print(f"| {count / args.hz:.1f} | {name} |")
     print("\n| CPU-s | test |\n| ---: | --- |")

@@ -9,13 +9,29 @@ import sys
 from pathlib import Path
 
 from bench.suite_clock import CLOCK_FILE_ENV
-from bench.suite_profile import BETWEEN_TESTS, OUTSIDE, Sample, Span, Trace, by_file, charge, read_spans, read_trace
+from bench.suite_profile import (
+    BETWEEN_TESTS,
+    OUTSIDE,
+    START_S,
+    Birth,
+    Sample,
+    Span,
+    Trace,
+    by_command,
+    by_file,
+    charge,
+    read_spans,
+    read_trace,
+)
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Two workers (10, 20); worker 10 started a server (11) whose stub (12) does the work of
 # worker 10's tests; 30 is a process of nobody's (the install, another user). At 150 s
 # the pid 12 is taken again, by a child of 30's.
-FORKS = {10: [(0.0, 1)], 20: [(0.0, 1)], 11: [(90.0, 10)], 12: [(91.0, 11), (150.0, 30)], 30: [(0.0, 1)]}
+FORKS = {
+    10: [Birth(0.0, 1)], 20: [Birth(0.0, 1)], 11: [Birth(90.0, 10)], 12: [Birth(91.0, 11), Birth(150.0, 30)],
+    30: [Birth(0.0, 1)],
+}  # fmt: skip
 SPANS = [
     Span(10, 100.0, 110.0, "tests/served/test_a.py::test_one@session-server-1"),
     Span(10, 110.0, 120.0, "tests/served/test_a.py::test_two@session-server-1"),
@@ -45,6 +61,19 @@ def test_a_servers_stub_is_charged_to_the_test_its_worker_runs():
     assert by_file(charged)["tests/served/test_a.py"] == 4
 
 
+def test_samples_are_counted_by_command_and_their_processes_start():
+    samples = [
+        Sample(12, 100.0, "triton_python_b"),
+        Sample(12, 100.0 + START_S - 0.1, "triton_python_b"),  # still starting
+        Sample(12, 100.0 + START_S, "triton_python_b"),  # started
+        Sample(13, 300.0, "triton_python_b"),  # another stub's first sample
+        Sample(0, 100.0, "swapper"),
+    ]
+    commands, starting = by_command(Trace(samples, {}))
+    assert commands == {"triton_python_b": 4, "swapper": 1}
+    assert starting == {"triton_python_b": 3, "swapper": 1}
+
+
 def test_perf_scripts_lines_and_the_clock_file_are_read(tmp_path):
     script = tmp_path / "trace.txt"
     script.write_text(
@@ -57,7 +86,7 @@ def test_perf_scripts_lines_and_the_clock_file_are_read(tmp_path):
     )
     trace = read_trace(script)
     assert trace.samples == [Sample(12520, 48372.119952, "python"), Sample(399, 48380.5, "triton_python_b")]
-    assert trace.forks == {2500: [(50044.510141, 2498)]}
+    assert trace.forks == {2500: [Birth(50044.510141, 2498)]}
     clock = tmp_path / "clock.tsv"
     clock.write_text("7\t1.000\t2.500\ttests/x.py::test[a b]\n")
     assert read_spans(clock) == [Span(7, 1.0, 2.5, "tests/x.py::test[a b]")]
