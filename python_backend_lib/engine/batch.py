@@ -131,18 +131,20 @@ class DecodeBatch:
     # ------------------------------------------------------------ joining and leaving
 
     @torch.inference_mode()
-    def admit(self, admissions: Sequence[Admission]) -> None:
+    def admit(self, admissions: Sequence[Admission], stop: Callable[[], bool] | None = None) -> None:
         """Encode the new requests together and store their cross-attention K/V (`joining`).
 
         Windows that asked for the check (`content_frames`) and hold digital silence
         are answered as silent by a later `step`, undecoded: the check runs on the
-        device and is read once done, so admitting waits for nothing.
+        device and is read once done, so admitting waits for nothing. An eager encoder
+        pass gives up between layers once `stop()` says so (`model.EncodingStopped`),
+        admitting none of them.
         """
         if not admissions:
             return
 
         def encode() -> list[list[Row]]:
-            return join(admissions, self.model, self.config, self.attention, self.encoder_graphs)
+            return join(admissions, self.model, self.config, self.attention, self.encoder_graphs, stop)
 
         # The eager encoder (no graph holds this many) uses the batch's attention backend,
         # whose plans a decoder step shares: it stays on the decoding stream.

@@ -9,6 +9,7 @@ come back in admission order, their prompts pending; `DecodeBatch` steps them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Sequence
 
 import numpy as np
@@ -31,12 +32,15 @@ def join(
     config: ModelConfig,
     attention: AttentionBackend,
     encoder_graphs: EncoderGraphs | None,
+    stop: Callable[[], bool] | None = None,
 ) -> list[list[Row]]:
     """Each admission's rows (its beams or samples share one group), their audio encoded.
 
     A window that asked for the silence check (`content_frames`) carries it on its
     first row (`Row.silence`): the check runs on the device, and nothing here waits
     for it. When encoding fails (out of memory, say) the slots taken are freed again.
+    The eager encoder stops between layers once `stop()` says so (`EncodingStopped`);
+    a captured graph runs whole, its pass being short.
     """
     device = next(model.parameters()).device
     pool = attention.pool
@@ -52,7 +56,7 @@ def join(
         if heads and encoder_graphs is not None and encoder_graphs.fits(len(heads)):
             encoder_graphs.run(mel, heads)
         else:
-            audio = model.encode(mel, attention)
+            audio = model.encode(mel, attention, stop)
             pool.write_cross(to_device(np.array(heads), device), model.cross_kv(audio))
         beams.share_audio(pool, owned)
     except BaseException:  # the slots hold nothing yet

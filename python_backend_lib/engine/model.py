@@ -76,6 +76,13 @@ def _heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return x.unflatten(-1, (n_heads, -1))
 
 
+class EncodingStopped(Exception):
+    """An encoder pass given up between two layers: nobody waits for its audio any more.
+
+    On a CPU one pass can outlast the second within which a cancelled request must
+    be answered; the layers are where it can stop without leaving anything half written."""
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, width: int, n_heads: int) -> None:
         super().__init__()
@@ -122,13 +129,18 @@ class Encoder(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(width, dims.n_audio_head) for _ in range(dims.n_audio_layer))
         self.layer_norm = nn.LayerNorm(width)
 
-    def forward(self, mel: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
-        """mel [B, n_mels, 3000] -> audio features [B, 1500, width]"""
+    def forward(
+        self, mel: torch.Tensor, attention: EncoderAttention, stop: Callable[[], bool] | None = None
+    ) -> torch.Tensor:
+        """mel [B, n_mels, 3000] -> audio features [B, 1500, width]; EncodingStopped
+        between two layers once `stop()` says so."""
         x = F.gelu(self.conv1(mel))
         # [B, 1500, width], made contiguous once: the transposed layout would otherwise
         # carry through every residual addition, and every layer norm would copy it.
         x = (F.gelu(self.conv2(x)).transpose(1, 2) + self.embed_positions.weight).contiguous()
         for layer in self.layers:
+            if stop is not None and stop():
+                raise EncodingStopped
             x = layer(x, attention)
         return self.layer_norm(x)
 
@@ -247,8 +259,10 @@ class Whisper(nn.Module):
             cross = layer.encoder_attn
             cross.k_proj, cross.v_proj = fp8_linear.Fp8Linear.of(cross.k_proj), fp8_linear.Fp8Linear.of(cross.v_proj)
 
-    def encode(self, mel: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
-        return self.encoder(mel, attention)
+    def encode(
+        self, mel: torch.Tensor, attention: EncoderAttention, stop: Callable[[], bool] | None = None
+    ) -> torch.Tensor:
+        return self.encoder(mel, attention, stop)
 
     def cross_kv(self, audio_features: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         if isinstance(self.decoder.layers[0].encoder_attn.k_proj, fp8_linear.Fp8Linear):

@@ -3,7 +3,8 @@
 Callers `submit` a window's features with its options and a callback, from any
 thread. Between two decoder steps the engine thread admits waiting requests
 (encoding them together), drops cancelled ones and answers finished ones, so
-requests join and leave the running batch without waiting for each other.
+requests join and leave the running batch without waiting for each other. A
+pass encoding only requests cancelled meanwhile stops at the next encoder layer.
 
 Every submitted window gets exactly one answer:
 - A failing step stays with the request that caused it: the engine puts the
@@ -44,6 +45,7 @@ from python_backend_lib.devices.host_memory import IDLE_RELEASE_S, release_free_
 from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
 from python_backend_lib.engine.beams import admissible, rows_needed, with_beam_mates
+from python_backend_lib.engine.model import EncodingStopped
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import Admission, RowState, SegmentListener
 from python_backend_lib.text.tokenizer import Tokenizer
@@ -319,7 +321,14 @@ class Engine:
                     self._answer(admission.tag, error)
 
     def _encode(self, admissions: list[Admission]) -> None:
-        self.batch.admit(admissions)
+        """Admit them; if every one is cancelled while their audio is encoded, answer them
+        at the next layer instead of at the end of the pass."""
+        try:
+            self.batch.admit(admissions, stop=lambda: all(a.tag.cancelled() for a in admissions))
+        except EncodingStopped:
+            for admission in admissions:
+                self._answer(admission.tag, CancelledError("request cancelled"))
+            return
         now = time.monotonic()
         for admission in admissions:
             self.stats.admitted += 1

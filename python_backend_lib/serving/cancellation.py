@@ -10,9 +10,9 @@ Triton 2.51 never tells a running step of an ensemble that its client cancelled
 (triton-inference-server/server#6739), so a request sent to `transcribe` is
 cancelled another way: the client names it (request parameter `request_id`) and,
 to give up, sends the `whisper` model a cancel request naming that id. Whichever
-whisper instance gets it posts the id on the server's `CancelBoard`, a folder
-that every instance (a process each) reads on the same poll, and the one holding
-the request drops it. An id posted for a request that already finished, or
+whisper instance gets it flags the request at once if it holds it, and posts the
+id on the server's `CancelBoard`, a folder that every other instance (a process
+each) reads on the same poll; the one holding the request drops it. An id posted for a request that already finished, or
 never came, harms nobody and is swept away after `POSTED_FOR_S`.
 
 The launcher uses the same board to end a stop: when its drain runs out with
@@ -151,6 +151,16 @@ class CancellationWatcher:
         with self._lock:
             self._watches.add(watch)
         return watch
+
+    def post(self, request_id: str) -> None:
+        """A cancel for `request_id` came to this instance: posted on the board for the
+        others, and a request of that id held here is flagged now, not at the next poll."""
+        if self.board is not None:
+            self.board.post(request_id)
+        with self._lock:
+            held = [watch for watch in self._watches if watch.request_id == request_id]
+        for watch in held:
+            watch.cancel()
 
     def forget(self, watch: Watch) -> None:
         """Stop watching; once this returns the request is never asked again."""

@@ -167,7 +167,7 @@ class WhisperService:
             try:
                 parameters = parse_request_parameters(request.parameters())
                 if parameters.cancel is not None:
-                    self.board.post(parameters.cancel)
+                    self.watcher.post(parameters.cancel)
                     self._responders.submit(self._send, pending, self.pb_utils.InferenceResponse(output_tensors=[]))
                     continue
                 log_mel = check_log_mel(self.pb_utils, request, self.pipeline.n_mels, self.settings.max_audio_seconds)

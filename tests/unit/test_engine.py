@@ -131,6 +131,35 @@ def test_cancelled_request_frees_its_slot(pipe, features):
     assert pipe.engine.batch.free_slots == SLOTS
 
 
+def test_a_request_cancelled_while_its_audio_is_encoded_is_answered_at_the_next_layer(pipe, features):
+    """On a CPU the encoder's pass is the engine's longest turn (longer than a second under
+    load, where a cancel must be answered within one): a request cancelled during it is
+    answered before the next layer runs, its slot free, and the engine goes on serving."""
+    began = threading.Event()
+    entered: list[int] = []
+
+    def entering(index: int):
+        def hook(module, inputs) -> None:
+            entered.append(index)
+            began.set()  # the client gives up while its audio is being encoded
+
+        return hook
+
+    layers = pipe.engine.batch.model.encoder.layers
+    hooks = [layer.register_forward_pre_hook(entering(i)) for i, layer in enumerate(layers)]
+    try:
+        cancelled = _submit(pipe, features[0], DecodingOptions(), is_cancelled=began.is_set)
+        with pytest.raises(CancelledError):
+            cancelled.result(timeout=60)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    assert entered == [0], f"layers run after the cancel: {entered[1:]}"
+    assert pipe.engine.batch.free_slots == SLOTS
+    assert pipe.engine.stats.restarts == 0 and pipe.engine.stats.failed == 0
+    assert _submit(pipe, features[1], DecodingOptions()).result(timeout=60).finished
+
+
 def test_bad_requests_are_refused_at_submit(pipe, features):
     with pytest.raises(ValueError, match="features must have shape"):
         pipe.engine.submit(torch.zeros(80, 100), DecodingOptions(), lambda _: None)

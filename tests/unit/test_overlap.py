@@ -152,10 +152,10 @@ def encoded_once(monkeypatch, model) -> None:
     (float64 windows take most of such a test's time on a CPU)."""
     encode, kept = model.encode, {}
 
-    def encode_kept(mel: torch.Tensor, attention) -> torch.Tensor:
+    def encode_kept(mel: torch.Tensor, attention, stop=None) -> torch.Tensor:
         key = (tuple(mel.shape), mel.numpy().tobytes())
         if key not in kept:
-            kept[key] = encode(mel, attention)
+            kept[key] = encode(mel, attention, stop)
         return kept[key].clone()
 
     monkeypatch.setattr(model, "encode", encode_kept)

@@ -452,6 +452,22 @@ def test_a_cancel_posted_on_the_board_reaches_the_watch_of_that_id(tmp_path):
     assert not folder.exists()  # the server stopped: nothing left to cancel
 
 
+def test_a_cancel_sent_to_the_instance_holding_the_request_flags_it_at_once(tmp_path):
+    """The instance a cancel reaches flags its own request without waiting for the next
+    poll (a quarter of the second within which Ctrl-C must be answered), and posts the
+    id on the board for the other instances all the same."""
+    board = CancelBoard(tmp_path / "board")
+    watcher = CancellationWatcher(board, interval_s=3600.0)  # no poll during the test
+    try:
+        held = watcher.watch(lambda: False, "id-held-here")
+        other = watcher.watch(lambda: False, "id-of-another")
+        watcher.post("id-held-here")
+        assert held.cancelled() and not other.cancelled()
+        assert board.posted() == {"id-held-here"}
+    finally:
+        watcher.close()
+
+
 def test_a_stopping_server_tells_every_watcher_once_and_keeps_the_mark(tmp_path):
     """The launcher's STOPPING mark (its drain ran out) reaches every instance's watcher,
     which calls back once; the mark is never swept away as a stale id."""
