@@ -35,6 +35,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.beam_wer import MULTILINGUAL, Clip, english_clips, multilingual_clips, score
+from bench.markdown import markdown_table
+from bench.paired_clips import INTERVAL, PairedClips, clip_word_edits, paired
 from loadtest.provenance import REPO_ROOT, provenance
 
 GATE_POINTS = 0.3
@@ -200,7 +202,8 @@ def run_set(name: str, source: str, clips: list[Clip], given_language: bool, sys
             f"WER {wer_points:+.2f} points, CER {cer_points:+.2f} points")
     return {
         "set": name, "checkpoint": source, "clips": [str(c.path.relative_to(c.path.parents[1])) for c in clips],
-        "references": [c.reference for c in clips], "systems": {k: asdict(v) for k, v in scored.items()},
+        "references": [c.reference for c in clips], "clip_languages": [c.language for c in clips],
+        "systems": {k: asdict(v) for k, v in scored.items()},
         "reference_system": systems[0], "against_reference": compared,
     }
 
@@ -208,6 +211,35 @@ def run_set(name: str, source: str, clips: list[Clip], given_language: bool, sys
 def compared(result_set: dict) -> dict:
     """A set's systems against its reference (records before the reference was named: float16)."""
     return result_set.get("against_reference") or result_set["against_float16"]
+
+
+def by_clip(result_set: dict) -> dict[str, PairedClips]:
+    """Each system against the set's reference, clip by clip (`bench.paired_clips`); none
+    for a set recorded without its clips' languages."""
+    languages = result_set.get("clip_languages")
+    if languages is None:
+        return {}
+    reference = result_set.get("reference_system", REFERENCE)
+
+    def counted(system: str) -> list[tuple[int, int]]:
+        return clip_word_edits(result_set["references"], result_set["systems"][system]["transcripts"], languages)
+
+    names = [Path(clip).name for clip in result_set["clips"]]
+    return {system: paired(names, counted(reference), counted(system))
+            for system in result_set["systems"] if system != reference}
+
+
+BY_CLIP_HEADER = ["set", "system", "words", "points a word", "word edits more", "WER points", "clips changed",
+                  "the clip that moved most", "WER points without it", f"{INTERVAL:.0%} of the clips resampled"]
+
+
+def by_clip_rows(result_set: dict) -> list[list]:
+    """BY_CLIP_HEADER's rows of one set."""
+    return [[result_set["set"], system, p.words, f"{p.point_per_word:.2f}", f"{p.edit_difference:+d}",
+             f"{p.wer_points:+.2f}", f"{p.changed} of {len(result_set['clips'])}",
+             f"{p.largest.clip} ({p.largest.edits:+d})", f"{p.without_largest_points:+.2f}",
+             f"{p.interval_points[0]:+.2f} to {p.interval_points[1]:+.2f}"]
+            for system, p in by_clip(result_set).items()]
 
 
 def report(record: dict) -> str:
@@ -231,6 +263,11 @@ def report(record: dict) -> str:
             )
     lines += ["", "Greedy with fallback, timestamps, the library's defaults (as served). Transcripts "
               "are in the JSON record.", ""]
+    rows = [row for s in record["sets"] for row in by_clip_rows(s)]
+    if rows:
+        lines += ["Clip by clip against the reference (`bench.paired_clips`): how far one word moves each "
+                  "set, and how much of the difference one clip makes.", "",
+                  markdown_table(BY_CLIP_HEADER, rows), ""]
     return "\n".join(lines)
 
 

@@ -8,6 +8,8 @@ accuracy, from their benchmarks' JSON files, as one record with its table and pl
         --kernels "44d0e55=OUT/k/fp8-kernels.json" --profile "bced14a=OUT/p/engine-profile.json" \
         --cross "4a0f538=OUT/cross/cross-attention.json" --engine-runs "GELU forms=RUNS.json" \
         --products "b63c111=OUT/prod/fp8-products.json"
+    python -m bench.large_models --out docs/benchmarks/large-models \
+        --from-record docs/benchmarks/large-models/large-models.json     # drawn again
 
 Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
 `bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`, `bench.fp8_products`,
@@ -26,7 +28,7 @@ import re
 from pathlib import Path
 
 from bench.comparisons import best_point
-from bench.fp8_accuracy import compared
+from bench.fp8_accuracy import BY_CLIP_HEADER, by_clip_rows, compared
 from bench.markdown import markdown_table
 
 # Issue 38's targets: served RTFx on one GPU, through the ensemble.
@@ -141,6 +143,12 @@ def markdown(data: dict) -> str:
         "each set's reference, its first system (float16 on a GPU, float32 on the CPU).", "",
         markdown_table(["code", "set", "checkpoint", "system", "WER", "CER", "WER points", "CER points",
                         "identical to the reference"], accuracy_rows(accuracies)), "",
+        "The same transcripts clip by clip (`bench.paired_clips`): how far one word edit moves each set's WER, "
+        "the clip whose edits moved most against the reference, the difference without it, and the "
+        "difference's spread over sets of the same clips resampled with replacement.", "",
+        markdown_table(["code", *BY_CLIP_HEADER],
+                       [[label, *row] for label, accuracy in accuracies.items()
+                        for s in accuracy["sets"] for row in by_clip_rows(s)]), "",
         *notes_section(data),
     ])
 
@@ -321,9 +329,11 @@ def labelled(text: str) -> tuple[str, Path]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
-    parser.add_argument("--served", type=Path, nargs="+", required=True)
-    parser.add_argument("--encoder", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.encoder_cost")
-    parser.add_argument("--accuracy", type=labelled, nargs="+", required=True, help="LABEL=PATH of bench.fp8_accuracy")
+    parser.add_argument("--from-record", type=Path,
+                        help="a large-models.json written before: its table and plot drawn again, no inputs read")
+    parser.add_argument("--served", type=Path, nargs="+")
+    parser.add_argument("--encoder", type=labelled, nargs="+", help="LABEL=PATH of bench.encoder_cost")
+    parser.add_argument("--accuracy", type=labelled, nargs="+", help="LABEL=PATH of bench.fp8_accuracy")
     parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
     parser.add_argument("--products", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_products")
     parser.add_argument("--profile", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.engine_profile")
@@ -337,6 +347,14 @@ def main(argv: list[str] | None = None) -> int:
     def read(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
 
+    if args.from_record:
+        data = read(args.from_record)
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "large-models.md").write_text(markdown(data), encoding="utf-8")
+        plot(data, args.out / "large-models.png")
+        return 0
+    if not (args.served and args.encoder and args.accuracy):
+        parser.error("--served, --encoder and --accuracy are needed, unless --from-record")
     data = {"served": [read(p) for p in args.served], "encoder": {label: read(p) for label, p in args.encoder},
             "accuracy": {label: read(p) for label, p in args.accuracy},
             "kernels": {label: read(p) for label, p in args.kernels},
