@@ -2,9 +2,10 @@
 
 Callers `submit` a window's features with its options and a callback, from any
 thread. Between two decoder steps the engine thread admits waiting requests
-(encoding them together), drops cancelled ones and answers finished ones, so
-requests join and leave the running batch without waiting for each other. A
-pass encoding only requests cancelled meanwhile stops at the next encoder layer.
+(encoding them together), drops cancelled ones (running or still waiting for a
+slot) and answers finished ones, so requests join and leave the running batch
+without waiting for each other. A pass encoding only requests cancelled
+meanwhile stops at the next encoder layer.
 
 Every submitted window gets exactly one answer:
 - A failing step stays with the request that caused it: the engine puts the
@@ -343,6 +344,15 @@ class Engine:
             if job.cancelled():
                 self.batch.drop(job)
                 self._answer(job, CancelledError("request cancelled"))
+        # Those still waiting for a slot too: on a full engine a slot may be a long way off,
+        # and the request holds its place in the server's request limit until answered.
+        kept, cancelled = [], []
+        for admission in self._pending:
+            (cancelled if admission.tag.cancelled() else kept).append(admission)
+        if cancelled:
+            self._pending[:] = kept
+            for admission in cancelled:
+                self._answer(admission.tag, CancelledError("request cancelled"))
 
     def _step(self) -> None:
         if not self.batch.rows:

@@ -396,3 +396,24 @@ def test_fp8_quantization_runs_the_encoder_attention_through_flashinfer_unless_t
     assert dataclasses.replace(fp8, encoder_kernel=EncoderKernel.SDPA).encoder_attention is EncoderKernel.SDPA
     assert EngineSetup().encoder_attention is EncoderKernel.SDPA
     assert EngineSetup(encoder_kernel=EncoderKernel.FLASHINFER).encoder_attention is EncoderKernel.FLASHINFER
+
+
+def test_a_request_cancelled_while_waiting_for_a_slot_is_answered_before_one_frees(pipe, features):
+    """Every slot busy with long decodes and a request waiting behind them: cancelled, it is
+    answered at once, not when a slot frees for it (its client, and the server's request
+    limit, would otherwise wait for every decode ahead of it)."""
+    forced = DecodingOptions(min_new_tokens=150, max_new_tokens=150)
+    busy = [_submit(pipe, f, forced) for f in features[:SLOTS]]
+    deadline = time.monotonic() + 60
+    while pipe.engine.running < SLOTS and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert pipe.engine.running == SLOTS
+    gave_up = threading.Event()
+    waiting = _submit(pipe, features[SLOTS], DecodingOptions(), is_cancelled=gave_up.is_set)
+    time.sleep(0.2)
+    gave_up.set()
+    with pytest.raises(CancelledError):
+        waiting.result(timeout=60)
+    assert not any(b.done() for b in busy), "answered only once a slot freed"
+    assert all(len(b.result(timeout=120).tokens) == 150 for b in busy)
+    assert pipe.engine.batch.free_slots == SLOTS
