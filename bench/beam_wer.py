@@ -105,6 +105,12 @@ def english_words(text: str) -> list[str]:
     return normalize(text)
 
 
+def words_of(text: str, language: str) -> list[str]:
+    """A transcript's words as a clip of `language` is scored: English normalized as the
+    tests' reference is, other languages split plainly."""
+    return english_words(text) if language == "en" else words(text)
+
+
 def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], tuple[str, str | None]], say) -> Scored:
     """transcribe: a clip's text and the language it was decoded in."""
     texts, languages, word_edits, n_words, char_edits, n_chars = [], [], 0, 0, 0, 0
@@ -113,8 +119,7 @@ def score(system: str, clips: list[Clip], transcribe: Callable[[Clip], tuple[str
         text, language = transcribe(clip)
         texts.append(text)
         languages.append(language)
-        split = english_words if clip.language == "en" else words
-        ref, hyp = split(clip.reference), split(text)
+        ref, hyp = words_of(clip.reference, clip.language), words_of(text, clip.language)
         word_edits, n_words = word_edits + edits(ref, hyp), n_words + len(ref)
         ref_chars, hyp_chars = list("".join(ref)), list("".join(hyp))
         char_edits, n_chars = char_edits + edits(ref_chars, hyp_chars), n_chars + len(ref_chars)

@@ -225,7 +225,8 @@ def by_clip(result_set: dict) -> dict[str, PairedClips]:
         return clip_word_edits(result_set["references"], result_set["systems"][system]["transcripts"], languages)
 
     names = [Path(clip).name for clip in result_set["clips"]]
-    return {system: paired(names, counted(reference), counted(system))
+    against = counted(reference)
+    return {system: paired(names, against, counted(system))
             for system in result_set["systems"] if system != reference}
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bench.beam_wer import edits, english_words, words
+from bench.beam_wer import edits, words_of
 
 DRAWS = 4000
 INTERVAL = 0.90
@@ -48,9 +48,8 @@ def clip_word_edits(references: Sequence[str], transcripts: Sequence[str], langu
     """Each clip's (word edits, reference words), split as `bench.beam_wer.score` splits them."""
     counted = []
     for reference, transcript, language in zip(references, transcripts, languages, strict=True):
-        split = english_words if language == "en" else words
-        ref = split(reference)
-        counted.append((edits(ref, split(transcript)), len(ref)))
+        ref = words_of(reference, language)
+        counted.append((edits(ref, words_of(transcript, language)), len(ref)))
     return counted
 
 

@@ -307,7 +307,7 @@ class Engine:
         live = []
         for admission in admitted:
             if admission.tag.cancelled():
-                self._answer(admission.tag, CancelledError("request cancelled"))
+                self._answer_cancelled(admission.tag)
             else:
                 live.append(admission)
         try:
@@ -328,7 +328,7 @@ class Engine:
             self.batch.admit(admissions, stop=lambda: all(a.tag.cancelled() for a in admissions))
         except EncodingStopped:
             for admission in admissions:
-                self._answer(admission.tag, CancelledError("request cancelled"))
+                self._answer_cancelled(admission.tag)
             return
         now = time.monotonic()
         for admission in admissions:
@@ -343,7 +343,7 @@ class Engine:
         for job in dict.fromkeys(row.tag for row in self.batch.rows):  # a beam search's rows share one
             if job.cancelled():
                 self.batch.drop(job)
-                self._answer(job, CancelledError("request cancelled"))
+                self._answer_cancelled(job)
         # Those still waiting for a slot too: on a full engine a slot may be a long way off,
         # and the request holds its place in the server's request limit until answered.
         kept, cancelled = [], []
@@ -352,7 +352,7 @@ class Engine:
         if cancelled:
             self._pending[:] = kept
             for admission in cancelled:
-                self._answer(admission.tag, CancelledError("request cancelled"))
+                self._answer_cancelled(admission.tag)
 
     def _step(self) -> None:
         if not self.batch.rows:
@@ -443,6 +443,9 @@ class Engine:
                         self._answer(job, result)
         finally:
             self.batch.release_kept()  # the slots kept for these callbacks (`submit`'s keep_audio)
+
+    def _answer_cancelled(self, job: _Job) -> None:
+        self._answer(job, CancelledError("request cancelled"))
 
     def _answer(self, job: _Job, outcome: DecodingResult | BaseException) -> None:
         if isinstance(outcome, CancelledError):
