@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import worker_groups
 
 from python_backend_lib.apps.cli import READY_LINE
 from python_backend_lib.apps.repository import InstanceGroup, read_instance_group, with_instance_group
@@ -88,61 +89,22 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
-# Under pytest-xdist (`-n 2 --dist loadgroup`) each
-# worker is a session of its own: these groups keep every test of a shared server
-# on one worker, so that each server starts once, and every other file on one
-# worker, so that its module-scoped servers and models load once.
-SHARED_SERVER_GROUPS = {"server": "session-server", "gateway": "session-server", "base_server": "base-server"}
-# A file with tests of the base server keeps its other tests in that group too, so that
-# the module fixtures they share (test_languages.py's models) load on one worker only.
-# Not so for the session server: its tests are many already.
-WHOLE_FILE_GROUPS = ("base-server",)
-# The session server's tests are two groups, by file: each worker starts a session
-# server of its own (a session fixture is one per worker) for the half it gets. As
-# one group (1,399 s of 3,200 at fe226e1) it was the longest path of the run on two
-# workers. The halves are balanced by these files' seconds in that group (setup, call
-# and teardown summed, `--durations=0`, at 697ef47); a file not named counts
-# SESSION_FILE_DEFAULT_S. xdist hands out the largest groups (by test count) first,
-# so the two halves start on the two workers.
-SESSION_SERVER_HALVES = ("session-server-1", "session-server-2")
-SESSION_FILE_SECONDS = {
-    "test_server.py": 172, "test_transcribe_command.py": 160, "test_soak.py": 129,
-    "test_streaming.py": 99, "test_loadtest.py": 77, "test_long_audio.py": 74, "test_gateway.py": 74,
-    "test_bad_input.py": 62, "test_realtime.py": 59, "test_faults.py": 46, "test_media_served.py": 34,
-    "test_quantization.py": 32, "test_transcribe_cancel.py": 31, "test_page.py": 19, "test_bench_streamed_file.py": 19,
-    "test_vad_served.py": 15, "test_bench_live_served.py": 40,
-}  # fmt: skip
-SESSION_FILE_DEFAULT_S = 10
-
-
-def session_server_halves(files: list[str]) -> dict[str, str]:
-    """Each file of session-server tests -> its half: the longest first, each to the half with less so far."""
-    totals = dict.fromkeys(SESSION_SERVER_HALVES, 0)
-    halves = {}
-    for file in sorted(set(files), key=lambda f: (-SESSION_FILE_SECONDS.get(Path(f).name, SESSION_FILE_DEFAULT_S), f)):
-        half = min(SESSION_SERVER_HALVES, key=lambda h: totals[h])
-        halves[file] = half
-        totals[half] += SESSION_FILE_SECONDS.get(Path(file).name, SESSION_FILE_DEFAULT_S)
-    return halves
-
-
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Each test's xdist group (worker_groups.py), in a worker of `--dist loadgroup`."""
     if not hasattr(config, "workerinput"):  # not an xdist worker
         return
-    groups = {}
+    groups = worker_groups.worker_groups({item.nodeid: item.fixturenames for item in items})
     for item in items:
-        shared = [SHARED_SERVER_GROUPS[name] for name in item.fixturenames if name in SHARED_SERVER_GROUPS]
-        groups[item] = shared[0] if shared else item.nodeid.split("::")[0]
-    whole_files = {item.nodeid.split("::")[0]: group for item, group in groups.items() if group in WHOLE_FILE_GROUPS}
-    halves = session_server_halves([item.nodeid.split("::")[0] for item, group in groups.items() if group == "session-server"])
-    for item, group in groups.items():
-        file = item.nodeid.split("::")[0]
-        if group == file:
-            group = whole_files.get(group, group)
-        elif group == "session-server":
-            group = halves[file]
-        item.add_marker(pytest.mark.xdist_group(name=group))
+        item.add_marker(pytest.mark.xdist_group(name=groups[item.nodeid]))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """The longest group left to each free worker (`--dist loadgroup` only)."""
+    if config.getvalue("dist") == "loadgroup":
+        return worker_groups.LongestGroupFirst(config, log)
+    return None
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
