@@ -46,7 +46,7 @@ from loadtest.provenance import provenance
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.quantization import Quantization
-from python_backend_lib.engine import fp8_linear
+from python_backend_lib.engine import cuda_graphs, fp8_linear
 from python_backend_lib.engine.fp8_linear import GeluForm
 
 # Kernel names to the decoder step's kinds, first match wins (lower-cased substrings).
@@ -178,6 +178,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--encoder-attention", choices=[k.value for k in EncoderKernel],
                         help="the kernel of the encoder's self-attention (EngineSetup.encoder_kernel; "
                              "default: as shipped, FlashInfer's with fp8)")
+    parser.add_argument("--whole-slot-cross-rows", type=int, metavar="ROWS",
+                        help="decode graphs of at most ROWS rows read each slot's cross-attention K/V as "
+                             "one page (cuda_graphs.WHOLE_SLOT_CROSS_ROWS; default: as shipped)")
     parser.add_argument("--repeat", type=int, default=4,
                         help="the clips this many times over, so that the run holds a steady state")
     parser.add_argument("--out", type=Path, required=True)
@@ -197,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
     row_steps = sum(j.check.expected_tokens + PROMPT_TOKENS for j in jobs)
     if args.gelu:
         fp8_linear.GELU = GeluForm[args.gelu]  # before loading: the captured graphs keep the form
+    if args.whole_slot_cross_rows is not None:
+        cuda_graphs.WHOLE_SLOT_CROSS_ROWS = args.whole_slot_cross_rows  # planned at capture, like GELU's form
     setup = EngineSetup(quantization=Quantization(args.quantize), fp8_cross_kv=args.fp8_cross_kv,
                         encoder_kernel=args.encoder_attention and EncoderKernel(args.encoder_attention))
     pipeline = Pipeline.load(checkpoint, device="cuda", setup=setup)
@@ -233,6 +238,8 @@ def main(argv: list[str] | None = None) -> int:
         quantize += f", GELU {args.gelu}"
     if args.encoder_attention:
         quantize += f", encoder attention {setup.encoder_attention.value}"
+    if args.whole_slot_cross_rows is not None:
+        quantize += f", whole-slot cross pages up to {args.whole_slot_cross_rows} rows"
     record = {"provenance": provenance(), "model": args.model, "quantize": quantize,
               "concurrency": args.concurrency, "clips": len(jobs), "audio_s": round(audio_s, 1),
               "rtfx_unprofiled": round(audio_s / plain, 1), "rtfx_profiled": round(audio_s / profiled, 1),
