@@ -95,11 +95,10 @@ from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts,
 log = logging.getLogger(__name__)
 
 # Buckets of at most this many rows read each slot's cross K/V as one page of every
-# position; larger ones as the pool's pages of 50. Replayed from a graph, FlashInfer
-# splits a row's 30 pages between thread blocks: for the kernel alone at one row that
-# cost about 5 us a layer (FP8 21.3 against 16.5 us, 569c2d8), at eight it paid (28.3
-# against 38.1), at 53 the two were level (docs/performance.md, the lone clip). 0
-# until a served lone clip shows the gain: a lever ships once measured.
+# position; larger ones as the pool's pages of 50, which FlashInfer splits between
+# thread blocks and merges after. The kernel alone read one row's whole slot sooner,
+# but in the engine the split's merge went away and the attention cost the same, a
+# lone clip no sooner (docs/performance.md, the lone clip): 0, none, is shipped.
 WHOLE_SLOT_CROSS_ROWS = 0
 
 

@@ -247,7 +247,7 @@ def test_graph_replay_equals_eager_equals_sdpa(source, dtype, n, options) -> Non
 
 
 def test_a_request_alone_reads_its_slot_as_one_cross_page_within_the_noise(monkeypatch) -> None:
-    """With `cuda_graphs.WHOLE_SLOT_CROSS_ROWS` at 1 (0 as shipped, until measured), a
+    """With `cuda_graphs.WHOLE_SLOT_CROSS_ROWS` at 1 (0 as shipped: measured, it gave a lone clip nothing), a
     request alone replays the one-row bucket, whose cross-attention reads each slot as
     one page of 1,500 positions where larger buckets read pages of 50: each of two
     requests decoded alone stays within float16's noise of float32."""

@@ -199,7 +199,7 @@ def test_flashinfer_decodes_over_an_fp8_cross_cache_as_sdpa_does(n, monkeypatch)
     and values) against SDPA over the same pool: the same first tokens, logits within
     bfloat16's noise (read as bfloat16, the bytes would give logits far apart). One
     request alone steps through the one-row bucket, here paging each slot whole
-    (`cuda_graphs.WHOLE_SLOT_CROSS_ROWS` at 1; 0 as shipped, until measured)."""
+    (`cuda_graphs.WHOLE_SLOT_CROSS_ROWS` at 1; 0 as shipped: measured, it gave a lone clip nothing)."""
     pytest.importorskip("flashinfer")
     from python_backend_lib.engine import cuda_graphs
 
