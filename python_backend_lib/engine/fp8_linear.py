@@ -80,16 +80,19 @@ class GeluForm(enum.IntEnum):
     LIBDEVICE_ERF = 1  # the same with libdevice's erf, as F.gelu computes it
     TANH = 2  # x/2 (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), F.gelu(approximate="tanh")
     TANH_APPROX = 3  # the same, tanh by the GPU's one-instruction approximation (tanh.approx.f32)
+    SIGMOID = 4  # the tanh form as x sigmoid(2u) = x / (1 + 2^(-2u log2 e)): one exp2, one division
+    SIGMOID_FAST_DIVIDE = 5  # the same, divided by the GPU's approximate division (div.approx.f32)
 
     @property
     def tanh_form(self) -> bool:
-        return self in (GeluForm.TANH, GeluForm.TANH_APPROX)
+        return self not in (GeluForm.POLYNOMIAL_ERF, GeluForm.LIBDEVICE_ERF)
 
 
 # The tanh form: its kernel takes a quarter less time than the polynomial's, and it
 # differs from the erf forms far less than FP8's own rounding, which already moves
 # transcripts as much as swapping the two erf forms does (the large-models record).
-GELU = GeluForm.TANH
+# Written as a sigmoid with the fast division, the same function in fewer instructions.
+GELU = GeluForm.SIGMOID_FAST_DIVIDE
 
 
 def problem(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -291,6 +294,22 @@ if triton is not None:
             tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32,
                                              is_pure=True, pack=1)
             doubled = 1.0 + tanh
+        elif GELU_FORM == 4 or GELU_FORM == 5:
+            # GeluForm.SIGMOID: 1 + tanh(u) = 2 / (1 + e^-2u), so GELU is x / (1 + 2^z) with
+            # z = -2u log2(e), its two constants folded into one polynomial: the tanh form's
+            # function in fewer instructions (the exponential and the division each round
+            # within a few float32 steps, as the tanh form's do). 2^z overflowing gives
+            # x / inf = 0, GELU's limit.
+            z = x * (-2.302208198144325 - 0.1029432395800235 * (x * x))
+            if GELU_FORM == 4:
+                return x / (1.0 + tl.exp2(z))
+            # GeluForm.SIGMOID_FAST_DIVIDE: Triton's division (div.full.f32) first scales
+            # its operands so that any divisor works; div.approx.f32 skips that and is as
+            # close (2 ulp, PTX's figure) for divisors up to 2^126. Past it, where it
+            # returns 0, the quotient is below 2^-126 |x|: GELU's limit again. Compiled
+            # code only, as GeluForm.TANH_APPROX.
+            return tl.inline_asm_elementwise("div.approx.f32 $0, $1, $2;", "=f,f,f", [x, 1.0 + tl.exp2(z)],
+                                             dtype=tl.float32, is_pure=True, pack=1)
         else:
             # GeluForm.POLYNOMIAL_ERF: erf within 1.5e-7 of its value (Abramowitz and Stegun
             # 7.1.26), below float32's step at GELU's output, at a fraction of libdevice's

@@ -156,18 +156,21 @@ def test_the_accuracy_bench_sets_each_systems_kernels_and_puts_the_shipped_ones_
 
     assert {name: system.gelu for name, system in fp8_accuracy.SYSTEMS.items() if system.gelu} == {
         "fp8, libdevice's erf": "LIBDEVICE_ERF", "fp8, polynomial erf": "POLYNOMIAL_ERF", "fp8, tanh GELU": "TANH",
-        "fp8, tanh by the GPU's approximation": "TANH_APPROX"}
-    assert fp8_linear.GELU is fp8_linear.GeluForm.TANH  # shipped
+        "fp8, tanh by the GPU's approximation": "TANH_APPROX", "fp8, tanh GELU as a sigmoid": "SIGMOID"}
+    shipped = fp8_linear.GeluForm.SIGMOID_FAST_DIVIDE
+    assert fp8_linear.GELU is shipped
     with fp8_accuracy.kernels_of("fp8, libdevice's erf"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.LIBDEVICE_ERF
     with fp8_accuracy.kernels_of("fp8, polynomial erf"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.POLYNOMIAL_ERF
-    with fp8_accuracy.kernels_of("fp8"):
-        assert fp8_linear.GELU is fp8_linear.GeluForm.TANH and not fp8_linear.fast_accumulation(384)
-    with fp8_accuracy.kernels_of("fp8, fast accumulation"):
+    with fp8_accuracy.kernels_of("fp8, tanh GELU"):
         assert fp8_linear.GELU is fp8_linear.GeluForm.TANH
+    with fp8_accuracy.kernels_of("fp8"):
+        assert fp8_linear.GELU is shipped and not fp8_linear.fast_accumulation(384)
+    with fp8_accuracy.kernels_of("fp8, fast accumulation"):
+        assert fp8_linear.GELU is shipped
         assert fp8_linear.fast_accumulation(1280) and not fp8_linear.fast_accumulation(5120)
-    assert fp8_linear.GELU is fp8_linear.GeluForm.TANH and not fp8_linear.fast_accumulation(1280)
+    assert fp8_linear.GELU is shipped and not fp8_linear.fast_accumulation(1280)
 
 
 @pytest.mark.parametrize("form", list(fp8_linear.GeluForm))
@@ -177,7 +180,7 @@ def test_each_gelu_form_of_the_quantization_kernel_is_the_gelu_it_names(form):
     F.gelu(approximate="tanh")'s; 0 stays 0 (the padding rows), large inputs finite."""
     if fp8_linear.triton is None:
         pytest.skip("Triton is not installed")
-    if form is fp8_linear.GeluForm.TANH_APPROX:
+    if form in (fp8_linear.GeluForm.TANH_APPROX, fp8_linear.GeluForm.SIGMOID_FAST_DIVIDE):
         pytest.skip("a PTX instruction, which Triton's interpreter cannot run: tests/gpu/test_gpu_fp8.py compiles it")
     import triton
     import triton.language as tl
