@@ -277,49 +277,57 @@ if triton is not None:
     def _gelu(x, GELU_FORM: tl.constexpr):
         # The quantization of a 5,120-wide row with GELU is bound by GELU's instructions,
         # not by memory (docs/performance.md): hence the cheaper forms.
-        if GELU_FORM == 1:  # GeluForm.LIBDEVICE_ERF
-            doubled = 1.0 + tl.erf(x * 0.7071067811865476)
-        elif GELU_FORM == 2:
-            # GeluForm.TANH: within 4.8e-4 of the erf form (1.8e-4 of |x|), far below the FP8
-            # step of 1/16 of a value it is quantized to; 1 + tanh(u) = 2 - 2 / (e^2u + 1),
-            # which stays finite where e^2u overflows.
-            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-            doubled = 2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
-        elif GELU_FORM == 3:
-            # GeluForm.TANH_APPROX: the special-function unit's tanh, one instruction
-            # where the exact form needs an exponential and a division; PTX documents its
-            # error at about 2^-11 relative, still far below an FP8 step. Compiled code only:
-            # Triton's interpreter cannot run PTX.
-            u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
-            tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32,
-                                             is_pure=True, pack=1)
-            doubled = 1.0 + tanh
-        elif GELU_FORM == 4 or GELU_FORM == 5:
-            # GeluForm.SIGMOID: 1 + tanh(u) = 2 / (1 + e^-2u), so GELU is x / (1 + 2^z) with
-            # z = -2u log2(e), its two constants folded into one polynomial: the tanh form's
-            # function in fewer instructions (the exponential and the division each round
-            # within a few float32 steps, as the tanh form's do). 2^z overflowing gives
-            # x / inf = 0, GELU's limit.
-            z = x * (-2.302208198144325 - 0.1029432395800235 * (x * x))
-            if GELU_FORM == 4:
-                return x / (1.0 + tl.exp2(z))
+        if GELU_FORM >= 4:
+            gelu = _sigmoid_gelu(x, GELU_FORM)
+        else:
+            if GELU_FORM == 1:  # GeluForm.LIBDEVICE_ERF
+                doubled = 1.0 + tl.erf(x * 0.7071067811865476)
+            elif GELU_FORM == 2:
+                # GeluForm.TANH: within 4.8e-4 of the erf form (1.8e-4 of |x|), far below the FP8
+                # step of 1/16 of a value it is quantized to; 1 + tanh(u) = 2 - 2 / (e^2u + 1),
+                # which stays finite where e^2u overflows.
+                u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                doubled = 2.0 - 2.0 / (tl.exp(2.0 * u) + 1.0)
+            elif GELU_FORM == 3:
+                # GeluForm.TANH_APPROX: the special-function unit's tanh, one instruction
+                # where the exact form needs an exponential and a division; PTX documents its
+                # error at about 2^-11 relative, still far below an FP8 step. Compiled code only:
+                # Triton's interpreter cannot run PTX.
+                u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+                tanh = tl.inline_asm_elementwise("tanh.approx.f32 $0, $1;", "=f,f", [u], dtype=tl.float32,
+                                                 is_pure=True, pack=1)
+                doubled = 1.0 + tanh
+            else:
+                # GeluForm.POLYNOMIAL_ERF: erf within 1.5e-7 of its value (Abramowitz and Stegun
+                # 7.1.26), below float32's step at GELU's output, at a fraction of libdevice's
+                # erf's instructions.
+                z = tl.abs(x) * 0.7071067811865476
+                t = 1.0 / (1.0 + 0.3275911 * z)
+                tail = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+                tail = tail * tl.exp(-z * z)  # 1 - erf(z)
+                doubled = tl.where(x >= 0, 2.0 - tail, tail)  # 1 + erf(x / sqrt 2)
+            gelu = 0.5 * x * doubled
+        return gelu
+
+    @triton.jit
+    def _sigmoid_gelu(x, GELU_FORM: tl.constexpr):
+        # GeluForm.SIGMOID: 1 + tanh(u) = 2 / (1 + e^-2u), so GELU is x / (1 + 2^z) with
+        # z = -2u log2(e), its two constants folded into one polynomial: the tanh form's
+        # function in fewer instructions (the exponential and the division each round
+        # within a few float32 steps, as the tanh form's do). 2^z overflowing gives
+        # x / inf = 0, GELU's limit.
+        z = x * (-2.302208198144325 - 0.1029432395800235 * (x * x))
+        if GELU_FORM == 4:
+            gelu = x / (1.0 + tl.exp2(z))
+        else:
             # GeluForm.SIGMOID_FAST_DIVIDE: Triton's division (div.full.f32) first scales
             # its operands so that any divisor works; div.approx.f32 skips that and is as
             # close (2 ulp, PTX's figure) for divisors up to 2^126. Past it, where it
             # returns 0, the quotient is below 2^-126 |x|: GELU's limit again. Compiled
             # code only, as GeluForm.TANH_APPROX.
-            return tl.inline_asm_elementwise("div.approx.f32 $0, $1, $2;", "=f,f,f", [x, 1.0 + tl.exp2(z)],
+            gelu = tl.inline_asm_elementwise("div.approx.f32 $0, $1, $2;", "=f,f,f", [x, 1.0 + tl.exp2(z)],
                                              dtype=tl.float32, is_pure=True, pack=1)
-        else:
-            # GeluForm.POLYNOMIAL_ERF: erf within 1.5e-7 of its value (Abramowitz and Stegun
-            # 7.1.26), below float32's step at GELU's output, at a fraction of libdevice's
-            # erf's instructions.
-            z = tl.abs(x) * 0.7071067811865476
-            t = 1.0 / (1.0 + 0.3275911 * z)
-            tail = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-            tail = tail * tl.exp(-z * z)  # 1 - erf(z)
-            doubled = tl.where(x >= 0, 2.0 - tail, tail)  # 1 + erf(x / sqrt 2)
-        return 0.5 * x * doubled
+        return gelu
 
     # `stride` is specialised (its divisibility by 16 known), so that rows load as vectors.
     @triton.jit(do_not_specialize=["rows"])
