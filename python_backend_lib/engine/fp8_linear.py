@@ -91,8 +91,9 @@ class GeluForm(enum.IntEnum):
 # The tanh form: its kernel takes a quarter less time than the polynomial's, and it
 # differs from the erf forms far less than FP8's own rounding, which already moves
 # transcripts as much as swapping the two erf forms does (the large-models record).
-# Written as a sigmoid with the fast division, the same function in fewer instructions.
-GELU = GeluForm.SIGMOID_FAST_DIVIDE
+# Its sigmoid forms compute the same function in fewer instructions, and failed the
+# accuracy gate all the same: a last-bit change moved one recording (docs/performance.md).
+GELU = GeluForm.TANH
 
 
 def problem(device: torch.device, dtype: torch.dtype) -> str | None:
