@@ -208,6 +208,12 @@ def test_the_big_checkpoints_figures_are_the_record():
     assert (f"| RTFx {listed(runs(turbo, 'fa3', 3))} with fa3, against {listed(runs(turbo, 'sdpa', 2))} with SDPA "
             f"and {listed(runs(turbo, 'before', 2))} for 4a0f538; target 1,500 **missed**") in performance
     assert f"tanh GELU (not shipped) {rtfx[turbo, 'approx-fa3', now]} in one run" in performance
+    # The tanh form as a sigmoid (c78af0d, not shipped) beside d47b745's tanh form, turbo.
+    trial = [measured[turbo, label + s, "c78af0d"] for label in ("sigmoid", "before") for s in ("", "-2")]
+    gain = (trial[0] + trial[1]) / (trial[2] + trial[3])
+    assert (f"RTFx {rtfx_text(trial[0])} and {rtfx_text(trial[1])}, against {rtfx_text(trial[2])} and "
+            f"{rtfx_text(trial[3])} for d47b745 (the tanh form) in the same call, {gain:.2f} in the mean") in (
+        " ".join(performance.split()))
     table = [f"| {model} | {listed(runs(model, 'fa3', 3))} | {listed(runs(model, 'sdpa', 2))} | "
              f"{listed(runs(model, 'before', 2))} | {rtfx[model, 'approx-fa3', now]} |" for model in (v3, turbo)]
     assert all(row in performance for row in table)
