@@ -51,7 +51,8 @@ def served_rows(served: list[dict]) -> list[list]:
             top, alone = best_point(variant), variant["latency_5s"]["latency_ms"]
             # A variant whose server took its whole share of the run to start has no load point.
             load = (top["rtfx"], top["goodput_per_s"], top["concurrency"]) if top else ("not measured", "–", "–")
-            rows.append([run["model"], variant["label"], code(variant.get("checkout_commit"), run["run"]["commit"]),
+            checkout = variant.get("checkout_commit") or variant.get("checkout")
+            rows.append([run["model"], variant["label"], code(checkout, run["run"]["commit"]),
                          *load, f"{alone['p50']} / {alone['p99']}", TARGETS[run["model"]]])
     return rows
 

@@ -117,6 +117,17 @@ def repository_for(variant: Variant) -> Path | None:
     return directory
 
 
+def checkout_record(checkout: Path | None) -> dict:
+    """What a variant's checkout ran: its folder, and the commit written beside a `git
+    archive` (COMMIT), so that a record never takes a checkout for the call's own commit."""
+    if checkout is None:
+        return {}
+    record = {"checkout": str(checkout)}
+    if (checkout / "COMMIT").exists():
+        record["checkout_commit"] = (checkout / "COMMIT").read_text().strip()
+    return record
+
+
 def run_variant(variant: Variant, checkpoint: str, jobs: list[Job], args, settings: Settings, deadline: float) -> dict:
     jobs = variant.jobs(jobs)
     command = ServeCommand(checkpoint, repository_for(variant), args.gpus, checkout=variant.checkout, mps=variant.mps,
@@ -124,8 +135,7 @@ def run_variant(variant: Variant, checkpoint: str, jobs: list[Job], args, settin
     log_path = args.out / f"variant-{variant.label}.log"
     record: dict = {"label": variant.label, "spec": variant.spec, "command": command.display, "points": [],
                     "log": log_path.name}
-    if variant.checkout is not None and (variant.checkout / "COMMIT").exists():  # written beside a `git archive`
-        record["checkout_commit"] = (variant.checkout / "COMMIT").read_text().strip()
+    record.update(checkout_record(variant.checkout))
     say(f"{variant.label}: starting {command.display}")
     with ServerProcess(command, log_path, settings.startup_s) as server:
         record["ready_s"] = server.ready_s

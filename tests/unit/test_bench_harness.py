@@ -572,6 +572,24 @@ def test_a_variant_may_run_the_encoder_attention_through_another_kernel(tmp_path
             served_variants.parse_variant(bad)
 
 
+def test_a_variants_checkout_is_recorded_with_its_commit_or_as_a_folder(tmp_path):
+    """A checkout without its COMMIT file is named by its folder in the record and in
+    bench.large_models' table, never taken for the commit the call ran."""
+    from bench.large_models import served_rows
+    from bench.served_variants import checkout_record
+
+    assert checkout_record(None) == {}
+    assert checkout_record(tmp_path) == {"checkout": str(tmp_path)}
+    (tmp_path / "COMMIT").write_text("d47b745113238838d0934e2214e1941a701c1010\n")
+    assert checkout_record(tmp_path) == {"checkout": str(tmp_path), "checkout_commit": "d47b745113238838d0934e2214e1941a701c1010"}
+    point = {"rtfx": 1400.0, "goodput_per_s": 260.0, "concurrency": 256, "failed": False}
+    alone = {"latency_ms": {"p50": 22.0, "p99": 24.0}}
+    variants = [{"label": "before", "checkout": ".before", "points": [point], "latency_5s": alone},
+                {"label": "after", "points": [point], "latency_5s": alone}]
+    rows = served_rows([{"model": "large-v3-turbo", "run": {"commit": "c78af0d" + "0" * 33}, "variants": variants}])
+    assert [row[2] for row in rows] == [".before", "c78af0d"]
+
+
 def test_a_servers_memory_is_read_by_role():
     """This process stands for a server's one role: its proportional set size is what it holds."""
     from bench.host import process_memory_gib
