@@ -3,15 +3,20 @@ encoder and the decoder's cross-attention K/V, as the engine admits clips), per
 admission size, per precision, with its achieved TFLOP/s and its kernels by kind.
 
     python -m bench.encoder_cost --models large-v3 large-v3-turbo --out /tmp/encoder-cost
+    python -m bench.encoder_cost --models large-v3-turbo --variants fp8 --sizes 16 24 32 \
+        --encoder-attention flashinfer --out /tmp/encoder-cost    # larger passes, as fp8 serves
 
 Random weights of the real shapes (`random:<model>:0`). Variants:
 - `float16`: as the engine ships (`Pipeline.load` on a GPU);
 - `bfloat16`: the same in bfloat16, what the FP8 variant keeps outside its products;
 - `fp8`: `--quantize fp8` (`engine.fp8_linear`).
 
-Each admission size is one captured graph (`engine.encoder_graphs`), replayed
-REPEATS times between two CUDA events after WARMUP replays. The kernels of one pass at
-the largest size are summed by kind from the PyTorch profiler. FLOPs count the matrix
+Each admission size (`--sizes`; the engine captures up to `ENCODER_BUCKETS`) is one
+captured graph (`engine.encoder_graphs`), its self-attention through `--encoder-attention`
+(SDPA unless named; fp8 serves with FlashInfer's), replayed REPEATS times between two
+CUDA events after WARMUP replays. The kernels of one pass of PROFILED clips (or of the
+largest size, where PROFILED is not among them) are summed by kind from the PyTorch
+profiler. FLOPs count the matrix
 products and the attention (multiply-adds as two), as the ceiling in
 docs/performance.md does. Writes `<out>/encoder-cost.json` and `.md`.
 """
@@ -30,6 +35,7 @@ import torch
 from bench.markdown import markdown_table
 from loadtest.provenance import provenance
 from python_backend_lib.checkpoints.weights import load_checkpoint
+from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.geometry import N_FRAMES
 from python_backend_lib.core.model_facts import ModelDims
 from python_backend_lib.core.quantization import Quantization
@@ -39,6 +45,7 @@ from python_backend_lib.engine.model import Whisper
 
 CUDA = torch.device("cuda")
 SIZES = (1, 2, 4, 8, 16)
+PROFILED = 16  # the pass whose kernels are summed, as the large-models record compares them
 WARMUP, REPEATS = 3, 20
 VARIANTS = {
     "float16": (torch.float16, Quantization.NONE),
@@ -116,27 +123,29 @@ def time_sizes(graphs: EncoderGraphs, dims: ModelDims, dtype: torch.dtype) -> li
     return records
 
 
-def measure(name: str, variant: str, checkpoint, say) -> dict:
+def measure(name: str, variant: str, checkpoint, say, sizes: tuple[int, ...] = SIZES,
+            kernel: EncoderKernel = EncoderKernel.SDPA) -> dict:
     dtype, quantization = VARIANTS[variant]
     dims = checkpoint.config.dims
     model = Whisper.from_checkpoint(checkpoint, device=CUDA, dtype=dtype, quantization=quantization)
-    pool = KVSlotPool(PoolShape.for_model(dims, max(SIZES)), device=CUDA, dtype=dtype)
-    graphs = EncoderGraphs(model, pool, buckets=SIZES)
+    pool = KVSlotPool(PoolShape.for_model(dims, max(sizes)), device=CUDA, dtype=dtype)
+    graphs = EncoderGraphs(model, pool, buckets=sizes, kernel=kernel)
     graphs.capture()
-    sizes = time_sizes(graphs, dims, dtype)
-    largest = max(SIZES)
-    mel = torch.randn(largest, dims.n_mels, N_FRAMES, device=CUDA, dtype=dtype)
-    shares, kernels = kernel_shares(graphs, largest, mel)
-    for record in sizes:
+    timed = time_sizes(graphs, dims, dtype)
+    profiled = PROFILED if PROFILED in sizes else max(sizes)
+    mel = torch.randn(profiled, dims.n_mels, N_FRAMES, device=CUDA, dtype=dtype)
+    shares, kernels = kernel_shares(graphs, profiled, mel)
+    for record in timed:
         say(f"{name} {variant:8s} batch {record['batch']:2d}: {record['ms_per_pass']:8.3f} ms a pass, "
             f"{record['ms_per_window']:6.3f} ms a window, {record['tflops']:6.1f} TFLOP/s")
-    say(f"{name} {variant:8s} kernels at batch {largest} (ms): {shares}")
+    say(f"{name} {variant:8s} kernels at batch {profiled} (ms): {shares}")
     for kernel in kernels:
         say(f"    {kernel['ms']:8.3f} ms {kernel['launches']:5d} x {kernel['kernel']}")
     del graphs, pool, model
     gc.collect()
     torch.cuda.empty_cache()
-    return {"model": name, "variant": variant, "sizes": sizes, "kernels_at_largest_ms": shares, "top_kernels": kernels,
+    return {"model": name, "variant": variant, "encoder_attention": kernel.value, "sizes": timed,
+            "profiled_batch": profiled, "kernels_at_largest_ms": shares, "top_kernels": kernels,
             "gflop_per_window": round(window_flops(dims) / 1e9, 1)}
 
 
@@ -155,7 +164,7 @@ def write_markdown(out: Path, data: dict) -> None:
         "",
         markdown_table(["model", "variant", "clips", "ms a pass", "ms a window", "TFLOP/s"], rows),
         "",
-        f"Device milliseconds of one pass of {max(SIZES)} clips, by kind of kernel:",
+        f"Device milliseconds of one pass of {', '.join(sorted({str(r.get('profiled_batch', max(SIZES))) for r in data['runs']}))} clips, by kind of kernel:",
         "",
         markdown_table(["model", "variant", *kinds], shares),
         "",
@@ -167,8 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["large-v3", "large-v3-turbo"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--sizes", type=int, nargs="+", default=list(SIZES), help="admission sizes, each one captured pass")
+    parser.add_argument("--encoder-attention", default=EncoderKernel.SDPA.value, choices=[k.value for k in EncoderKernel])
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    sizes, kernel = tuple(sorted(set(args.sizes))), EncoderKernel(args.encoder_attention)
     start = time.perf_counter()
 
     def say(message: str) -> None:
@@ -180,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         say(f"{name}: random weights")
         checkpoint = load_checkpoint(f"random:{name}:0")
         for variant in args.variants:
-            data["runs"].append(measure(name, variant, checkpoint, say))
+            data["runs"].append(measure(name, variant, checkpoint, say, sizes, kernel))
             (args.out / "encoder-cost.json").write_text(json.dumps(data, indent=1))
     write_markdown(args.out, data)
     say(f"wrote {args.out}")
