@@ -139,8 +139,8 @@ def measure(name: str, variant: str, checkpoint, say, sizes: tuple[int, ...] = S
         say(f"{name} {variant:8s} batch {record['batch']:2d}: {record['ms_per_pass']:8.3f} ms a pass, "
             f"{record['ms_per_window']:6.3f} ms a window, {record['tflops']:6.1f} TFLOP/s")
     say(f"{name} {variant:8s} kernels at batch {profiled} (ms): {shares}")
-    for kernel in kernels:
-        say(f"    {kernel['ms']:8.3f} ms {kernel['launches']:5d} x {kernel['kernel']}")
+    for top in kernels:
+        say(f"    {top['ms']:8.3f} ms {top['launches']:5d} x {top['kernel']}")
     del graphs, pool, model
     gc.collect()
     torch.cuda.empty_cache()
