@@ -68,6 +68,27 @@ def encoder_rows(encoders: dict[str, dict]) -> list[list]:
     return rows
 
 
+def larger_pass_rows(encoders: dict[str, dict]) -> list[list]:
+    """Passes of more than PROFILED_BATCH clips, which the engine does not capture
+    (`bench.encoder_cost --sizes`), beside each run's pass of PROFILED_BATCH."""
+    rows = []
+    for label, encoder in encoders.items():
+        for run in encoder["runs"]:
+            sizes = [s for s in run["sizes"] if s["batch"] >= PROFILED_BATCH]
+            if any(s["batch"] > PROFILED_BATCH for s in sizes):
+                rows += [[label, run["model"], run["variant"], s["batch"], s["ms_per_pass"], s["ms_per_window"],
+                          s["tflops"]] for s in sizes]
+    return rows
+
+
+def larger_pass_section(encoders: dict[str, dict]) -> list[str]:
+    rows = larger_pass_rows(encoders)
+    if not rows:
+        return []
+    return [f"Passes of more than {PROFILED_BATCH} clips (the engine captures up to {PROFILED_BATCH}):", "",
+            markdown_table(["code", "model", "variant", "clips", "ms a pass", "ms a window", "TFLOP/s"], rows), ""]
+
+
 def kernel_rows(encoders: dict[str, dict]) -> tuple[list[str], list[list]]:
     runs = [(label, run) for label, encoder in encoders.items() for run in encoder["runs"]]
     kinds = sorted({kind for _, run in runs for kind in run["kernels_at_largest_ms"]})
@@ -130,6 +151,7 @@ def markdown(data: dict) -> str:
             f"{label}: `{encoder['provenance']['command']}`" for label, encoder in encoders.items()) + ".", "",
         markdown_table(["code", "model", "variant", "ms a window, 1 clip", f"ms a pass of {PROFILED_BATCH}",
                         f"ms a window, {PROFILED_BATCH} clips", f"TFLOP/s at {PROFILED_BATCH}"], encoder_rows(encoders)), "",
+        *larger_pass_section(encoders),
         f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel:", "",
         markdown_table(["code", "model", "variant", *kinds], kernels), "",
         *kernel_section(data.get("kernels", {})),

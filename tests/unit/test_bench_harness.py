@@ -590,6 +590,18 @@ def test_a_variants_checkout_is_recorded_with_its_commit_or_as_a_folder(tmp_path
     assert [row[2] for row in rows] == [".before", "c78af0d"]
 
 
+def test_the_large_models_record_lists_passes_larger_than_the_engines_beside_its_own():
+    from bench.large_models import PROFILED_BATCH, larger_pass_rows
+
+    def run(*batches: int) -> dict:
+        sizes = [{"batch": b, "ms_per_pass": 4.0 * b, "ms_per_window": 4.0, "tflops": 600.0} for b in batches]
+        return {"model": "large-v3", "variant": "fp8", "sizes": sizes}
+
+    assert larger_pass_rows({"as captured": {"runs": [run(1, PROFILED_BATCH)]}}) == []
+    rows = larger_pass_rows({"larger": {"runs": [run(1, PROFILED_BATCH, 2 * PROFILED_BATCH)]}})
+    assert [row[3] for row in rows] == [PROFILED_BATCH, 2 * PROFILED_BATCH]
+
+
 def test_a_servers_memory_is_read_by_role():
     """This process stands for a server's one role: its proportional set size is what it holds."""
     from bench.host import process_memory_gib
