@@ -277,7 +277,8 @@ if triton is not None:
     @triton.jit
     def _gelu(x, GELU_FORM: tl.constexpr):
         # The quantization of a 5,120-wide row with GELU is bound by GELU's instructions,
-        # not by memory (docs/performance.md): hence the cheaper forms.
+        # not by memory (docs/performance.md): hence the cheaper forms. Each branch assigns
+        # `gelu` and one return ends the function: Triton 3.6 refuses a return in a branch.
         if GELU_FORM >= 4:
             gelu = _sigmoid_gelu(x, GELU_FORM)
         else:
