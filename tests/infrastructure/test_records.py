@@ -214,6 +214,16 @@ def test_the_big_checkpoints_figures_are_the_record():
     assert (f"RTFx {rtfx_text(trial[0])} and {rtfx_text(trial[1])}, against {rtfx_text(trial[2])} and "
             f"{rtfx_text(trial[3])} for d47b745 (the tanh form) in the same call, {gain:.2f} in the mean") in (
         " ".join(performance.split()))
+    # The encoder's pass alone caps turbo: the clips' mean audio over a window's milliseconds (cd8aac7).
+    passes = {run["model"]: {s["batch"]: s["ms_per_window"] for s in run["sizes"]}
+              for run in data["encoder"]["cd8aac7, fa3 encoder attention"]["runs"]}
+    clip_s = {run["mean_clip_s"] for run in data["served"]}
+    assert len(clip_s) == 1
+    window_ms = passes[turbo][16]
+    cap = rtfx_text(clip_s.pop() * 1000 / window_ms)
+    assert f"Turbo's encoder pass alone ({window_ms} ms a window, cd8aac7) caps it at {cap} on these clips" in readme
+    assert f"{window_ms} ms a window alone caps turbo at RTFx {cap} before any decoder step" in (
+        " ".join(performance.split()))
     table = [f"| {model} | {listed(runs(model, 'fa3', 3))} | {listed(runs(model, 'sdpa', 2))} | "
              f"{listed(runs(model, 'before', 2))} | {rtfx[model, 'approx-fa3', now]} |" for model in (v3, turbo)]
     assert all(row in performance for row in table)
