@@ -87,6 +87,12 @@ class GeluForm(enum.IntEnum):
     def tanh_form(self) -> bool:
         return self not in (GeluForm.POLYNOMIAL_ERF, GeluForm.LIBDEVICE_ERF)
 
+    @property
+    def ptx(self) -> bool:
+        """Whether its kernel holds a PTX instruction of its own: compiled code only, which
+        Triton's interpreter cannot run."""
+        return self in (GeluForm.TANH_APPROX, GeluForm.SIGMOID_FAST_DIVIDE)
+
 
 # The tanh form: its kernel takes a quarter less time than the polynomial's, and it
 # differs from the erf forms far less than FP8's own rounding, which already moves
