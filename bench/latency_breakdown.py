@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.stats import percentile_summary
-from bench.triton_trace import Timeline, markdown, read_trace, timeline
+from bench.triton_trace import Timeline, markdown, read_trace, timeline, trace_files
 
 
 @dataclass
@@ -185,13 +185,14 @@ def served_part(checkpoint: str, job, args, say) -> dict:
 
     log = STATE_DIR / "latency-breakdown-server.log"
     trace_file = STATE_DIR / "latency-breakdown-trace.json"
-    trace_file.unlink(missing_ok=True)
+    for old in trace_files(trace_file):
+        old.unlink()
     (measured,) = one_clip_rounds(checkpoint, job, log, args.served_seconds, rounds=1, trace_file=trace_file)
     stats = measured.stats
     say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
     record = {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms,
               "models": measured.models}  # fmt: skip
-    try:  # written only by a server that stopped within Triton's exit timeout
+    try:  # the last of them only by a server that stopped within Triton's exit timeout
         record["trace"] = asdict(timeline(read_trace(trace_file), "transcribe", measured.request_ids))
     except FileNotFoundError:
         record["trace_missing"] = f"Triton wrote no trace file at {trace_file} (see {log})"

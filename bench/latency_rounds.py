@@ -36,7 +36,7 @@ def one_clip_rounds(
     """Start `whisper-triton serve` as shipped, warm it up with `job`, then measure `rounds`
     windows of `seconds`, one request at a time: each window's statistics as it ends, the
     client's and Triton's per model (which need no trace file, and so no clean stop).
-    With trace_file, Triton traces every request into it (written once the server stops)."""
+    With trace_file, Triton traces every request into it (`bench.triton_trace.trace_files`)."""
     command = ServeCommand(checkpoint, trace_file=trace_file)
     with ServerProcess(command, log, 300.0):
         with LoadGenerator(command.grpc_url, [job.load_request()], processes=1) as load:

@@ -67,10 +67,21 @@ class Trace:
         return next((self.ns[name] for name in RECEIVED if name in self.ns), None)
 
 
+def trace_files(path: Path) -> list[Path]:
+    """The files Triton wrote for `serve --trace-file path`: `path` itself when it wrote only
+    on stopping, else `path`.0, `path`.1 and so on, in order (`triton_output.trace_flags`)."""
+    numbered = [p for p in path.parent.glob(f"{path.name}.*") if p.suffix[1:].isdigit()]
+    return ([path] if path.exists() else []) + sorted(numbered, key=lambda p: int(p.suffix[1:]))
+
+
 def read_trace(path: Path) -> dict[int, Trace]:
-    """Triton's trace file -> its traces by id (a trace's records come one event at a time)."""
+    """Triton's trace files (`trace_files`) -> their traces by id (a trace's records come one
+    event at a time). FileNotFoundError when Triton wrote none."""
+    files = trace_files(path)
+    if not files:
+        raise FileNotFoundError(path)
     traces: dict[int, Trace] = collections.defaultdict(Trace)
-    for record in json.loads(path.read_text()):
+    for record in (record for file in files for record in json.loads(file.read_text())):
         trace = traces[record["id"]]
         if "model_name" in record:
             trace.model, trace.parent = record["model_name"], record.get("parent_id")

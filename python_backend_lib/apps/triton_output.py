@@ -270,6 +270,15 @@ class QuietWatch:
         return 0.0 if self.last is None or self.last.busy > 0 else self.seen - self.since
 
 
+# Traces Triton holds before it writes them out. With 0 it writes them only when it stops,
+# and a server stopped past its exit timeout (a GPU server often is) writes none.
+TRACE_LOG_FREQUENCY = 50
+
+
 def trace_flags(path: Path, rate: int) -> tuple[str, ...]:
-    """Triton's "triton" trace mode, timestamps only, one request in `rate`; the file is written when it stops."""
-    return (f"--trace-config=triton,file={path}", "--trace-config=level=TIMESTAMPS", f"--trace-config=rate={rate}")
+    """Triton's "triton" trace mode, timestamps only, one request in `rate`.
+
+    Triton writes each TRACE_LOG_FREQUENCY traces to a file of their own, `path`.0, `path`.1
+    and so on, and what is left when it stops to the next (`bench.triton_trace` reads them all)."""
+    return (f"--trace-config=triton,file={path}", "--trace-config=level=TIMESTAMPS", f"--trace-config=rate={rate}",
+            f"--trace-config=triton,log-frequency={TRACE_LOG_FREQUENCY}")

@@ -11,7 +11,7 @@ from conftest import lean_model_repository
 from bench import latency_breakdown, latency_rounds
 from bench.latency_breakdown import covered, main
 from bench.load import request_id, window_request_ids
-from bench.triton_trace import Trace, timeline
+from bench.triton_trace import Trace, read_trace, timeline, trace_files
 
 
 def test_overlapping_kernels_count_once_and_gaps_not_at_all():
@@ -33,6 +33,22 @@ def test_the_timeline_holds_exactly_the_requests_sent_inside_the_point_s_window(
     line = timeline(traces, "transcribe", window_request_ids("7-1"))
     assert line.requests == 2
     assert {event.label: event.median_ms for event in line.events} == {"gRPC sent the answer": 15.0, "whisper: queued": 1.0}
+
+
+def test_every_trace_file_triton_wrote_is_read_in_order(tmp_path):
+    """Triton writes traces to PATH.0, PATH.1, ... as it goes (`serve --trace-file PATH`), and
+    to PATH alone where it writes only on stopping; a trace's events may span two files."""
+    path = tmp_path / "trace.json"
+    with pytest.raises(FileNotFoundError):
+        read_trace(path)
+    parts = {"2": [{"id": 1, "model_name": "transcribe", "request_id": "r"}],
+             "10": [{"id": 1, "timestamps": [{"name": "GRPC_SEND_END", "ns": 9}]}]}  # fmt: skip
+    for index, records in parts.items():
+        (tmp_path / f"trace.json.{index}").write_text(json.dumps(records))
+    (tmp_path / "trace.json.gz").write_bytes(b"")  # not Triton's: never read
+    assert trace_files(path) == [tmp_path / "trace.json.2", tmp_path / "trace.json.10"]
+    trace = read_trace(path)[1]
+    assert (trace.model, trace.request_id, trace.ns) == ("transcribe", "r", {"GRPC_SEND_END": 9})
 
 
 def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
