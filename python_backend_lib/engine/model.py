@@ -20,6 +20,7 @@ from python_backend_lib.core.model_facts import ModelDims
 from python_backend_lib.core.quantization import Quantization
 from python_backend_lib.engine import cpu_int8, cpu_linear, fp8_linear
 from python_backend_lib.engine.attention import AttentionBackend, EncoderAttention, StepLayout
+from python_backend_lib.engine.residual_norm import add_norm
 
 
 class Projections(nn.Module):
@@ -158,14 +159,20 @@ class DecoderLayer(nn.Module):
         self.fc1 = nn.Linear(width, 4 * width)
         self.fc2 = nn.Linear(4 * width, width)
 
-    def forward(self, x: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
-        """x [tokens, width], rows flattened as the step's layout says."""
-        q, k, v = self.self_attn.qkv(self.self_attn_layer_norm(x), self.n_heads)
-        x = x + self.self_attn.out_proj(attention.self_attention(self.index, q, k, v).flatten(-2))
-        h = self.encoder_attn_layer_norm(x)
+    def forward(
+        self, x: torch.Tensor, normed: torch.Tensor, next_norm: nn.LayerNorm, attention: AttentionBackend
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x [tokens, width] (rows flattened as the step's layout says) and its
+        self-attention layer norm -> the layer's output and its norm by `next_norm`
+        (the next layer's first, or the decoder's last): each residual sum is written
+        with the norm that reads it (`residual_norm`)."""
+        q, k, v = self.self_attn.qkv(normed, self.n_heads)
+        attended = self.self_attn.out_proj(attention.self_attention(self.index, q, k, v).flatten(-2))
+        x, h = add_norm(x, attended, self.encoder_attn_layer_norm)
         c = self.encoder_attn
-        x = x + c.out_proj(attention.cross_attention(self.index, _heads(c.q_proj(h), self.n_heads)).flatten(-2))
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        crossed = c.out_proj(attention.cross_attention(self.index, _heads(c.q_proj(h), self.n_heads)).flatten(-2))
+        x, h = add_norm(x, crossed, self.final_layer_norm)
+        return add_norm(x, self.fc2(F.gelu(self.fc1(h))), next_norm)
 
     def cross_kv(self, audio_features: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """audio features [B, 1500, width] -> K, V [B, 1500, heads, head_dim], computed once per request."""
@@ -185,9 +192,11 @@ class Decoder(nn.Module):
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, attention: AttentionBackend) -> torch.Tensor:
         """tokens, positions [tokens] -> hidden states [tokens, width]"""
         x = self.embed_tokens(tokens) + self.embed_positions(positions)
-        for layer in self.layers:
-            x = layer(x, attention)
-        return self.layer_norm(x)
+        normed = self.layers[0].self_attn_layer_norm(x)
+        norms_after = [layer.self_attn_layer_norm for layer in self.layers[1:]] + [self.layer_norm]
+        for layer, next_norm in zip(self.layers, norms_after):
+            x, normed = layer(x, normed, next_norm, attention)
+        return normed
 
 
 class Whisper(nn.Module):
