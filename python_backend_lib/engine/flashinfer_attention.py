@@ -46,6 +46,7 @@ from python_backend_lib.engine.kv_cache import (
     CrossPaging,
     KVSlotPool,
     PoolShape,
+    write_positions,
 )
 
 # One float workspace serves every wrapper (they run one after another on one
@@ -195,9 +196,7 @@ class _PagedLayers:
         self.cache_index: torch.Tensor | None = None  # [rows] long, set per step (or fixed)
 
     def self_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        flat_k, flat_v = self._self_positions[layer]
-        flat_k.index_copy_(0, self.cache_index, k)
-        flat_v.index_copy_(0, self.cache_index, v)
+        write_positions(*self._self_positions[layer], self.cache_index, k, v)
         return self.self_wrapper.run(q, self._self_pages[layer])
 
     def cross_attention(self, layer: int, q: torch.Tensor) -> torch.Tensor:

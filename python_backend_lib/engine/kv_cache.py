@@ -253,6 +253,37 @@ def _as_pages(t: torch.Tensor) -> torch.Tensor:
     return t.view(-1, PAGE_SIZE, t.shape[-2], t.shape[-1])
 
 
+def write_positions(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """k_cache[index[i]] = k[i], and v_cache's the same: each row's new token, its K and V
+    [rows, heads, head_dim] written to flattened positions (`KVSlotPool.self_positions`).
+    On a GPU in one kernel, where `index_copy_` takes one for K and one for V: a decoder
+    step over a few rows is bound by how many kernels it launches. The same bits either way."""
+    if triton is None or k.device.type != "cuda" or not _rows_of_heads(k, k_cache) or not _rows_of_heads(v, v_cache):
+        k_cache.index_copy_(0, index, k)
+        v_cache.index_copy_(0, index, v)
+        return
+    write_positions_kernel(k_cache, v_cache, index, k, v)
+
+
+def write_positions_kernel(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, index: torch.Tensor, k: torch.Tensor, v: torch.Tensor
+) -> None:
+    """`write_positions` through `_write_positions` on the tensors' device (the CPU in Triton's
+    interpreter, for tests), for K and V whose rows are their heads back to back (`_rows_of_heads`)."""
+    width = k.shape[1] * k.shape[2]
+    _write_positions[(k.shape[0],)](
+        k_cache, v_cache, index, k, v, k.stride(0), v.stride(0), width, BLOCK=triton.next_power_of_2(width)
+    )
+
+
+def _rows_of_heads(values: torch.Tensor, cache: torch.Tensor) -> bool:
+    """Whether each row of `values` is its heads back to back, as a position of `cache` is."""
+    dim = values.shape[2]
+    return values.dtype == cache.dtype and values.stride(1) == dim and values.stride(2) == 1 and cache.is_contiguous()
+
+
 # Positions each program of `_copy_rows` copies, of one head.
 COPY_POSITIONS = 64
 
@@ -288,3 +319,14 @@ if triton is not None:
             block = tl.minimum(tl.maximum(block.to(tl.float32), -FP8_MAX), FP8_MAX).to(tl.float8e4nv)
         written = slot * slot_stride + head * head_stride + position * HEAD_DIM + dim
         tl.store(storage_ptr + written, block, mask=inside)
+
+    @triton.jit
+    def _write_positions(k_cache_ptr, v_cache_ptr, index_ptr, k_ptr, v_ptr, k_stride, v_stride, width,
+                         BLOCK: tl.constexpr):  # fmt: skip
+        # One row's K and V, each `width` values, to the position index[row] of each cache.
+        row = tl.program_id(0).to(tl.int64)
+        column = tl.arange(0, BLOCK)
+        inside = column < width
+        written = tl.load(index_ptr + row).to(tl.int64) * width + column
+        tl.store(k_cache_ptr + written, tl.load(k_ptr + row * k_stride + column, mask=inside), mask=inside)
+        tl.store(v_cache_ptr + written, tl.load(v_ptr + row * v_stride + column, mask=inside), mask=inside)
