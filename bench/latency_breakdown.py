@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
+from bench.served_variants import checkout_record
 from bench.stats import percentile_summary
 from bench.triton_trace import Timeline, markdown, read_trace, timeline, trace_files
 
@@ -200,6 +201,17 @@ def served_part(checkpoint: str, job, args, say) -> dict:
     return record
 
 
+def library_record() -> dict:
+    """Which library's engine ran: {} for this repository's; for another checkout's, run from
+    that checkout's folder (`cd DIR && PYTHONPATH=REPO python -m bench.latency_breakdown ...`,
+    where Python finds DIR's library first), its folder and the commit beside it (COMMIT)."""
+    import python_backend_lib
+    from loadtest.provenance import REPO_ROOT
+
+    folder = Path(python_backend_lib.__file__).resolve().parents[1]
+    return {} if folder == REPO_ROOT else checkout_record(folder)
+
+
 def models_markdown(models: dict, client_p50_ms: float) -> list[str]:
     """Triton's statistics of the measured window: each model's mean time queued and in execute()."""
     lines = ["Triton's statistics over the measured window (`get_inference_statistics`), per request: "
@@ -213,12 +225,19 @@ def models_markdown(models: dict, client_p50_ms: float) -> list[str]:
     return lines
 
 
+def library_line(library: dict) -> list[str]:
+    if not library:
+        return []
+    return ["", f"The engine of another checkout: {library['checkout']}, commit {library.get('checkout_commit', '?')}."]
+
+
 def report(record: dict) -> str:
     engine = record["engine"]
     lines = [
         f"# Latency of one {record['clip_s']} s clip at concurrency 1: `{record['model']}`",
         "",
         f"Commit {record['commit']}, {record['machine']}. Command: `{record['command']}`.",
+        *library_line(record.get("library", {})),
         "",
         f"Engine alone ({record.get('step_tail', 'pytorch')} step tail): p50 {engine['latency_ms']['p50']} ms, "
         f"p99 {engine['latency_ms']['p99']} ms over {engine['requests']} requests, "
@@ -283,6 +302,7 @@ def main(argv: list[str] | None = None) -> None:
         "machine": f"{machine.get('gpu')}, {machine['cpu_count']} CPUs",
         "command": made["command"],
         "step_tail": "pytorch" if args.pytorch_step_tail else "fused",
+        "library": library_record(),
         "provenance": made,
         "engine": engine_part(checkpoint, job, args, args.out, say),
     }

@@ -51,6 +51,20 @@ def test_every_trace_file_triton_wrote_is_read_in_order(tmp_path):
     assert (trace.model, trace.request_id, trace.ns) == ("transcribe", "r", {"GRPC_SEND_END": 9})
 
 
+def test_the_record_names_another_checkout_s_engine_and_its_commit(tmp_path, monkeypatch):
+    """Run from another checkout's folder, the engine measured is that checkout's: the record
+    says so, with the commit beside it, and never passes it off as this repository's."""
+    import python_backend_lib
+
+    assert latency_breakdown.library_record() == {}
+    (tmp_path / "python_backend_lib").mkdir()
+    (tmp_path / "COMMIT").write_text("0aec2f4\n")
+    monkeypatch.setattr(python_backend_lib, "__file__", str(tmp_path / "python_backend_lib" / "__init__.py"))
+    library = latency_breakdown.library_record()
+    assert library == {"checkout": str(tmp_path), "checkout_commit": "0aec2f4"}
+    assert f"another checkout: {tmp_path}, commit 0aec2f4" in "\n".join(latency_breakdown.library_line(library))
+
+
 def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
     main(["--model", "tiny-random", "--tokens-per-second", "2.732", "--device", "cpu",
           "--warmup", "1", "--requests", "2", "--profiled", "1", "--out", str(tmp_path)])  # fmt: skip
