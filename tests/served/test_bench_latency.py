@@ -8,7 +8,7 @@ import json
 import pytest
 from conftest import lean_model_repository
 
-from bench import latency_breakdown, latency_rounds
+from bench import latency_breakdown, latency_rounds, latency_variants
 from bench.latency_breakdown import covered, main
 from bench.load import request_id, window_request_ids
 from bench.triton_trace import Trace, read_trace, timeline, trace_files
@@ -63,6 +63,34 @@ def test_the_record_names_another_checkout_s_engine_and_its_commit(tmp_path, mon
     library = latency_breakdown.library_record()
     assert library == {"checkout": str(tmp_path), "checkout_commit": "0aec2f4"}
     assert f"another checkout: {tmp_path}, commit 0aec2f4" in "\n".join(latency_breakdown.library_line(library))
+
+
+def test_repeated_runs_of_a_variant_are_one_row_with_each_run_s_figure(tmp_path):
+    """bench.latency_variants: runs of one label and model are repeats, shown each and in the
+    mean; a run from another checkout is credited to that checkout's commit."""
+
+    def run(p50: float, model: str = "tiny", checkout: str | None = None) -> dict:
+        kernels = {"kernels_per_step": 90.0, "gpu_busy_ms_per_request": 4.5}
+        return {"model": model, "clip_s": 4.96, "machine": "GPU, 16 CPUs",
+                "library": {"checkout": "/c", "checkout_commit": checkout} if checkout else {},
+                "provenance": {"commit": "a" * 40, "date": "now", "call": None},
+                "engine": {"latency_ms": {"p50": p50}, "kernels": kernels}}  # fmt: skip
+
+    paths = []
+    for i, (label, record) in enumerate([("before", run(10.0, checkout="b" * 40)), ("after", run(9.0)),
+                                         ("before", run(12.0, checkout="b" * 40)), ("after", run(8.0)),
+                                         ("after", run(50.0, model="large"))]):  # fmt: skip
+        path = tmp_path / f"{i}.json"
+        path.write_text(json.dumps(record))
+        paths.append(f"{label}={path}")
+    latency_variants.main(["--out", str(tmp_path / "out"), "--note", "by hand", *paths])
+    assert latency_variants.rows(json.loads((tmp_path / "out" / "latency-variants.json").read_text())["runs"]) == [
+        ["tiny", "before", "bbbbbbb", "10.0 / 12.0", 11.0, 90.0, 4.5],
+        ["tiny", "after", "aaaaaaa", "9.0 / 8.0", 8.5, 90.0, 4.5],
+        ["large", "after", "aaaaaaa", "50.0", 50.0, 90.0, 4.5],
+    ]
+    assert "by hand" in (tmp_path / "out" / "latency-variants.md").read_text()
+    assert (tmp_path / "out" / "latency-variants.png").stat().st_size > 0
 
 
 def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
