@@ -175,6 +175,27 @@ def test_docs_served_against_engine_table_is_the_record():
 LARGE_MODELS = BENCHMARKS / "large-models" / "large-models.json"
 
 
+def test_the_lone_large_v3_clip_figures_are_the_record():
+    """The lone 5 s clip of large-v3 before and after the decoder's fused residual norms:
+    the README's and performance.md's figures are the served call's (a0d3bc2 beside a
+    checkout of 0aec2f4) and the engine-alone runs' (the latency-variants record)."""
+    data = json.loads(LARGE_MODELS.read_text(encoding="utf-8"))
+    (run,) = [run for run in data["served"] if run["run"]["commit"].startswith("a0d3bc2")]
+    variants = {v["label"]: v for v in run["variants"]}
+    assert variants["before"]["checkout_commit"].startswith("0aec2f4") and "checkout_commit" not in variants["after"]
+    alone = {label: v["latency_5s"]["latency_ms"]["p50"] for label, v in variants.items()}
+    sentence = f"A lone 5 s clip of large-v3 with fp8 took {alone['after']} ms against {alone['before']} before"
+    assert sentence in " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    performance = " ".join(PERFORMANCE.read_text(encoding="utf-8").split())
+    assert f"a lone 5 s clip of large-v3 took **{alone['after']} ms against {alone['before']}** for 0aec2f4" in (
+        performance)
+    engine = json.loads((BENCHMARKS / "latency" / "fused-decoder-b99e903" / "latency-variants.json").read_text())
+    p50s = {label: [r["record"]["engine"]["latency_ms"]["p50"] for r in engine["runs"]
+                    if r["label"] == label and r["record"]["model"] == "large-v3"] for label in ("before", "+norm+kv")}
+    after, before = (" and ".join(f"{p:.2f}" for p in p50s[label]) for label in ("+norm+kv", "before"))
+    assert f"large-v3 **{after} ms against {before}**" in performance
+
+
 def test_the_big_checkpoints_figures_are_the_record():
     """The README's and performance.md's served RTFx of large-v3 and turbo are the best
     points (most good requests a second) of the record's H200 calls, per variant and
