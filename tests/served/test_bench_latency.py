@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import functools
 import json
+import time
 
 import pytest
-from conftest import lean_model_repository
+from conftest import launch_server, lean_model_repository
 
 from bench import latency_breakdown, latency_rounds, latency_variants
 from bench.latency_breakdown import covered, main
 from bench.load import request_id, window_request_ids
 from bench.triton_trace import Trace, read_trace, timeline, trace_files
+from clients.api import WhisperClient, new_request_id
+from python_backend_lib.apps.triton_output import TRACE_LOG_FREQUENCY
 
 
 def test_overlapping_kernels_count_once_and_gaps_not_at_all():
@@ -106,6 +109,25 @@ def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
     assert engine["graph_steps_per_request"] == 0  # no CUDA graphs on the CPU
     assert (tmp_path / "latency-breakdown.md").read_text().startswith("# Latency of one 4.96 s clip")
     assert (tmp_path / "latency-breakdown-trace.json.gz").stat().st_size > 0
+
+
+@pytest.mark.server
+def test_the_trace_is_on_disk_while_the_server_still_runs(tmp_path):
+    """A GPU server is often stopped past Triton's exit timeout, and Triton writes what it
+    holds back only on a clean stop: with `serve --trace-file`, each TRACE_LOG_FREQUENCY
+    traced requests are on disk as they come. Cancels to `whisper` are answered at once,
+    which makes them the quickest requests to trace."""
+    path = tmp_path / "trace.json"
+    with launch_server(tmp_path, arguments=(f"--trace-file={path}", "--trace-rate=1")) as launched:
+        with WhisperClient(launched.server.grpc_url, "grpc", timeout_s=60) as client:
+            for _ in range(TRACE_LOG_FREQUENCY + 5):
+                client.cancel(new_request_id())
+        deadline = time.monotonic() + 30
+        while not trace_files(path) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert launched.process.poll() is None, "the server stopped: the trace proves nothing"
+        traces = read_trace(path)
+    assert sum(trace.model == "whisper" for trace in traces.values()) >= TRACE_LOG_FREQUENCY
 
 
 @pytest.mark.server
