@@ -1,21 +1,35 @@
 """One ~5 s clip alone through the engine, several versions of it side by side: a record with
 its table and plot, from `bench.latency_breakdown` runs.
 
+    python -m bench.latency_variants --out OUT --model tiny-random large-v3 --tokens-per-second 2.732 \
+        --rounds 3 --variant before=.before --variant after=. --cpus 0-7
     python -m bench.latency_variants --out docs/benchmarks/latency/NAME \
         "before=RUNS/tiny-before-1/latency-breakdown.json" "after=RUNS/tiny-after-1/latency-breakdown.json" ...
     python -m bench.latency_variants --out docs/benchmarks/latency/NAME --from-record NAME/latency-variants.json
 
-Each input is LABEL=PATH; runs of one label and model are repeats, interleaved with the
-others' in the call that made them, so that their spread shows the host's. A run's code
-is the checkout it ran from (`latency_breakdown.library_record`), else the run's commit.
-Writes latency-variants.json (the runs, labelled), latency-variants.md and .png.
+With `--variant LABEL=DIR`, it runs them: for each model, `--rounds` rounds of every
+variant in turn, each run `bench.latency_breakdown` in a process of its own started in
+DIR (a `git archive` of another commit's python_backend_lib with its COMMIT, or `.` for
+this repository), so that Python imports DIR's library first: the working folder comes
+before PYTHONPATH, so a run started here with DIR on PYTHONPATH would import this
+repository's library instead. PYTHONPATH holds the working folder, for `bench` itself;
+`--cpus` pins every run to the same cores; each run's own files go under OUT/runs.
+Otherwise each input is LABEL=PATH of a run made before.
+
+Runs of one label and model are repeats, interleaved with the others', so that their
+spread shows the host's. A run's code is the checkout it ran from
+(`latency_breakdown.library_record`), else the run's commit. Writes latency-variants.json
+(the runs, labelled), latency-variants.md and .png.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
+import subprocess
+import sys
 from pathlib import Path
 
 from bench.large_models import labelled
@@ -23,7 +37,12 @@ from bench.markdown import markdown_table
 
 
 def code(run: dict) -> str:
-    return (run.get("library", {}).get("checkout_commit") or run["provenance"]["commit"] or "?")[:7]
+    """The checkout's commit, else the run's, "(changed)" where the run's tree differed from it."""
+    checkout = run.get("library", {}).get("checkout_commit")
+    if checkout:
+        return checkout[:7]
+    made = run["provenance"]
+    return (made["commit"] or "?")[:7] + (" (changed)" if made.get("dirty") else "")
 
 
 def grouped(runs: list[dict]) -> dict[tuple[str, str], list[dict]]:
@@ -90,15 +109,58 @@ def plot(data: dict, path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+def variant(text: str) -> tuple[str, Path]:
+    """LABEL=DIR, as argparse's `type`: DIR a folder holding a python_backend_lib."""
+    label, path = labelled(text)
+    if not (path / "python_backend_lib").is_dir():
+        raise argparse.ArgumentTypeError(f"{path} holds no python_backend_lib to run")
+    return label, path
+
+
+def run_variants(args, say=print) -> list[dict]:
+    """Every model's rounds of every variant in turn, each a `bench.latency_breakdown` of its own."""
+    root = Path.cwd()
+    runs = []
+    for model in args.model:
+        for round_ in range(1, args.rounds + 1):
+            for label, folder in args.variant:
+                out = args.out / "runs" / f"{model}-{label}-{round_}"
+                command = [sys.executable, "-m", "bench.latency_breakdown", "--model", model, "--out", str(out.resolve()),
+                           *(["--tokens-per-second", str(args.tokens_per_second)] if args.tokens_per_second else []),
+                           *args.breakdown_args]  # fmt: skip
+                if args.cpus:
+                    command = ["taskset", "-c", args.cpus, *command]
+                path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
+                subprocess.run(command, cwd=folder, env={**os.environ, "PYTHONPATH": path}, check=True,
+                               stdout=subprocess.DEVNULL)  # fmt: skip
+                record = json.loads((out / "latency-breakdown.json").read_text(encoding="utf-8"))
+                runs.append({"label": label, "record": record})
+                say(f"[latency-variants] {model} {label} round {round_}: p50 "
+                    f"{record['engine']['latency_ms']['p50']} ms, code {code(record)}")  # fmt: skip
+    return runs
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--from-record", type=Path, help="a latency-variants.json written before: drawn again")
     parser.add_argument("--note", help="how the runs were made, where their commands do not say it all")
     parser.add_argument("runs", type=labelled, nargs="*", help="LABEL=PATH of bench.latency_breakdown")
+    parser.add_argument("--variant", type=variant, action="append", default=[], metavar="LABEL=DIR",
+                        help="run bench.latency_breakdown from DIR's library (`.`: this repository's)")
+    parser.add_argument("--model", nargs="+", default=["tiny-random"], help="with --variant")
+    parser.add_argument("--tokens-per-second", type=float, help="with --variant: forced lengths of random weights")
+    parser.add_argument("--rounds", type=int, default=3, help="with --variant")
+    parser.add_argument("--cpus", help="with --variant: taskset's list of cores for every run, e.g. 0-7")
+    parser.add_argument("--breakdown-args", nargs=argparse.REMAINDER, default=[],
+                        help="with --variant: the rest of the line goes to each bench.latency_breakdown")
     args = parser.parse_args(argv)
     if args.from_record:
         data = json.loads(args.from_record.read_text(encoding="utf-8"))
+    elif args.variant:
+        from loadtest.provenance import invocation
+
+        data = {"runs": run_variants(args), "note": args.note or f"`{invocation()}`"}
     elif args.runs:
         data = {"runs": [{"label": label, "record": json.loads(path.read_text(encoding="utf-8"))}
                          for label, path in args.runs], "note": args.note}  # fmt: skip

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import json
+import shutil
 import time
+from pathlib import Path
 
 import pytest
 from conftest import launch_server, lean_model_repository
@@ -94,6 +96,25 @@ def test_repeated_runs_of_a_variant_are_one_row_with_each_run_s_figure(tmp_path)
     ]
     assert "by hand" in (tmp_path / "out" / "latency-variants.md").read_text()
     assert (tmp_path / "out" / "latency-variants.png").stat().st_size > 0
+
+
+def test_variants_run_each_from_its_own_checkout_in_turn(tmp_path):
+    """bench.latency_variants --variant: each run imports its own folder's library (another
+    commit's checkout, or this repository's), rounds alternating the variants; the record
+    credits each run to its code."""
+    checkout = tmp_path / "checkout"
+    shutil.copytree(Path(latency_breakdown.__file__).resolve().parents[1] / "python_backend_lib",
+                    checkout / "python_backend_lib", ignore=shutil.ignore_patterns("__pycache__"))  # fmt: skip
+    (checkout / "COMMIT").write_text("0aec2f4\n")
+    latency_variants.main(["--out", str(tmp_path / "out"), "--model", "tiny-random", "--tokens-per-second", "2.732",
+                           "--rounds", "2", "--variant", f"before={checkout}", "--variant", "after=.",
+                           "--breakdown-args", "--device", "cpu", "--warmup", "0", "--requests", "1", "--profiled", "1"])  # fmt: skip
+    runs = json.loads((tmp_path / "out" / "latency-variants.json").read_text())["runs"]
+    assert [run["label"] for run in runs] == ["before", "after", "before", "after"]
+    libraries = [run["record"]["library"] for run in runs]
+    assert libraries[0] == libraries[2] == {"checkout": str(checkout), "checkout_commit": "0aec2f4"}
+    assert libraries[1] == libraries[3] == {}  # this repository's own
+    assert [row[2] for row in latency_variants.rows(runs)][0] == "0aec2f4"
 
 
 def test_a_cpu_run_times_every_request_and_its_decoder_steps(tmp_path):
