@@ -12,7 +12,7 @@ variant in turn, each run `bench.latency_breakdown` in a process of its own star
 DIR (a `git archive` of another commit's python_backend_lib with its COMMIT, or `.` for
 this repository), so that Python imports DIR's library first: the working folder comes
 before PYTHONPATH, so a run started here with DIR on PYTHONPATH would import this
-repository's library instead. PYTHONPATH holds the working folder, for `bench` itself;
+repository's library instead. PYTHONPATH holds this repository, for `bench` itself;
 `--cpus` pins every run to the same cores; each run's own files go under OUT/runs.
 Otherwise each input is LABEL=PATH of a run made before.
 
@@ -119,7 +119,10 @@ def variant(text: str) -> tuple[str, Path]:
 
 def run_variants(args, say=print) -> list[dict]:
     """Every model's rounds of every variant in turn, each a `bench.latency_breakdown` of its own."""
-    root = Path.cwd()
+    from loadtest.provenance import REPO_ROOT
+
+    # The repository first on PYTHONPATH for `bench` itself; the library comes from `folder`.
+    environ = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(REPO_ROOT), os.environ.get("PYTHONPATH"))))}
     runs = []
     for model in args.model:
         for round_ in range(1, args.rounds + 1):
@@ -130,9 +133,7 @@ def run_variants(args, say=print) -> list[dict]:
                            *args.breakdown_args]  # fmt: skip
                 if args.cpus:
                     command = ["taskset", "-c", args.cpus, *command]
-                path = os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH"))))
-                subprocess.run(command, cwd=folder, env={**os.environ, "PYTHONPATH": path}, check=True,
-                               stdout=subprocess.DEVNULL)  # fmt: skip
+                subprocess.run(command, cwd=folder, env=environ, check=True, stdout=subprocess.DEVNULL)
                 record = json.loads((out / "latency-breakdown.json").read_text(encoding="utf-8"))
                 runs.append({"label": label, "record": record})
                 say(f"[latency-variants] {model} {label} round {round_}: p50 "
