@@ -49,7 +49,7 @@ from bench.jobs import Job, free_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan
 from bench.references import with_references
 from bench.served import MODELS, STATE_DIR, describe_point, free_gpu_memory, measure_point, served_checkpoint
-from bench.server_process import ServeCommand, ServerProcess
+from bench.server_process import ServeCommand, ServerProcess, checkout_record
 from loadtest.metrics import per_instance
 from loadtest.outcomes import is_overloaded
 from loadtest.provenance import provenance
@@ -175,8 +175,9 @@ def run_soak(label: str, soak: Soak, args) -> dict:
     if args.cpu:  # the harness's smoke run: the same soak, served on the CPU, at --concurrency
         soak = replace(soak, gpus=None, mps=None, concurrency=args.concurrency or soak.concurrency,
                        live_sessions=min(soak.live_sessions, args.concurrency or soak.live_sessions))
-    command = ServeCommand(checkpoint, None, soak.gpus, mps=soak.mps)
-    record: dict = {"label": label, "soak": asdict(soak), "command": command.display, "seconds": args.seconds}
+    command = ServeCommand(checkpoint, None, soak.gpus, mps=soak.mps, checkout=args.checkout)
+    record: dict = {"label": label, "soak": asdict(soak), "command": command.display, "seconds": args.seconds,
+                    **checkout_record(args.checkout)}
     say(f"{label}: starting {command.display}")
     with ServerProcess(command, args.out / f"{label}-server.log", 600.0) as server:
         record["ready_s"] = server.ready_s
@@ -271,6 +272,12 @@ def problems(record: dict) -> list[str]:
 # ------------------------------------------------------------------ the record
 
 
+def served_label(record: dict) -> str:
+    """The soak's label, with the commit it served when that was another checkout's."""
+    served = record.get("checkout_commit", "")[:7] or record.get("checkout")
+    return f"{record['label']} ({served})" if served else record["label"]
+
+
 def markdown(data: dict) -> str:
     lines = [f"# The GPU soak ({data['seconds']:g} s a configuration)", "", described_run(data), "",
              "| soak | command | concurrency | good req/s | statuses | answered per instance | live turns | "
@@ -280,7 +287,7 @@ def markdown(data: dict) -> str:
         answered = ", ".join(f"{k} {int(v)}" for k, v in sorted(r.get("answered", {}).items()))
         live = r.get("live")
         turns = f"{live['completed']}/{live['turns']}" if live else ""
-        lines.append(f"| {r['label']} | `{r.get('command', '')}` | {point.get('concurrency')} | "
+        lines.append(f"| {served_label(r)} | `{r.get('command', '')}` | {point.get('concurrency')} | "
                      f"{point.get('goodput_per_s')} | {point.get('statuses')} | {answered} | {turns} | "
                      f"{'; '.join(r['problems']) or 'none'} |")
     return "\n".join(lines) + "\n"
@@ -294,6 +301,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=8, help="client processes of the load generator")
     parser.add_argument("--device", default="cuda", help="where the library decodes the reference transcripts")
     parser.add_argument("--gpus", help="serve on these GPUs instead of the soak's (two soaks side by side)")
+    parser.add_argument("--checkout", type=Path,
+                        help="serve another checkout's code (`git archive` of an earlier commit, its commit in "
+                             "DIR/COMMIT): the same soak, A against B on one machine")
     parser.add_argument("--cpu", action="store_true", help="serve on the CPU: a smoke run of the harness")
     parser.add_argument("--concurrency", type=int, help="with --cpu: requests in flight, and live sessions at most (default: the soak's)")
     args = parser.parse_args(argv)

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
-from bench.served_variants import checkout_record
+from bench.server_process import checkout_record
 from bench.stats import percentile_summary
 from bench.triton_trace import Timeline, markdown, read_trace, timeline, trace_files
 

@@ -37,7 +37,7 @@ from bench.jobs import Job
 from bench.load import LoadGenerator, PointPlan
 from bench.repository_copy import Instances, copy_repository, instance_group, repository_with_instances, set_parameters
 from bench.served import POINT_MARGIN_S, STATE_DIR, Settings, describe_point, latency_job, measure_point
-from bench.server_process import ServeCommand, ServerProcess
+from bench.server_process import ServeCommand, ServerProcess, checkout_record
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.core.encoder_kernel import EncoderKernel
 from python_backend_lib.core.quantization import Quantization
@@ -115,17 +115,6 @@ def repository_for(variant: Variant) -> Path | None:
     if variant.whisper_parameters:
         set_parameters(directory, {tensor_names.WHISPER_NAME: variant.whisper_parameters})
     return directory
-
-
-def checkout_record(checkout: Path | None) -> dict:
-    """What a variant's checkout ran: its folder, and the commit written beside a `git
-    archive` (COMMIT), so that a record never takes a checkout for the call's own commit."""
-    if checkout is None:
-        return {}
-    record = {"checkout": str(checkout)}
-    if (checkout / "COMMIT").exists():
-        record["checkout_commit"] = (checkout / "COMMIT").read_text().strip()
-    return record
 
 
 def run_variant(variant: Variant, checkpoint: str, jobs: list[Job], args, settings: Settings, deadline: float) -> dict:

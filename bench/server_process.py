@@ -35,6 +35,17 @@ def whisper_triton() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "whisper_triton.cli"]
 
 
+def checkout_record(checkout: Path | None) -> dict:
+    """What a served checkout ran: its folder, and the commit written beside a `git
+    archive` (COMMIT), so that a record never takes a checkout for the call's own commit."""
+    if checkout is None:
+        return {}
+    record = {"checkout": str(checkout)}
+    if (checkout / "COMMIT").exists():
+        record["checkout_commit"] = (checkout / "COMMIT").read_text().strip()
+    return record
+
+
 @dataclass
 class ServeCommand:
     """What to serve: a checkpoint (None: the model configs' own) and a model repository (None: the packaged one)."""

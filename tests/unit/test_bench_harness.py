@@ -576,7 +576,7 @@ def test_a_variants_checkout_is_recorded_with_its_commit_or_as_a_folder(tmp_path
     """A checkout without its COMMIT file is named by its folder in the record and in
     bench.large_models' table, never taken for the commit the call ran."""
     from bench.large_models import served_rows
-    from bench.served_variants import checkout_record
+    from bench.server_process import checkout_record
 
     assert checkout_record(None) == {}
     assert checkout_record(tmp_path) == {"checkout": str(tmp_path)}

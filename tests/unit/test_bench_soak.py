@@ -132,3 +132,18 @@ def test_every_soak_asks_for_request_kinds_the_server_accepts():
         parse_request_parameters({"response_format": "verbose_json", **kind})
     assert {"tiny-1gpu", "tiny-2gpu", "tiny-2gpu-no-mps", "base-mixed", "large-v3"} <= set(SOAKS)
     assert any(s.live_sessions for s in SOAKS.values()) and {s.mps for s in SOAKS.values()} == {True, False}
+
+
+def test_a_soak_of_another_checkout_is_named_by_its_commit_in_the_table():
+    """`--checkout` serves an earlier commit's code: its table row says which, so an A/B of
+    two soaks in one call never reads as the same code twice."""
+    ours = dict(PASSING, problems=[])
+    theirs = dict(PASSING, problems=[], checkout=".before", checkout_commit="0aec2f495f3e0ef557c18e63a7859cce7ccaefde")
+    folder_only = dict(PASSING, problems=[], checkout="/tmp/old")
+    run = {"commit": "22a5ecb" + "0" * 33, "dirty": False, "machine": {"gpu": "NVIDIA H200", "cpu_count": 16}}
+    data = {"seconds": 100, "run": run, "clients": 8, "clips": ["a"], "mean_clip_s": 5.0,
+            "command": "python -m bench.gpu_soak", "soaks": [ours, theirs, folder_only]}
+    labels = [line.split(" | ")[0].lstrip("| ") for line in gpu_soak.markdown(data).splitlines()
+              if line.startswith("| tiny")]
+    assert labels == ["tiny-2gpu", "tiny-2gpu (0aec2f4)", "tiny-2gpu (/tmp/old)"]
+    assert gpu_soak.served_label(theirs) == "tiny-2gpu (0aec2f4)"
