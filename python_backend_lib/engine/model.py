@@ -94,22 +94,32 @@ class EncoderLayer(nn.Module):
         self.fc1 = nn.Linear(width, 4 * width)
         self.fc2 = nn.Linear(4 * width, width)
 
-    def forward(self, x: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, branch: torch.Tensor | None, attention: EncoderAttention
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The layer over x + branch (the layer before's residual sum, not yet added; None:
+        x alone) -> its own output, likewise as a sum and its branch still to add."""
         if isinstance(self.fc2, fp8_linear.Fp8Linear):
-            return self._forward_fp8(x, attention)
+            return self._forward_fp8(x, branch, attention)
+        if branch is not None:
+            x = x + branch
         q, k, v = self.self_attn.qkv(self.self_attn_layer_norm(x), self.n_heads)
         x = x + self.self_attn.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
-        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x))))
+        return x + self.fc2(F.gelu(self.fc1(self.final_layer_norm(x)))), None
 
-    def _forward_fp8(self, x: torch.Tensor, attention: EncoderAttention) -> torch.Tensor:
+    def _forward_fp8(
+        self, x: torch.Tensor, branch: torch.Tensor | None, attention: EncoderAttention
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """The same layer with its products in FP8: each layer norm hands the product
-        after it a quantized input, the second adding the attention's residual as it
-        goes, and the GELU is computed inside the quantization of fc2's input."""
-        _, normed = fp8_linear.norm_quantize(x, self.self_attn_layer_norm)
+        after it a quantized input, adding the residual branch before it as it goes
+        (the layer before's fc2, then the attention's), and the GELU is computed inside
+        the quantization of fc2's input. fc2's output is left for the next layer's norm
+        to add: an addition over every position less a layer."""
+        x, normed = fp8_linear.norm_quantize(x, self.self_attn_layer_norm, branch)
         q, k, v = self.self_attn.qkv(normed, self.n_heads)
         attended = self.self_attn.out_proj(attention.encoder_attention(q, k, v).flatten(-2))
         x, normed = fp8_linear.norm_quantize(x, self.final_layer_norm, attended)
-        return x + self.fc2.of_gelu(self.fc1(normed))
+        return x, self.fc2.of_gelu(self.fc1(normed))
 
 
 def unfilled_embedding(rows: int, width: int) -> nn.Embedding:
@@ -139,11 +149,12 @@ class Encoder(nn.Module):
         # [B, 1500, width], made contiguous once: the transposed layout would otherwise
         # carry through every residual addition, and every layer norm would copy it.
         x = (F.gelu(self.conv2(x)).transpose(1, 2) + self.embed_positions.weight).contiguous()
+        branch = None
         for layer in self.layers:
             if stop is not None and stop():
                 raise EncodingStopped
-            x = layer(x, attention)
-        return self.layer_norm(x)
+            x, branch = layer(x, branch, attention)
+        return self.layer_norm(x if branch is None else x + branch)
 
 
 class DecoderLayer(nn.Module):

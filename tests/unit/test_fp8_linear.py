@@ -83,8 +83,41 @@ def test_a_quantized_encoder_layer_computes_what_its_separate_steps_do():
 
     q, k, v = layer.self_attn.qkv(layer.self_attn_layer_norm(x), 6)
     after_attention = x + layer.self_attn.out_proj(_Sdpa.encoder_attention(q, k, v).flatten(-2))
-    want = after_attention + layer.fc2.of_gelu(layer.fc1(layer.final_layer_norm(after_attention)))
-    torch.testing.assert_close(layer(x, _Sdpa()), want, rtol=0, atol=0)
+    branch = layer.fc2.of_gelu(layer.fc1(layer.final_layer_norm(after_attention)))
+    got, got_branch = layer(x, None, _Sdpa())
+    torch.testing.assert_close(got, after_attention, rtol=0, atol=0)
+    torch.testing.assert_close(got_branch, branch, rtol=0, atol=0)
+    # The next layer adds that branch in its first norm: its input is the layer's output.
+    then, _ = layer(got, got_branch, _Sdpa())
+    torch.testing.assert_close(then, layer(after_attention + branch, None, _Sdpa())[0], rtol=0, atol=0)
+
+
+def test_the_quantized_encoder_adds_each_layers_fc2_in_the_next_layers_norm_and_the_last_before_its_own():
+    """The encoder's layers hand each fc2 output on unadded; the whole pass must still be
+    the layers applied one after the other, each output summed (the last one too)."""
+    checkpoint = load_checkpoint("random:tiny:0")
+    with torch.device("meta"):
+        model = Whisper(checkpoint.config.dims)
+    model.load_state_dict({k: v for k, v in checkpoint.state_dict.items() if k != "proj_out.weight"}, assign=True)
+    model = model.to(torch.bfloat16)
+    model.quantize_fp8(keep_encoder_layers=frozenset({2}))  # a float layer among them takes the sum too
+    encoder = model.encoder
+    mel = torch.randn(1, checkpoint.config.dims.n_mels, 3000, dtype=torch.bfloat16)
+
+    x = F.gelu(encoder.conv1(mel))
+    x = (F.gelu(encoder.conv2(x)).transpose(1, 2) + encoder.embed_positions.weight).contiguous()
+    for layer in encoder.layers:
+        if isinstance(layer.fc2, fp8_linear.Fp8Linear):
+            _, normed = fp8_linear.norm_quantize(x, layer.self_attn_layer_norm)
+            q, k, v = layer.self_attn.qkv(normed, layer.n_heads)
+            attended = layer.self_attn.out_proj(_Sdpa.encoder_attention(q, k, v).flatten(-2))
+            x, normed = fp8_linear.norm_quantize(x, layer.final_layer_norm, attended)
+            x = x + layer.fc2.of_gelu(layer.fc1(normed))
+        else:
+            q, k, v = layer.self_attn.qkv(layer.self_attn_layer_norm(x), layer.n_heads)
+            x = x + layer.self_attn.out_proj(_Sdpa.encoder_attention(q, k, v).flatten(-2))
+            x = x + layer.fc2(F.gelu(layer.fc1(layer.final_layer_norm(x))))
+    torch.testing.assert_close(model.encode(mel, _Sdpa()), encoder.layer_norm(x), rtol=0, atol=0)
 
 
 def test_norm_quantize_adds_the_residual_then_quantizes_the_layer_norm():
