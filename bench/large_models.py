@@ -62,8 +62,8 @@ def encoder_rows(encoders: dict[str, dict]) -> list[list]:
     for label, encoder in encoders.items():
         for run in encoder["runs"]:
             by_size = {s["batch"]: s for s in run["sizes"]}
-            one, many = by_size[1], by_size[PROFILED_BATCH]
-            rows.append([label, run["model"], run["variant"], one["ms_per_window"], many["ms_per_pass"],
+            one, many = by_size.get(1), by_size[PROFILED_BATCH]  # a run of --sizes 16 alone has no single clip
+            rows.append([label, run["model"], run["variant"], one["ms_per_window"] if one else "–", many["ms_per_pass"],
                          many["ms_per_window"], many["tflops"]])
     return rows
 
