@@ -49,7 +49,7 @@ from bench.jobs import Job, free_jobs, real_jobs
 from bench.load import LoadGenerator, PointPlan
 from bench.references import with_references
 from bench.served import MODELS, STATE_DIR, describe_point, free_gpu_memory, measure_point, served_checkpoint
-from bench.server_process import ServeCommand, ServerProcess, checkout_record
+from bench.server_process import ServeCommand, ServerProcess, checkout_label, checkout_record
 from loadtest.metrics import per_instance
 from loadtest.outcomes import is_overloaded
 from loadtest.provenance import provenance
@@ -274,7 +274,7 @@ def problems(record: dict) -> list[str]:
 
 def served_label(record: dict) -> str:
     """The soak's label, with the commit it served when that was another checkout's."""
-    served = record.get("checkout_commit", "")[:7] or record.get("checkout")
+    served = checkout_label(record)
     return f"{record['label']} ({served})" if served else record["label"]
 
 

@@ -24,24 +24,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 from pathlib import Path
 
 from bench.comparisons import best_point
 from bench.fp8_accuracy import BY_CLIP_HEADER, by_clip_rows, compared
 from bench.markdown import markdown_table
+from bench.server_process import checkout_label
 
 # Issue 38's targets: served RTFx on one GPU, through the ensemble.
 TARGETS = {"large-v3": 1000, "large-v3-turbo": 1500}
 PROFILED_BATCH = 16
-
-
-def code(checkout: str | None, run_commit: str) -> str:
-    """What a served variant ran: its checkout's commit (12 digits) or description (a
-    checkout changed on the device says what it changed), else the call's commit."""
-    if checkout is None:
-        return run_commit[:7]
-    return checkout[:12] if re.fullmatch(r"[0-9a-f]{40}", checkout) else checkout
 
 
 def served_rows(served: list[dict]) -> list[list]:
@@ -51,8 +43,7 @@ def served_rows(served: list[dict]) -> list[list]:
             top, alone = best_point(variant), variant["latency_5s"]["latency_ms"]
             # A variant whose server took its whole share of the run to start has no load point.
             load = (top["rtfx"], top["goodput_per_s"], top["concurrency"]) if top else ("not measured", "–", "–")
-            checkout = variant.get("checkout_commit") or variant.get("checkout")
-            rows.append([run["model"], variant["label"], code(checkout, run["run"]["commit"]),
+            rows.append([run["model"], variant["label"], checkout_label(variant, 12) or run["run"]["commit"][:7],
                          *load, f"{alone['p50']} / {alone['p99']}", TARGETS[run["model"]]])
     return rows
 

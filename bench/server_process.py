@@ -9,6 +9,7 @@ and stops tritonserver.
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -44,6 +45,14 @@ def checkout_record(checkout: Path | None) -> dict:
     if (checkout / "COMMIT").exists():
         record["checkout_commit"] = (checkout / "COMMIT").read_text().strip()
     return record
+
+
+def checkout_label(record: dict, digits: int = 7) -> str | None:
+    """Which checkout a record's `checkout_record` fields name: its commit (shortened to
+    `digits` when it is a commit's hash; a checkout changed on the device says what it
+    changed), else its folder; None when the record ran this repository's code."""
+    name = record.get("checkout_commit") or record.get("checkout")
+    return name[:digits] if name and re.fullmatch(r"[0-9a-f]{40}", name) else name
 
 
 @dataclass
