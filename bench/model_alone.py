@@ -12,7 +12,9 @@ until `--requests` were sent. A refused request is replaced by the next at once,
 load generator's clients do. Each point records answered and refused requests (by
 reason), Triton's batches for the model (requests per `execute`, its mean time in
 `execute` and queued), and the CPU the model's stubs and tritonserver spent per
-answered request.
+answered request. For `postprocessing` it also times the library's own part of a request
+in this process (`library_ms`: the transcript made from the same decoded tensors and its
+three outputs written, as the stub makes them), to set beside Triton's `execute` time.
 
 Writes `<model>-alone.json` and prints a line per point.
 """
@@ -46,6 +48,9 @@ DECODED = {  # whisper's outputs that postprocessing reads, with their Triton ty
     tensor_names.LANGUAGE: "INT32",
     tensor_names.LANGUAGE_PROBABILITY: "FP64",
 }
+
+
+LIBRARY_CALLS = 500  # timed calls of the library's part, after as many again to warm it
 
 
 def say(message: str) -> None:
@@ -90,6 +95,43 @@ def model_inputs(url: str, model: str, clip: Path) -> list[tuple[str, np.ndarray
         client.close()
     return [(name, decoded.as_numpy(name), dtype) for name, dtype in DECODED.items()] + [
         (tensor_names.SAMPLES, features.as_numpy(tensor_names.SAMPLES), "INT64")]
+
+
+def library_ms(inputs: list[tuple[str, np.ndarray, str]]) -> float:
+    """The median milliseconds of postprocessing's library part for these inputs (a request
+    without parameters, as this bench sends): what its `execute` does besides reading the
+    request and writing the response through Triton."""
+    from python_backend_lib.checkpoints.configs import load_config
+    from python_backend_lib.contract.decoded_tensors import DecodedTensors
+    from python_backend_lib.contract.parameters import parse_request_parameters
+    from python_backend_lib.serving.inputs import single_row
+    from python_backend_lib.serving.postprocessing_service import transcript_document
+    from python_backend_lib.serving.responses import transcript_outputs
+    from python_backend_lib.text.tokenizer import load_tokenizer
+
+    arrays = {name: single_row(array, name) for name, array, _ in inputs}
+    tensors = DecodedTensors(
+        tokens=arrays[tensor_names.TOKENS],
+        windows=arrays[tensor_names.WINDOWS],
+        alignment=arrays[tensor_names.ALIGNMENT],
+        language=arrays[tensor_names.LANGUAGE],
+        language_probability=arrays[tensor_names.LANGUAGE_PROBABILITY],
+    )
+    samples = int(arrays[tensor_names.SAMPLES][0])
+    tokenizer = load_tokenizer(load_config("default"))
+
+    def once() -> None:
+        parameters = parse_request_parameters({})
+        document = transcript_document(tensors, samples, None, parameters.transcription, tokenizer)
+        transcript_outputs(document, parameters.response_format)
+
+    times = []
+    for call in range(2 * LIBRARY_CALLS):
+        start = time.perf_counter()
+        once()
+        if call >= LIBRARY_CALLS:
+            times.append(1000 * (time.perf_counter() - start))
+    return round(float(np.median(times)), 4)
 
 
 async def send(url: str, model: str, inputs: list[tuple[str, np.ndarray, str]], concurrency: int, total: int) -> Point:
@@ -154,6 +196,9 @@ def main(argv: list[str] | None = None) -> int:
     points = []
     with ServerProcess(command, args.out / f"{args.model}-alone-server.log", 300.0) as server:
         inputs = model_inputs(command.grpc_url, args.model, args.clip)
+        library = library_ms(inputs) if args.model == tensor_names.POSTPROCESSING_NAME else None
+        if library is not None:
+            say(f"the library's part of a request, in this process: {library} ms (median of {LIBRARY_CALLS})")
         asyncio.run(send(command.grpc_url, args.model, inputs, 64, 2000))  # warm-up
         for concurrency in args.concurrency:
             point = measure(server, args.model, inputs, concurrency, args.requests)
@@ -165,7 +210,8 @@ def main(argv: list[str] | None = None) -> int:
     command_line = "python -m bench.model_alone " + " ".join(argv if argv is not None else sys.argv[1:])
     (args.out / f"{args.model}-alone.json").write_text(json.dumps(
         {"run": provenance(), "command": command_line, "model": args.model, "clip": args.clip.name,
-         "repository": str(args.model_repository or "packaged"), "points": [asdict(p) for p in points]}, indent=1))
+         "repository": str(args.model_repository or "packaged"), "library_ms": library,
+         "points": [asdict(p) for p in points]}, indent=1))
     return 0
 
 

@@ -15,7 +15,8 @@ from typing import Any
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.contract.decoded_tensors import DecodedTensors, from_tensors
 from python_backend_lib.contract.parameters import parse_request_parameters
-from python_backend_lib.serving.inputs import read_samples, read_speech_timeline, single_row
+from python_backend_lib.core.options import TranscribeOptions
+from python_backend_lib.serving.inputs import SpeechTimeline, read_samples, read_speech_timeline, single_row
 from python_backend_lib.serving.responses import error_response, transcript_response
 from python_backend_lib.serving.settings import ModelSettings
 from python_backend_lib.text.formats import Document
@@ -39,11 +40,8 @@ class PostprocessingService:
             parameters = parse_request_parameters(request.parameters())
             samples = read_samples(self.pb_utils, request, self.settings.max_audio_seconds)
             timeline = read_speech_timeline(self.pb_utils, request, samples)
-            recording = from_tensors(self._tensors(request), samples)
-            transcript = assemble(recording, self.tokenizer)
-            if timeline is not None:
-                transcript = on_recording_timeline(transcript, timeline.spans, timeline.recording_samples)
-            document = Document.from_transcript(transcript, parameters.transcription)
+            document = transcript_document(self._tensors(request), samples, timeline, parameters.transcription,
+                                           self.tokenizer)
             return transcript_response(self.pb_utils, document, parameters.response_format)
         except Exception as error:
             return error_response(self.pb_utils, error)
@@ -59,3 +57,18 @@ class PostprocessingService:
             language=row(tensor_names.LANGUAGE),
             language_probability=row(tensor_names.LANGUAGE_PROBABILITY),
         )
+
+
+def transcript_document(
+    tensors: DecodedTensors,
+    samples: int,
+    timeline: SpeechTimeline | None,
+    options: TranscribeOptions,
+    tokenizer: Tokenizer,
+) -> Document:
+    """A request's transcript from its inputs, read and checked: the library's own part
+    of the model's work (`bench.model_alone` times it beside the stub's `execute`)."""
+    transcript = assemble(from_tensors(tensors, samples), tokenizer)
+    if timeline is not None:
+        transcript = on_recording_timeline(transcript, timeline.spans, timeline.recording_samples)
+    return Document.from_transcript(transcript, options)

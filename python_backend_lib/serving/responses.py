@@ -67,10 +67,16 @@ def tensors_response(pb_utils: Any, arrays: Mapping[str, np.ndarray]) -> Any:
 def transcript_response(pb_utils: Any, document: Document, response_format: ResponseFormat) -> Any:
     """An `InferenceResponse` with a finished transcript's TEXT, SEGMENTS and FORMATTED
     (the document in `response_format`), each a [1, 1] BYTES tensor of UTF-8."""
-    outputs = {
+    rows = {name: np.array([text.encode("utf-8")], dtype=np.object_)  # [1] each
+            for name, text in transcript_outputs(document, response_format).items()}
+    return tensors_response(pb_utils, rows)
+
+
+def transcript_outputs(document: Document, response_format: ResponseFormat) -> dict[str, str]:
+    """A finished transcript's three outputs, by tensor name: its text, its segments as
+    JSON and the document in `response_format`."""
+    return {
         tensor_names.TEXT: document.text,
         tensor_names.SEGMENTS: segments_to_json(document.segments),
         tensor_names.FORMATTED: document.render(response_format),
     }
-    rows = {name: np.array([text.encode("utf-8")], dtype=np.object_) for name, text in outputs.items()}  # [1] each
-    return tensors_response(pb_utils, rows)

@@ -16,10 +16,13 @@ import pytest
 from reference import DATA
 
 from python_backend_lib.audio.decode import decode_audio
+from python_backend_lib.contract import tensor_names
 from python_backend_lib.contract.decoded_tensors import COLUMN, DecodedTensors, from_tensors, to_tensors
 from python_backend_lib.core.decoded import DecodedRecording, DecodedWindow
 from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.options import DecodingOptions, LongFormMode, TranscribeOptions
+from python_backend_lib.serving.postprocessing_service import transcript_document
+from python_backend_lib.serving.responses import transcript_outputs
 from python_backend_lib.text.formats import Document, ResponseFormat
 from python_backend_lib.text.transcript import assemble
 from python_backend_lib.transcription.pipeline import Pipeline
@@ -53,9 +56,12 @@ def test_a_decoded_recording_crosses_exactly_and_assembles_as_the_library(pipe, 
     recording = decoded(pipe, clip, options)
     tensors = to_tensors(recording)
     assert tensors.tokens.dtype == np.int32 and tensors.windows.dtype == np.float64
-    back = from_tensors(DecodedTensors(*(np.array(a) for a in dataclasses.astuple(tensors))), recording.samples)
+    crossed = DecodedTensors(*(np.array(a) for a in dataclasses.astuple(tensors)))
+    back = from_tensors(crossed, recording.samples)
     assert back == recording  # every token, statistic and time, to the last bit
-    ours = Document.from_transcript(assemble(back, pipe.tokenizer), options).render(ResponseFormat.VERBOSE_JSON)
+    # What the postprocessing model writes (its library part, `transcript_document`).
+    document = transcript_document(crossed, recording.samples, None, options, pipe.tokenizer)
+    ours = transcript_outputs(document, ResponseFormat.VERBOSE_JSON)[tensor_names.FORMATTED]
     assert ours == Document.from_transcript(pipe.assemble(recording), options).render(ResponseFormat.VERBOSE_JSON)
     # And the library's own path, decoding again, gives the same transcript: every word,
     # token and time. Its windows may be batched otherwise on a busy machine (three test
