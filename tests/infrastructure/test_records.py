@@ -229,6 +229,13 @@ def test_the_big_checkpoints_figures_are_the_record():
     assert (f"| RTFx {listed(runs(turbo, 'fa3', 3))} with fa3, against {listed(runs(turbo, 'sdpa', 2))} with SDPA "
             f"and {listed(runs(turbo, 'before', 2))} for 4a0f538; target 1,500 **missed**") in performance
     assert f"tanh GELU (not shipped) {rtfx[turbo, 'approx-fa3', now]} in one run" in performance
+    # The engine as it stands (b459549), three runs of one server in one call on a later lease.
+    final = "b459549"
+    lone = " / ".join(f"{v['latency_5s']['latency_ms']['p50']:.2f}" for run in data["served"] for v in run["variants"]
+                      if run["run"]["commit"].startswith(final))
+    latest = f"{listed([rtfx[turbo, f'run{i}', final] for i in (1, 2, 3)])}, a lone clip {lone} ms"
+    assert f"At the final engine ({final}, another H200 lease, one call) turbo served {latest}" in readme
+    assert f"at {final} (the engine as it stands, another lease, three runs in one call) {latest}" in performance
     # The tanh form as a sigmoid (c78af0d, not shipped) beside d47b745's tanh form, turbo.
     trial = [measured[turbo, label + s, "c78af0d"] for label in ("sigmoid", "before") for s in ("", "-2")]
     gain = (trial[0] + trial[1]) / (trial[2] + trial[3])
