@@ -99,8 +99,9 @@ def model_inputs(url: str, model: str, clip: Path) -> list[tuple[str, np.ndarray
 
 def library_ms(inputs: list[tuple[str, np.ndarray, str]]) -> float:
     """The median milliseconds of postprocessing's library part for these inputs (a request
-    without parameters, as this bench sends): what its `execute` does besides reading the
-    request and writing the response through Triton."""
+    without parameters, as this bench sends, and the packaged checkpoint's tokenizer, which
+    the server serves unless `--model-repository` says otherwise): what its `execute` does
+    besides reading the request and writing the response through Triton."""
     from python_backend_lib.checkpoints.configs import load_config
     from python_backend_lib.contract.decoded_tensors import DecodedTensors
     from python_backend_lib.contract.parameters import parse_request_parameters
@@ -110,13 +111,7 @@ def library_ms(inputs: list[tuple[str, np.ndarray, str]]) -> float:
     from python_backend_lib.text.tokenizer import load_tokenizer
 
     arrays = {name: single_row(array, name) for name, array, _ in inputs}
-    tensors = DecodedTensors(
-        tokens=arrays[tensor_names.TOKENS],
-        windows=arrays[tensor_names.WINDOWS],
-        alignment=arrays[tensor_names.ALIGNMENT],
-        language=arrays[tensor_names.LANGUAGE],
-        language_probability=arrays[tensor_names.LANGUAGE_PROBABILITY],
-    )
+    tensors = DecodedTensors.of(arrays.__getitem__)
     samples = int(arrays[tensor_names.SAMPLES][0])
     tokenizer = load_tokenizer(load_config("default"))
 

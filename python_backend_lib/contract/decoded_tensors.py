@@ -21,6 +21,7 @@ No torch.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,13 +59,22 @@ class DecodedTensors:
     language_probability: np.ndarray
 
     def by_name(self) -> dict[str, np.ndarray]:
-        return {
-            tensor_names.TOKENS: self.tokens,
-            tensor_names.WINDOWS: self.windows,
-            tensor_names.ALIGNMENT: self.alignment,
-            tensor_names.LANGUAGE: self.language,
-            tensor_names.LANGUAGE_PROBABILITY: self.language_probability,
-        }
+        return {name: getattr(self, field) for field, name in TENSOR_OF_FIELD.items()}
+
+    @classmethod
+    def of(cls, array: Callable[[str], np.ndarray]) -> DecodedTensors:
+        """The arrays `array` gives for each tensor's name (`by_name` the other way)."""
+        return cls(**{field: array(name) for field, name in TENSOR_OF_FIELD.items()})
+
+
+# Each field's Triton tensor: what `whisper` writes and `postprocessing` reads.
+TENSOR_OF_FIELD = {
+    "tokens": tensor_names.TOKENS,
+    "windows": tensor_names.WINDOWS,
+    "alignment": tensor_names.ALIGNMENT,
+    "language": tensor_names.LANGUAGE,
+    "language_probability": tensor_names.LANGUAGE_PROBABILITY,
+}
 
 
 def to_tensors(recording: DecodedRecording) -> DecodedTensors:

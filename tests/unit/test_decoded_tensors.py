@@ -56,7 +56,7 @@ def test_a_decoded_recording_crosses_exactly_and_assembles_as_the_library(pipe, 
     recording = decoded(pipe, clip, options)
     tensors = to_tensors(recording)
     assert tensors.tokens.dtype == np.int32 and tensors.windows.dtype == np.float64
-    crossed = DecodedTensors(*(np.array(a) for a in dataclasses.astuple(tensors)))
+    crossed = DecodedTensors.of({name: np.array(a) for name, a in tensors.by_name().items()}.__getitem__)  # by name
     back = from_tensors(crossed, recording.samples)
     assert back == recording  # every token, statistic and time, to the last bit
     # What the postprocessing model writes (its library part, `transcript_document`).
