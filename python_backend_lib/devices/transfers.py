@@ -70,26 +70,28 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
 class PinnedRing:
     """`depth` pinned host buffers of one shape and dtype, handed out in turn.
 
-    A buffer comes back round after `depth` others were taken. Host-to-device
-    staging: `take` waits, if it must, for the copy that last read the buffer
-    (`queued`). Device-to-host landing: the reader must have read a buffer before
-    it comes round again; `ToHost` checks that it has not (`Lease.current`).
+    A buffer comes back round after `depth` others were taken. Each buffer has one
+    event, recorded after the last copy queued from it or into it (`queued`), so
+    that a step makes no new event. Host-to-device staging: `take` waits, if it
+    must, for the copy that last read the buffer. Device-to-host landing: the
+    reader must have read a buffer before it comes round again; `ToHost` checks
+    that it has not (`Lease.current`).
     """
 
     def __init__(self, shape: tuple[int, ...], dtype: torch.dtype, depth: int = 4) -> None:
         self._buffers = [torch.empty(shape, dtype=dtype, pin_memory=True) for _ in range(depth)]
-        self._read_by = [torch.cuda.Event() for _ in range(depth)]  # recorded after a copy from the buffer
+        self._copied = [torch.cuda.Event() for _ in range(depth)]  # after the last copy from or into it
         self._taken = 0
 
     def take(self) -> Lease:
         i = self._taken % len(self._buffers)
         self._taken += 1
-        self._read_by[i].synchronize()  # a copy queued from it earlier: done long ago, as a rule
+        self._copied[i].synchronize()  # a copy queued earlier: done long ago, as a rule
         return Lease(self, i, self._taken)
 
     def queued(self, lease: Lease) -> None:
-        """A copy from the lease's buffer was just queued on the current stream."""
-        self._read_by[lease.index].record()
+        """A copy from or into the lease's buffer was just queued on the current stream."""
+        self._copied[lease.index].record()
 
 
 class Lease:
@@ -98,6 +100,11 @@ class Lease:
     def __init__(self, ring: PinnedRing, index: int, turn: int) -> None:
         self.ring, self.index, self.turn = ring, index, turn
         self.buffer = ring._buffers[index]
+
+    @property
+    def event(self) -> torch.cuda.Event:
+        """The buffer's event (`PinnedRing.queued`): passed once its last copy has run."""
+        return self.ring._copied[self.index]
 
     def current(self) -> bool:
         """Whether the buffer has not been handed out again since."""
@@ -113,23 +120,31 @@ class ToHost:
     def __init__(self, tensor: torch.Tensor, into: Lease | None = None) -> None:
         self._event = None
         self._lease = into
-        if tensor.device.type == "cuda":
-            fresh = into is None
-            self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True) if fresh else into.buffer
-            self._host.copy_(tensor, non_blocking=True)
+        if not tensor.is_cuda:
+            self._host = tensor
+            return
+        self._host = into.buffer if into is not None else torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+        self._host.copy_(tensor, non_blocking=True)
+        if into is not None:
+            into.ring.queued(into)  # the ring's event for the buffer: a step makes none
+            self._event = into.event
+        else:
             self._event = torch.cuda.Event()
             self._event.record()
-        else:
-            self._host = tensor
 
     def ready(self) -> bool:
         """Whether the copy has arrived (reading it would not wait)."""
+        self._check_lease()
         return self._event is None or self._event.query()
 
     def get(self) -> torch.Tensor:
         """The copy, once it has arrived."""
-        if self._lease is not None and not self._lease.current():
-            raise RuntimeError("a copy to the host was read after its pinned buffer had been handed out again")
+        self._check_lease()
         if self._event is not None:
             self._event.synchronize()
         return self._host
+
+    def _check_lease(self) -> None:
+        # After its turn the buffer, and its event, belong to a later copy.
+        if self._lease is not None and not self._lease.current():
+            raise RuntimeError("a copy to the host was read after its pinned buffer had been handed out again")

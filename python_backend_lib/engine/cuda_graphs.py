@@ -57,7 +57,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 import torch
@@ -121,6 +121,11 @@ class GraphKey:
     cross_page_size: int
 
 
+class _PaddedRows(NamedTuple):
+    slots: np.ndarray  # [batch]
+    lengths: np.ndarray  # [batch] self-attention keys, the new token included
+
+
 class _Entry:
     """One bucket: its graph, buffers and FlashInfer wrappers."""
 
@@ -143,34 +148,30 @@ class _Entry:
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
         self.pad[META_FOLLOWS] = -1
         self.shape = shape
-        # The rows' state when the self / cross tables were last written.
-        self.self_state: tuple | None = None
-        self.cross_slots: tuple | None = None
+        # The rows' slots and self pages (as bytes) when the self / cross tables were last written.
+        self.self_state: tuple[bytes, bytes] | None = None
+        self.cross_slots: bytes | None = None
         self.captured_plan: tuple | None = None
 
     def prepare(self, inputs: StepInputs) -> Prepared:
         """Write the step's plans for `inputs` (the rest of the bucket padding) and
         its staged metadata; nothing here waits for the device."""
-        n, b = len(inputs.slots), self.key.batch
+        n = len(inputs.slots)
         lease = self.staging.take()
         st = lease.buffer.numpy()
         st[:, n:] = self.pad[:, None]
-        slots = np.full(b, SCRATCH_SLOT, dtype=np.int64)
-        lengths = np.ones(b, dtype=np.int64)  # self-attention keys, the new token included
-        if n:
-            slots[:n] = inputs.slots
-            st[META_TOKEN, :n] = inputs.tokens
-            st[META_POSITION, :n] = inputs.positions
-            st[META_CACHE_INDEX, :n] = inputs.slots * self.shape.text_ctx + inputs.positions
-            st[META_FOLLOWS, :n] = inputs.follows
-            st[META_RULES:, :n] = inputs.facts
-            lengths[:n] = inputs.positions + 1
-
-        slot_key = tuple(slots.tolist())
-        self_state = (slot_key, tuple((-(-lengths // PAGE_SIZE)).tolist()))
-        # Same slots and pages: nothing to plan, the step's first kernel writes the
-        # last pages' fill from the positions (`_forward`).
+        st[META_TOKEN, :n] = inputs.tokens
+        st[META_POSITION, :n] = inputs.positions
+        st[META_CACHE_INDEX, :n] = inputs.slots * self.shape.text_ctx + inputs.positions
+        st[META_FOLLOWS, :n] = inputs.follows
+        st[META_RULES:, :n] = inputs.facts
+        # The tables change only with the rows' slots and self pages (the padding's never
+        # do); otherwise the step's first kernel writes the last pages' fill from the
+        # positions (`_forward`). Keyed on the real rows, most steps build nothing more.
+        slot_key = inputs.slots.tobytes()
+        self_state = (slot_key, (inputs.positions // PAGE_SIZE).tobytes())
         if self_state != self.self_state:
+            slots, lengths = self._padded(inputs)
             self_table = page_table(slots, lengths, self.shape.self_pages_per_slot)
             if self.planned is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
                 self.planned.synchronize()
@@ -182,7 +183,7 @@ class _Entry:
             self.planned = torch.cuda.Event()
             self.planned.record()
         if slot_key != self.cross_slots:
-            table = cross_table(slots, self.shape, self.decode.cross_paging)
+            table = cross_table(self._padded(inputs).slots, self.shape, self.decode.cross_paging)
             if self.cross_slots is None:  # at capture, before any step is in flight
                 self.decode.plan_cross(table)
                 self._check_plan()
@@ -190,6 +191,15 @@ class _Entry:
                 self.decode.cross_buffers[1].copy_(pinned(table.indices), non_blocking=True)
             self.cross_slots = slot_key
         return Prepared(self, inputs, lease.buffer, lease)
+
+    def _padded(self, inputs: StepInputs) -> _PaddedRows:
+        """Every row of the bucket: the step's, then padding in the scratch slot."""
+        n, b = len(inputs.slots), self.key.batch
+        slots = np.full(b, SCRATCH_SLOT, dtype=np.int64)
+        lengths = np.ones(b, dtype=np.int64)  # self-attention keys, the new token included
+        slots[:n] = inputs.slots
+        lengths[:n] = inputs.positions + 1
+        return _PaddedRows(slots, lengths)
 
     def _check_plan(self) -> None:
         if self.captured_plan is not None and self.decode.plan_info != self.captured_plan:
@@ -358,8 +368,8 @@ class DecodeGraphs:
             logits, picked = self._by_batch[entry.key.batch].replay()
         else:
             logits, picked = self._forward(entry)
-        hot = np.flatnonzero(inputs.temperatures > 0)
-        if len(hot):  # rows at a temperature draw from the filtered logits, as `sample` does eagerly
+        if inputs.temperatures.any():  # rows at a temperature draw from the filtered logits, as `sample` does eagerly
+            hot = np.flatnonzero(inputs.temperatures)  # temperatures are never negative
             device = logits.device
             index = to_device(hot, device)
             temperatures = to_device(inputs.temperatures[hot].astype(np.float32), device)

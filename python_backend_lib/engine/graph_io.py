@@ -117,7 +117,7 @@ class PendingStep:
         self._multilingual = multilingual
 
     def result(self) -> GraphStep:
-        rows = self._picked.get()[:, : self.n].tolist()
+        rows = self._picked.get().numpy()[:, : self.n].tolist()  # a numpy slice costs the host less than a torch one
         languages = None
         if self._multilingual:
             languages = [(int(i), p) for i, p in zip(rows[PICKED_LANGUAGE], rows[PICKED_LANGUAGE_PROBABILITY])]

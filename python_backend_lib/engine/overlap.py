@@ -37,7 +37,7 @@ import torch
 
 from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, GraphStep, PendingStep, StepInputs
 from python_backend_lib.engine.rows import END_ALLOWED, LAST_IS_TIMESTAMP, LAST_TIMESTAMP, Row, RowState, follow_facts
-from python_backend_lib.engine.rules import N_RULE_FACTS
+from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
 
 
 @dataclass(eq=False)
@@ -115,7 +115,9 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
     in_flight = {part.row: (i, part) for i, part in enumerate(previous.parts)} if previous else {}
     parts: list[Part] = []
     eager: list[Row] = []
-    tokens, positions, slots, temperatures, facts, follows_at, keys = [], [], [], [], [], [], []
+    tokens, positions, slots, temperatures, follows_at, keys = [], [], [], [], [], []
+    host_facts: list[RuleFacts] = []  # of the rows fed a token the host knows, in order
+    end_allowed: list[bool] = []  # of the rows that follow, in order
     for row in rows:
         index, part = in_flight.get(row, (None, None))
         if part is not None and part.chooses:
@@ -124,8 +126,7 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
             if len(row.generated) + 1 >= row.max_new_tokens:
                 continue  # done at the step in flight
             follows, token = index, -1  # the token comes at launch
-            row_facts = previous.facts[:, index].copy()
-            row_facts[END_ALLOWED] = len(row.generated) + 1 >= row.options.min_new_tokens
+            end_allowed.append(len(row.generated) + 1 >= row.options.min_new_tokens)
         elif part is not None and part.at_start and detects_language(row):
             continue  # its next tokens depend on the language it detects there
         elif not row.pending:
@@ -135,22 +136,27 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
             continue
         else:
             follows, token = None, row.pending[0]
-            row_facts = np.asarray(row.rule_facts(timestamp_begin), dtype=np.int64)
+            host_facts.append(row.rule_facts(timestamp_begin))
         at_start = row.cached == row.prompt.sot_index
         chooses = follows is not None or (len(row.pending) == 1 and not (at_start and detects_language(row)))
         parts.append(Part(row, follows, chooses, at_start))
         tokens.append(token)
         positions.append(row.cached)
         slots.append(row.slot)
-        temperatures.append(row.options.temperature if chooses else 0.0)
-        keys.append(row.draw_key(ahead=1 if follows is not None else 0))  # a follower's pick is not appended yet
-        facts.append(row_facts)
+        temperature = row.options.temperature if chooses else 0.0
+        temperatures.append(temperature)
+        # Only a draw at a temperature reads its key; a follower's pick is not appended yet.
+        keys.append(row.draw_key(ahead=1 if follows is not None else 0) if temperature > 0 else 0)
         follows_at.append(-1 if follows is None else follows)
     follows_at = np.array(follows_at, dtype=np.int64)
-    table = np.array(facts, dtype=np.int64).reshape(len(parts), N_RULE_FACTS).T
+    table = np.empty((N_RULE_FACTS, len(parts)), dtype=np.int64)
     following = np.flatnonzero(follows_at >= 0)
     if len(following):  # as if each pick were no timestamp; the device corrects it (`fed_inputs`)
-        table[:, following] = follow_facts(table[:, following], np.full(len(following), -1), timestamp_begin)
+        before = previous.facts[:, follows_at[following]]
+        table[:, following] = follow_facts(before, np.full(len(following), -1), timestamp_begin)
+        table[END_ALLOWED, following] = end_allowed
+    if host_facts:
+        table[:, follows_at < 0] = np.array(host_facts, dtype=np.int64).T
     inputs = StepInputs(
         slots=np.array(slots, dtype=np.int64),
         tokens=np.array(tokens, dtype=np.int64),
