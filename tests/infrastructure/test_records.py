@@ -196,6 +196,29 @@ def test_the_lone_large_v3_clip_figures_are_the_record():
     assert f"large-v3 **{after} ms against {before}**" in performance
 
 
+def test_the_host_calls_table_is_the_record():
+    """performance.md's table of the engine alone before and after fewer host calls a graph
+    step is the lone-clip record's `engine_host_calls` runs, in their order: each run's
+    p50, its plan, prepare and launch host time, and prepare and launch against the same
+    run's admission."""
+    record = json.loads((BENCHMARKS / "latency" / "served-aa7ccf5-tiny" / "lone-clip-runs.json").read_text())
+    runs = record["engine_host_calls"]["runs"]
+    assert [r["record"]["library"].get("checkout_commit", "")[:7] for r in runs] == ["2973aef", ""] * 3
+    performance = PERFORMANCE.read_text(encoding="utf-8")
+    rounds: dict[str, int] = {}
+    for run in runs:
+        label = run["label"]
+        rounds[label] = rounds.get(label, 0) + 1
+        parts = run["record"]["engine"]["engine_thread"]
+        us = {name: 1e3 * parts[f"  step: {name}"]["ms_per_call"]
+              for name in ("plan (rows, tokens, facts)", "prepare (page tables, staging)", "launch (copy in, replay)")}
+        admit = 1e3 * parts["admit (encoder launched)"]["ms_per_call"]
+        plan, prepare, launch = us.values()
+        row = (f"| {label} {rounds[label]} | {run['record']['engine']['latency_ms']['p50']:.2f} | {plan:.1f} | "
+               f"{prepare:.1f} | {launch:.1f} | {prepare / admit:.3f} | {launch / admit:.3f} |")
+        assert row in performance
+
+
 def test_the_big_checkpoints_figures_are_the_record():
     """The README's and performance.md's served RTFx of large-v3 and turbo are the best
     points (most good requests a second) of the record's H200 calls, per variant and
