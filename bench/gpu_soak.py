@@ -3,9 +3,10 @@
     python -m bench.gpu_soak --out OUT --seconds 120 --soak tiny-1gpu --soak tiny-2gpu ...
 
 Each soak (`SOAKS`) starts `whisper-triton serve` as a user would (its GPUs, MPS
-on or off), then the load generator keeps `concurrency` requests in flight for
-`--seconds`, every request with a timeout. The requests mix the soak's kinds
-(`KINDS`: plain, word timestamps, beams, translate), one kind per clip in turn.
+on or off, `--quantize fp8` where the soak asks for it), then the load generator
+keeps `concurrency` requests in flight for `--seconds`, every request with a
+timeout. The requests mix the soak's kinds (`KINDS`: plain, word timestamps,
+beams, translate), one kind per clip in turn.
 With real weights each answer is judged against the library's transcript of its
 clip; random weights decode freely, so every row runs as far as the text context
 lets it, which is the length limit's stress. A soak may run live sessions
@@ -89,6 +90,7 @@ class Soak:
     concurrency: int
     request_timeout_s: float
     live_sessions: int = 0  # Realtime sessions beside the batch load
+    quantize: str | None = None  # `serve --quantize` (None: exact); the CPU smoke run serves exact
 
 
 SOAKS: dict[str, Soak] = {
@@ -97,6 +99,7 @@ SOAKS: dict[str, Soak] = {
     "tiny-2gpu-no-mps": Soak("tiny", "0,1", False, ("plain", "words", "beams"), 1024, 60.0),
     "base-mixed": Soak("base-random", "0", True, ("plain", "translate", "beams", "words"), 256, 180.0),
     "large-v3": Soak("large-v3", "0", True, ("plain",), 128, 180.0),
+    "large-v3-fp8": Soak("large-v3", "0", True, ("plain",), 128, 180.0, quantize="fp8"),  # Hopper's opt-in
 }  # fmt: skip
 
 
@@ -174,8 +177,8 @@ def run_soak(label: str, soak: Soak, args) -> dict:
         soak = replace(soak, gpus=args.gpus)
     if args.cpu:  # the harness's smoke run: the same soak, served on the CPU, at --concurrency
         soak = replace(soak, gpus=None, mps=None, concurrency=args.concurrency or soak.concurrency,
-                       live_sessions=min(soak.live_sessions, args.concurrency or soak.live_sessions))
-    command = ServeCommand(checkpoint, None, soak.gpus, mps=soak.mps, checkout=args.checkout)
+                       live_sessions=min(soak.live_sessions, args.concurrency or soak.live_sessions), quantize=None)
+    command = ServeCommand(checkpoint, None, soak.gpus, mps=soak.mps, quantize=soak.quantize, checkout=args.checkout)
     record: dict = {"label": label, "soak": asdict(soak), "command": command.display, "seconds": args.seconds,
                     **checkout_record(args.checkout)}
     say(f"{label}: starting {command.display}")

@@ -130,7 +130,8 @@ def test_random_weights_decoding_freely_pass_on_form_alone():
 def test_every_soak_asks_for_request_kinds_the_server_accepts():
     for kind in KINDS.values():
         parse_request_parameters({"response_format": "verbose_json", **kind})
-    assert {"tiny-1gpu", "tiny-2gpu", "tiny-2gpu-no-mps", "base-mixed", "large-v3"} <= set(SOAKS)
+    assert {"tiny-1gpu", "tiny-2gpu", "tiny-2gpu-no-mps", "base-mixed", "large-v3", "large-v3-fp8"} <= set(SOAKS)
+    assert SOAKS["large-v3-fp8"].quantize == "fp8" and SOAKS["large-v3"].quantize is None
     assert any(s.live_sessions for s in SOAKS.values()) and {s.mps for s in SOAKS.values()} == {True, False}
 
 
