@@ -123,14 +123,16 @@ class ToHost:
         if not tensor.is_cuda:
             self._host = tensor
             return
-        self._host = into.buffer if into is not None else torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
-        self._host.copy_(tensor, non_blocking=True)
-        if into is not None:
-            into.ring.queued(into)  # the ring's event for the buffer: a step makes none
-            self._event = into.event
-        else:
+        if into is None:
+            self._host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            self._host.copy_(tensor, non_blocking=True)
             self._event = torch.cuda.Event()
             self._event.record()
+        else:  # the ring's buffer and its event: a step allocates neither
+            self._host = into.buffer
+            self._host.copy_(tensor, non_blocking=True)
+            into.ring.queued(into)
+            self._event = into.event
 
     def ready(self) -> bool:
         """Whether the copy has arrived (reading it would not wait)."""

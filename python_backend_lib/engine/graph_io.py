@@ -42,7 +42,7 @@ class StepInputs:
         row that follows, as if its previous pick were no timestamp (the device
         corrects them once it has the pick).
     temperatures: rows above 0 draw their token at that temperature, on the device.
-    draw_keys: each row's key for that draw (`Row.draw_key`).
+    draw_keys: each row's key for that draw (`Row.draw_key`); any value where it draws none.
     follows: each row's index in the step before, whose pick it feeds on the device
         (the step is launched before that pick is known); -1: it feeds `tokens`.
     """
