@@ -304,16 +304,33 @@ def measure(system: str, setting: str, repeat: int, transcribe: Transcriber, rec
     return measurement
 
 
+def cpu_identity(cpuinfo: str) -> dict:
+    """The CPU as /proc/cpuinfo names it. A virtual machine may name only the vendor and
+    line ("AMD EPYC"); the family and model tell its generations apart, and AVX-512 is
+    what changes both engines' float arithmetic, and so which of two near-tied tokens wins."""
+    first: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the first processor's block names them all
+        key, _, value = line.partition(":")
+        first[key.strip()] = value.strip()
+    return {
+        "cpu": first.get("model name") or platform.processor(),
+        "cpu_family": first.get("cpu family"),
+        "cpu_model": first.get("model"),
+        "avx512": "avx512f" in first.get("flags", "").split(),
+    }
+
+
 def machine() -> dict:
-    cpu_model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                      if line.startswith("model name")), platform.processor())  # fmt: skip
     versions = {}
     for package in ("torch", "ctranslate2", "faster-whisper", "nvidia-pytriton"):
         with contextlib.suppress(Exception):
             import importlib.metadata
 
             versions[package] = importlib.metadata.version(package)
-    return {"cpu": cpu_model, "cores": os.cpu_count(), "python": platform.python_version(), **versions}
+    identity = cpu_identity(Path("/proc/cpuinfo").read_text())
+    return {**identity, "cores": os.cpu_count(), "python": platform.python_version(), **versions}
 
 
 def commit() -> dict:

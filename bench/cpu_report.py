@@ -102,6 +102,15 @@ def process_split(served: Summary) -> str:
     return table(["process", "CPU s per measurement (median)"], rows)
 
 
+def cpu_name(machine: dict) -> str:
+    """The CPU with its family, model and AVX-512 where the record has them (records before
+    `bench.cpu.cpu_identity` name only what /proc/cpuinfo's model name says)."""
+    if machine.get("cpu_family") is None:
+        return machine["cpu"]
+    avx = ", AVX-512" if machine.get("avx512") else ", no AVX-512"
+    return f"{machine['cpu']} (family {machine['cpu_family']}, model {machine['cpu_model']}{avx})"
+
+
 def render(data: dict) -> str:
     audio = data["audio_s_per_round"] * data["rounds"]
     found = summaries(data["measurements"])
@@ -110,7 +119,7 @@ def render(data: dict) -> str:
         "# CPU: served tiny.en, float32 and int8, against faster-whisper int8",
         "",
         f"{data['date']}, commit `{data['commit'][:12]}`{' (uncommitted changes)' if data['dirty'] else ''}, "
-        f"{machine['cpu']}, {machine['cores']} cores; torch {machine.get('torch')}, ctranslate2 "
+        f"{cpu_name(machine)}, {machine['cores']} cores; torch {machine.get('torch')}, ctranslate2 "
         f"{machine.get('ctranslate2')}, faster-whisper {machine.get('faster-whisper')}.",
         "",
         f"Command: `{data['command']}`. {len(data['clips'])} recordings of tests/data/audio "
@@ -156,7 +165,7 @@ def plot(data: dict, path: Path) -> None:
     axes.bar_label(bars, labels=[f"{m:.1f}" for m in medians], label_type="center", color="white")
     axes.set_ylabel("RTFx (audio s / wall s), median and range")
     machine = data["machine"]
-    axes.set_title(f"tiny.en on {machine['cpu']}, {machine['cores']} cores, commit {data['commit'][:7]}")
+    axes.set_title(f"tiny.en on {cpu_name(machine)}, {machine['cores']} cores, commit {data['commit'][:7]}")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from reference import Clip
 
-from bench.cpu import Measurement, corpus_errors
-from bench.cpu_report import ratio, render, summaries, write_report
+from bench.cpu import Measurement, corpus_errors, cpu_identity
+from bench.cpu_report import cpu_name, ratio, render, summaries, write_report
 
 REFERENCES = {
     "a.wav": Clip("a.wav", 2.0, "ten of clubs"),
@@ -61,3 +61,28 @@ def test_the_report_is_written_with_its_plot(tmp_path):
     write_report(data, tmp_path)
     assert "![RTFx of each system](cpu.png)" in (tmp_path / "cpu.md").read_text()
     assert (tmp_path / "cpu.png").read_bytes().startswith(b"\x89PNG")
+
+
+CPUINFO = """processor\t: 0
+vendor_id\t: AuthenticAMD
+cpu family\t: 26
+model\t\t: 2
+model name\t: AMD EPYC
+flags\t\t: fpu sse2 avx2 avx512f avx512bw
+
+processor\t: 1
+cpu family\t: 25
+model\t\t: 1
+model name\t: another
+flags\t\t: fpu sse2
+"""
+
+
+def test_the_machine_is_named_by_its_first_processor_with_family_model_and_avx512():
+    """A virtual machine's model name says only "AMD EPYC": the family, model and AVX-512
+    tell two generations apart in a record and its report."""
+    identity = cpu_identity(CPUINFO)
+    assert identity == {"cpu": "AMD EPYC", "cpu_family": "26", "cpu_model": "2", "avx512": True}
+    assert cpu_name({**identity, "cores": 2}) == "AMD EPYC (family 26, model 2, AVX-512)"
+    assert cpu_identity(CPUINFO.replace(" avx512f", ""))["avx512"] is False
+    assert cpu_name({"cpu": "AMD EPYC", "cores": 2}) == "AMD EPYC"  # a record made before
