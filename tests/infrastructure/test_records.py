@@ -196,6 +196,26 @@ def test_the_lone_large_v3_clip_figures_are_the_record():
     assert f"large-v3 **{after} ms against {before}**" in performance
 
 
+def test_the_cpu_figures_are_the_record():
+    """The README's CPU line and performance.md's row are cpu.json's medians: served int8
+    and float32 against faster-whisper's best, with the int8 and best turns' ranges."""
+    from bench.cpu_report import ratio, summaries
+
+    data = json.loads((BENCHMARKS / "cpu.json").read_text(encoding="utf-8"))
+    found = summaries(data["measurements"])
+    int8_ratio, int8, best = ratio(found, "served int8")
+    float32_ratio, float32, _ = ratio(found)
+    readme = " ".join((REPO_ROOT / "README.md").read_text(encoding="utf-8").split())
+    assert (f"`--quantize int8` served RTFx {int8.median_rtfx:.1f} against faster-whisper int8's best "
+            f"{best.median_rtfx:.1f} ({int8_ratio:.2f}; three turns {min(int8.rtfx):.1f} to {max(int8.rtfx):.1f} "
+            f"against {min(best.rtfx):.1f} to {max(best.rtfx):.1f}), float32 as shipped "
+            f"{float32.median_rtfx:.1f} ({float32_ratio:.2f})") in readme
+    assert data["commit"][:7] in readme
+    row = (f"| {int8_ratio:.2f} (RTFx {int8.median_rtfx:.1f} against {best.median_rtfx:.1f}); float32 as shipped "
+           f"{float32_ratio:.2f} |")
+    assert row in PERFORMANCE.read_text(encoding="utf-8")
+
+
 def test_the_host_calls_table_is_the_record():
     """performance.md's table of the engine alone before and after fewer host calls a graph
     step is the lone-clip record's `engine_host_calls` runs, in their order: each run's
