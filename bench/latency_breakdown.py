@@ -63,6 +63,13 @@ class Timings:
                 for label, c in self.calls.items()}  # fmt: skip
 
 
+# The engine thread's parts (`instrument`): admission, whose code a change to the decoder's
+# steps leaves alone, is what bench.latency_variants measures each step part against.
+ADMIT = "admit (encoder launched)"
+STEP = "decoder step (on the engine thread)"
+STEP_PART = "  step: "  # how the labels of a step's parts begin
+
+
 def instrument() -> Timings:
     from python_backend_lib.engine import batch, cuda_graphs
     from python_backend_lib.engine.batch import DecodeBatch
@@ -72,20 +79,20 @@ def instrument() -> Timings:
     from python_backend_lib.engine.scheduler import Engine
 
     timings = Timings()
-    timings.wrap(Engine, "_encode", "admit (encoder launched)")
+    timings.wrap(Engine, "_encode", ADMIT)
     timings.wrap(Engine, "_collect", "engine loop: collect new windows")
     timings.wrap(Engine, "_deliver", "engine loop: deliver finished")
     timings.wrap(DecodeBatch, "checkpoint", "engine loop: checkpoint the rows")
-    timings.wrap(DecodeBatch, "step", "decoder step (on the engine thread)")
-    timings.wrap(batch, "plan_step", "  step: plan (rows, tokens, facts)")
-    timings.wrap(DecodeGraphs, "prepare", "  step: prepare (page tables, staging)")
+    timings.wrap(DecodeBatch, "step", STEP)
+    timings.wrap(batch, "plan_step", STEP_PART + "plan (rows, tokens, facts)")
+    timings.wrap(DecodeGraphs, "prepare", STEP_PART + "prepare (page tables, staging)")
     timings.wrap(cuda_graphs, "page_table", "    prepare: page tables (numpy)")
     timings.wrap(cuda_graphs, "pinned", "    prepare: pinned copies")
-    timings.wrap(DecodeGraphs, "launch", "  step: launch (copy in, replay)")
-    timings.wrap(PendingStep, "result", "  step: wait for picks")
-    timings.wrap(Launched, "settle", "  step: settle the fed tokens")
-    timings.wrap(DecodeBatch, "_finish", "  step: handle the picks")
-    timings.wrap(Launched, "remember_before", "  step: remember the rows")
+    timings.wrap(DecodeGraphs, "launch", STEP_PART + "launch (copy in, replay)")
+    timings.wrap(PendingStep, "result", STEP_PART + "wait for picks")
+    timings.wrap(Launched, "settle", STEP_PART + "settle the fed tokens")
+    timings.wrap(DecodeBatch, "_finish", STEP_PART + "handle the picks")
+    timings.wrap(Launched, "remember_before", STEP_PART + "remember the rows")
     return timings
 
 

@@ -64,6 +64,30 @@ def rows(runs: list[dict]) -> list[list]:
     return table
 
 
+def host_rows(runs: list[dict]) -> list[list]:
+    """Per model and label, the engine thread's host time a call of the decoder step and of
+    each of its parts (us, mean over the runs), and beside it the mean of each run's time
+    against that run's admission (`latency_breakdown.ADMIT`). A host's pace drifts from run
+    to run; admission's code is the same in both versions of a change to the steps, so the
+    ratio shows the change where the p50 is lost in the drift. Empty when a run lacks them."""
+    from bench.latency_breakdown import ADMIT, STEP, STEP_PART
+
+    threads = [run["record"]["engine"].get("engine_thread") or {} for run in runs]
+    if not all(ADMIT in thread and STEP in thread for thread in threads):
+        return []
+    table = []
+    for (model, label), records in grouped(runs).items():
+        parts = [name for name in records[0]["engine"]["engine_thread"] if name == STEP or name.startswith(STEP_PART)]
+        row: list = [model, label]
+        for name in parts:
+            calls = [r["engine"]["engine_thread"] for r in records]
+            micros = statistics.mean(1e3 * c[name]["ms_per_call"] for c in calls)
+            against = statistics.mean(c[name]["ms_per_call"] / c[ADMIT]["ms_per_call"] for c in calls)
+            row.append(f"{micros:.1f} ({against:.3f})")
+        table.append(row)
+    return table
+
+
 def markdown(data: dict) -> str:
     first = data["runs"][0]["record"]
     made = first["provenance"]
@@ -79,6 +103,15 @@ def markdown(data: dict) -> str:
         markdown_table(["model", "variant", "code", "p50 ms, each run", "p50 mean", "kernels a graph step",
                         "GPU busy ms a request"], rows(data["runs"])),  # fmt: skip
     ]
+    if host := host_rows(data["runs"]):
+        from bench.latency_breakdown import STEP, STEP_PART
+
+        names = [name.removeprefix(STEP_PART) for name in data["runs"][0]["record"]["engine"]["engine_thread"]
+                 if name == STEP or name.startswith(STEP_PART)]  # fmt: skip
+        lines += ["", "The engine thread's host time a call, us (mean over the runs), and in brackets each run's "
+                  "time against its own admission's, averaged: admission's code is the same in every version, so "
+                  "the bracket shows a change to a step's host work where the host's pace drifts.", "",
+                  markdown_table(["model", "variant", *names], host)]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
