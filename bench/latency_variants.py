@@ -64,23 +64,31 @@ def rows(runs: list[dict]) -> list[list]:
     return table
 
 
+def step_parts(runs: list[dict]) -> list[str]:
+    """The engine thread's labels of the decoder step and of its parts, in the first run's order."""
+    from bench.latency_breakdown import STEP, STEP_PART
+
+    thread = runs[0]["record"]["engine"].get("engine_thread") or {}
+    return [name for name in thread if name == STEP or name.startswith(STEP_PART)]
+
+
 def host_rows(runs: list[dict]) -> list[list]:
     """Per model and label, the engine thread's host time a call of the decoder step and of
     each of its parts (us, mean over the runs), and beside it the mean of each run's time
     against that run's admission (`latency_breakdown.ADMIT`). A host's pace drifts from run
     to run; admission's code is the same in both versions of a change to the steps, so the
     ratio shows the change where the p50 is lost in the drift. Empty when a run lacks them."""
-    from bench.latency_breakdown import ADMIT, STEP, STEP_PART
+    from bench.latency_breakdown import ADMIT
 
+    parts = step_parts(runs)
     threads = [run["record"]["engine"].get("engine_thread") or {} for run in runs]
-    if not all(ADMIT in thread and STEP in thread for thread in threads):
+    if not parts or not all(ADMIT in thread and all(p in thread for p in parts) for thread in threads):
         return []
     table = []
     for (model, label), records in grouped(runs).items():
-        parts = [name for name in records[0]["engine"]["engine_thread"] if name == STEP or name.startswith(STEP_PART)]
+        calls = [r["engine"]["engine_thread"] for r in records]
         row: list = [model, label]
         for name in parts:
-            calls = [r["engine"]["engine_thread"] for r in records]
             micros = statistics.mean(1e3 * c[name]["ms_per_call"] for c in calls)
             against = statistics.mean(c[name]["ms_per_call"] / c[ADMIT]["ms_per_call"] for c in calls)
             row.append(f"{micros:.1f} ({against:.3f})")
@@ -104,10 +112,9 @@ def markdown(data: dict) -> str:
                         "GPU busy ms a request"], rows(data["runs"])),  # fmt: skip
     ]
     if host := host_rows(data["runs"]):
-        from bench.latency_breakdown import STEP, STEP_PART
+        from bench.latency_breakdown import STEP_PART
 
-        names = [name.removeprefix(STEP_PART) for name in data["runs"][0]["record"]["engine"]["engine_thread"]
-                 if name == STEP or name.startswith(STEP_PART)]  # fmt: skip
+        names = [name.removeprefix(STEP_PART) for name in step_parts(data["runs"])]
         lines += ["", "The engine thread's host time a call, us (mean over the runs), and in brackets each run's "
                   "time against its own admission's, averaged: admission's code is the same in every version, so "
                   "the bracket shows a change to a step's host work where the host's pace drifts.", "",
