@@ -17,9 +17,13 @@ pytestmark = pytest.mark.server
 
 def test_every_batch_request_is_answered_or_counted_failed_with_its_reason(server: RunningServer, monkeypatch):
     # A timeout no answer can meet: each request fails at its deadline and is counted, by its reason.
+    # For a tenth of a second only: each cancelled request still waits in preprocessing's queue
+    # (256), so a whole second's 600 overflowed it (refused as overloaded, not late), and a storm
+    # of deadlines that long once crashed Triton 2.51's gRPC server, shared by the tests after it
+    # (an upstream race between a cancellation and the response, fixed after 2.51: reliability.md).
     with monkeypatch.context() as patch:
         patch.setattr(live_latency, "BATCH_TIMEOUT_S", 0.001)
-        load = asyncio.run(live_latency.batch_load(server.grpc_url, concurrency=2, seconds=1.0))
+        load = asyncio.run(live_latency.batch_load(server.grpc_url, concurrency=2, seconds=0.1))
     assert load.answered == load.requests == 0 and load.audio_s == 0.0
     assert sum(load.failed.values()) == load.sent >= 2, load
     assert all(reason.startswith("DEADLINE_EXCEEDED") for reason in load.failed), load.failed
