@@ -170,9 +170,10 @@ class _Entry:
         # positions (`_forward`). Keyed on the real rows, most steps build nothing more.
         slot_key = inputs.slots.tobytes()
         self_state = (slot_key, (inputs.positions // PAGE_SIZE).tobytes())
+        padded: _PaddedRows | None = None  # built once, and only for a table that changes
         if self_state != self.self_state:
-            slots, lengths = self._padded(inputs)
-            self_table = page_table(slots, lengths, self.shape.self_pages_per_slot)
+            padded = self._padded(inputs)
+            self_table = page_table(padded.slots, padded.lengths, self.shape.self_pages_per_slot)
             if self.planned is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
                 self.planned.synchronize()
             indices = self.self_indices[: len(self_table.indices)]
@@ -183,7 +184,9 @@ class _Entry:
             self.planned = torch.cuda.Event()
             self.planned.record()
         if slot_key != self.cross_slots:
-            table = cross_table(self._padded(inputs).slots, self.shape, self.decode.cross_paging)
+            if padded is None:
+                padded = self._padded(inputs)
+            table = cross_table(padded.slots, self.shape, self.decode.cross_paging)
             if self.cross_slots is None:  # at capture, before any step is in flight
                 self.decode.plan_cross(table)
                 self._check_plan()
