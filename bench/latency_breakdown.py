@@ -228,7 +228,10 @@ def models_markdown(models: dict, client_p50_ms: float) -> list[str]:
               for name, m in models.items()]  # fmt: skip
     composing = sum(m["queue_ms"] + m["execute_ms"] for name, m in models.items() if name != "transcribe")
     lines += ["", f"The composing models' queue and execute times add up to {composing:.2f} ms of the client's "
-              f"p50 {client_p50_ms} ms; the rest is the hops between them, the ensemble, the transport and the client."]  # fmt: skip
+              f"p50 {client_p50_ms} ms. preprocessing and whisper answer from threads of their own after `execute` "
+              "returns (the audio decoded and its log-mel made; the window decoded), so the rest holds that work as "
+              "well as the hops between the models, the ensemble, the transport and the client: the trace below "
+              "places each model's answer by the next model's queueing."]  # fmt: skip
     return lines
 
 

@@ -3,7 +3,8 @@
 Triton's "triton" trace mode writes, for every traced request, the times (CLOCK_MONOTONIC,
 nanoseconds: the clock of Python's `time.monotonic_ns`) at which the gRPC or HTTP
 front end read it and sent its answer, the ensemble started and received the answer, and
-each model's request was queued, its `execute` started and returned. Here these become
+each model's request was queued, its `execute` started, handed the inputs over, had its
+outputs back and returned, and the request ended (`MODEL_EVENTS`). Here these become
 a timeline of the ensemble request: each event's offset from the moment the front end
 had read the request, as the median over the traced requests.
 
@@ -25,8 +26,19 @@ from bench.stats import percentile_summary
 # The front end's first timestamp once the request is read: GRPC_WAITREAD_START is
 # when the server began waiting for it, which includes the client's idle time.
 RECEIVED = ("GRPC_WAITREAD_END", "HTTP_RECV_END")
-# Per-model events worth reading, in the order they normally happen.
-MODEL_EVENTS = {"QUEUE_START": "queued", "COMPUTE_START": "execute starts", "COMPUTE_END": "execute returns"}
+# Per-model events worth reading, in the order they normally happen. For a Python-backend
+# model (r24.10's python_be.cc) the backend's execute starts, writes the requests for its
+# stub process ("inputs handed over"), gets the stub's `execute` return ("stub returned"),
+# then sends the responses that return carried (a GPU output costs one more round trip to
+# the stub) and returns; "released" is Triton's end of the request.
+MODEL_EVENTS = {
+    "QUEUE_START": "queued",
+    "COMPUTE_START": "execute starts",
+    "COMPUTE_INPUT_END": "inputs handed over",
+    "COMPUTE_OUTPUT_START": "stub returned",
+    "COMPUTE_END": "execute returns",
+    "REQUEST_END": "released",
+}
 ENSEMBLE_EVENTS = {
     "REQUEST_START": "ensemble starts",
     "INFER_RESPONSE_COMPLETE": "ensemble has the answer",

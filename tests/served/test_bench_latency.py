@@ -196,6 +196,11 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
     # whisper gets the waveform only once preprocessing answered, and the ensemble its answer from whisper.
     assert at["preprocessing: execute starts"] < at["whisper: queued"] <= at["whisper: execute starts"]
     assert at["whisper: execute starts"] < at["ensemble has the answer"] <= at["gRPC sent the answer"]
+    # Each model's own events, as its Python backend makes them in every request, in order:
+    # the stub has the inputs, returns from `execute`, the backend returns, the request ends.
+    for name in ("preprocessing", "whisper", "postprocessing"):
+        steps = ("queued", "execute starts", "inputs handed over", "stub returned", "execute returns", "released")
+        assert [at[f"{name}: {step}"] for step in steps] == sorted(at[f"{name}: {step}"] for step in steps)
     # The client sent each request before the front end read it, and had its answer only
     # once the front end began to send it: per request, and so in the medians of the same
     # requests, its latency covers the server's span up to then. (The front end marks the
