@@ -221,7 +221,7 @@ def test_the_host_calls_table_is_the_record():
     step is the lone-clip record's `engine_host_calls` runs, in their order: each run's
     p50, its plan, prepare and launch host time, and prepare and launch against the same
     run's admission."""
-    record = json.loads((BENCHMARKS / "latency" / "served-aa7ccf5-tiny" / "lone-clip-runs.json").read_text())
+    record = json.loads((BENCHMARKS / "latency" / "lone-clip-tiny" / "lone-clip-runs.json").read_text())
     runs = record["engine_host_calls"]["runs"]
     assert [r["record"]["library"].get("checkout_commit", "")[:7] for r in runs] == ["2973aef", ""] * 3
     performance = PERFORMANCE.read_text(encoding="utf-8")
@@ -237,6 +237,45 @@ def test_the_host_calls_table_is_the_record():
         row = (f"| {label} {rounds[label]} | {run['record']['engine']['latency_ms']['p50']:.2f} | {plan:.1f} | "
                f"{prepare:.1f} | {launch:.1f} | {prepare / admit:.3f} | {launch / admit:.3f} |")
         assert row in performance
+
+
+LONE_CLIP = BENCHMARKS / "latency" / "lone-clip-tiny" / "lone-clip-runs.json"
+
+
+def test_the_lone_clip_and_h200_saturation_figures_are_the_record():
+    """performance.md's rows and the README's line for tiny on one H200 at the current engine
+    are the lone-clip record's last runs: the last breakdown (served p50, the engine alone,
+    three events of Triton's trace), the MPS on/off run and the saturation run (each
+    variant's best requests a second and RTFx, and its lone clip's p50)."""
+    from bench.comparisons import best_point
+
+    record = json.loads(LONE_CLIP.read_text(encoding="utf-8"))
+    *_, mps, saturation = record["served_variants"]
+    breakdown = record["breakdowns"][-1]
+    at = {event["label"]: event["median_ms"] for event in breakdown["served"]["trace"]["events"]}
+    performance = PERFORMANCE.read_text(encoding="utf-8")
+    readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
+    commit = breakdown["provenance"]["commit"][:7]
+    assert commit == saturation["run"]["commit"][:7]
+    assert (f"tiny-random served p50 {breakdown['served']['latency_ms']['p50']:.2f} ms: in whisper's queue at "
+            f"{at['whisper: queued']:.2f} ms, in postprocessing's at {at['postprocessing: queued']:.2f}, sent at "
+            f"{at['gRPC sent the answer']:.2f}; the engine alone {breakdown['engine']['latency_ms']['p50']:.2f} ms"
+            ) in performance
+    best = [best_point(v) for v in saturation["variants"]]
+    lone = [v["latency_5s"]["latency_ms"]["p50"] for v in saturation["variants"]]
+    figures = (f"RTFx {best[0]['rtfx']:,.0f} and {best[1]['rtfx']:,.0f} ({best[0]['goodput_per_s']:,.0f} and "
+               f"{best[1]['goodput_per_s']:,.0f} requests/s at concurrency {best[0]['concurrency']:,}); a lone clip "
+               f"p50 {lone[0]:.2f} and {lone[1]:.2f} ms | two runs in one call")
+    assert figures in performance and f"| one H200, 16 CPUs, {commit} |" in performance
+    assert (f"({commit}, 16 CPUs, two runs in one call):\n  RTFx {best[0]['rtfx']:,.0f} and {best[1]['rtfx']:,.0f} "
+            f"at concurrency {best[0]['concurrency']:,}") in readme
+    assert f"clip alone p50 {lone[0]:.2f} and {lone[1]:.2f} ms" in readme
+    by_label = {v["label"]: v for v in mps["variants"]}
+    p50 = {label: v["latency_5s"]["latency_ms"]["p50"] for label, v in by_label.items()}
+    rate = {label: best_point(v)["goodput_per_s"] for label, v in by_label.items()}
+    assert (f"clip p50 {p50['mps1']:.2f} and {p50['mps2']:.2f} ms with MPS, {p50['nomps1']:.2f} and "
+            f"{p50['nomps2']:.2f} without; at concurrency 256 {rate['mps1']:,.0f}\nand {rate['mps2']:,.0f} "
+            f"requests/s with it, {rate['nomps1']:,.0f} and {rate['nomps2']:,.0f} without") in performance
 
 
 def test_the_big_checkpoints_figures_are_the_record():
