@@ -43,6 +43,7 @@ OUTCOMES = (SUCCESS, *(fault.value for fault in Fault))
 REQUEST_SECONDS_BUCKETS = [0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0]
 REAL_TIME_FACTOR_BUCKETS = [0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0]
 QUEUE_WAIT_BUCKETS = [0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0]
+ANSWER_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 2.5]
 # whisper_gpu_memory_bytes's `pool` label, in the order memory_use reads them.
 GPU_MEMORY_POOLS = ("allocated", "reserved")
 
@@ -83,6 +84,8 @@ class WhisperMetrics:
     pb_utils: `triton_python_backend_utils` (or anything with its `MetricFamily` API).
     engine: the `Engine` whose batch is watched; ledger: the whisper model's `RequestLedger`;
     stall_watch: the instance's `StallWatch`, whose verdict `whisper_engine_stalled` tells.
+    answer_times: seconds from each request's outcome to its response handed to Triton
+        (`WhisperService.answer_times`), drained at each publish.
     gpu: this instance's `gpu` label (`device_label`); instance: its `instance` label, Triton's
         name for it (whisper_0_1): each engine, several on one GPU too, has its own series.
     backend: what decodes (`loading.AttentionBackendName` value), published as an info metric.
@@ -94,6 +97,7 @@ class WhisperMetrics:
         engine: Any,
         ledger: RequestLedger,
         stall_watch: Any = None,
+        answer_times: collections.deque | None = None,
         *,
         gpu: str,
         instance: str,
@@ -103,6 +107,7 @@ class WhisperMetrics:
         self.engine = engine
         self.ledger = ledger
         self.stall_watch = stall_watch
+        self.answer_times = answer_times
         self.interval_s = interval_s
         family = _Families(pb_utils, gpu=gpu, instance=instance)
         self._requests = {
@@ -122,8 +127,15 @@ class WhisperMetrics:
         )
         self._queue_wait = family.histogram(
             "whisper_queue_wait_seconds",
-            "Seconds a 30 s window waited for a decoding slot",
+            "Seconds from a 30 s window's submission to the engine until it joined the decode batch: its wait "
+            "for a slot, and its encoder pass started (on the CPU, run)",
             QUEUE_WAIT_BUCKETS,
+        )
+        self._answer = family.histogram(
+            "whisper_answer_seconds",
+            "Seconds from a request's outcome on the engine thread to its response handed to Triton "
+            "(a responder thread's wait, the outputs written, the send)",
+            ANSWER_BUCKETS,
         )
         self._in_flight = family.gauge("whisper_requests_in_flight", "Requests held by the whisper model")
         self._running = family.gauge("whisper_running_batch_size", "Windows in the decode batch")
@@ -200,10 +212,15 @@ class WhisperMetrics:
         waits = self.engine.stats.recent_waits
         while waits:
             self._queue_wait.observe(waits.popleft())
+        # An answer time exists once its response is sent, after the request was counted
+        # answered: it may come one publish after the request's count.
+        answers = self.answer_times if self.answer_times is not None else ()
+        while answers:
+            self._answer.observe(answers.popleft())
         # The observations go out before the counts of the requests they belong to: each
         # call is seen by a scrape as it lands, so a scrape that counts a request
         # answered finds its duration and queue wait counted too.
-        for histogram in (self._request_seconds, self._rtf, self._queue_wait):
+        for histogram in (self._request_seconds, self._rtf, self._queue_wait, self._answer):
             histogram.flush()
         for label, n in answered.items():
             self._requests[label].increment(n)

@@ -29,6 +29,7 @@ nothing.
 
 from __future__ import annotations
 
+import collections
 import gc
 import logging
 import os
@@ -81,6 +82,8 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 # A stall answers each held request on the watch's thread; a responder stuck inside
 # Triton's send may hold a request's lock: it is skipped after this long.
 STALL_SEND_WAIT_S = 5.0
+# Answer times kept for a metrics reader between two reads; older ones are dropped.
+MAX_RECENT_ANSWERS = 10_000
 
 
 @dataclass(eq=False)
@@ -96,6 +99,7 @@ class _Request:
     sending: threading.Lock = field(default_factory=threading.Lock)
     sent: tuple[int, int] = (0, 0)  # decoupled: the windows and the last one's tokens last sent
     closed: bool = False
+    outcome_at: float | None = None  # time.monotonic() when its result (or error) was handed to the responders
 
 
 @dataclass(eq=False)
@@ -140,6 +144,9 @@ class WhisperService:
         self._held_lock = threading.Lock()
         self._executing = 0
         self._sent = 0
+        # Seconds from each request's outcome to its final response handed to Triton (a
+        # responder's wait, the outputs written, the send), for a metrics reader to drain.
+        self.answer_times: collections.deque[float] = collections.deque(maxlen=MAX_RECENT_ANSWERS)
         # GPU inputs are copied on a stream of their own and waited for there, not behind the engine's steps.
         self._copies = torch.cuda.Stream(pipeline.device) if on_gpu else None
         if on_gpu:
@@ -239,6 +246,7 @@ class WhisperService:
 
     def _finished(self, pending: _Request, outcome: Any) -> None:
         """The engine's callback (or execute's, for a refusal): answer on a responder thread."""
+        pending.outcome_at = time.monotonic()
         self._responders.submit(self._answer, pending, outcome)
 
     def _progressed(self, pending: _Request, record: DecodedRecording) -> None:
@@ -304,6 +312,8 @@ class WhisperService:
                 pending.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             except Exception:  # the client is gone, or Triton is stopping: nobody left to tell
                 log.warning("could not send a response", exc_info=True)
+            if pending.outcome_at is not None:
+                self.answer_times.append(time.monotonic() - pending.outcome_at)
         finally:
             pending.sending.release()
             with self._held_lock:

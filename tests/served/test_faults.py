@@ -509,6 +509,12 @@ def test_metrics_follow_the_requests(server):
     assert after["whisper_audio_seconds_total"] == pytest.approx(before["whisper_audio_seconds_total"] + 2 * jfk_seconds)
     for histogram in ("whisper_request_duration_seconds", "whisper_real_time_factor", "whisper_queue_wait_seconds"):
         assert after[f"{histogram}_count"] >= before[f"{histogram}_count"] + 2, histogram
+    # The two answers and the refusal were each sent once: their answer times follow, a publish
+    # after their counts at most.
+    count = "whisper_answer_seconds_count"
+    answered = wait_for(server, lambda s: s[count] >= before[count] + 3)
+    assert answered[count] >= before[count] + 3
+    assert 0 < answered["whisper_answer_seconds_sum"] - before["whisper_answer_seconds_sum"] < 60
     assert after['whisper_decode_steps_total{path="eager"}'] > before['whisper_decode_steps_total{path="eager"}']
     assert after['whisper_decode_steps_total{path="cuda_graph"}'] == 0  # no GPU here
     assert after["whisper_decoding_slots"] >= 1

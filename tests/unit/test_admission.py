@@ -240,6 +240,34 @@ def test_histograms_publish_cumulative_buckets_in_a_fixed_number_of_calls():
 
 
 
+def test_answer_times_are_published_as_a_histogram_and_drained():
+    """`whisper_answer_seconds`: each answer time the service recorded (`WhisperService.answer_times`)
+    lands in its bucket once, at the publish after it."""
+    import collections
+
+    from python_backend_lib.serving.metrics import ANSWER_BUCKETS
+    from python_backend_lib.transcription.pipeline import Pipeline
+
+    pipeline = Pipeline.load("random:tiny", device="cpu", setup=EngineSetup(slots=2))
+    _MetricFamily.created = []
+    answers: collections.deque = collections.deque()
+    metrics = WhisperMetrics(_PbUtils, pipeline.engine, RequestLedger(4), None, answers, gpu="cpu",
+                             instance="whisper_0_0", backend="sdpa", interval_s=3600)
+    pipeline.close()
+    times = [0.0004, 0.0015, 0.0015, 0.03, 4.0]
+    answers.extend(times)
+    metrics.publish()
+    assert not answers  # drained: a second publish counts nothing again
+    metrics.publish()
+    series = {(m.family.name, m.labels.get("le")): m.value for m in _MetricFamily.created
+              if m.family.name.startswith("whisper_answer_seconds")}
+    metrics.close()
+    for bound in ANSWER_BUCKETS:
+        assert series["whisper_answer_seconds_bucket", format(bound, "g")] == sum(t <= bound for t in times), bound
+    assert series["whisper_answer_seconds_count", None] == len(times)
+    assert series["whisper_answer_seconds_sum", None] == pytest.approx(sum(times))
+
+
 def test_closing_lets_go_of_every_metric_and_family():
     """Triton's stub crashes when a metric outlives `finalize` (its destructor then runs after the
     stub freed its shared memory), so `close` drops them all while the stub runs."""

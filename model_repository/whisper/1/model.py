@@ -50,6 +50,7 @@ class TritonPythonModel:
             pipeline.engine,
             self.service.ledger,
             self.service.stall_watch,
+            self.service.answer_times,
             gpu=device_label(pipeline.device),
             instance=args["model_instance_name"],
             backend=pipeline.attention_backend.value,
