@@ -199,7 +199,7 @@ def served_part(checkpoint: str, job, args, say) -> dict:
     stats = measured.stats
     say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
     record = {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms,
-              "models": measured.models}  # fmt: skip
+              "models": measured.models, "whisper_phases": measured.phases}  # fmt: skip
     try:  # the last of them only by a server that stopped within Triton's exit timeout
         record["trace"] = asdict(timeline(read_trace(trace_file), "transcribe", measured.request_ids))
     except FileNotFoundError:
@@ -241,6 +241,18 @@ def library_line(library: dict) -> list[str]:
     return ["", f"The engine of another checkout: {library['checkout']}, commit {library.get('checkout_commit', '?')}."]
 
 
+def phases_markdown(phases: dict) -> list[str]:
+    """The whisper model's phases over the window (`bench.whisper_phases`), means per request."""
+    parts = [("from reaching the model to its answer written", "request_ms"),
+             ("a window's way into the decode batch (a slot, its encoder pass started; on the CPU, run)",
+              "queue_wait_ms"),
+             ("the answer's way from the engine's result to Triton (a responder's wait, the outputs written, "
+              "the send)", "answer_ms")]  # fmt: skip
+    lines = [f"Means over the window's {phases['requests']:.0f} requests (`whisper_*` histograms).", "",
+             "| phase | ms |", "|---|---|"]  # fmt: skip
+    return lines + [f"| {label} | {phases[key]} |" for label, key in parts if key in phases]
+
+
 def report(record: dict) -> str:
     engine = record["engine"]
     lines = [
@@ -260,6 +272,8 @@ def report(record: dict) -> str:
         if "models" in served:
             lines += ["", "## The served request, by Triton's statistics", "",
                       *models_markdown(served["models"], served["latency_ms"]["p50"])]  # fmt: skip
+        if "whisper_phases" in served:
+            lines += ["", "## Inside the whisper model, by its own metrics", "", *phases_markdown(served["whisper_phases"])]
         if "trace" in served:
             line = Timeline.from_record(served["trace"])
             lines += ["", "## The served request, by Triton's trace", "", *markdown(line, served["latency_ms"]["p50"])]

@@ -21,6 +21,7 @@ from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, se
 from bench.server_process import ServeCommand, ServerProcess
 from bench.stats import PointStats
 from bench.triton_stats import settled_stats, stats_delta
+from bench.whisper_phases import phase_means, settled_totals
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class Round:
     stats: PointStats  # the client's view of the window
     models: dict  # Triton's statistics over the window, per model (bench.triton_stats.stats_delta)
     request_ids: str  # what the ids of the window's requests start with, in Triton's trace
+    phases: dict  # the whisper model's own phases over the window, means in ms (`bench.whisper_phases`)
 
 
 def one_clip_rounds(
@@ -35,7 +37,8 @@ def one_clip_rounds(
 ) -> Iterator[Round]:
     """Start `whisper-triton serve` as shipped, warm it up with `job`, then measure `rounds`
     windows of `seconds`, one request at a time: each window's statistics as it ends, the
-    client's and Triton's per model (which need no trace file, and so no clean stop).
+    client's, Triton's per model and the whisper model's own phases (none of which needs a
+    trace file, and so a clean stop).
     With trace_file, Triton traces every request into it (`bench.triton_trace.trace_files`)."""
     command = ServeCommand(checkpoint, trace_file=trace_file)
     with ServerProcess(command, log, 300.0):
@@ -43,9 +46,11 @@ def one_clip_rounds(
             load.run(PointPlan(1, 0.0, 3.0, 60.0))  # warm-up
             for _ in range(rounds):
                 # Settled: the request before the window is counted before it, the window's last within it.
-                before = settled_stats(command.grpc_url)
+                before, totals = settled_stats(command.grpc_url), settled_totals(command.metrics_url)
                 point = load.run(PointPlan(1, 0.0, seconds, 60.0))
-                yield Round(point.stats, stats_delta(before, settled_stats(command.grpc_url)), point.request_ids)
+                models = stats_delta(before, settled_stats(command.grpc_url))
+                phases = phase_means(totals, settled_totals(command.metrics_url))
+                yield Round(point.stats, models, point.request_ids, phases)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -207,6 +207,11 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
     # send's end once its write completes, which on a busy machine can come after the
     # client has read the answer.)
     assert at["gRPC sends the answer"] <= served["latency_ms"]["p50"]
+    # The whisper model's own metrics over the same window: each request counted once, its
+    # answer's way to Triton a part of the time it spent in the model, that part of the client's.
+    phases = served["whisper_phases"]
+    assert phases["requests"] == served["models"]["whisper"]["requests"]
+    assert 0 < phases["answer_ms"] < phases["request_ms"] <= served["latency_ms"]["mean"]
     # Triton's statistics of the same window: every request went through the three models once.
     models = served["models"]
     assert {"transcribe", "preprocessing", "whisper", "postprocessing"} <= set(models)
