@@ -245,8 +245,9 @@ LONE_CLIP = BENCHMARKS / "latency" / "lone-clip-tiny" / "lone-clip-runs.json"
 def test_the_lone_clip_and_h200_saturation_figures_are_the_record():
     """performance.md's rows and the README's line for tiny on one H200 at the current engine
     are the lone-clip record's last runs: the last breakdown (served p50, the engine alone,
-    three events of Triton's trace), the MPS on/off run and the saturation run (each
-    variant's best requests a second and RTFx, and its lone clip's p50)."""
+    three events of Triton's trace, the whisper model's own phases, what lies outside it),
+    the MPS on/off run and the saturation run (each variant's best requests a second and
+    RTFx, and its lone clip's p50)."""
     from bench.comparisons import best_point
 
     record = json.loads(LONE_CLIP.read_text(encoding="utf-8"))
@@ -255,12 +256,18 @@ def test_the_lone_clip_and_h200_saturation_figures_are_the_record():
     at = {event["label"]: event["median_ms"] for event in breakdown["served"]["trace"]["events"]}
     performance = PERFORMANCE.read_text(encoding="utf-8")
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    commit = breakdown["provenance"]["commit"][:7]
-    assert commit == saturation["run"]["commit"][:7]
+    phases = breakdown["served"]["whisper_phases"]
     assert (f"tiny-random served p50 {breakdown['served']['latency_ms']['p50']:.2f} ms: in whisper's queue at "
             f"{at['whisper: queued']:.2f} ms, in postprocessing's at {at['postprocessing: queued']:.2f}, sent at "
-            f"{at['gRPC sent the answer']:.2f}; the engine alone {breakdown['engine']['latency_ms']['p50']:.2f} ms"
-            ) in performance
+            f"{at['gRPC sent the answer']:.2f}; the engine alone {breakdown['engine']['latency_ms']['p50']:.2f} ms; "
+            f"inside whisper, by its own metrics, {phases['request_ms']:.2f} ms from reaching the model to its "
+            f"answer, the answer's way to Triton {phases['answer_ms']:.2f} | one run, "
+            f"{breakdown['served']['trace']['requests']} requests traced") in performance
+    assert f"| one H200, 16 CPUs, {breakdown['provenance']['commit'][:7]} | [lone-clip-tiny]" in performance
+    outside = breakdown["served"]["latency_ms"]["p50"] - phases["request_ms"]
+    assert f"**About {outside:.1f} ms of a\nlone clip lie outside the engine**" in performance
+    assert f"about {outside:.1f} ms of a\n  lone clip lie outside the engine" in readme
+    commit = saturation["run"]["commit"][:7]
     best = [best_point(v) for v in saturation["variants"]]
     lone = [v["latency_5s"]["latency_ms"]["p50"] for v in saturation["variants"]]
     figures = (f"RTFx {best[0]['rtfx']:,.0f} and {best[1]['rtfx']:,.0f} ({best[0]['goodput_per_s']:,.0f} and "
