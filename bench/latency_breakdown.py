@@ -68,6 +68,10 @@ class Timings:
 ADMIT = "admit (encoder launched)"
 STEP = "decoder step (on the engine thread)"
 STEP_PART = "  step: "  # how the labels of a step's parts begin
+# Before each step the engine saves the rows for a rewind; since 2026-12-02 that is also
+# where the rows of the step in flight get their states (`Launched.states_before`), which
+# a part of the step made before (`remember_before`).
+CHECKPOINT = "engine loop: checkpoint the rows"
 
 
 def instrument() -> Timings:
@@ -82,7 +86,7 @@ def instrument() -> Timings:
     timings.wrap(Engine, "_encode", ADMIT)
     timings.wrap(Engine, "_collect", "engine loop: collect new windows")
     timings.wrap(Engine, "_deliver", "engine loop: deliver finished")
-    timings.wrap(DecodeBatch, "checkpoint", "engine loop: checkpoint the rows")
+    timings.wrap(DecodeBatch, "checkpoint", CHECKPOINT)
     timings.wrap(DecodeBatch, "step", STEP)
     timings.wrap(batch, "plan_step", STEP_PART + "plan (rows, tokens, facts)")
     timings.wrap(DecodeGraphs, "prepare", STEP_PART + "prepare (page tables, staging)")
@@ -92,7 +96,8 @@ def instrument() -> Timings:
     timings.wrap(PendingStep, "result", STEP_PART + "wait for picks")
     timings.wrap(Launched, "settle", STEP_PART + "settle the fed tokens")
     timings.wrap(DecodeBatch, "_finish", STEP_PART + "handle the picks")
-    timings.wrap(Launched, "remember_before", STEP_PART + "remember the rows")
+    if hasattr(Launched, "remember_before"):  # an earlier checkout's library (bench.latency_variants)
+        timings.wrap(Launched, "remember_before", STEP_PART + "remember the rows")
     return timings
 
 

@@ -65,11 +65,14 @@ def rows(runs: list[dict]) -> list[list]:
 
 
 def step_parts(runs: list[dict]) -> list[str]:
-    """The engine thread's labels of the decoder step and of its parts, in the first run's order."""
-    from bench.latency_breakdown import STEP, STEP_PART
+    """The engine thread's labels of the decoder step, of the checkpoint before it and of the
+    step's parts that every run has, in the first run's order (versions may split a step
+    otherwise: the checkpoint took over a part's work on 2026-12-02)."""
+    from bench.latency_breakdown import CHECKPOINT, STEP, STEP_PART
 
-    thread = runs[0]["record"]["engine"].get("engine_thread") or {}
-    return [name for name in thread if name == STEP or name.startswith(STEP_PART)]
+    threads = [run["record"]["engine"].get("engine_thread") or {} for run in runs]
+    return [name for name in threads[0] if (name in (STEP, CHECKPOINT) or name.startswith(STEP_PART))
+            and all(name in thread for thread in threads)]
 
 
 def host_rows(runs: list[dict]) -> list[list]:

@@ -221,7 +221,7 @@ class DecodeBatch:
 
         A step is not atomic: it changes rows before its last device work (which
         is where a bad row or a CUDA error shows)."""
-        before = {part.row: part.before for part in self._in_flight.parts} if self._in_flight else {}
+        before = self._in_flight.states_before() if self._in_flight else {}
         return [before.get(row) or RowState.of(row) for row in self.rows]
 
     def rewind(self, saved: Sequence[RowState]) -> list[Any]:
@@ -319,8 +319,6 @@ class DecodeBatch:
                 if launched is not None:
                     launched.settle(previous, picked, self.timestamp_begin)
                 done += self._finish(previous, picked, {p.row for p in plan.parts if p.follows is not None})
-            if launched is not None:
-                launched.remember_before()
         except Exception as error:
             raise _failed(done, error) from error
         return done

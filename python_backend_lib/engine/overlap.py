@@ -49,15 +49,12 @@ class Part:
     chooses: this step's pick is the row's next token (else it feeds its prompt).
     at_start: it feeds <|startoftranscript|>: the no-speech probability and the
         language are read from this step.
-    before: the row as if this step had not been launched, the one before it
-        handled (`Launched.remember_before`), for `DecodeBatch.rewind`.
     """
 
     row: Row
     follows: int | None
     chooses: bool
     at_start: bool
-    before: RowState | None = None
 
 
 @dataclass
@@ -86,13 +83,19 @@ class Launched:
         self.tokens[columns] = chosen
         self.facts[:, columns] = after
 
-    def remember_before(self) -> None:
-        """Record each row as if this step had not been launched (`mark_launched`
-        undone), once the step before it is handled: what a rewind restores."""
+    def states_before(self) -> dict[Row, RowState]:
+        """Each of its rows as if this step had not been launched (`mark_launched` undone):
+        what a rewind restores. Read once the step before it was handled and settled, and
+        before its own picks are (the engine's checkpoint before its next step): in between
+        nothing changes a row, so the state is made only when asked for, not every step."""
+        states = {}
         for part, token in zip(self.parts, self.tokens.tolist()):
             row = part.row
             pending = row.pending if part.follows is None else []
-            part.before = RowState.of(row)._replace(cached=row.cached - 1, pending=[token, *pending])
+            states[row] = RowState(row, [token, *pending], row.cached - 1, row.generated, len(row.generated),
+                                   row.sum_logprob, row.prefilled, row.no_speech_prob, row.language,
+                                   row.language_probability)  # fmt: skip
+        return states
 
 
 @dataclass

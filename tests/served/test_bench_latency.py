@@ -101,25 +101,30 @@ def test_repeated_runs_of_a_variant_are_one_row_with_each_run_s_figure(tmp_path)
 def test_each_step_part_is_also_shown_against_its_own_runs_admission(tmp_path):
     """bench.latency_variants' host table: a part's time a call, and that time over the same
     run's admission, averaged over the runs; a host twice as slow in one run moves the first
-    figure, not the second. Parts outside the step (the engine loop's) are left out."""
+    figure, not the second. The checkpoint before each step counts with the step's parts
+    (it took over one of them); the engine loop's other parts are left out, and so is a
+    part that not every run has (a version that split its step otherwise)."""
 
-    def run(admit_ms: float, prepare_ms: float) -> dict:
+    def run(admit_ms: float, prepare_ms: float, remember: bool) -> dict:
         thread = {"admit (encoder launched)": admit_ms, "engine loop: collect new windows": 0.05,
-                  "decoder step (on the engine thread)": 4 * prepare_ms, "  step: prepare (page tables, staging)": prepare_ms}
+                  "engine loop: checkpoint the rows": 0.01,
+                  "decoder step (on the engine thread)": 4 * prepare_ms, "  step: prepare (page tables, staging)": prepare_ms,
+                  **({"  step: remember the rows": 0.03} if remember else {})}
         return {"model": "tiny", "clip_s": 4.96, "machine": "GPU, 16 CPUs", "library": {},
                 "provenance": {"commit": "a" * 40, "date": "now", "call": None},
                 "engine": {"latency_ms": {"p50": 8.0}, "kernels": {"kernels_per_step": 90.0, "gpu_busy_ms_per_request": 4.5},
                            "engine_thread": {k: {"ms_per_call": v} for k, v in thread.items()}}}  # fmt: skip
 
-    runs = [{"label": "before", "record": run(0.5, 0.05)}, {"label": "before", "record": run(1.0, 0.10)},
-            {"label": "after", "record": run(0.5, 0.04)}]  # fmt: skip
-    assert latency_variants.host_rows(runs) == [["tiny", "before", "300.0 (0.400)", "75.0 (0.100)"],
-                                                ["tiny", "after", "160.0 (0.320)", "40.0 (0.080)"]]  # fmt: skip
-    assert latency_variants.host_rows([{"label": "x", "record": {**run(0.5, 0.04), "engine": {"latency_ms": {}}}}]) == []
+    runs = [{"label": "before", "record": run(0.5, 0.05, True)}, {"label": "before", "record": run(1.0, 0.10, True)},
+            {"label": "after", "record": run(0.5, 0.04, False)}]  # fmt: skip
+    assert latency_variants.host_rows(runs) == [["tiny", "before", "10.0 (0.015)", "300.0 (0.400)", "75.0 (0.100)"],
+                                                ["tiny", "after", "10.0 (0.020)", "160.0 (0.320)", "40.0 (0.080)"]]  # fmt: skip
+    assert latency_variants.host_rows(runs[:2])[0][-1] == "30.0 (0.045)"  # every run has it: shown
+    assert latency_variants.host_rows([{"label": "x", "record": {**run(0.5, 0.04, False), "engine": {"latency_ms": {}}}}]) == []
     path = tmp_path / "record.json"
     path.write_text(json.dumps({"runs": runs, "note": None}))
     latency_variants.main(["--out", str(tmp_path / "out"), "--from-record", str(path)])
-    assert "| tiny | after | 160.0 (0.320) | 40.0 (0.080) |" in (tmp_path / "out" / "latency-variants.md").read_text()
+    assert "| tiny | after | 10.0 (0.020) | 160.0 (0.320) | 40.0 (0.080) |" in (tmp_path / "out" / "latency-variants.md").read_text()
 
 
 def test_variants_run_each_from_its_own_checkout_in_turn(tmp_path):
