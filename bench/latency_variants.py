@@ -83,9 +83,8 @@ def host_rows(runs: list[dict]) -> list[list]:
     ratio shows the change where the p50 is lost in the drift. Empty when a run lacks them."""
     from bench.latency_breakdown import ADMIT
 
-    parts = step_parts(runs)
-    threads = [run["record"]["engine"].get("engine_thread") or {} for run in runs]
-    if not parts or not all(ADMIT in thread and all(p in thread for p in parts) for thread in threads):
+    parts = step_parts(runs)  # those every run has
+    if not parts or not all(ADMIT in (run["record"]["engine"].get("engine_thread") or {}) for run in runs):
         return []
     table = []
     for (model, label), records in grouped(runs).items():

@@ -92,9 +92,7 @@ class Launched:
         for part, token in zip(self.parts, self.tokens.tolist()):
             row = part.row
             pending = row.pending if part.follows is None else []
-            states[row] = RowState(row, [token, *pending], row.cached - 1, row.generated, len(row.generated),
-                                   row.sum_logprob, row.prefilled, row.no_speech_prob, row.language,
-                                   row.language_probability)  # fmt: skip
+            states[row] = RowState.of(row, [token, *pending], row.cached - 1)
         return states
 
 

@@ -207,12 +207,14 @@ class RowState(NamedTuple):
     language_probability: float | None
 
     @classmethod
-    def of(cls, row: Row) -> RowState:
-        # Positional: this runs for every row at every step.
+    def of(cls, row: Row, pending: list[int] | None = None, cached: int | None = None) -> RowState:
+        """The row as it stands, or with `pending` and `cached` as given (a step in flight
+        undone: `overlap.Launched.states_before`)."""
+        # Positional, and no `_replace`: this runs for every row at every step.
         return cls(
             row,
-            row.pending,
-            row.cached,
+            row.pending if pending is None else pending,
+            row.cached if cached is None else cached,
             row.generated,
             len(row.generated),
             row.sum_logprob,
