@@ -185,16 +185,42 @@ def measure(args, say) -> dict:
     }
 
 
+SUMMARY_HEADER = ["model", "clips", "ms a pass alone", "SM clock alone, MHz", "ms a pass, first tenth back to back",
+                  "ms a pass, last tenth", "SM clock held busy, MHz", "power held busy, W", "clock limited by",
+                  "kernels busy / span of a profiled replay, ms"]
+# nvidia-smi's clock-limit reasons (its bit mask), those a busy encoder can show.
+LIMIT_REASONS = {0x1: "idle", 0x4: "the power cap", 0x8: "a hardware slowdown", 0x20: "a slowdown for heat", 0x40: "hardware heat",
+                 0x80: "the power brake", 0x100: "the display clock"}
+
+
+def limits(reasons: dict[str, int]) -> str:
+    """The limit reasons nvidia-smi gave over a phase, by their share of its samples."""
+    total = sum(reasons.values()) or 1
+    named = []
+    for mask, count in sorted(reasons.items(), key=lambda item: -item[1]):
+        bits = int(mask, 16) if mask.startswith("0x") else 0
+        words = [name for bit, name in LIMIT_REASONS.items() if bits & bit] or (["none"] if bits == 0 else [mask])
+        named.append(f"{' and '.join(words)} ({count / total:.0%})")
+    return ", ".join(named)
+
+
+def summary_row(run: dict) -> list:
+    """One run as SUMMARY_HEADER's row: medians of its phases."""
+    tenth = max(1, len(run["sustained_ms"]) // 10)
+    replays = run["profiled"]["replays"]
+    busy = statistics.median(r["busy_ms"] for r in replays) if replays else None
+    span = statistics.median(r["span_ms"] for r in replays) if replays else None
+    return [
+        run["model"], run["batch"], round(statistics.median(run["alone_ms"]), 2),
+        run["alone_gpu"]["sm_clock_mhz"].get("median"), round(statistics.median(run["sustained_ms"][:tenth]), 2),
+        round(statistics.median(run["sustained_ms"][-tenth:]), 2), run["sustained_gpu"]["sm_clock_mhz"].get("median"),
+        run["sustained_gpu"]["power_w"].get("median"), limits(run["sustained_gpu"]["limit_reasons"]),
+        f"{busy:.2f} / {span:.2f}" if replays else "–",
+    ]
+
+
 def write_markdown(out: Path, data: dict) -> None:
     run = data["run"]
-    tenth = max(1, len(run["sustained_ms"]) // 10)
-    rows = [
-        ["alone, each after an idle pause", f"{statistics.median(run['alone_ms']):.3f}",
-         run["alone_gpu"]["sm_clock_mhz"].get("median"), run["alone_gpu"]["power_w"].get("max")],
-        [f"back to back, the first {tenth}", f"{statistics.median(run['sustained_ms'][:tenth]):.3f}", "", ""],
-        [f"back to back, the last {tenth}", f"{statistics.median(run['sustained_ms'][-tenth:]):.3f}",
-         run["sustained_gpu"]["sm_clock_mhz"].get("median"), run["sustained_gpu"]["power_w"].get("max")],
-    ]
     replays = [[i + 1, r["kernels"], r["busy_ms"], r["span_ms"], r["idle_ms"], r["gap_us"].get("median"),
                 r["gap_us"].get("max")] for i, r in enumerate(run["profiled"]["replays"])]
     machine = data["provenance"]["machine"]
@@ -203,7 +229,7 @@ def write_markdown(out: Path, data: dict) -> None:
         "",
         f"{machine}; commit {data['provenance']['commit']}; `{data['provenance']['command']}`.",
         "",
-        markdown_table(["passes", "ms a pass (median)", "SM clock MHz (median)", "power W (max)"], rows),
+        markdown_table(SUMMARY_HEADER, [summary_row(run)]),
         "",
         "Replays back to back under the profiler:",
         "",

@@ -13,11 +13,11 @@ accuracy, from their benchmarks' JSON files, as one record with its table and pl
 
 Inputs: `bench.served_variants` runs (one per model), `bench.encoder_cost` runs,
 `bench.fp8_accuracy` runs and, optionally, `bench.fp8_kernels`, `bench.fp8_products`,
-`bench.engine_profile`, `bench.cross_attention` and `bench.encoder_attention` runs, and engine runs known only
-by the RTFx line each printed (`--engine-runs`), each labelled (LABEL=PATH: the
-code and conditions it measured). A served variant's code is its checkout's commit, or
-the commit the call ran. Writes large-models.json (the
-inputs, keyed), large-models.md and large-models.png.
+`bench.engine_profile`, `bench.cross_attention`, `bench.encoder_attention` and
+`bench.encoder_sustained` runs, and engine runs known only by the RTFx line each
+printed (`--engine-runs`), each labelled (LABEL=PATH: the code and conditions it
+measured). A served variant's code is its checkout's commit, or the commit the call
+ran. Writes large-models.json (the inputs, keyed), large-models.md and large-models.png.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import json
 from pathlib import Path
 
 from bench.comparisons import best_point
+from bench.encoder_sustained import SUMMARY_HEADER, summary_row
 from bench.fp8_accuracy import BY_CLIP_HEADER, by_clip_rows, compared
 from bench.markdown import markdown_table
 from bench.server_process import checkout_label
@@ -145,6 +146,7 @@ def markdown(data: dict) -> str:
         *larger_pass_section(encoders),
         f"Device milliseconds of one pass of {PROFILED_BATCH} windows by kind of kernel:", "",
         markdown_table(["code", "model", "variant", *kinds], kernels), "",
+        *sustained_section(data.get("sustained", {})),
         *kernel_section(data.get("kernels", {})),
         *products_section(data.get("products", {})),
         *profile_section(data.get("profiles", {})),
@@ -173,6 +175,22 @@ def notes_section(data: dict) -> list[str]:
     notes += [f"- {label}: {record['note']}" for key in ("accuracy", "products") for label, record in data.get(key, {}).items()
               if record.get("note")]
     return ["## Notes on the inputs", "", *notes, ""] if notes else []
+
+
+def sustained_section(sustained: dict[str, dict]) -> list[str]:
+    """`bench.encoder_sustained` runs: a pass alone against held busy, the clock meanwhile."""
+    if not sustained:
+        return []
+    first = next(iter(sustained.values()))
+    return [
+        "## The encoder's pass held busy: the clock, not gaps", "",
+        f"{machine(first['provenance'])}; " + "; ".join(
+            f"{label}: `{record['provenance']['command']}`" for label, record in sustained.items())
+        + ". Passes alone each follow 2 s without work; back to back, each is timed between its own events; "
+        "nvidia-smi sampled each phase every 50 ms; the profiled replays ran back to back.", "",
+        markdown_table(["code", *SUMMARY_HEADER], [[label, *summary_row(record["run"])]
+                                                   for label, record in sustained.items()]), "",
+    ]
 
 
 def kernel_section(kernels: dict[str, dict]) -> list[str]:
@@ -351,6 +369,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--kernels", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_kernels")
     parser.add_argument("--products", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.fp8_products")
     parser.add_argument("--profile", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.engine_profile")
+    parser.add_argument("--sustained", type=labelled, nargs="*", default=[],
+                        help="LABEL=PATH of bench.encoder_sustained")
     parser.add_argument("--cross", type=labelled, nargs="*", default=[], help="LABEL=PATH of bench.cross_attention")
     parser.add_argument("--encoder-attention", type=labelled, nargs="*", default=[],
                         help="LABEL=PATH of bench.encoder_attention")
@@ -375,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
             "products": {label: read(p) for label, p in args.products},
             "profiles": {label: read(p) for label, p in args.profile},
             "cross": {label: read(p) for label, p in args.cross},
+            "sustained": {label: read(p) for label, p in args.sustained},
             "encoder_attention": {label: read(p) for label, p in args.encoder_attention},
             "engine_runs": {label: read(p) for label, p in args.engine_runs}}
     args.out.mkdir(parents=True, exist_ok=True)

@@ -628,3 +628,32 @@ def test_a_quiet_servers_statistics_agree_once_every_model_counted_the_last_requ
     after = reading(transcribe=13, preprocessing=13, whisper=13, postprocessing=13)
     assert stats_delta(counting, after)["transcribe"]["requests"] == 5
     assert {m["requests"] for m in stats_delta(settled, after).values()} == {4}
+
+
+def test_a_held_busy_encoder_is_summarised_by_its_phases_and_named_clock_limits():
+    """bench.encoder_sustained's row, as the large-models record shows it: the median pass
+    alone, of the first and the last tenth back to back, and nvidia-smi's limit reasons named
+    by their bits, each with its share of the samples."""
+    from bench.encoder_sustained import SUMMARY_HEADER, limits, summary_row
+    from bench.large_models import sustained_section
+
+    run = {
+        "model": "large-v3-turbo", "batch": 16, "alone_ms": [52.0, 53.0, 51.0],
+        "alone_gpu": {"sm_clock_mhz": {"median": 1980.0}, "power_w": {"max": 300.0}, "limit_reasons": {}},
+        "sustained_ms": [54.0, 55.0] + [57.0] * 16 + [58.0, 59.0],
+        "sustained_gpu": {"sm_clock_mhz": {"median": 1680.0}, "power_w": {"median": 691.0},
+                          "limit_reasons": {"0x0000000000000004": 9, "0x0000000000000000": 1}},
+        "profiled": {"replays": [{"busy_ms": 56.0, "span_ms": 57.0}, {"busy_ms": 56.5, "span_ms": 57.2},
+                                 {"busy_ms": 55.0, "span_ms": 56.0}]},
+    }
+    row = dict(zip(SUMMARY_HEADER, summary_row(run)))
+    assert row["ms a pass alone"] == 52.0
+    assert row["ms a pass, first tenth back to back"] == 54.5 and row["ms a pass, last tenth"] == 58.5
+    assert row["clock limited by"] == "the power cap (90%), none (10%)"
+    assert row["kernels busy / span of a profiled replay, ms"] == "56.00 / 57.00"
+    assert limits({"0x0000000000000084": 3, "0x0000000000000040": 1}) == (
+        "the power cap and the power brake (75%), hardware heat (25%)")
+    record = {"provenance": {"machine": {"gpu": "NVIDIA H200", "cpu_count": 16, "cpu": "Xeon", "torch": "2.11"},
+                             "command": "python -m bench.encoder_sustained --out X"}, "run": run}
+    section = "\n".join(sustained_section({"537b1c2": record}))
+    assert "| 537b1c2 | large-v3-turbo | 16 | 52.0 | 1980.0 | 54.5 | 58.5 | 1680.0 | 691.0 |" in section
