@@ -497,3 +497,24 @@ def test_the_live_headline_is_the_latest_run():
     assert (f"| one session {span[1, 0]}, 100 sessions {span[100, 0]}, 100 beside 64 batch clients "
             f"{span[100, 64]} (the batch kept {min(kept):.0f} to {max(kept):.0f}%; target 50% met), "
             f"200 sessions {span[200, 0]} |") in PERFORMANCE.read_text(encoding="utf-8")
+
+
+def test_the_engine_count_table_is_the_record():
+    """engines.md's section 10 lists every run of the engine-count record in its order:
+    its engines, best RTFx and requests a second, lone clip, host and whisper cores and
+    GPU busy share."""
+    from bench.comparisons import best_point
+
+    record = json.loads((BENCHMARKS / "engines" / "10-engine-count-537b1c2.json").read_text(encoding="utf-8"))
+    page = (BENCHMARKS / "engines.md").read_text(encoding="utf-8")
+    section = page[page.index("## 10. Engines per GPU"):]
+    rows = []
+    for run in record["runs"]:
+        for variant in run["variants"]:
+            top = best_point(variant)
+            engines = variant["spec"].partition("whisper:")[2] or "4"
+            rows.append(f"| {variant['label']} | {engines} | {top['rtfx']:,.0f} | {top['goodput_per_s']:,.0f} | "
+                        f"{variant['latency_5s']['latency_ms']['p50']:.2f} | {top['host_busy_cores']:.1f} | "
+                        f"{top['server_cores']['whisper']['busiest']:.2f} | {top['gpu_utilisation_pct']:.0f}% |")
+    table = [line for line in section.splitlines() if line.startswith("| e")]
+    assert table == rows
