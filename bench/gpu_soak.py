@@ -91,6 +91,7 @@ class Soak:
     request_timeout_s: float
     live_sessions: int = 0  # Realtime sessions beside the batch load
     quantize: str | None = None  # `serve --quantize` (None: exact); the CPU smoke run serves exact
+    engines: int | None = None  # `serve --engines` a GPU (None: auto); the CPU smoke run serves auto's
 
 
 SOAKS: dict[str, Soak] = {
@@ -100,6 +101,8 @@ SOAKS: dict[str, Soak] = {
     "base-mixed": Soak("base-random", "0", True, ("plain", "translate", "beams", "words"), 256, 180.0),
     "large-v3": Soak("large-v3", "0", True, ("plain",), 128, 180.0),
     "large-v3-fp8": Soak("large-v3", "0", True, ("plain",), 128, 180.0, quantize="fp8"),  # Hopper's opt-in
+    # A fifth tiny engine, a candidate default (docs/benchmarks/engines.md, section 10).
+    "tiny-1gpu-5-engines": Soak("tiny", "0", True, ("plain", "words", "beams"), 512, 60.0, engines=5),
 }  # fmt: skip
 
 
@@ -168,6 +171,19 @@ async def _live_soak(gateway_url: str, sessions: int, seconds: float) -> LiveTal
 # ------------------------------------------------------------------ one soak
 
 
+def on_cpu(soak: Soak, concurrency: int | None) -> Soak:
+    """The harness's smoke run: the same soak served on the CPU, exact, as many engines as
+    auto gives it, at `concurrency` (None: the soak's own)."""
+    concurrency = concurrency or soak.concurrency
+    return replace(soak, gpus=None, mps=None, concurrency=concurrency,
+                   live_sessions=min(soak.live_sessions, concurrency), quantize=None, engines=None)
+
+
+def serve_command(soak: Soak, checkpoint: str | None, checkout: Path | None) -> ServeCommand:
+    return ServeCommand(checkpoint, None, soak.gpus, soak.engines, mps=soak.mps, quantize=soak.quantize,
+                        checkout=checkout)
+
+
 def run_soak(label: str, soak: Soak, args) -> dict:
     spec = MODELS[soak.model]
     checkpoint = served_checkpoint(spec)
@@ -175,10 +191,9 @@ def run_soak(label: str, soak: Soak, args) -> dict:
     free_gpu_memory()
     if args.gpus:
         soak = replace(soak, gpus=args.gpus)
-    if args.cpu:  # the harness's smoke run: the same soak, served on the CPU, at --concurrency
-        soak = replace(soak, gpus=None, mps=None, concurrency=args.concurrency or soak.concurrency,
-                       live_sessions=min(soak.live_sessions, args.concurrency or soak.live_sessions), quantize=None)
-    command = ServeCommand(checkpoint, None, soak.gpus, mps=soak.mps, quantize=soak.quantize, checkout=args.checkout)
+    if args.cpu:
+        soak = on_cpu(soak, args.concurrency)
+    command = serve_command(soak, checkpoint, args.checkout)
     record: dict = {"label": label, "soak": asdict(soak), "command": command.display, "seconds": args.seconds,
                     **checkout_record(args.checkout)}
     say(f"{label}: starting {command.display}")

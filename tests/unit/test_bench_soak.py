@@ -135,6 +135,20 @@ def test_every_soak_asks_for_request_kinds_the_server_accepts():
     assert any(s.live_sessions for s in SOAKS.values()) and {s.mps for s in SOAKS.values()} == {True, False}
 
 
+def test_a_soak_may_ask_for_its_engines_and_its_cpu_smoke_run_leaves_them_to_auto():
+    """The five-engine soak serves `--engines=5` on its GPU; the CPU smoke run of any soak
+    serves exact, auto's engines, at the concurrency asked for."""
+    soak = SOAKS["tiny-1gpu-5-engines"]
+    argv = gpu_soak.serve_command(soak, None, None).argv()
+    assert "--engines=5" in argv and "--gpus=0" in argv and "--mps=on" in argv
+    assert not any(a.startswith("--engines") for a in gpu_soak.serve_command(SOAKS["tiny-1gpu"], None, None).argv())
+    smoke = gpu_soak.on_cpu(soak, 8)
+    assert (smoke.gpus, smoke.mps, smoke.engines, smoke.quantize, smoke.concurrency) == (None, None, None, None, 8)
+    smoke_argv = gpu_soak.serve_command(smoke, None, None).argv()
+    assert not any(a.startswith(("--engines", "--gpus", "--mps")) for a in smoke_argv)
+    assert gpu_soak.on_cpu(SOAKS["tiny-2gpu"], 4).live_sessions == 4
+
+
 def test_a_soak_of_another_checkout_is_named_by_its_commit_in_the_table():
     """`--checkout` serves an earlier commit's code: its table row says which, so an A/B of
     two soaks in one call never reads as the same code twice."""
