@@ -140,13 +140,13 @@ def kernel_gaps(graphs: EncoderGraphs, mel: torch.Tensor, slots: list[int]) -> d
         busy = sum(k["dur"] for k in chunk)
         span = chunk[-1]["ts"] + chunk[-1]["dur"] - chunk[0]["ts"]
         gaps = [(b["ts"] - (a["ts"] + a["dur"]), a["name"], b["name"]) for a, b in zip(chunk, chunk[1:])]
-        positive = sorted(g[0] for g in gaps)
+        ordered = sorted(g[0] for g in gaps)
         largest = sorted(gaps, key=lambda g: -g[0])[:LARGEST_GAPS]
         replays.append({
             "kernels": len(chunk), "busy_ms": round(busy / 1e3, 3), "span_ms": round(span / 1e3, 3),
             "idle_ms": round((span - busy) / 1e3, 3),
-            "gap_us": {"median": round(statistics.median(positive), 2), "p90": round(positive[int(0.9 * len(positive))], 2),
-                       "max": round(positive[-1], 2)} if positive else {},
+            "gap_us": {"median": round(statistics.median(ordered), 2), "p90": round(ordered[int(0.9 * len(ordered))], 2),
+                       "max": round(ordered[-1], 2)} if ordered else {},
             "largest_gaps": [{"us": round(g, 2), "after": a[:100], "before": b[:100]} for g, a, b in largest],
         })
     return {"kernels_seen": len(kernels), "replays": replays}
