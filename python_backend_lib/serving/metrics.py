@@ -6,23 +6,15 @@ Triton's `/metrics` already counts requests, queue and compute time per model
 engine sees. All are documented in docs/operating.md ("Metrics").
 
 The engine and the request ledger keep plain counters; `WhisperMetrics` reads
-them on its own thread every `interval_s` and hands them to Triton through
-`pb_utils.MetricFamily`, so no metric call ever runs on the engine thread or
-delays a request. Each metric call is an IPC round trip to the Triton process
-during which the stub holds the GIL (every Python thread of the model waits), so
-a publish makes a fixed number of calls however many requests it covers: counts
-are summed first, and the histograms are kept here and handed over as their
-cumulative `_bucket{le}`, `_sum` and `_count` counters: one call per observation
-kept the metrics thread busy for much of the time under GPU load (docs/operating.md).
+them on its own thread every `interval_s` (`serving.prometheus.Publisher`), so no
+metric call ever runs on the engine thread or delays a request.
 """
 
 from __future__ import annotations
 
-import bisect
 import collections
 import logging
 import os
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -30,11 +22,11 @@ from typing import Any
 from python_backend_lib.contract.faults import Fault
 from python_backend_lib.devices.memory_use import memory_use
 from python_backend_lib.serving.admission import RequestLedger
+from python_backend_lib.serving.prometheus import PUBLISH_INTERVAL_S, Publisher
 from python_backend_lib.serving.responses import describe_failure
 
 log = logging.getLogger(__name__)
 
-PUBLISH_INTERVAL_S = 1.0
 SUCCESS = "success"
 # Values of the `outcome` label: success, or whose fault a failure was.
 OUTCOMES = (SUCCESS, *(fault.value for fault in Fault))
@@ -78,7 +70,7 @@ def read_counters(engine: Any) -> Counters:
     )
 
 
-class WhisperMetrics:
+class WhisperMetrics(Publisher):
     """Publishes the engine's and the ledger's numbers as Prometheus metrics.
 
     pb_utils: `triton_python_backend_utils` (or anything with its `MetricFamily` API).
@@ -104,12 +96,12 @@ class WhisperMetrics:
         backend: str,
         interval_s: float = PUBLISH_INTERVAL_S,
     ) -> None:
+        super().__init__(pb_utils, "whisper-metrics", interval_s, gpu=gpu, instance=instance)
         self.engine = engine
         self.ledger = ledger
         self.stall_watch = stall_watch
         self.answer_times = answer_times
-        self.interval_s = interval_s
-        family = _Families(pb_utils, gpu=gpu, instance=instance)
+        family = self.families
         self._requests = {
             label: family.counter("whisper_requests_total", "Requests answered, by outcome", outcome=label)
             for label in OUTCOMES
@@ -187,16 +179,12 @@ class WhisperMetrics:
         memory = "Bytes PyTorch holds on the instance's GPU: allocated (tensors) or reserved (kept by its allocator)"
         self._gpu_memory = {pool: family.gauge("whisper_gpu_memory_bytes", memory, pool=pool)
                             for pool in GPU_MEMORY_POOLS} if self._device.type == "cuda" else {}  # fmt: skip
-        self._families = family  # families must outlive their metrics
         self._published = Counters(0, 0, 0, 0, 0)
         self._slots.set(engine.slots)
         self._limit.set(ledger.limit)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="whisper-metrics", daemon=True)
-        self._thread.start()
+        self.start()
 
     def publish(self) -> None:
-        """Hand everything new since the last call to Triton (on the metrics thread)."""
         answered: collections.Counter = collections.Counter()
         audio = 0.0
         while self.ledger.recent:
@@ -249,90 +237,3 @@ class WhisperMetrics:
             if pool in self._gpu_memory and value is not None:
                 self._gpu_memory[pool].set(value)
         self._heartbeat.set(time.time())
-
-    def close(self) -> None:
-        """Publish once more, stop the thread, and let go of every metric while the stub
-        still runs (call it from `finalize`). Left to the interpreter's exit, the metrics'
-        destructors run after the stub has freed its shared memory: each whisper stub then
-        segfaults, and tritonserver waits out its exit timeout instead of stopping."""
-        self._stop.set()
-        self._thread.join(timeout=10)
-        families = self._families
-        vars(self).clear()  # the metrics first: families must outlive their metrics
-        families.clear()
-
-    def _run(self) -> None:
-        while True:
-            stopping = self._stop.wait(self.interval_s)
-            try:
-                self.publish()
-            except Exception:  # metrics must never take the model down
-                log.exception("publishing whisper metrics failed")
-            if stopping:
-                return
-
-
-class _Families:
-    """One `MetricFamily` per name, created on first use; every metric carries the instance's labels."""
-
-    def __init__(self, pb_utils: Any, **labels: str) -> None:
-        self._family_type = pb_utils.MetricFamily
-        self._families: dict[str, Any] = {}
-        self._labels = labels
-
-    def _family(self, name: str, description: str, kind: Any) -> Any:
-        if name not in self._families:
-            self._families[name] = self._family_type(name=name, description=description, kind=kind)
-        return self._families[name]
-
-    def counter(self, name: str, description: str, **labels: str) -> Any:
-        return self._family(name, description, self._family_type.COUNTER).Metric(labels={**self._labels, **labels})
-
-    def gauge(self, name: str, description: str, **labels: str) -> Any:
-        return self._family(name, description, self._family_type.GAUGE).Metric(labels={**self._labels, **labels})
-
-    def histogram(self, name: str, description: str, buckets: list[float]) -> _Histogram:
-        return _Histogram(self, name, description, buckets)
-
-    def clear(self) -> None:
-        """Let go of the families (once nothing holds their metrics)."""
-        self._families.clear()
-
-
-class _Histogram:
-    """A Prometheus histogram counted here and handed to Triton at `flush` as its
-    cumulative bucket counters (`<name>_bucket{le=...}`), `<name>_sum` and
-    `<name>_count`: what a Prometheus histogram exposes, at one IPC call per
-    changed series instead of one per observation."""
-
-    def __init__(self, families: _Families, name: str, description: str, bounds: list[float]) -> None:
-        self.bounds = sorted(bounds)
-        self._buckets = [
-            families.counter(f"{name}_bucket", description, le=_bound_label(bound))
-            for bound in [*self.bounds, float("inf")]
-        ]
-        self._sum = families.counter(f"{name}_sum", description)
-        self._count = families.counter(f"{name}_count", description)
-        self._new = [0] * len(self._buckets)  # observations since the last flush, by smallest bucket holding them
-        self._new_sum = 0.0
-
-    def observe(self, value: float) -> None:
-        self._new[bisect.bisect_left(self.bounds, value)] += 1  # le: value <= bound
-        self._new_sum += value
-
-    def flush(self) -> None:
-        cumulative = 0
-        for bucket, n in zip(self._buckets, self._new):
-            cumulative += n
-            if cumulative:
-                bucket.increment(cumulative)
-        if cumulative:
-            self._sum.increment(self._new_sum)
-            self._count.increment(cumulative)
-        self._new = [0] * len(self._buckets)
-        self._new_sum = 0.0
-
-
-def _bound_label(bound: float) -> str:
-    """A bucket's `le` label as Prometheus clients write it: 0.5, 10, +Inf."""
-    return "+Inf" if bound == float("inf") else format(bound, "g")

@@ -12,6 +12,10 @@ With `vad_filter`, the decoding thread also runs Silero VAD (`audio.vad`, on the
 CPU) and keeps only the speech, joined: LOG_MEL and SAMPLES are the speech's, and
 SPEECH_SPANS and RECORDING_SAMPLES tell postprocessing where it lies in the recording.
 
+Each answered request leaves its `RequestTiming` in `timings` (its decode, the call's
+log-mels, its send), which `serving.preprocessing_metrics` publishes: the model answers
+from its threads after `execute` returns, so Triton's own compute times miss that work.
+
 Once no call has been in progress for a second, the instance gives the memory its
 calls freed back to the system (`devices.host_memory.IdleRelease`): two-minute
 waveforms and their spectra otherwise stay in glibc's heaps at their peak.
@@ -19,8 +23,10 @@ waveforms and their spectra otherwise stay in glibc's heaps at their peak.
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +49,19 @@ from python_backend_lib.serving.settings import LogMelOutput, ModelSettings, log
 
 log = logging.getLogger(__name__)
 
+# Request timings kept for a metrics reader between two reads; older ones are dropped.
+MAX_RECENT_TIMINGS = 10_000
+
+
+@dataclass(frozen=True)
+class RequestTiming:
+    """Seconds of one answered request, from `execute` taking it (monotonic clock)."""
+
+    decode: float  # until its file was decoded: the wait for a decoding thread, the decoding (and VAD)
+    log_mel: float  # the log-mels of its `execute` call, from the call's last file decoded until they were ready
+    send: float  # from the log-mels ready until its response was handed to Triton
+    total: float  # from `execute` taking it until its response was handed to Triton
+
 
 @dataclass(frozen=True)
 class _Decoded:
@@ -50,15 +69,18 @@ class _Decoded:
     waveform: np.ndarray  # what is transcribed: the recording, or its speech joined
     spans: tuple[SpeechSpan, ...]  # where `waveform` lies in the recording
     recording_samples: int
+    taken_at: float  # when `execute` took the request (time.monotonic)
+    decoded_at: float
 
 
-def _decoded(sender: Any, recording: np.ndarray, parameters: RequestParameters) -> _Decoded:
+def _decoded(sender: Any, recording: np.ndarray, parameters: RequestParameters, taken_at: float) -> _Decoded:
     if parameters.vad is None:
-        return _Decoded(sender, recording, (SpeechSpan(0, len(recording)),), len(recording))
-    spans = tuple(speech_timestamps(recording, parameters.vad))
-    # No speech at all: whisper still takes one sample, of digital silence, which it skips undecoded.
-    speech = collect_speech(recording, list(spans)) if spans else np.zeros(1, np.float32)
-    return _Decoded(sender, speech, spans, len(recording))
+        spans, transcribed = (SpeechSpan(0, len(recording)),), recording
+    else:
+        spans = tuple(speech_timestamps(recording, parameters.vad))
+        # No speech at all: whisper still takes one sample, of digital silence, which it skips undecoded.
+        transcribed = collect_speech(recording, list(spans)) if spans else np.zeros(1, np.float32)
+    return _Decoded(sender, transcribed, spans, len(recording), taken_at, time.monotonic())
 
 
 class _Call:
@@ -131,12 +153,14 @@ class PreprocessingService:
         self.log_mels = log_mels
         self.decoders = ThreadPoolExecutor(settings.thread_count(), thread_name_prefix="decode-audio")
         self.idle_release = IdleRelease()
+        self.timings: collections.deque[RequestTiming] = collections.deque(maxlen=MAX_RECENT_TIMINGS)
         single_threaded_host()
 
     def start(self, requests: list[Any]) -> None:
         """Take every request of one `execute` call; the answers come from the decoding threads."""
         if not requests:
             return
+        taken_at = time.monotonic()
         call = _Call(len(requests))
         self.idle_release.begin()  # ended once the call's last request is answered (`_answer`)
         for request in requests:
@@ -154,13 +178,13 @@ class PreprocessingService:
                 self._fail(sender, error)
                 self._answer(call.settle(None))
                 continue
-            self.decoders.submit(self._decode, call, sender, data, parameters)
+            self.decoders.submit(self._decode, call, sender, data, parameters, taken_at)
 
-    def _decode(self, call: _Call, sender: Any, data: bytes, parameters: RequestParameters) -> None:
+    def _decode(self, call: _Call, sender: Any, data: bytes, parameters: RequestParameters, taken_at: float) -> None:
         decoded = None
         try:
             waveform = decode_request_audio(data, parameters, max_seconds=self.settings.max_audio_seconds)
-            decoded = _decoded(sender, waveform, parameters)
+            decoded = _decoded(sender, waveform, parameters, taken_at)
         except Exception as error:
             self._fail(sender, error)
         self._answer(call.settle(decoded))
@@ -177,12 +201,14 @@ class PreprocessingService:
     def _send_log_mels(self, decoded: list[_Decoded]) -> None:
         if not decoded:  # every request of the call failed, and was answered
             return
+        started = max(d.decoded_at for d in decoded)
         try:
             log_mels = self.log_mels([d.waveform for d in decoded])
         except Exception as error:  # ours: every request of the call gets the error
             for d in decoded:
                 self._fail(d.sender, error)
             return
+        ready = time.monotonic()
         for d, log_mel in zip(decoded, log_mels):
             try:
                 response = self.pb_utils.InferenceResponse(output_tensors=[
@@ -195,6 +221,9 @@ class PreprocessingService:
             except Exception as error:
                 response = error_response(self.pb_utils, error)
             d.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+            sent = time.monotonic()
+            self.timings.append(RequestTiming(d.decoded_at - d.taken_at, ready - started, sent - ready,
+                                              sent - d.taken_at))
 
     def _fail(self, sender: Any, error: BaseException) -> None:
         sender.send(error_response(self.pb_utils, error), flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)

@@ -57,6 +57,7 @@ from python_backend_lib.core import geometry
 from python_backend_lib.engine.scheduler import MAX_CONSECUTIVE_RESTARTS
 from python_backend_lib.serving.metrics import PUBLISH_INTERVAL_S
 from python_backend_lib.serving.parent_watch import CHECK_INTERVAL_S
+from python_backend_lib.serving.preprocessing_metrics import HISTOGRAMS as PREPROCESSING_HISTOGRAMS
 from python_backend_lib.serving.settings import ENGINE_FAULT_PROMPT_ENV, STALL_PROMPT_ENV, STALL_TIMEOUT_ENV
 from python_backend_lib.serving.stall_watch import CHECK_INTERVAL_S as STALL_CHECK_S
 from python_backend_lib.serving.stall_watch import Beat, StallClock, kernel_waits
@@ -170,6 +171,11 @@ def is_idle(samples: dict[str, float]) -> bool:
 
 def finished(samples: dict[str, float]) -> dict[str, float]:
     return {name: value for name, value in samples.items() if name.startswith(FINISHED_COUNTERS)}
+
+
+def summed(samples: dict[str, float], name: str) -> float:
+    """A metric's samples summed over their labels (every instance of a model)."""
+    return sum(value for key, value in samples.items() if key == name or key.startswith(name + "{"))
 
 
 def wait_for(server: RunningServer, condition, timeout: float = METRICS_SETTLE_S) -> dict[str, float]:
@@ -527,6 +533,15 @@ def test_metrics_follow_the_requests(server):
     assert not [name for name in after if name.startswith("whisper_gpu_memory_bytes")]
     # Triton's own metrics are on the same port.
     assert after['nv_inference_request_success{model="transcribe",version="1"}'] >= 2
+    # preprocessing's own, summed over its instances: both files' time after `execute`, in parts
+    # (the file that is not audio failed before it had any). One publish flushes the four histograms.
+    parts = [name for name, _ in PREPROCESSING_HISTOGRAMS.values()]
+    grown = wait_for(server, lambda s: len({summed(s, f"{n}_count") - summed(before, f"{n}_count") for n in parts}) == 1
+                     and summed(s, f"{parts[0]}_count") >= summed(before, f"{parts[0]}_count") + 2)
+    seconds = {n: summed(grown, f"{n}_sum") - summed(before, f"{n}_sum") for n in parts}
+    total, decode, log_mel, send = (seconds[PREPROCESSING_HISTOGRAMS[f][0]] for f in ("total", "decode", "log_mel", "send"))
+    assert summed(grown, f"{parts[0]}_count") >= summed(before, f"{parts[0]}_count") + 2
+    assert min(decode, log_mel, send) > 0 and decode + log_mel + send <= total * 1.0001 + 1e-6, seconds
 
 
 def test_activity_reads_what_is_in_flight_and_what_was_answered():

@@ -8,6 +8,9 @@ import time
 from concurrent.futures import CancelledError
 
 import pytest
+from fake_pb_utils import Metric as _Metric
+from fake_pb_utils import MetricFamily as _MetricFamily
+from fake_pb_utils import PbUtils as _PbUtils
 
 from python_backend_lib.contract.faults import Fault
 from python_backend_lib.core.errors import RequestError
@@ -87,49 +90,6 @@ def test_overloaded_is_its_own_fault():
 def test_outcome_labels(outcome, label):
     assert outcome_label(outcome) == label
     assert label in OUTCOMES
-
-
-class _Metric:
-    calls = 0  # every call is an IPC round trip in the real pb_utils
-    order: list[str] = []  # the families' names, call by call
-
-    def __init__(self, family, labels, buckets):
-        self.family, self.labels, self.buckets = family, labels, buckets
-        self.value, self.observed = 0.0, []
-
-    def increment(self, value):
-        assert value >= 0, "counters only go up"
-        _Metric.calls += 1
-        _Metric.order.append(self.family.name)
-        self.value += value
-
-    def set(self, value):
-        _Metric.calls += 1
-        self.value = value
-
-    def observe(self, value):
-        _Metric.calls += 1
-        self.observed.append(value)
-
-
-class _MetricFamily:
-    """The part of pb_utils.MetricFamily the exporter uses, recording what it is given."""
-
-    COUNTER, GAUGE, HISTOGRAM = "counter", "gauge", "histogram"
-    created: list[_Metric] = []
-
-    def __init__(self, name, description, kind):
-        self.name, self.kind = name, kind
-
-    def Metric(self, labels, buckets=None):
-        assert (buckets is not None) == (self.kind == self.HISTOGRAM)
-        metric = _Metric(self, labels, buckets)
-        _MetricFamily.created.append(metric)
-        return metric
-
-
-class _PbUtils:
-    MetricFamily = _MetricFamily
 
 
 def test_metrics_publish_the_ledger_and_a_real_engine():
