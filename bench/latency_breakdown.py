@@ -204,7 +204,8 @@ def served_part(checkpoint: str, job, args, say) -> dict:
     stats = measured.stats
     say(f"served: {stats.goodput_per_s:.1f} req/s, p50 {stats.latency_ms['p50']} ms")
     record = {"requests_per_s": round(stats.goodput_per_s, 2), "latency_ms": stats.latency_ms,
-              "models": measured.models, "whisper_phases": measured.phases}  # fmt: skip
+              "models": measured.models, "whisper_phases": measured.phases["whisper"],
+              "preprocessing_phases": measured.phases["preprocessing"]}  # fmt: skip
     try:  # the last of them only by a server that stopped within Triton's exit timeout
         record["trace"] = asdict(timeline(read_trace(trace_file), "transcribe", measured.request_ids))
     except FileNotFoundError:
@@ -246,16 +247,25 @@ def library_line(library: dict) -> list[str]:
     return ["", f"The engine of another checkout: {library['checkout']}, commit {library.get('checkout_commit', '?')}."]
 
 
-def phases_markdown(phases: dict) -> list[str]:
-    """The whisper model's phases over the window (`bench.whisper_phases`), means per request."""
-    parts = [("from reaching the model to its answer written", "request_ms"),
-             ("a window's way into the decode batch (a slot, its encoder pass started; on the CPU, run)",
-              "queue_wait_ms"),
-             ("the answer's way from the engine's result to Triton (a responder's wait, the outputs written, "
-              "the send)", "answer_ms")]  # fmt: skip
-    lines = [f"Means over the window's {phases['requests']:.0f} requests (`whisper_*` histograms).", "",
+# Each model's phases as the breakdown's tables show them (`bench.model_phases`).
+PHASE_LABELS = {
+    "whisper": [("from reaching the model to its answer written", "request_ms"),
+                ("a window's way into the decode batch (a slot, its encoder pass started; on the CPU, run)",
+                 "queue_wait_ms"),
+                ("the answer's way from the engine's result to Triton (a responder's wait, the outputs written, "
+                 "the send)", "answer_ms")],
+    "preprocessing": [("from execute taking the request to its answer handed to Triton", "request_ms"),
+                      ("its file decoded (with the wait for a decoding thread)", "decode_ms"),
+                      ("its call's log-mels, from the call's last file decoded", "log_mel_ms"),
+                      ("its answer's send, from the log-mel ready", "send_ms")],
+}  # fmt: skip
+
+
+def phases_markdown(phases: dict, model: str = "whisper") -> list[str]:
+    """A model's phases over the window (`bench.model_phases`), means per request."""
+    lines = [f"Means over the window's {phases['requests']:.0f} requests (`{model}_*` histograms).", "",
              "| phase | ms |", "|---|---|"]  # fmt: skip
-    return lines + [f"| {label} | {phases[key]} |" for label, key in parts if key in phases]
+    return lines + [f"| {label} | {phases[key]} |" for label, key in PHASE_LABELS[model] if key in phases]
 
 
 def report(record: dict) -> str:
@@ -277,6 +287,9 @@ def report(record: dict) -> str:
         if "models" in served:
             lines += ["", "## The served request, by Triton's statistics", "",
                       *models_markdown(served["models"], served["latency_ms"]["p50"])]  # fmt: skip
+        if served.get("preprocessing_phases", {}).get("requests"):
+            lines += ["", "## Inside the preprocessing model, by its own metrics", "",
+                      *phases_markdown(served["preprocessing_phases"], "preprocessing")]
         if "whisper_phases" in served:
             lines += ["", "## Inside the whisper model, by its own metrics", "", *phases_markdown(served["whisper_phases"])]
         if "trace" in served:

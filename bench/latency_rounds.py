@@ -17,11 +17,11 @@ from pathlib import Path
 
 from bench.jobs import Job
 from bench.load import LoadGenerator, PointPlan
+from bench.model_phases import phase_means, settled_totals
 from bench.served import MODELS, STATE_DIR, Settings, latency_job, make_jobs, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 from bench.stats import PointStats
 from bench.triton_stats import settled_stats, stats_delta
-from bench.whisper_phases import phase_means, settled_totals
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class Round:
     stats: PointStats  # the client's view of the window
     models: dict  # Triton's statistics over the window, per model (bench.triton_stats.stats_delta)
     request_ids: str  # what the ids of the window's requests start with, in Triton's trace
-    phases: dict  # the whisper model's own phases over the window, means in ms (`bench.whisper_phases`)
+    phases: dict  # each model's own phases over the window, means in ms (`bench.model_phases`)
 
 
 def one_clip_rounds(
@@ -37,8 +37,8 @@ def one_clip_rounds(
 ) -> Iterator[Round]:
     """Start `whisper-triton serve` as shipped, warm it up with `job`, then measure `rounds`
     windows of `seconds`, one request at a time: each window's statistics as it ends, the
-    client's, Triton's per model and the whisper model's own phases (none of which needs a
-    trace file, and so a clean stop).
+    client's, Triton's per model and the preprocessing and whisper models' own phases (none
+    of which needs a trace file, and so a clean stop).
     With trace_file, Triton traces every request into it (`bench.triton_trace.trace_files`)."""
     command = ServeCommand(checkpoint, trace_file=trace_file)
     with ServerProcess(command, log, 300.0):

@@ -1,10 +1,9 @@
-"""The whisper model's own metrics (whisper_*), read from Triton's metrics endpoint.
+"""The models' own metrics (whisper_*, preprocessing_*), read from Triton's metrics endpoint.
 
-Each whisper_* series carries its engine's labels: `gpu` (its device, "cpu" on
-the CPU) and `instance` (Triton's name for it). The load tools look at the
-server as a whole, so they key samples by name and their other labels only,
-summed over the engines: `whisper_requests_total{outcome="success"}`,
-`whisper_requests_in_flight`.
+Each such series carries its instance's labels: `gpu` (its device, "cpu" on the CPU)
+and `instance` (Triton's name for it). The load tools look at the server as a whole,
+so they key samples by name and their other labels only, summed over the instances:
+`whisper_requests_total{outcome="success"}`, `whisper_requests_in_flight`.
 """
 
 from __future__ import annotations
@@ -17,11 +16,16 @@ ENGINE_LABELS = re.compile(r'(?:gpu|instance)="[^"]*",?')
 
 def whisper_samples(metrics_url: str) -> dict[str, float]:
     """Every whisper_* sample: 'name{other labels}' (or 'name') -> its value summed over the engines."""
+    return model_samples(metrics_url, "whisper_")
+
+
+def model_samples(metrics_url: str, prefix: str) -> dict[str, float]:
+    """Every sample whose name starts with `prefix`, as `whisper_samples` reads whisper's."""
     with urllib.request.urlopen(metrics_url, timeout=10) as reply:
         text = reply.read().decode()
     samples = {}
     for line in text.splitlines():
-        if line.startswith("whisper_"):
+        if line.startswith(prefix):
             name, _, value = line.rpartition(" ")
             name = ENGINE_LABELS.sub("", name).replace(",}", "}").removesuffix("{}")
             samples[name] = samples.get(name, 0.0) + float(value)

@@ -217,6 +217,13 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
     phases = served["whisper_phases"]
     assert phases["requests"] == served["models"]["whisper"]["requests"]
     assert 0 < phases["answer_ms"] < phases["request_ms"] <= served["latency_ms"]["mean"]
+    # preprocessing's: its requests the same, its parts within its whole (one request an
+    # execute call: no wait for another file), the whole within the client's time.
+    pre = served["preprocessing_phases"]
+    assert pre["requests"] == served["models"]["preprocessing"]["requests"]
+    parts = pre["decode_ms"] + pre["log_mel_ms"] + pre["send_ms"]
+    assert min(pre["decode_ms"], pre["log_mel_ms"], pre["send_ms"]) > 0
+    assert parts <= pre["request_ms"] * 1.001 + 0.01 and pre["request_ms"] < served["latency_ms"]["mean"]
     # Triton's statistics of the same window: every request went through the three models once.
     models = served["models"]
     assert {"transcribe", "preprocessing", "whisper", "postprocessing"} <= set(models)
@@ -226,3 +233,4 @@ def test_a_served_run_reads_tritons_trace_and_statistics_of_every_model(tmp_path
     report = (tmp_path / "latency-breakdown.md").read_text()
     assert "## The served request, by Triton's statistics" in report
     assert "## The served request, by Triton's trace" in report
+    assert "## Inside the preprocessing model, by its own metrics" in report
