@@ -2,10 +2,11 @@
 
 `preprocessing` answers from its decoding threads after `execute` has returned, so
 Triton's `nv_inference_compute_*` for it count little more than handing the files to
-those threads. These histograms time what follows, per answered request
-(`preprocessing_service.RequestTiming`): the whole of it, the file's decoding (with its
-wait for a thread), the call's log-mels and the response's send. They are labelled,
-like the whisper model's, by `gpu` and `instance`; docs/operating.md lists them.
+those threads. These histograms time what follows, per request answered with its
+log-mel (`preprocessing_service.RequestTiming`; a file that fails to decode is not
+timed): the whole of it, the file's decoding (with its wait for a thread), the call's
+log-mels and the response's send. They are labelled, like the whisper model's, by `gpu`
+and `instance`; docs/operating.md lists them.
 """
 
 from __future__ import annotations
@@ -22,7 +23,8 @@ SECONDS_BUCKETS = [0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.
 # The histograms, by the `RequestTiming` field each observes.
 HISTOGRAMS = {
     "total": ("preprocessing_request_duration_seconds",
-              "Seconds from execute taking a request to its response handed to Triton (answered requests)"),
+              "Seconds from execute taking a request to its response handed to Triton "
+              "(requests answered with a log-mel)"),
     "decode": ("preprocessing_decode_seconds",
                "Seconds from execute taking a request until its file was decoded: the wait for a decoding thread, "
                "the decoding, and the speech detection where asked for"),

@@ -12,7 +12,7 @@ With `vad_filter`, the decoding thread also runs Silero VAD (`audio.vad`, on the
 CPU) and keeps only the speech, joined: LOG_MEL and SAMPLES are the speech's, and
 SPEECH_SPANS and RECORDING_SAMPLES tell postprocessing where it lies in the recording.
 
-Each answered request leaves its `RequestTiming` in `timings` (its decode, the call's
+Each request answered with its log-mel leaves its `RequestTiming` in `timings` (its decode, the call's
 log-mels, its send), which `serving.preprocessing_metrics` publishes: the model answers
 from its threads after `execute` returns, so Triton's own compute times miss that work.
 
@@ -55,7 +55,7 @@ MAX_RECENT_TIMINGS = 10_000
 
 @dataclass(frozen=True)
 class RequestTiming:
-    """Seconds of one answered request, from `execute` taking it (monotonic clock)."""
+    """Seconds of one request answered with its log-mel, from `execute` taking it (monotonic clock)."""
 
     decode: float  # until its file was decoded: the wait for a decoding thread, the decoding (and VAD)
     log_mel: float  # the log-mels of its `execute` call, from the call's last file decoded until they were ready
