@@ -44,14 +44,11 @@ from python_backend_lib.devices.host_memory import IdleRelease
 from python_backend_lib.devices.placement import on_device, single_threaded_host
 from python_backend_lib.devices.transfers import to_host_asleep, wait_idle
 from python_backend_lib.serving.inputs import decode_request_audio, single_row
+from python_backend_lib.serving.prometheus import unpublished
 from python_backend_lib.serving.responses import error_response
 from python_backend_lib.serving.settings import LogMelOutput, ModelSettings, log_mel_handover
 
 log = logging.getLogger(__name__)
-
-# Request timings kept for a metrics reader between two reads; older ones are dropped.
-MAX_RECENT_TIMINGS = 10_000
-
 
 @dataclass(frozen=True)
 class RequestTiming:
@@ -153,7 +150,7 @@ class PreprocessingService:
         self.log_mels = log_mels
         self.decoders = ThreadPoolExecutor(settings.thread_count(), thread_name_prefix="decode-audio")
         self.idle_release = IdleRelease()
-        self.timings: collections.deque[RequestTiming] = collections.deque(maxlen=MAX_RECENT_TIMINGS)
+        self.timings: collections.deque[RequestTiming] = unpublished()
         single_threaded_host()
 
     def start(self, requests: list[Any]) -> None:

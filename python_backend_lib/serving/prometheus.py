@@ -13,6 +13,7 @@ per observation kept a metrics thread busy for much of the time under GPU load
 from __future__ import annotations
 
 import bisect
+import collections
 import logging
 import threading
 from typing import Any
@@ -20,6 +21,14 @@ from typing import Any
 log = logging.getLogger(__name__)
 
 PUBLISH_INTERVAL_S = 1.0
+# Observations a model keeps for its publisher between two publishes; beyond this the
+# oldest are dropped, so a publisher that stopped cannot make them grow without end.
+MAX_UNPUBLISHED = 10_000
+
+
+def unpublished() -> collections.deque:
+    """Where a model's threads leave observations for its publisher to drain."""
+    return collections.deque(maxlen=MAX_UNPUBLISHED)
 
 
 class Families:

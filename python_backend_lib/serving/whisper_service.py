@@ -54,6 +54,7 @@ from python_backend_lib.devices.transfers import through_pinned
 from python_backend_lib.serving.admission import Entry, RequestLedger
 from python_backend_lib.serving.cancellation import CancelBoard, CancellationWatcher, Watch, board_folder
 from python_backend_lib.serving.inputs import LogMelInput, check_log_mel, nonfinite
+from python_backend_lib.serving.prometheus import unpublished
 from python_backend_lib.serving.responses import error_response, tensors_response
 from python_backend_lib.serving.settings import (
     ModelSettings,
@@ -82,8 +83,6 @@ GIL_SWITCH_INTERVAL_S = 0.0005
 # A stall answers each held request on the watch's thread; a responder stuck inside
 # Triton's send may hold a request's lock: it is skipped after this long.
 STALL_SEND_WAIT_S = 5.0
-# Answer times kept for a metrics reader between two reads; older ones are dropped.
-MAX_RECENT_ANSWERS = 10_000
 
 
 @dataclass(eq=False)
@@ -146,7 +145,7 @@ class WhisperService:
         self._sent = 0
         # Seconds from each request's outcome to its final response handed to Triton (a
         # responder's wait, the outputs written, the send), for a metrics reader to drain.
-        self.answer_times: collections.deque[float] = collections.deque(maxlen=MAX_RECENT_ANSWERS)
+        self.answer_times: collections.deque[float] = unpublished()
         # GPU inputs are copied on a stream of their own and waited for there, not behind the engine's steps.
         self._copies = torch.cuda.Stream(pipeline.device) if on_gpu else None
         if on_gpu:
