@@ -275,10 +275,10 @@ class GpuInstances:
 # MPS every process takes the GPU in time slices, and more of them only split it.
 # The choices below are the best measured with tiny.en and large-v3 on one GPU, with and
 # without MPS (docs/benchmarks/mps-bb9e702, shape-39a00cc and engines.md hold the runs).
-# A fifth tiny engine under MPS (engines.md, section 10) waits for the soak and for a
-# host of several GPUs before it is the default.
+# Five tiny engines under MPS (engines.md, sections 10 and 11) came once the graph steps
+# had lost most of their host calls: a fourth engine thread no longer fills its core.
 INSTANCES_BY_ENCODER_WIDTH = {
-    True: ((384, GpuInstances(whisper=4, preprocessing=8)), (1 << 30, GpuInstances(whisper=1, preprocessing=4))),
+    True: ((384, GpuInstances(whisper=5, preprocessing=8)), (1 << 30, GpuInstances(whisper=1, preprocessing=4))),
     False: ((384, GpuInstances(whisper=3, preprocessing=4)), (1 << 30, GpuInstances(whisper=1, preprocessing=4))),
 }
 

@@ -245,7 +245,7 @@ LONE_CLIP = BENCHMARKS / "latency" / "lone-clip-tiny" / "lone-clip-runs.json"
 def test_the_lone_clip_and_h200_saturation_figures_are_the_record():
     """performance.md's rows and the README's line for tiny on one H200 at the current engine
     are the lone-clip record's last runs: the last breakdown (served p50, the engine alone,
-    three events of Triton's trace, the whisper model's own phases, what lies outside it),
+    three events of Triton's trace, the preprocessing and whisper models' own phases, what lies outside it),
     the MPS on/off run and the last saturation run, the current engine beside 78bdfef's
     (each variant's best requests a second and RTFx, and its lone clip's p50)."""
     from bench.comparisons import best_point
@@ -256,11 +256,13 @@ def test_the_lone_clip_and_h200_saturation_figures_are_the_record():
     at = {event["label"]: event["median_ms"] for event in breakdown["served"]["trace"]["events"]}
     performance = PERFORMANCE.read_text(encoding="utf-8")
     readme = (REPO_ROOT / "README.md").read_text(encoding="utf-8")
-    phases = breakdown["served"]["whisper_phases"]
-    assert (f"tiny-random served p50 {breakdown['served']['latency_ms']['p50']:.2f} ms: in whisper's queue at "
+    phases, ours = breakdown["served"]["whisper_phases"], breakdown["served"]["preprocessing_phases"]
+    assert (f"{breakdown['model']} served p50 {breakdown['served']['latency_ms']['p50']:.2f} ms: in whisper's queue at "
             f"{at['whisper: queued']:.2f} ms, in postprocessing's at {at['postprocessing: queued']:.2f}, sent at "
             f"{at['gRPC sent the answer']:.2f}; the engine alone {breakdown['engine']['latency_ms']['p50']:.2f} ms; "
-            f"inside whisper, by its own metrics, {phases['request_ms']:.2f} ms from reaching the model to its "
+            f"inside preprocessing, by its own metrics, {ours['request_ms']:.2f} ms from `execute` to its answer "
+            f"(decode {ours['decode_ms']:.2f}, log-mel {ours['log_mel_ms']:.2f}, send {ours['send_ms']:.2f}); "
+            f"inside whisper {phases['request_ms']:.2f} ms from reaching the model to its "
             f"answer, the answer's way to Triton {phases['answer_ms']:.2f} | one run, "
             f"{breakdown['served']['trace']['requests']} requests traced") in performance
     assert f"| one H200, 16 CPUs, {breakdown['provenance']['commit'][:7]} | [lone-clip-tiny]" in performance
@@ -499,22 +501,56 @@ def test_the_live_headline_is_the_latest_run():
             f"200 sessions {span[200, 0]} |") in PERFORMANCE.read_text(encoding="utf-8")
 
 
-def test_the_engine_count_table_is_the_record():
-    """engines.md's section 10 lists every run of the engine-count record in its order:
-    its engines, best RTFx and requests a second, lone clip, host and whisper cores and
-    GPU busy share."""
+ENGINE_COUNT = BENCHMARKS / "engines" / "10-engine-count.json"
+
+
+def _engine_count_rows(variants: list[dict]) -> list[str]:
+    """engines.md's rows of engine-count runs: engines (a plain `mps:on` was four then),
+    best RTFx and requests a second, lone clip, host and whisper cores, GPU busy share."""
     from bench.comparisons import best_point
 
-    record = json.loads((BENCHMARKS / "engines" / "10-engine-count-537b1c2.json").read_text(encoding="utf-8"))
-    page = (BENCHMARKS / "engines.md").read_text(encoding="utf-8")
-    section = page[page.index("## 10. Engines per GPU"):]
     rows = []
-    for run in record["runs"]:
-        for variant in run["variants"]:
-            top = best_point(variant)
-            engines = variant["spec"].partition("whisper:")[2] or "4"
-            rows.append(f"| {variant['label']} | {engines} | {top['rtfx']:,.0f} | {top['goodput_per_s']:,.0f} | "
-                        f"{variant['latency_5s']['latency_ms']['p50']:.2f} | {top['host_busy_cores']:.1f} | "
-                        f"{top['server_cores']['whisper']['busiest']:.2f} | {top['gpu_utilisation_pct']:.0f}% |")
-    table = [line for line in section.splitlines() if line.startswith("| e")]
-    assert table == rows
+    for variant in variants:
+        top = best_point(variant)
+        engines = variant["spec"].partition("whisper:")[2] or "4"
+        rows.append(f"| {variant['label']} | {engines} | {top['rtfx']:,.0f} | {top['goodput_per_s']:,.0f} | "
+                    f"{variant['latency_5s']['latency_ms']['p50']:.2f} | {top['host_busy_cores']:.1f} | "
+                    f"{top['server_cores']['whisper']['busiest']:.2f} | {top['gpu_utilisation_pct']:.0f}% |")
+    return rows
+
+
+def _engines_section(number: int) -> str:
+    page = (BENCHMARKS / "engines.md").read_text(encoding="utf-8")
+    start = page.index(f"## {number}. ")
+    end = page.find(f"## {number + 1}. ", start)
+    return page[start:end if end >= 0 else None]
+
+
+def test_the_engine_count_table_is_the_record():
+    """engines.md's section 10 lists every run of the engine-count record in its order."""
+    record = json.loads(ENGINE_COUNT.read_text(encoding="utf-8"))
+    table = [line for line in _engines_section(10).splitlines() if line.startswith("| e")]
+    assert table == _engine_count_rows([v for run in record["runs"] for v in run["variants"]])
+
+
+def test_five_engines_became_the_default_on_the_records_of_section_11():
+    """Section 11's eight-core table is the record's `eight_cores` run, held to the cores
+    it names; its soak figures are gpu-soak.json's last run, five engines, every request
+    answered OK and every instance named; and five is what auto runs for tiny under MPS."""
+    from python_backend_lib.checkpoints.configs import load_config
+    from python_backend_lib.serving.settings import auto_instances_per_gpu
+
+    section = _engines_section(11)
+    eight = json.loads(ENGINE_COUNT.read_text(encoding="utf-8"))["eight_cores"]["run"]
+    assert eight["taskset"] == "0-7" and "`taskset -c 0-7 python -m bench.served_variants" in section
+    table = [line for line in section.splitlines() if line.startswith(("| four", "| five"))]
+    assert table == _engine_count_rows(eight["variants"])
+    soak = json.loads((BENCHMARKS / "gpu-soak" / "gpu-soak.json").read_text(encoding="utf-8"))["runs"][-1]
+    (five,) = soak["soaks"]
+    point, answered = five["point"], five["answered"]
+    assert "--engines=5" in five["command"] and len(answered) == 5 and not five["problems"]
+    assert point["statuses"] == {"OK": point["sent"]} and sum(answered.values()) >= point["sent"]
+    assert (f"**{point['sent']:,} answered of {point['sent']:,} sent, all OK** "
+            f"({point['goodput_per_s']:.1f} a\nsecond") in section
+    assert f"the five instances {min(answered.values()):,.0f} to {max(answered.values()):,.0f} each" in section
+    assert auto_instances_per_gpu(load_config("random:tiny").dims, mps=True).whisper == 5

@@ -136,11 +136,11 @@ def test_every_soak_asks_for_request_kinds_the_server_accepts():
 
 
 def test_a_soak_may_ask_for_its_engines_and_its_cpu_smoke_run_leaves_them_to_auto():
-    """The five-engine soak serves `--engines=5` on its GPU; the CPU smoke run of any soak
+    """The four-engine soak serves `--engines=4` on its GPU; the CPU smoke run of any soak
     serves exact, auto's engines, at the concurrency asked for."""
-    soak = SOAKS["tiny-1gpu-5-engines"]
+    soak = SOAKS["tiny-1gpu-4-engines"]
     argv = gpu_soak.serve_command(soak, None, None).argv()
-    assert "--engines=5" in argv and "--gpus=0" in argv and "--mps=on" in argv
+    assert "--engines=4" in argv and "--gpus=0" in argv and "--mps=on" in argv
     assert not any(a.startswith("--engines") for a in gpu_soak.serve_command(SOAKS["tiny-1gpu"], None, None).argv())
     smoke = gpu_soak.on_cpu(soak, 8)
     assert (smoke.gpus, smoke.mps, smoke.engines, smoke.quantize, smoke.concurrency) == (None, None, None, None, 8)

@@ -75,7 +75,7 @@ def test_small_checkpoints_get_several_engines_per_gpu_and_large_ones_one():
     under_mps = [auto_instances_per_gpu(load_config(f"random:{size}").dims, mps=True) for size in sizes]
     alone = [auto_instances_per_gpu(load_config(f"random:{size}").dims, mps=False) for size in sizes]
     # only tiny's host work outruns its GPU (the measurements beside the rule)
-    assert under_mps == [GpuInstances(4, 8)] + [GpuInstances(1, 4)] * 4
+    assert under_mps == [GpuInstances(5, 8)] + [GpuInstances(1, 4)] * 4
     assert alone == [GpuInstances(3, 4)] + [GpuInstances(1, 4)] * 4
 
 
@@ -104,7 +104,7 @@ def test_the_instance_group_is_read_and_rewritten_in_place():
 def test_auto_serves_several_engines_only_on_a_gpu_and_only_over_the_shipped_group(tmp_path):
     shipped = (packaged_model_repository() / "whisper" / "config.pbtxt").read_text()
     assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:tiny") == 3
-    assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:tiny", mps=True) == 4
+    assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:tiny", mps=True) == 5
     assert engines_to_serve(shipped, None, gpus=1, checkpoint="random:large-v3") is None  # one, as written
     assert engines_to_serve(shipped, None, gpus=0, checkpoint="random:tiny") is None  # the CPU: as written
     assert engines_to_serve(shipped, 2, gpus=0, checkpoint="random:tiny") == 2  # asked for: anywhere
@@ -158,17 +158,21 @@ def instance_group(copy: Path, model: str) -> InstanceGroup:
 
 def test_serving_on_four_gpus_runs_postprocessing_for_every_engine():
     with tiny_serving_copy(None, gpus=4) as copy:
-        assert instance_group(copy, "whisper") == InstanceGroup(4, "KIND_AUTO")
-        assert instance_group(copy, "postprocessing") == InstanceGroup(16, "KIND_CPU")
+        assert instance_group(copy, "whisper") == InstanceGroup(5, "KIND_AUTO")
+        assert instance_group(copy, "postprocessing") == InstanceGroup(20, "KIND_CPU")
     with tiny_serving_copy(2, gpus=3) as copy:  # --engines 2
         assert instance_group(copy, "postprocessing") == InstanceGroup(6, "KIND_CPU")
 
 
-def test_serving_under_mps_rewrites_both_counts_for_tiny():
+def test_serving_under_mps_rewrites_every_count_for_tiny():
+    """Five engines on one GPU: eight preprocessing instances, and one postprocessing
+    instance per engine, more than the four written."""
     shipped = packaged_model_repository()
     with tiny_serving_copy(None, gpus=1) as copy:
-        assert instance_group(copy, "whisper") == InstanceGroup(4, "KIND_AUTO")
+        assert instance_group(copy, "whisper") == InstanceGroup(5, "KIND_AUTO")
         assert instance_group(copy, "preprocessing") == InstanceGroup(8, "KIND_AUTO")
+        assert instance_group(copy, "postprocessing") == InstanceGroup(5, "KIND_CPU")
+    with tiny_serving_copy(4, gpus=1) as copy:  # --engines 4: postprocessing as written
         assert (copy / "postprocessing").is_symlink()
         assert (copy / "preprocessing" / "1" / "model.py").resolve() == (shipped / "preprocessing" / "1" / "model.py").resolve()
     assert serving_copy(shipped, None, gpus=0, environ={CHECKPOINT_ENV: "random:tiny"}, mps=False) is None
