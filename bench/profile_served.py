@@ -1,15 +1,18 @@
-"""Where the whisper stub's threads spend their time under a served load: py-spy samples.
+"""Where the stubs' threads spend their time under a served load: py-spy samples.
 
     python -m bench.profile_served --model tiny-random --tokens-per-second 2.732 --concurrency 1 128 --out OUT
+    python -m bench.profile_served --model tiny --concurrency 2048 --stubs preprocessing whisper postprocessing --busy --out OUT
 
 For each concurrency it starts the load through `transcribe` (gRPC, as
-`bench.served` sends it), samples the `whisper` model's stub with `py-spy
-record` (without pausing it, idle frames included, one stack per thread) for
-`--seconds`, and writes the raw stacks and a summary per thread: the frames a
-thread was in when sampled (its own time) and the project's functions under
-which that time went. At concurrency 1 only the clip nearest 5 s is sent, as
-for the latency target. py-spy must be installed and allowed to read the
-process (root, or ptrace permission).
+`bench.served` sends it), samples one stub process of each model named
+(`--stubs`, default the `whisper` model's) with `py-spy record` (without pausing
+it, one stack per thread) for `--seconds`, and writes the raw stacks and a
+summary per thread: the frames a thread was in when sampled (its own time) and
+the project's functions under which that time went. Idle frames are sampled
+too, unless `--busy`: then the samples count the time a thread was on a core,
+which is what bounds a host whose cores are all busy. At concurrency 1 only the
+clip nearest 5 s is sent, as for the latency target. py-spy must be installed
+and allowed to read the process (root, or ptrace permission).
 """
 
 from __future__ import annotations
@@ -25,18 +28,19 @@ from bench.load import LoadGenerator, PointPlan
 from bench.served import MODELS, Settings, latency_job, make_jobs, served_checkpoint
 from bench.server_process import ServeCommand, ServerProcess
 
-WHISPER_STUB = "whisper/1/model.py"
+STUBS = ("preprocessing", "whisper", "postprocessing")
 OUR_CODE = re.compile(r"\((?:python_backend_lib|model_repository)/")
 LINE = re.compile(r":\d+\)$")
 TOP = 12
 
 
-def stub_pids() -> list[int]:
-    """The whisper stubs' process ids, one per engine (they are alike: one is sampled)."""
-    found = sorted(int(pid) for pid in subprocess.run(["pgrep", "-f", WHISPER_STUB], capture_output=True,
+def stub_pids(model: str) -> list[int]:
+    """The stub processes of `model`, one per instance (they are alike: one is sampled)."""
+    pattern = f"/{model}/1/model.py"
+    found = sorted(int(pid) for pid in subprocess.run(["pgrep", "-f", pattern], capture_output=True,
                                                        text=True).stdout.split())
     if not found:
-        raise RuntimeError("no whisper stub is running")
+        raise RuntimeError(f"no {model} stub is running")
     return found
 
 
@@ -75,6 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", choices=sorted(MODELS), default="tiny")
     parser.add_argument("--tokens-per-second", type=float, help="forced lengths of random-weight models")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 128])
+    parser.add_argument("--stubs", nargs="+", choices=STUBS, default=["whisper"], help="the models sampled")
+    parser.add_argument("--busy", action="store_true", help="leave idle frames out: samples count time on a core")
     parser.add_argument("--seconds", type=float, default=8.0, help="sampled per concurrency")
     parser.add_argument("--rate", type=int, default=400, help="py-spy samples per second")
     parser.add_argument("--out", type=Path, required=True)
@@ -84,27 +90,33 @@ def main(argv: list[str] | None = None) -> None:
     jobs = make_jobs(spec, checkpoint, args.tokens_per_second, Settings())
     short = latency_job(jobs)
     args.out.mkdir(parents=True, exist_ok=True)
-    report = [f"# py-spy samples of the whisper stub, `{args.model}`", ""]
+    sampled = "time on a core (idle frames left out)" if args.busy else "idle frames included"
+    report = [f"# py-spy samples of the {', '.join(args.stubs)} stubs, `{args.model}`", "",
+              f"{args.rate} samples a second for {args.seconds:g} s, {sampled}.", ""]
     command = ServeCommand(checkpoint)
     with ServerProcess(command, args.out / "profile-server.log", 300.0):
-        pids = stub_pids()
-        pid = pids[0]
-        report += [f"The stub sampled: process {pid}, one of {len(pids)} (one per engine).", ""]
+        pids = {stub: stub_pids(stub) for stub in args.stubs}
+        report += [f"The {stub} stub sampled: process {found[0]}, one of {len(found)}." for stub, found in pids.items()]
         for concurrency in args.concurrency:
             chosen = [short] if concurrency == 1 else jobs
-            path = args.out / f"profile-c{concurrency}.txt"
+            paths = {stub: args.out / f"profile-{stub}-c{concurrency}.txt" for stub in args.stubs}
             with LoadGenerator(command.grpc_url, [j.load_request() for j in chosen], processes=4) as load:
                 load.run(PointPlan(concurrency, 0.0, 3.0, 60.0))  # warm-up
-                sampler = subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--rate", str(args.rate),
-                                            "--duration", str(int(args.seconds)), "--format", "raw", "--threads",
-                                            "--idle", "--nonblocking", "--output", str(path)])
+                samplers = [subprocess.Popen(["py-spy", "record", "--pid", str(pids[stub][0]), "--rate", str(args.rate),
+                                              "--duration", str(int(args.seconds)), "--format", "raw", "--threads",
+                                              *([] if args.busy else ["--idle"]), "--nonblocking",
+                                              "--output", str(path)])
+                            for stub, path in paths.items()]  # fmt: skip
                 time.sleep(0.5)
                 result = load.run(PointPlan(concurrency, 0.0, args.seconds, 60.0))
-                sampler.wait(timeout=args.seconds + 30)
+                for sampler in samplers:
+                    sampler.wait(timeout=args.seconds + 30)
             stats = result.stats
-            report += [f"## concurrency {concurrency}: {stats.goodput_per_s:.1f} good requests/s, "
-                       f"p50 {stats.latency_ms['p50']} ms", "", summarize(path.read_text())]
-            print(report[-2], flush=True)
+            report += ["", f"## concurrency {concurrency}: {stats.goodput_per_s:.1f} good requests/s, "
+                       f"p50 {stats.latency_ms['p50']} ms"]
+            print(report[-1], flush=True)
+            for stub, path in paths.items():
+                report += ["", f"### the {stub} stub", "", summarize(path.read_text()).replace("### ", "#### ")]
     (args.out / "profile.md").write_text("\n".join(report))
 
 

@@ -116,7 +116,8 @@ def _encode_video(av, output, stream, seconds: float) -> None:
 
 
 def measure(repeats: int = 15) -> None:
-    """Decoding speed of each format by each decoder that reads it, on the 53 s
+    """Decoding speed of each format by each decoder that reads it (numpy reads only
+    16-bit PCM WAV, `audio.wav`), on the 53 s
     sonnet: the median of `repeats` decodes to Whisper's 16 kHz mono waveform
     (Opus decodes at 48 kHz in FFmpeg, at the file's rate in libsndfile, so
     resampling is counted). For docs/media.md."""
@@ -130,6 +131,7 @@ def measure(repeats: int = 15) -> None:
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from python_backend_lib.audio.containers import decode_container
     from python_backend_lib.audio.decode import decode_with_libsndfile, resample, to_mono
+    from python_backend_lib.audio.wav import pcm16_frames
 
     path = Path(__file__).parent / "data" / "audio" / "sonnet1_longform.wav"
     samples, rate = soundfile.read(path, dtype="float32")
@@ -152,7 +154,8 @@ def measure(repeats: int = 15) -> None:
         resample(to_mono(decoded.samples), decoded.sample_rate)
         return time.perf_counter() - began
 
-    decoders = {"libsndfile (ms)": decode_with_libsndfile, "FFmpeg through PyAV (ms)": decode_container}
+    decoders = {"numpy, 16-bit WAV (ms)": pcm16_frames, "libsndfile (ms)": decode_with_libsndfile,
+                "FFmpeg through PyAV (ms)": decode_container}
     print(f"{len(samples) / rate:.0f} s of speech, median of {repeats} decodes (ms), the decoders taking turns")
     print(f"| format | size (kB) | {' | '.join(decoders)} |")
     print("| --- | --- |" + " --- |" * len(decoders))

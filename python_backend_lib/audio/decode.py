@@ -1,6 +1,7 @@
 """Audio bytes to Whisper's input waveform: 16 kHz mono float32 (numpy, no torch).
 
-Files are decoded by libsndfile (through `soundfile`) where it recognises the
+A WAV file of 16-bit PCM is read by numpy (`wav`); other files are decoded by
+libsndfile (through `soundfile`) where it recognises the
 format (WAV, FLAC, Ogg, MP3, AIFF, ...), since it reads those fastest; anything
 else goes to FFmpeg (`containers`: M4A, MP4, WebM, video files). Raw float32
 PCM is read by numpy, and everything is resampled by libsoxr. Bad input raises
@@ -28,14 +29,10 @@ from python_backend_lib.audio.limits import (  # noqa: F401  (AudioError and the
     frame_limit,
     too_long,
 )
+from python_backend_lib.audio.wav import check_wav_length, pcm16_frames
 from python_backend_lib.core.geometry import SAMPLE_RATE
 
 FLOAT32_BYTES = 4
-# RIFF/WAVE: a 12-byte file header, then chunks of (4-byte id, 4-byte little-endian size, data).
-RIFF_HEADER_BYTES = 12
-RIFF_CHUNK_HEADER_BYTES = 8
-# The data-chunk size that streaming writers put in a header before the length is known.
-RIFF_UNKNOWN_SIZE = 0xFFFFFFFF
 # libsndfile's error codes for files that go to FFmpeg instead: bytes it does
 # not recognise as any of its formats (SF_ERR_UNRECOGNISED_FORMAT), and a
 # format it knows holding a codec it lacks (SF_ERR_UNSUPPORTED_ENCODING: ALAC
@@ -60,8 +57,8 @@ def decode_audio(data: bytes, *, max_seconds: float | None = None) -> np.ndarray
     data = _as_bytes(data)
     if len(data) == 0:
         raise AudioError("audio is empty")
-    _check_wav_length(data)
-    decoded = decode_with_libsndfile(data, max_seconds)
+    check_wav_length(data)
+    decoded = pcm16_frames(data, max_seconds) or decode_with_libsndfile(data, max_seconds)
     if decoded is None:
         # Imported here: FFmpeg's libraries load only for a file that needs them.
         from python_backend_lib.audio.containers import decode_container
@@ -175,30 +172,6 @@ def decode_with_libsndfile(data: bytes, max_seconds: float | None) -> DecodedFra
     if n_frames == 0:
         raise AudioError("audio decodes to zero samples")
     return DecodedFrames(np.concatenate(blocks), sample_rate)
-
-
-def _check_wav_length(data: bytes) -> None:
-    """A WAV file whose data chunk claims more bytes than follow it is truncated
-    (or its header lies); libsndfile would quietly decode what is there.
-
-    Other formats pass: FLAC and MP3 fail in the codec, and Ogg has no total length.
-    """
-    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
-        return
-    position = RIFF_HEADER_BYTES
-    while position + RIFF_CHUNK_HEADER_BYTES <= len(data):
-        chunk_id = data[position : position + 4]
-        size = int.from_bytes(data[position + 4 : position + 8], "little")
-        body = position + RIFF_CHUNK_HEADER_BYTES
-        if chunk_id == b"data":
-            present = len(data) - body
-            if size != RIFF_UNKNOWN_SIZE and size > present:
-                raise AudioError(
-                    f"WAV file is truncated (or its header lies): the data chunk declares {size} bytes "
-                    f"of samples, only {present} follow"
-                )
-            return
-        position = body + size + (size & 1)  # chunks are padded to an even length
 
 
 def _reason(err: Exception) -> str:
