@@ -67,9 +67,31 @@ MAX_CONDITIONING_TEMPERATURE = 0.5
 
 
 def compression_ratio(text: str) -> float:
-    """Bytes over gzip'ed bytes: high for text that repeats itself."""
+    """Bytes over gzip'ed bytes (`zlib.compress`, as openai-whisper measures them): high for
+    text that repeats itself."""
     data = text.encode("utf-8")
-    return len(data) / len(zlib.compress(data)) if data else 0.0
+    return len(data) / compressed_size(data) if data else 0.0
+
+
+# zlib's default compression level and memory level, and the window of `zlib.compress`.
+ZLIB_LEVEL, ZLIB_MEM_LEVEL, ZLIB_WINDOW_BITS = 6, 8, 15
+ZLIB_MIN_WINDOW_BITS = 9
+ZLIB_MIN_LOOKAHEAD = 262  # deflate keeps this much of its window for lookahead
+
+
+def compressed_size(data: bytes) -> int:
+    """len(zlib.compress(data)), with a window just large enough for `data`.
+
+    This runs on the engine thread for every window decoded. `zlib.compress` sets up
+    a 32 KiB window (and its match chains) for a sentence of text; a window that holds
+    the whole input, lookahead included, never slides, so deflate finds the same
+    matches and writes the same number of bytes, at a fraction of the set-up.
+    """
+    window_bits = max(ZLIB_MIN_WINDOW_BITS, (len(data) + ZLIB_MIN_LOOKAHEAD - 1).bit_length())
+    if window_bits >= ZLIB_WINDOW_BITS:
+        return len(zlib.compress(data))
+    compressor = zlib.compressobj(ZLIB_LEVEL, zlib.DEFLATED, window_bits, ZLIB_MEM_LEVEL)
+    return len(compressor.compress(data)) + len(compressor.flush())
 
 
 def needs_fallback(result: DecodingResult, ratio: float, options: TranscribeOptions) -> bool:
@@ -206,15 +228,21 @@ class LongFormJob:
         silence, so the model does not see, and half-transcribe, the next
         chunk's first words."""
         frames = _frames(chunk, seek)
-        window = self.mel[:, seek : seek + geometry.N_FRAMES]
-        if window.shape[-1] < geometry.N_FRAMES:
-            padding = self.mel[:, -1:].expand(-1, geometry.N_FRAMES - window.shape[-1])
-            window = torch.cat([window, padding], dim=1)
         audio_frames = self.content - seek
         zeros = self.samples > geometry.N_SAMPLES or self.options.window_padding is WindowPadding.OPENAI_WHISPER
-        if zeros and audio_frames < geometry.N_FRAMES:
-            window = window.clone()
-            window[:, audio_frames:] = 0.0
+        if zeros and 0 <= audio_frames < geometry.N_FRAMES and self.mel.shape[-1] >= self.content:
+            # The audio's frames, then zeros: two launches from execute's thread, which
+            # shares the interpreter lock with the engine's.
+            window = self.mel.new_zeros((self.mel.shape[0], geometry.N_FRAMES))
+            window[:, :audio_frames] = self.mel[:, seek : self.content]
+        else:
+            window = self.mel[:, seek : seek + geometry.N_FRAMES]
+            if window.shape[-1] < geometry.N_FRAMES:
+                padding = self.mel[:, -1:].expand(-1, geometry.N_FRAMES - window.shape[-1])
+                window = torch.cat([window, padding], dim=1)
+            if zeros and audio_frames < geometry.N_FRAMES:
+                window = window.clone()
+                window[:, audio_frames:] = 0.0
         if chunk.end < self.content:
             window = window.clone()
             window[:, frames:] = self.mel[:, self.content : self.content + 1]  # a padding frame: silence

@@ -60,6 +60,9 @@ class Pipeline:
         alignment_graphs: AlignmentGraphs | None = None,
     ) -> None:
         self.model = model
+        # Fixed once the engine's graphs are captured on it; read for every request,
+        # where walking the model's parameters to find it would cost the interpreter lock.
+        self.device: torch.device = next(model.parameters()).device
         self.config = config
         self.tokenizer = tokenizer
         self.engine = engine
@@ -117,10 +120,6 @@ class Pipeline:
         pipeline.load_times = times
         log.info("loaded %s on %s with %s: %s", source, device, loaded.backend.value, times.describe())
         return pipeline
-
-    @property
-    def device(self) -> torch.device:
-        return next(self.model.parameters()).device
 
     @property
     def n_mels(self) -> int:

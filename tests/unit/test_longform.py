@@ -8,11 +8,13 @@ from concurrent.futures import Future
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from long_recording import speech_seconds, uncovered_seconds
 from reference import DATA, hf_model, hf_model_from_state, normalize, word_error_rate
 
 from python_backend_lib.audio.decode import decode_audio
-from python_backend_lib.audio.features import features_for, window_features
+from python_backend_lib.audio.features import features_for, window_features, without_padding
 from python_backend_lib.checkpoints.configs import load_config
 from python_backend_lib.checkpoints.weights import load_checkpoint
 from python_backend_lib.core import geometry
@@ -27,7 +29,13 @@ from python_backend_lib.core.options import (
 from python_backend_lib.engine.loading import EngineSetup
 from python_backend_lib.text.tokenizer import load_tokenizer
 from python_backend_lib.text.windows import window_segments
-from python_backend_lib.transcription.longform import LongFormJob, compression_ratio, is_silent, needs_fallback
+from python_backend_lib.transcription.longform import (
+    LongFormJob,
+    compressed_size,
+    compression_ratio,
+    is_silent,
+    needs_fallback,
+)
 from python_backend_lib.transcription.pipeline import Pipeline
 
 SONNET = DATA / "sonnet1_longform.wav"
@@ -177,8 +185,9 @@ def test_temperature_fallback_runs_to_the_last_temperature(pipe):
     assert transcript.segments[0].temperature == 1.0
 
 
-def first_window(waveform: np.ndarray, options: TranscribeOptions) -> torch.Tensor:
-    """The features of the first window a `LongFormJob` submits for `waveform` (tiny.en)."""
+def first_window(waveform: np.ndarray, options: TranscribeOptions, features: torch.Tensor | None = None) -> torch.Tensor:
+    """The features of the first window a `LongFormJob` submits for `waveform` (tiny.en),
+    from `features` (default: `features_for`'s, every padding frame included)."""
     submitted: list[torch.Tensor] = []
 
     def submit(features, options, on_done, is_cancelled, content_frames=None, keep_audio=False, live=False):  # a stand-in for the engine
@@ -186,7 +195,7 @@ def first_window(waveform: np.ndarray, options: TranscribeOptions) -> torch.Tens
         on_done(DecodingResult((), "en", -0.2, 0.1, options.temperature))
 
     tokenizer = load_tokenizer("default")
-    features = features_for(waveform, 80)
+    features = features_for(waveform, 80) if features is None else features
     LongFormJob(submit, load_config("default"), tokenizer, features, len(waveform), options, lambda outcome: None).start()
     return submitted[0]
 
@@ -208,6 +217,43 @@ def test_by_default_a_short_clips_window_is_padded_as_openai_whisper_pads_it():
     assert (silence[:, audio_frames:] != 0).any()  # so the two paddings differ
     transformers = first_window(waveform, TranscribeOptions(window_padding=WindowPadding.TRANSFORMERS))
     torch.testing.assert_close(transformers, silence, rtol=0, atol=1e-6)
+    # As served: the features cut to the frames that travel between the models.
+    travelled = without_padding(features_for(waveform, 80), len(waveform))
+    assert travelled.shape[-1] < geometry.N_FRAMES
+    for options, padded in ((TranscribeOptions(), default), (TranscribeOptions(window_padding="transformers"), transformers)):
+        assert torch.equal(first_window(waveform, options, travelled), padded)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.text(max_size=300), repeats=st.integers(1, 150), cut=st.integers(0, 400))
+def test_the_compressed_size_is_zlib_compress_s(text, repeats, cut):
+    """The engine's compression ratio counts `zlib.compress`'s bytes (openai-whisper's rule),
+    with a smaller window: the same count for any text, repetitive ones and those near and
+    past the window's sizes included."""
+    import zlib
+
+    for data in (text.encode(), (text * repeats).encode()[:cut * 20], b"the cat " * repeats):
+        assert compressed_size(data) == len(zlib.compress(data))
+
+
+def test_the_compressed_size_is_zlib_compress_s_at_every_window_size():
+    """Inputs just inside and just past each window the engine picks (and past the
+    largest, where it is `zlib.compress` itself), of words that repeat at every distance."""
+    import random
+    import zlib
+
+    words = "and so my fellow americans ask not what your country can do for you".split()
+    rng = random.Random(0)
+    text = " ".join(rng.choice(words) + rng.choice(["", ",", ".", "!"]) for _ in range(12_000)).encode()
+    for bits in range(9, 17):
+        for size in range((1 << bits) - 262 - 40, (1 << bits) - 262 + 40, 7):
+            for start in (0, 1000):
+                data = text[start : start + size]
+                assert compressed_size(data) == len(zlib.compress(data)), size
+        # Text that repeats from as far back as the window allows: a window without its
+        # lookahead would forbid the farthest matches.
+        half = text[: (1 << bits) // 2 - 1]
+        assert compressed_size(half + half) == len(zlib.compress(half + half)), bits
 
 
 def test_quality_rules():
