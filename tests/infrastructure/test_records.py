@@ -246,12 +246,13 @@ def test_the_lone_clip_and_h200_saturation_figures_are_the_record():
     """performance.md's rows and the README's line for tiny on one H200 at the current engine
     are the lone-clip record's last runs: the last breakdown (served p50, the engine alone,
     three events of Triton's trace, the preprocessing and whisper models' own phases, what lies outside it),
-    the MPS on/off run and the last saturation run, the current engine beside 78bdfef's
-    (each variant's best requests a second and RTFx, and its lone clip's p50)."""
+    the MPS on/off run and the last saturation run, the current code beside the checkout
+    it was run against (each variant's best requests a second and RTFx, and its lone clip's p50)."""
     from bench.comparisons import best_point
 
     record = json.loads(LONE_CLIP.read_text(encoding="utf-8"))
-    *_, mps, _, saturation = record["served_variants"]
+    (mps,) = [run for run in record["served_variants"] if run["variants"][0]["label"] == "mps1"]
+    saturation = record["served_variants"][-1]
     breakdown = record["breakdowns"][-1]
     at = {event["label"]: event["median_ms"] for event in breakdown["served"]["trace"]["events"]}
     performance = PERFORMANCE.read_text(encoding="utf-8")
@@ -277,10 +278,12 @@ def test_the_lone_clip_and_h200_saturation_figures_are_the_record():
     lone_then = [v["latency_5s"]["latency_ms"]["p50"] for v in then]
     before = saturation["variants"][0]["spec"].removeprefix("checkout:").split(",")[0]
     assert before == ".before" and [v["label"] for v in saturation["variants"]] == ["before", "after", "before-2", "after-2"]
+    then_commit = saturation["variants"][0]["checkout_commit"][:7]
     figures = (f"RTFx {best[0]['rtfx']:,.0f} and {best[1]['rtfx']:,.0f} ({best[0]['goodput_per_s']:,.0f} and "
                f"{best[1]['goodput_per_s']:,.0f} requests/s at concurrency {best[0]['concurrency']:,}); a lone clip "
-               f"p50 {lone[0]:.2f} and {lone[1]:.2f} ms; 78bdfef's engine beside it RTFx {earlier[0]['rtfx']:,.0f} "
-               f"and {earlier[1]['rtfx']:,.0f}, {lone_then[0]:.2f} and {lone_then[1]:.2f} ms | four runs in one call")
+               f"p50 {lone[0]:.2f} and {lone[1]:.2f} ms; {then_commit}'s code beside it RTFx "
+               f"{earlier[0]['rtfx']:,.0f} and {earlier[1]['rtfx']:,.0f}, {lone_then[0]:.2f} and {lone_then[1]:.2f} ms "
+               f"| four runs in one call")
     assert figures in performance and f"| one H200, 16 CPUs, {commit} |" in performance
     assert (f"({commit}, 16 CPUs, two runs in one call):\n  RTFx {best[0]['rtfx']:,.0f} and {best[1]['rtfx']:,.0f} "
             f"at concurrency {best[0]['concurrency']:,}") in readme
