@@ -66,24 +66,24 @@ class _Decoded:
     waveform: np.ndarray  # what is transcribed: the recording, or its speech joined
     spans: tuple[SpeechSpan, ...]  # where `waveform` lies in the recording
     recording_samples: int
-    taken_at: float  # when `execute` took the request (time.monotonic)
-    decoded_at: float
+    decoded_at: float  # time.monotonic
 
 
-def _decoded(sender: Any, recording: np.ndarray, parameters: RequestParameters, taken_at: float) -> _Decoded:
+def _decoded(sender: Any, recording: np.ndarray, parameters: RequestParameters) -> _Decoded:
     if parameters.vad is None:
         spans, transcribed = (SpeechSpan(0, len(recording)),), recording
     else:
         spans = tuple(speech_timestamps(recording, parameters.vad))
         # No speech at all: whisper still takes one sample, of digital silence, which it skips undecoded.
         transcribed = collect_speech(recording, list(spans)) if spans else np.zeros(1, np.float32)
-    return _Decoded(sender, transcribed, spans, len(recording), taken_at, time.monotonic())
+    return _Decoded(sender, transcribed, spans, len(recording), time.monotonic())
 
 
 class _Call:
     """The requests of one `execute` call while their files are decoded."""
 
     def __init__(self, requests: int) -> None:
+        self.taken_at = time.monotonic()  # when `execute` took them
         self._left = requests
         self._decoded: list[_Decoded] = []
         self._lock = threading.Lock()
@@ -157,7 +157,6 @@ class PreprocessingService:
         """Take every request of one `execute` call; the answers come from the decoding threads."""
         if not requests:
             return
-        taken_at = time.monotonic()
         call = _Call(len(requests))
         self.idle_release.begin()  # ended once the call's last request is answered (`_answer`)
         for request in requests:
@@ -173,29 +172,29 @@ class PreprocessingService:
                 (data,) = single_row(audio.as_numpy(), tensor_names.AUDIO)  # [1] bytes, read before execute returns
             except Exception as error:
                 self._fail(sender, error)
-                self._answer(call.settle(None))
+                self._answer(call, call.settle(None))
                 continue
-            self.decoders.submit(self._decode, call, sender, data, parameters, taken_at)
+            self.decoders.submit(self._decode, call, sender, data, parameters)
 
-    def _decode(self, call: _Call, sender: Any, data: bytes, parameters: RequestParameters, taken_at: float) -> None:
+    def _decode(self, call: _Call, sender: Any, data: bytes, parameters: RequestParameters) -> None:
         decoded = None
         try:
             waveform = decode_request_audio(data, parameters, max_seconds=self.settings.max_audio_seconds)
-            decoded = _decoded(sender, waveform, parameters, taken_at)
+            decoded = _decoded(sender, waveform, parameters)
         except Exception as error:
             self._fail(sender, error)
-        self._answer(call.settle(decoded))
+        self._answer(call, call.settle(decoded))
 
-    def _answer(self, decoded: list[_Decoded] | None) -> None:
+    def _answer(self, call: _Call, decoded: list[_Decoded] | None) -> None:
         """Every decoded request of a call, once the last is (None before): their log-mels together."""
         if decoded is None:
             return
         try:
-            self._send_log_mels(decoded)
+            self._send_log_mels(call, decoded)
         finally:
             self.idle_release.end()
 
-    def _send_log_mels(self, decoded: list[_Decoded]) -> None:
+    def _send_log_mels(self, call: _Call, decoded: list[_Decoded]) -> None:
         if not decoded:  # every request of the call failed, and was answered
             return
         started = max(d.decoded_at for d in decoded)
@@ -219,8 +218,8 @@ class PreprocessingService:
                 response = error_response(self.pb_utils, error)
             d.sender.send(response, flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
             sent = time.monotonic()
-            self.timings.append(RequestTiming(d.decoded_at - d.taken_at, ready - started, sent - ready,
-                                              sent - d.taken_at))
+            self.timings.append(RequestTiming(d.decoded_at - call.taken_at, ready - started, sent - ready,
+                                              sent - call.taken_at))
 
     def _fail(self, sender: Any, error: BaseException) -> None:
         sender.send(error_response(self.pb_utils, error), flags=self.pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
