@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import zlib
 from dataclasses import dataclass
@@ -73,10 +74,11 @@ def compression_ratio(text: str) -> float:
     return len(data) / compressed_size(data) if data else 0.0
 
 
-# zlib's default compression level and memory level, and the window of `zlib.compress`.
-ZLIB_LEVEL, ZLIB_MEM_LEVEL, ZLIB_WINDOW_BITS = 6, 8, 15
-ZLIB_MIN_WINDOW_BITS = 9
+# The window of `zlib.compress`, and the smallest zlib takes.
+ZLIB_WINDOW_BITS, ZLIB_MIN_WINDOW_BITS = 15, 9
 ZLIB_MIN_LOOKAHEAD = 262  # deflate keeps this much of its window for lookahead
+# zlib.compress takes a window size from Python 3.11; before, a compressor object does.
+ONE_CALL = sys.version_info >= (3, 11)
 
 
 def compressed_size(data: bytes) -> int:
@@ -85,12 +87,16 @@ def compressed_size(data: bytes) -> int:
     This runs on the engine thread for every window decoded. `zlib.compress` sets up
     a 32 KiB window (and its match chains) for a sentence of text; a window that holds
     the whole input, lookahead included, never slides, so deflate finds the same
-    matches and writes the same number of bytes, at a fraction of the set-up.
+    matches and writes the same number of bytes, at a fraction of the set-up. One call,
+    as before: zlib lets go of the interpreter lock around each deflate, and the engine
+    thread may wait to get it back.
     """
     window_bits = max(ZLIB_MIN_WINDOW_BITS, (len(data) + ZLIB_MIN_LOOKAHEAD - 1).bit_length())
     if window_bits >= ZLIB_WINDOW_BITS:
         return len(zlib.compress(data))
-    compressor = zlib.compressobj(ZLIB_LEVEL, zlib.DEFLATED, window_bits, ZLIB_MEM_LEVEL)
+    if ONE_CALL:
+        return len(zlib.compress(data, zlib.Z_DEFAULT_COMPRESSION, window_bits))
+    compressor = zlib.compressobj(zlib.Z_DEFAULT_COMPRESSION, zlib.DEFLATED, window_bits)
     return len(compressor.compress(data)) + len(compressor.flush())
 
 

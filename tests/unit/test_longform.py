@@ -236,11 +236,17 @@ def test_the_compressed_size_is_zlib_compress_s(text, repeats, cut):
         assert compressed_size(data) == len(zlib.compress(data))
 
 
-def test_the_compressed_size_is_zlib_compress_s_at_every_window_size():
+@pytest.mark.parametrize("one_call", [True, False])
+def test_the_compressed_size_is_zlib_compress_s_at_every_window_size(one_call, monkeypatch):
     """Inputs just inside and just past each window the engine picks (and past the
-    largest, where it is `zlib.compress` itself), of words that repeat at every distance."""
+    largest, where it is `zlib.compress` itself), of words that repeat at every distance;
+    through `zlib.compress` with a window (Python 3.11 on) and a compressor object (3.10)."""
     import random
     import zlib
+
+    from python_backend_lib.transcription import longform
+
+    monkeypatch.setattr(longform, "ONE_CALL", one_call)
 
     words = "and so my fellow americans ask not what your country can do for you".split()
     rng = random.Random(0)
