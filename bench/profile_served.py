@@ -44,6 +44,13 @@ def stub_pids(model: str) -> list[int]:
     return found
 
 
+def py_spy_command(pid: int, rate: int, seconds: float, busy: bool, output: Path) -> list[str]:
+    """py-spy sampling `pid` without pausing it, one collapsed stack per thread; idle frames
+    too, unless `busy`."""
+    return ["py-spy", "record", "--pid", str(pid), "--rate", str(rate), "--duration", str(int(seconds)),
+            "--format", "raw", "--threads", *([] if busy else ["--idle"]), "--nonblocking", "--output", str(output)]
+
+
 def summarize(raw: str) -> str:
     """The collapsed stacks of `py-spy record --format raw --threads`, per thread."""
     own: dict[str, collections.Counter] = collections.defaultdict(collections.Counter)
@@ -102,11 +109,8 @@ def main(argv: list[str] | None = None) -> None:
             paths = {stub: args.out / f"profile-{stub}-c{concurrency}.txt" for stub in args.stubs}
             with LoadGenerator(command.grpc_url, [j.load_request() for j in chosen], processes=4) as load:
                 load.run(PointPlan(concurrency, 0.0, 3.0, 60.0))  # warm-up
-                samplers = [subprocess.Popen(["py-spy", "record", "--pid", str(pids[stub][0]), "--rate", str(args.rate),
-                                              "--duration", str(int(args.seconds)), "--format", "raw", "--threads",
-                                              *([] if args.busy else ["--idle"]), "--nonblocking",
-                                              "--output", str(path)])
-                            for stub, path in paths.items()]  # fmt: skip
+                samplers = [subprocess.Popen(py_spy_command(pids[stub][0], args.rate, args.seconds, args.busy, path))
+                            for stub, path in paths.items()]
                 time.sleep(0.5)
                 result = load.run(PointPlan(concurrency, 0.0, args.seconds, 60.0))
                 for sampler in samplers:
