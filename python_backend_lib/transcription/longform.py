@@ -236,9 +236,10 @@ class LongFormJob:
         frames = _frames(chunk, seek)
         audio_frames = self.content - seek
         zeros = self.samples > geometry.N_SAMPLES or self.options.window_padding is WindowPadding.OPENAI_WHISPER
-        if zeros and 0 <= audio_frames < geometry.N_FRAMES and self.mel.shape[-1] >= self.content:
+        if zeros and audio_frames < geometry.N_FRAMES:
             # The audio's frames, then zeros: two launches from execute's thread, which
-            # shares the interpreter lock with the engine's.
+            # shares the interpreter lock with the engine's. (A window starts inside the
+            # audio, and the mel holds at least one frame past it: `geometry.reached_frames`.)
             window = self.mel.new_zeros((self.mel.shape[0], geometry.N_FRAMES))
             window[:, :audio_frames] = self.mel[:, seek : self.content]
         else:
@@ -246,9 +247,6 @@ class LongFormJob:
             if window.shape[-1] < geometry.N_FRAMES:
                 padding = self.mel[:, -1:].expand(-1, geometry.N_FRAMES - window.shape[-1])
                 window = torch.cat([window, padding], dim=1)
-            if zeros and audio_frames < geometry.N_FRAMES:
-                window = window.clone()
-                window[:, audio_frames:] = 0.0
         if chunk.end < self.content:
             window = window.clone()
             window[:, frames:] = self.mel[:, self.content : self.content + 1]  # a padding frame: silence
