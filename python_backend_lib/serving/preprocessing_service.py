@@ -40,7 +40,6 @@ from python_backend_lib.audio.vad import SpeechSpan, collect_speech, speech_time
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.contract.parameters import RequestParameters, parse_request_parameters
 from python_backend_lib.core.errors import RequestError
-from python_backend_lib.devices.gpu_waits import sleep_on_gpu_waits
 from python_backend_lib.devices.host_memory import IdleRelease
 from python_backend_lib.devices.placement import on_device, single_threaded_host
 from python_backend_lib.devices.transfers import to_host_asleep, wait_idle
@@ -153,9 +152,6 @@ class PreprocessingService:
         self.idle_release = IdleRelease()
         self.timings: collections.deque[RequestTiming] = unpublished()
         single_threaded_host()
-        if log_mels.device.type == "cuda":
-            # Its threads mostly wait for a GPU that the engines keep busy: asleep, not on a core.
-            sleep_on_gpu_waits(log_mels.device)
 
     def start(self, requests: list[Any]) -> None:
         """Take every request of one `execute` call; the answers come from the decoding threads."""
