@@ -538,7 +538,7 @@ def test_the_engine_count_table_is_the_record():
 
 def test_five_engines_became_the_default_on_the_records_of_section_11():
     """Section 11's eight-core table is the record's `eight_cores` run, held to the cores
-    it names; its soak figures are gpu-soak.json's last run, five engines, every request
+    it names; its soak figures are gpu-soak.json's run of tiny-1gpu-5-engines, every request
     answered OK and every instance named; and five is what auto runs for tiny under MPS."""
     from python_backend_lib.checkpoints.configs import load_config
     from python_backend_lib.serving.settings import auto_instances_per_gpu
@@ -548,8 +548,7 @@ def test_five_engines_became_the_default_on_the_records_of_section_11():
     assert eight["taskset"] == "0-7" and "`taskset -c 0-7 python -m bench.served_variants" in section
     table = [line for line in section.splitlines() if line.startswith(("| four", "| five"))]
     assert table == _engine_count_rows(eight["variants"])
-    soak = json.loads((BENCHMARKS / "gpu-soak" / "gpu-soak.json").read_text(encoding="utf-8"))["runs"][-1]
-    (five,) = soak["soaks"]
+    (five,) = [soak for run in _gpu_soaks() for soak in run["soaks"] if soak["label"] == "tiny-1gpu-5-engines"]
     point, answered = five["point"], five["answered"]
     assert "--engines=5" in five["command"] and len(answered) == 5 and not five["problems"]
     assert point["statuses"] == {"OK": point["sent"]} and sum(answered.values()) >= point["sent"]
@@ -557,3 +556,49 @@ def test_five_engines_became_the_default_on_the_records_of_section_11():
             f"({point['goodput_per_s']:.1f} a\nsecond") in section
     assert f"the five instances {min(answered.values()):,.0f} to {max(answered.values()):,.0f} each" in section
     assert auto_instances_per_gpu(load_config("random:tiny").dims, mps=True).whisper == 5
+
+
+def _gpu_soaks() -> list[dict]:
+    return json.loads((BENCHMARKS / "gpu-soak" / "gpu-soak.json").read_text(encoding="utf-8"))["runs"]
+
+
+def test_the_five_engine_soaks_at_b92d07e_are_the_records_last_two_runs():
+    """reliability.md's paragraph on five engines' memory quotes gpu-soak.json's last two
+    runs: the 240 s soak that failed on the GPU's memory, the 480 s one that passed, both
+    at the commit it names, every request answered OK."""
+    section = (REPO_ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    paragraph = section[section.index("**Five engines warm their memory pools"):]
+    paragraph = " ".join(paragraph[: paragraph.index("Record of the soaks")].split())
+    short, long = _gpu_soaks()[-2:]
+    assert short["run"]["commit"] == long["run"]["commit"] and short["run"]["commit"][:7] in paragraph
+    assert (short["seconds"], long["seconds"]) == (240.0, 480.0)
+    for run, judged in ((short, "over the 0.5 GiB bound"), (long, "passed")):
+        (soak,) = run["soaks"]
+        point, answered = soak["point"], soak["answered"]
+        assert point["statuses"] == {"OK": point["sent"]} and len(answered) == 5
+        assert f"{point['sent']:,} of {point['sent']:,} OK" in paragraph
+        assert f"{min(answered.values()):,.0f} to {max(answered.values()):,.0f}" in paragraph
+        growth = soak["memory_growth_gib"]["gpu 0"]
+        assert f"{growth:g} GiB" in paragraph and judged in paragraph
+        assert bool(soak["problems"]) == (growth > 0.5)
+
+
+def test_the_blocking_waits_paragraph_is_its_record():
+    """performance.md's paragraph on preprocessing's waits asleep quotes the lone-clip
+    record's `blocking_waits` run: each variant's lone clip, requests a second and
+    preprocessing's cores, the change's commit and the one it ran beside."""
+    from bench.comparisons import best_point
+
+    run = json.loads(LONE_CLIP.read_text(encoding="utf-8"))["blocking_waits"]
+    performance = PERFORMANCE.read_text(encoding="utf-8")
+    start = performance.index("**Every wait of preprocessing asleep")
+    paragraph = " ".join(performance[start : performance.index("**Fewer host calls", start)].split())
+    by_label = {v["label"]: v for v in run["variants"]}
+    after, before = [by_label["after"], by_label["after-2"]], [by_label["before"], by_label["before-2"]]
+    lone = [f"{v['latency_5s']['latency_ms']['p50']:.2f}" for v in after + before]
+    assert f"{lone[0]} and {lone[1]} ms against {lone[2]} and {lone[3]}" in paragraph
+    rate = [f"{best_point(v)['goodput_per_s']:,.0f}" for v in after + before]
+    assert f"{rate[0]} and {rate[1]} requests/s against {rate[2]} and {rate[3]}" in paragraph
+    cores = [f"{best_point(v)['server_cores']['preprocessing']['cores']:.2f}" for v in after + before]
+    assert f"preprocessing {cores[0]} and {cores[1]} cores busy against {cores[2]} and {cores[3]}" in paragraph
+    assert f"({run['run']['commit'][:7]} beside {by_label['before']['checkout_commit'][:7]}," in paragraph
