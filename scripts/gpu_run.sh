@@ -50,7 +50,9 @@
 #                 answered requests, and py-spy's stacks of the stubs when one stalls (BALANCE_ARGS="..." adds arguments)
 #   soak          bench.gpu_soak: the configurations people deploy, each at saturation for SOAK_S (120) s, every
 #                 request and live turn accounted for per instance; SOAK_ARGS="--soak tiny-1gpu ..." picks them
-#                 (tiny's need the weights, tiny-2gpu's live sessions the gateway's wheels)
+#                 (tiny's need the weights, tiny-2gpu's live sessions the gateway's wheels); tiny-1gpu's five
+#                 engines warm their memory pools for minutes: SOAK_S=480 for its memory to be judged past that
+#                 (docs/reliability.md)
 #   slow          FlashInfer's fa3 prefill kernels: their tests and the encoder benchmark
 # Default: install tests bench slow.
 #
