@@ -602,3 +602,25 @@ def test_the_blocking_waits_paragraph_is_its_record():
     cores = [f"{best_point(v)['server_cores']['preprocessing']['cores']:.2f}" for v in after + before]
     assert f"preprocessing {cores[0]} and {cores[1]} cores busy against {cores[2]} and {cores[3]}" in paragraph
     assert f"({run['run']['commit'][:7]} beside {by_label['before']['checkout_commit'][:7]}," in paragraph
+
+
+def test_the_hour_soak_at_ac528ca_is_the_records_last_run():
+    """operating.md's hour at ac528ca quotes soak-hour.json's last run: its counts, its
+    settled readings of the whisper and preprocessing stubs, and its growth."""
+    run = json.loads((BENCHMARKS / "soak-hour.json").read_text(encoding="utf-8"))["runs"][-1]
+    operating = (REPO_ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
+    start = operating.index("**An hour at the code of 2026-12-02**")
+    end = operating.find("\n\n", start)
+    paragraph = " ".join(operating[start : end if end > 0 else None].split())
+    assert f"({run['provenance']['commit'][:7]}:" in paragraph and not run["problems"] and not run["unexpected"]
+    counts = run["counts"]
+    transcribed = sum(kind.get("transcribed", 0) for kind in counts.values())
+    refused = sum(kind.get("refused", 0) for kind in counts.values())
+    cancelled = sum(kind.get("cancelled", 0) for kind in counts.values())
+    assert (f"{run['sent']:,} requests, {transcribed:,} transcribed correctly, {refused:,} refused with a named "
+            f"error ({counts['bad_input']['refused']:,} bad inputs, {counts['fault']['refused']:,} broken steps), "
+            f"{cancelled:,} cancelled by their clients, **0 unexpected**") in paragraph
+    settled = [run["before"], *(reading for _, reading in run["checkpoints"]), run["after"]]
+    whisper = [f"{reading['rss_mib']['whisper']:,.0f}" for reading in settled]
+    assert f"settled at {whisper[0]} MiB after the warm-up, then {', '.join(whisper[1:-1])} and {whisper[-1]} MiB" in paragraph
+    assert f"**+{run['growth_mib']['whisper']:.0f} in all, +{run['late_growth_mib']['whisper']:.1f} over the last stretch**" in paragraph
