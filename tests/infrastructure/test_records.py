@@ -548,7 +548,8 @@ def test_five_engines_became_the_default_on_the_records_of_section_11():
     assert eight["taskset"] == "0-7" and "`taskset -c 0-7 python -m bench.served_variants" in section
     table = [line for line in section.splitlines() if line.startswith(("| four", "| five"))]
     assert table == _engine_count_rows(eight["variants"])
-    (five,) = [soak for run in _gpu_soaks() for soak in run["soaks"] if soak["label"] == "tiny-1gpu-5-engines"]
+    runs = record("gpu-soak/gpu-soak")["runs"]
+    (five,) = [soak for run in runs for soak in run["soaks"] if soak["label"] == "tiny-1gpu-5-engines"]
     point, answered = five["point"], five["answered"]
     assert "--engines=5" in five["command"] and len(answered) == 5 and not five["problems"]
     assert point["statuses"] == {"OK": point["sent"]} and sum(answered.values()) >= point["sent"]
@@ -558,10 +559,6 @@ def test_five_engines_became_the_default_on_the_records_of_section_11():
     assert auto_instances_per_gpu(load_config("random:tiny").dims, mps=True).whisper == 5
 
 
-def _gpu_soaks() -> list[dict]:
-    return json.loads((BENCHMARKS / "gpu-soak" / "gpu-soak.json").read_text(encoding="utf-8"))["runs"]
-
-
 def test_the_five_engine_soaks_at_b92d07e_are_the_records_last_two_runs():
     """reliability.md's paragraph on five engines' memory quotes gpu-soak.json's last two
     runs: the 240 s soak that failed on the GPU's memory, the 480 s one that passed, both
@@ -569,7 +566,7 @@ def test_the_five_engine_soaks_at_b92d07e_are_the_records_last_two_runs():
     section = (REPO_ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
     paragraph = section[section.index("**Five engines warm their memory pools"):]
     paragraph = " ".join(paragraph[: paragraph.index("Record of the soaks")].split())
-    short, long = _gpu_soaks()[-2:]
+    short, long = record("gpu-soak/gpu-soak")["runs"][-2:]
     assert short["run"]["commit"] == long["run"]["commit"] and short["run"]["commit"][:7] in paragraph
     assert (short["seconds"], long["seconds"]) == (240.0, 480.0)
     for run, judged in ((short, "over the 0.5 GiB bound"), (long, "passed")):
@@ -607,19 +604,18 @@ def test_the_blocking_waits_paragraph_is_its_record():
 def test_the_hour_soak_at_ac528ca_is_the_records_last_run():
     """operating.md's hour at ac528ca quotes soak-hour.json's last run: its counts, its
     settled readings of the whisper and preprocessing stubs, and its growth."""
-    run = json.loads((BENCHMARKS / "soak-hour.json").read_text(encoding="utf-8"))["runs"][-1]
-    operating = (REPO_ROOT / "docs" / "operating.md").read_text(encoding="utf-8")
+    run = record("soak-hour")["runs"][-1]
+    operating = OPERATING.read_text(encoding="utf-8")
     start = operating.index("**An hour at the code of 2026-12-02**")
     end = operating.find("\n\n", start)
     paragraph = " ".join(operating[start : end if end > 0 else None].split())
     assert f"({run['provenance']['commit'][:7]}:" in paragraph and not run["problems"] and not run["unexpected"]
     counts = run["counts"]
-    transcribed = sum(kind.get("transcribed", 0) for kind in counts.values())
-    refused = sum(kind.get("refused", 0) for kind in counts.values())
-    cancelled = sum(kind.get("cancelled", 0) for kind in counts.values())
-    assert (f"{run['sent']:,} requests, {transcribed:,} transcribed correctly, {refused:,} refused with a named "
-            f"error ({counts['bad_input']['refused']:,} bad inputs, {counts['fault']['refused']:,} broken steps), "
-            f"{cancelled:,} cancelled by their clients, **0 unexpected**") in paragraph
+    total = {outcome: sum(kind.get(outcome, 0) for kind in counts.values())
+             for outcome in ("transcribed", "refused", "cancelled")}
+    assert (f"{run['sent']:,} requests, {total['transcribed']:,} transcribed correctly, {total['refused']:,} refused "
+            f"with a named error ({counts['bad_input']['refused']:,} bad inputs, {counts['fault']['refused']:,} broken "
+            f"steps), {total['cancelled']:,} cancelled by their clients, **0 unexpected**") in paragraph
     settled = [run["before"], *(reading for _, reading in run["checkpoints"]), run["after"]]
     whisper = [f"{reading['rss_mib']['whisper']:,.0f}" for reading in settled]
     assert f"settled at {whisper[0]} MiB after the warm-up, then {', '.join(whisper[1:-1])} and {whisper[-1]} MiB" in paragraph
