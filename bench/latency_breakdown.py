@@ -159,16 +159,19 @@ def engine_part(checkpoint: str, job, args, out: Path, say) -> dict:
         for _ in range(args.warmup):
             one_request(pipeline, job)
         counts = pipeline.engine.batch.counts
-        replays = counts.graph_replays
+        replays, graph_steps = counts.graph_replays, getattr(counts, "graph_steps", 0)
         timings.reset()
         walls, mels = [], []
         for _ in range(args.requests):
             mel, wall = one_request(pipeline, job)
             mels.append(mel)
             walls.append(wall)
-        steps = (counts.graph_replays - replays) / args.requests
+        launches = (counts.graph_replays - replays) / args.requests
+        # Earlier libraries took one step a launch and did not count steps apart.
+        steps = (getattr(counts, "graph_steps", 0) - graph_steps) / args.requests or launches
         parts = timings.per_request(args.requests)
-        say(f"engine alone: p50 {1e3 * statistics.median(walls):.2f} ms, {steps:.1f} graph steps per request")
+        say(f"engine alone: p50 {1e3 * statistics.median(walls):.2f} ms, {steps:.1f} graph steps "
+            f"in {launches:.1f} launches per request")
         activities = [torch.profiler.ProfilerActivity.CPU]
         if pipeline.device.type == "cuda":
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -188,9 +191,16 @@ def engine_part(checkpoint: str, job, args, out: Path, say) -> dict:
         "latency_ms": percentile_summary(walls),
         "log_mel_ms": round(1e3 * statistics.median(mels), 3),
         "graph_steps_per_request": steps,
+        "graph_launches_per_request": launches,
         "engine_thread": parts,
         "kernels": kernels,
     }
+
+
+def launches_line(engine: dict) -> str:
+    """How many launches took the steps, where runs (`engine.overlap`) took several a launch."""
+    launches = engine.get("graph_launches_per_request")
+    return "" if launches in (None, engine["graph_steps_per_request"]) else f", in {launches} launches"
 
 
 def served_part(checkpoint: str, job, args, say) -> dict:
@@ -278,7 +288,8 @@ def report(record: dict) -> str:
         "",
         f"Engine alone ({record.get('step_tail', 'pytorch')} step tail): p50 {engine['latency_ms']['p50']} ms, "
         f"p99 {engine['latency_ms']['p99']} ms over {engine['requests']} requests, "
-        f"one at a time; log-mel {engine['log_mel_ms']} ms; {engine['graph_steps_per_request']} graph steps each.",
+        f"one at a time; log-mel {engine['log_mel_ms']} ms; {engine['graph_steps_per_request']} graph steps each"
+        f"{launches_line(engine)}.",
     ]
     if "served" in record:
         served = record["served"]

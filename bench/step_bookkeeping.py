@@ -42,6 +42,22 @@ def steady_rows(n: int) -> list:
     return rows
 
 
+def launched_from(launched_type, plan):
+    """A launched step of `plan`, nothing on a device: earlier libraries' `Launched` also
+    kept the facts the step ran with."""
+    if "facts" in launched_type.__dataclass_fields__:
+        return launched_type(plan.parts, plan.inputs.tokens.copy(), plan.inputs.facts.copy(), None)
+    return launched_type(plan.parts, plan.inputs.tokens.copy(), None)
+
+
+def settle(launched, previous, picked) -> None:
+    """`Launched.settle`; earlier libraries' also moved the host's facts on from `previous`."""
+    if "facts" in type(launched).__dataclass_fields__:
+        launched.settle(previous, picked, TIMESTAMP_BEGIN)
+    else:
+        launched.settle(picked)
+
+
 def time_calls(n: int, reps: int) -> dict[str, float]:
     """Microseconds a step (median of ROUNDS rounds of `reps`) for each call, with `n` rows."""
     from python_backend_lib.engine.batch import DecodeBatch
@@ -50,12 +66,12 @@ def time_calls(n: int, reps: int) -> dict[str, float]:
 
     rows = steady_rows(n)
     first = plan_step(rows, None, 8, TIMESTAMP_BEGIN)
-    previous = Launched(first.parts, first.inputs.tokens.copy(), first.inputs.facts.copy(), None)
+    previous = launched_from(Launched, first)
     for row in rows:
         row.pending = []  # each follows itself from now on
     picked = GraphStep([200] * n, [-0.1] * n, [0.0] * n, None, None)
     plan = plan_step(rows, previous, 8, TIMESTAMP_BEGIN)
-    launched = Launched(plan.parts, plan.inputs.tokens.copy(), plan.inputs.facts.copy(), None)
+    launched = launched_from(Launched, plan)
     batch = types.SimpleNamespace(_in_flight=launched, rows=rows)  # what checkpoint reads of a DecodeBatch
 
     def save() -> None:
@@ -64,7 +80,7 @@ def time_calls(n: int, reps: int) -> dict[str, float]:
         DecodeBatch.checkpoint(batch)
 
     calls = {"plan": lambda: plan_step(rows, previous, 8, TIMESTAMP_BEGIN),
-             "settle": lambda: launched.settle(previous, picked, TIMESTAMP_BEGIN),
+             "settle": lambda: settle(launched, previous, picked),
              "save for a rewind": save}  # fmt: skip
     timed = {}
     for name, call in calls.items():

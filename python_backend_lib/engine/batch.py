@@ -53,12 +53,14 @@ Finished = tuple[Any, DecodingResult]  # (the request's tag, its result)
 class StepCounts:
     """What `DecodeBatch.step` did so far (monitoring; read from any thread).
 
-    graph_replays: steps that replayed a captured CUDA graph.
+    graph_replays: launches that replayed a captured CUDA graph (a step, or a run of several).
+    graph_steps: the decode steps those launches took (a run's each counted: `overlap`).
     eager_passes: eager decoder passes (long prompts, no graphs, or a fallback).
     graph_fallbacks: steps run eagerly because more rows were ready than the largest graph holds.
     """
 
     graph_replays: int = 0
+    graph_steps: int = 0
     eager_passes: int = 0
     graph_fallbacks: int = 0
 
@@ -243,7 +245,7 @@ class DecodeBatch:
     def drain(self) -> list[Finished]:
         """Handle the step in flight, if any; returns the requests that finished there."""
         launched, self._in_flight = self._in_flight, None
-        return self._finish(launched, launched.result(), followed=set()) if launched else []
+        return self._finish(launched, launched.results(), followed=set()) if launched else []
 
     # ------------------------------------------------------------------- one step
 
@@ -289,7 +291,7 @@ class DecodeBatch:
             try:
                 plan = plan_step(by_token, None, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
                 launched = self._launch(plan.parts, self.graphs.prepare(plan.inputs))
-                done += self._finish(launched, launched.result(), followed=set())
+                done += self._finish(launched, launched.results(), followed=set())
             except Exception as error:
                 raise _failed(done, error) from error
         return done
@@ -300,11 +302,11 @@ class DecodeBatch:
         done = self._answer_silent(wait=False)
         previous = self._in_flight
         rows = self.rows if self.side is None else self.side.ready(self.rows)  # encoded already
-        plan = plan_step(rows, previous, GRAPH_PROMPT_TOKENS, self.timestamp_begin)
+        plan = plan_step(rows, previous, GRAPH_PROMPT_TOKENS, self.timestamp_begin, self._run_steps(rows))
         if plan.parts and not self.graphs.fits(len(plan.parts)):  # more rows than the largest graph
             self.counts.graph_fallbacks += 1
             self._in_flight = None
-            done += self._finish(previous, previous.result(), followed=set()) if previous else []
+            done += self._finish(previous, previous.results(), followed=set()) if previous else []
             if self.side is not None:
                 self.side.wait_all()
             return done + self._step_now([r for r in self.rows])
@@ -315,24 +317,45 @@ class DecodeBatch:
             launched = self._launch(plan.parts, self.graphs.prepare(plan.inputs)) if plan.parts else None
             self._in_flight = launched
             if previous is not None:
-                picked = previous.result()
+                picked = previous.results()
                 if launched is not None:
-                    launched.settle(previous, picked, self.timestamp_begin)
+                    launched.settle(picked[-1])
                 done += self._finish(previous, picked, {p.row for p in plan.parts if p.follows is not None})
         except Exception as error:
             raise _failed(done, error) from error
         return done
 
+    def _run_steps(self, rows: Sequence[Row]) -> int:
+        """How many steps the next launch may take at once (`overlap`, runs): the graphs'
+        runs, where every row of the batch can step (none encoding aside), their rows fit
+        a run's graph, and no step needs its logits kept (beams, an observer)."""
+        steps = self.graphs.run_steps
+        if steps < 2 or len(rows) != len(self.rows) or not self.graphs.fits_run(len(rows)):
+            return 1
+        return 1 if self.logit_observer is not None or self._beam_rows else steps
+
     def _launch(self, parts: list[Part], prepared) -> Launched:
         pending = self.graphs.launch(prepared, keep_logits=self.logit_observer is not None or self._beam_rows > 0)
-        mark_launched(parts)
+        steps = prepared.inputs.steps
+        mark_launched(parts, steps)
         self.counts.graph_replays += 1
-        return Launched(parts, prepared.inputs.tokens.copy(), prepared.inputs.facts.copy(), pending)
+        self.counts.graph_steps += steps
+        return Launched(parts, prepared.inputs.tokens.copy(), pending, steps)
 
-    def _finish(self, launched: Launched, step: GraphStep, followed: set[Row]) -> list[Finished]:
+    def _finish(self, launched: Launched, steps: list[GraphStep], followed: set[Row]) -> list[Finished]:
+        """Apply the picks of a launch's steps, in order, to its rows still in the batch.
+
+        followed: rows launched into the next step feeding what they chose at the last."""
+        done: list[Finished] = []
+        inside = {part.row for part in launched.parts} if len(steps) > 1 else followed
+        for j, step in enumerate(steps):
+            done += self._finish_step(launched, step, followed if j == len(steps) - 1 else inside)
+        return done
+
+    def _finish_step(self, launched: Launched, step: GraphStep, followed: set[Row]) -> list[Finished]:
         """Apply a graph step's picks to its rows that are still in the batch.
 
-        followed: rows launched into the next step feeding what they chose here."""
+        followed: rows fed what they chose here in a step launched already."""
         # A row's silence is read before any of its results (its check ran before this step).
         done = self._answer_silent(wait=True, among=[p.row for p in launched.parts]) if self._unheard else []
         present = set(self.rows)

@@ -23,10 +23,16 @@ Static buffers, and the rules for them:
   each row's new K/V goes to, which row of the step before each row follows,
   and the logit rules' per-row facts. Filled from a pinned host copy once per
   step (one host-to-device copy).
-- `picks` [max_batch] long, shared by every bucket: the tokens the step launched
-  last chose, in its row order. The next step reads the tokens of the rows that
+- `picks` [max_batch] long and `carried` [N_RULE_FACTS, max_batch] long, shared by
+  every bucket: the tokens the step launched last chose and the rule facts it ran
+  with, in its row order. The next step reads the tokens and facts of the rows that
   follow from here (`overlap.fed_inputs`), so it is launched before the host has
   seen them.
+- Runs (`overlap`): the buckets of at most RUN_ROWS rows also hold a graph of
+  RUN_STEPS steps, each step after the first fed by the one before (every row
+  following itself, one position further: `run_meta`, made on the device from
+  `meta`). Each step of a run reads its own FlashInfer wrappers, planned on the
+  host for the positions it reaches; the first is the bucket's single step's.
 - FlashInfer's page-table buffers, one int32 block per bucket: the self table
   is re-planned only when a row's page count or slot changes (every 16 tokens);
   the last pages' fill, which changes at every step, the step's first kernel
@@ -94,6 +100,13 @@ from python_backend_lib.engine.rules import N_RULE_FACTS, LogitRules, RuleFacts,
 
 log = logging.getLogger(__name__)
 
+# Decode steps in a run (`overlap`), and the largest bucket that holds runs. A run saves
+# the host's work for every step but its first, where that work outlasts the GPU's: at
+# a few rows. A row's last token is seen once its run ends, so longer runs keep an
+# answer waiting longer.
+RUN_STEPS = 2
+RUN_ROWS = 8
+
 # Buckets of at most this many rows read each slot's cross K/V as one page of every
 # position; larger ones as the pool's pages of 50, which FlashInfer splits between
 # thread blocks and merges after. The kernel alone read one row's whole slot sooner,
@@ -127,36 +140,56 @@ class _PaddedRows(NamedTuple):
 
 
 class _Entry:
-    """One bucket: its graph, buffers and FlashInfer wrappers."""
+    """One bucket: its graphs' buffers and FlashInfer wrappers (one a step of its runs)."""
 
-    def __init__(self, key: GraphKey, attention: FlashInferAttention) -> None:
+    def __init__(self, key: GraphKey, attention: FlashInferAttention, steps: int) -> None:
+        """steps: the longest launch it holds (RUN_STEPS for a bucket with runs, else 1)."""
         pool = attention.pool
         shape = pool.shape
         device = attention.workspace.device
         b = key.batch
         self.key = key
         paging = shape.cross_paging(key.cross_page_size)
-        self.decode = PagedDecode(pool, attention.workspace, graph_batch=b, cross_paging=paging)
+        self.decodes = [
+            PagedDecode(pool, attention.workspace, graph_batch=b, cross_paging=paging) for _ in range(steps)
+        ]
         self.meta = torch.zeros(N_META, b, dtype=torch.long, device=device)
-        self.decode.cache_index = self.meta[META_CACHE_INDEX]
+        # A run's later steps: every row follows itself, one position (and cache index) further.
+        self.run_meta = torch.zeros(steps, N_META, b, dtype=torch.long, device=device)
+        self.run_keep = torch.ones(N_META, b, dtype=torch.long, device=device)
+        self.run_keep[META_FOLLOWS] = 0
+        self.run_shift = torch.zeros(steps, N_META, b, dtype=torch.long, device=device)
+        self.run_shift[:, META_POSITION] = torch.arange(steps, device=device)[:, None]
+        self.run_shift[:, META_CACHE_INDEX] = torch.arange(steps, device=device)[:, None]
+        self.run_shift[:, META_FOLLOWS] = torch.arange(b, device=device)
+        self.decodes[0].cache_index = self.meta[META_CACHE_INDEX]
+        for i in range(1, steps):
+            self.decodes[i].cache_index = self.run_meta[i, META_CACHE_INDEX]
         # FlashInfer's self page indices, copied here from pinned memory before each re-plan.
         self.self_indices = torch.zeros(b * shape.self_pages_per_slot, dtype=torch.int32, device=device)
-        self.planned: torch.cuda.Event | None = None  # after the last plan's copies
+        self.planned: list[torch.cuda.Event | None] = [None] * steps  # after each wrapper's last plan's copies
         self.staging = PinnedRing((N_META, b), torch.long)  # each step's metadata, on its way in
         self.landing = PinnedRing((N_PICKED, b), torch.float32)  # each step's picks, on their way out
+        self.run_landing = PinnedRing((steps, N_PICKED, b), torch.float32) if steps > 1 else None
         self.pad = np.zeros(N_META, dtype=np.int64)  # token 0 at position 0 of the scratch slot
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
         self.pad[META_FOLLOWS] = -1
         self.shape = shape
-        # The rows' slots and self pages (as bytes) when the self / cross tables were last written.
-        self.self_state: tuple[bytes, bytes] | None = None
-        self.cross_slots: bytes | None = None
-        self.captured_plan: tuple | None = None
+        # Each wrapper's rows' slots and self pages (as bytes) when its self / cross tables were last written.
+        self.self_state: list[tuple[bytes, bytes] | None] = [None] * steps
+        self.cross_slots: list[bytes | None] = [None] * steps
+        self.captured_plan: list[tuple] | None = None
+
+    @property
+    def steps(self) -> int:
+        return len(self.decodes)
 
     def prepare(self, inputs: StepInputs) -> Prepared:
         """Write the step's plans for `inputs` (the rest of the bucket padding) and
         its staged metadata; nothing here waits for the device."""
         n = len(inputs.slots)
+        if inputs.steps not in (1, self.steps):
+            raise ValueError(f"a launch of {inputs.steps} steps in a bucket of single steps and runs of {self.steps}")
         lease = self.staging.take()
         st = lease.buffer.numpy()
         st[:, n:] = self.pad[:, None]
@@ -165,50 +198,58 @@ class _Entry:
         st[META_CACHE_INDEX, :n] = inputs.slots * self.shape.text_ctx + inputs.positions
         st[META_FOLLOWS, :n] = inputs.follows
         st[META_RULES:, :n] = inputs.facts
-        # The tables change only with the rows' slots and self pages (the padding's never
-        # do); otherwise the step's first kernel writes the last pages' fill from the
-        # positions (`_forward`). Keyed on the real rows, most steps build nothing more.
         slot_key = inputs.slots.tobytes()
-        self_state = (slot_key, (inputs.positions // PAGE_SIZE).tobytes())
-        padded: _PaddedRows | None = None  # built once, and only for a table that changes
-        if self_state != self.self_state:
-            padded = self._padded(inputs)
-            self_table = page_table(padded.slots, padded.lengths, self.shape.self_pages_per_slot)
-            if self.planned is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
-                self.planned.synchronize()
-            indices = self.self_indices[: len(self_table.indices)]
-            indices.copy_(pinned(self_table.indices), non_blocking=True)
-            self.decode.plan_self(self_table, indices=indices)
-            self.self_state = self_state
-            self._check_plan()
-            self.planned = torch.cuda.Event()
-            self.planned.record()
-        if slot_key != self.cross_slots:
-            if padded is None:
-                padded = self._padded(inputs)
-            table = cross_table(padded.slots, self.shape, self.decode.cross_paging)
-            if self.cross_slots is None:  # at capture, before any step is in flight
-                self.decode.plan_cross(table)
-                self._check_plan()
-            else:  # as many pages a row whatever the slots: the schedule stands, the indices move
-                self.decode.cross_buffers[1].copy_(pinned(table.indices), non_blocking=True)
-            self.cross_slots = slot_key
+        for step in range(inputs.steps):
+            self._plan(step, inputs, slot_key)
         return Prepared(self, inputs, lease.buffer, lease)
 
-    def _padded(self, inputs: StepInputs) -> _PaddedRows:
-        """Every row of the bucket: the step's, then padding in the scratch slot."""
-        n, b = len(inputs.slots), self.key.batch
-        slots = np.full(b, SCRATCH_SLOT, dtype=np.int64)
-        lengths = np.ones(b, dtype=np.int64)  # self-attention keys, the new token included
-        slots[:n] = inputs.slots
-        lengths[:n] = inputs.positions + 1
-        return _PaddedRows(slots, lengths)
+    def _plan(self, step: int, inputs: StepInputs, slot_key: bytes) -> None:
+        """Plan the wrappers of the launch's `step` (0: the first) for its rows' positions.
 
-    def _check_plan(self) -> None:
-        if self.captured_plan is not None and self.decode.plan_info != self.captured_plan:
+        The tables change only with the rows' slots and self pages (the padding's never
+        do); otherwise the step's first kernel writes the last pages' fill from the
+        positions (`_step`). Keyed on the real rows, most steps build nothing more."""
+        decode = self.decodes[step]
+        positions = inputs.positions + step
+        self_state = (slot_key, (positions // PAGE_SIZE).tobytes())
+        padded: _PaddedRows | None = None  # built once, and only for a table that changes
+        if self_state != self.self_state[step]:
+            padded = self._padded(inputs.slots, positions)
+            self_table = page_table(padded.slots, padded.lengths, self.shape.self_pages_per_slot)
+            if self.planned[step] is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
+                self.planned[step].synchronize()
+            indices = self.self_indices[: len(self_table.indices)]
+            indices.copy_(pinned(self_table.indices), non_blocking=True)
+            decode.plan_self(self_table, indices=indices)
+            self.self_state[step] = self_state
+            self._check_plan(step)
+            self.planned[step] = torch.cuda.Event()
+            self.planned[step].record()
+        if slot_key != self.cross_slots[step]:
+            if padded is None:
+                padded = self._padded(inputs.slots, positions)
+            table = cross_table(padded.slots, self.shape, decode.cross_paging)
+            if self.cross_slots[step] is None:  # at capture, before any step is in flight
+                decode.plan_cross(table)
+                self._check_plan(step)
+            else:  # as many pages a row whatever the slots: the schedule stands, the indices move
+                decode.cross_buffers[1].copy_(pinned(table.indices), non_blocking=True)
+            self.cross_slots[step] = slot_key
+
+    def _padded(self, slots: np.ndarray, positions: np.ndarray) -> _PaddedRows:
+        """Every row of the bucket: the step's, then padding in the scratch slot."""
+        n, b = len(slots), self.key.batch
+        padded = np.full(b, SCRATCH_SLOT, dtype=np.int64)
+        lengths = np.ones(b, dtype=np.int64)  # self-attention keys, the new token included
+        padded[:n] = slots
+        lengths[:n] = positions + 1
+        return _PaddedRows(padded, lengths)
+
+    def _check_plan(self, step: int) -> None:
+        if self.captured_plan is not None and self.decodes[step].plan_info != self.captured_plan[step]:
             raise RuntimeError(
                 f"FlashInfer re-planned batch {self.key.batch} differently from its captured graph: "
-                f"{self.decode.plan_info} != {self.captured_plan}"
+                f"{self.decodes[step].plan_info} != {self.captured_plan[step]}"
             )
 
 
@@ -225,9 +266,11 @@ class DecodeGraphs:
         max_batch: int,
         buckets: Sequence[int] = DEFAULT_BUCKETS,
         step_kernels: bool = True,
+        run_steps: int = RUN_STEPS,
     ) -> None:
         """step_kernels: the step's tail (feed, rules, choice) in `step_kernels`' four
-        kernels when Triton is installed; False, or without Triton: PyTorch's ~80."""
+        kernels when Triton is installed; False, or without Triton: PyTorch's ~80.
+        run_steps: steps in a run (`overlap`) in the buckets of at most RUN_ROWS rows; 1: none."""
         self.model = model
         self.config = config
         self.attention = attention
@@ -246,8 +289,13 @@ class DecodeGraphs:
         self.buckets = bucket_sizes(max_batch, buckets)
         self.timestamp_begin = config.special.timestamp_begin
         self.picks = torch.zeros(self.max_batch, dtype=torch.long, device=attention.workspace.device)
-        # Each bucket's graph, its buffers (`_Entry`) and outputs (filtered logits, picked).
+        self.carried = torch.zeros(N_RULE_FACTS, self.max_batch, dtype=torch.long, device=attention.workspace.device)
+        self.run_steps = run_steps
+        self.run_buckets = tuple(b for b in self.buckets if b <= RUN_ROWS) if run_steps > 1 else ()
+        # Each bucket's graph, its buffers (`_Entry`) and outputs (filtered logits, picked);
+        # the runs' graphs of the buckets that hold them, on the same buffers.
         self._by_batch: dict[int, CapturedGraph[_Entry, tuple[torch.Tensor, torch.Tensor]]] = {}
+        self._runs: dict[int, CapturedGraph[_Entry, tuple[torch.Tensor, torch.Tensor]]] = {}
         self.capture_seconds = 0.0
         self.capture_bytes = 0  # device memory the captured graphs hold
 
@@ -273,6 +321,10 @@ class DecodeGraphs:
     def fits(self, n: int) -> bool:
         return choose_bucket(self.buckets, n) is not None
 
+    def fits_run(self, n: int) -> bool:
+        """Whether a run of `n` rows has a graph."""
+        return choose_bucket(self.buckets, n) in self._runs
+
     def replay(self, n: int) -> None:
         """Replay the graph that holds `n` rows on its buffers as they stand: nothing
         written in, nothing read back (a benchmark times the GPU's part of a step)."""
@@ -287,38 +339,64 @@ class DecodeGraphs:
         reallocated afterwards."""
         device = self.attention.workspace.device
         self._by_batch, cost = capture_graphs(self.buckets, self._entry, self._forward, device)
-        self.capture_seconds, self.capture_bytes = cost.seconds, cost.bytes
+        runs_cost = None
+        if self.run_buckets:
+            self._runs, runs_cost = capture_graphs(
+                self.run_buckets, lambda batch: self._by_batch[batch].buffers, self._forward_run, device
+            )
+        self.capture_seconds = cost.seconds + (runs_cost.seconds if runs_cost else 0.0)
+        self.capture_bytes = cost.bytes + (runs_cost.bytes if runs_cost else 0)
         log.info(
-            "captured %d decode graphs (batch %s) in %.2f s, holding %.1f MiB",
+            "captured %d decode graphs (batch %s) and %d runs of %d steps in %.2f s, holding %.1f MiB",
             len(self.buckets),
             ",".join(map(str, self.buckets)),
+            len(self._runs),
+            self.run_steps,
             self.capture_seconds,
             self.capture_bytes / 2**20,
         )
 
     def _entry(self, batch: int) -> _Entry:
-        """A bucket's buffers, every row padding, planned: its plan is the one captured."""
-        entry = _Entry(self.key(batch), self.attention)
+        """A bucket's buffers, every row padding, planned: its plans are the ones captured."""
+        steps = self.run_steps if batch in self.run_buckets else 1
+        entry = _Entry(self.key(batch), self.attention, steps)
         nothing = np.zeros(0, dtype=np.int64)
         empty = StepInputs(nothing, nothing, nothing, np.zeros((N_RULE_FACTS, 0), np.int64), np.zeros(0), nothing,
-                           draw_keys=nothing)
+                           draw_keys=nothing, steps=steps)
         entry.meta.copy_(entry.prepare(empty).pinned)
-        entry.captured_plan = entry.decode.plan_info
+        entry.captured_plan = [decode.plan_info for decode in entry.decodes]
         return entry
 
     def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
-        meta, b = entry.meta, entry.key.batch
-        last_page_len = entry.decode.self_buffers[2]  # what FlashInfer reads of each row's last self page
+        """One step over the bucket: (filtered logits [batch, vocab], picked [N_PICKED, batch])."""
+        picked = torch.zeros(N_PICKED, entry.key.batch, dtype=torch.float32, device=entry.meta.device)
+        logits = self._step(entry.meta, entry.decodes[0], picked, languages=True)
+        return logits, picked
+
+    def _forward_run(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
+        """A run over the bucket: (the last step's filtered logits, picked [steps, N_PICKED, batch])."""
+        # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
+        picked = torch.zeros(entry.steps, N_PICKED, entry.key.batch, dtype=torch.float32, device=entry.meta.device)
+        logits = self._step(entry.meta, entry.decodes[0], picked[0], languages=False)
+        for i in range(1, entry.steps):
+            meta = torch.addcmul(entry.run_shift[i], entry.meta, entry.run_keep, out=entry.run_meta[i])
+            logits = self._step(meta, entry.decodes[i], picked[i], languages=False)
+        return logits, picked
+
+    def _step(self, meta: torch.Tensor, decode: PagedDecode, picked: torch.Tensor, *, languages: bool) -> torch.Tensor:
+        """One decode step over the rows of `meta`, their picks written into `picked`
+        [N_PICKED, batch] (the language's where `languages`), `picks` and `carried`;
+        returns the filtered logits."""
+        b = meta.shape[1]
+        last_page_len = decode.self_buffers[2]  # what FlashInfer reads of each row's last self page
         if self.kernels is not None:
-            tokens, facts = self.kernels.feed(meta, self.picks, last_page_len=last_page_len)
+            tokens, facts = self.kernels.feed(meta, self.picks, self.carried, last_page_len=last_page_len)
         else:
-            tokens, facts = fed_inputs(meta, self.picks, self.timestamp_begin)
+            tokens, facts = fed_inputs(meta, self.picks, self.carried, self.timestamp_begin)
             last_page_len.copy_(meta[META_POSITION] % PAGE_SIZE + 1)
-        hidden = self.model.decoder(tokens, meta[META_POSITION], entry.decode)
+        hidden = self.model.decoder(tokens, meta[META_POSITION], decode)
         raw = self.model.raw_logits(hidden)  # [batch, vocab] in the model's dtype
         logits = torch.empty(raw.shape, dtype=torch.float32, device=raw.device)
-        # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
-        picked = torch.zeros(N_PICKED, b, dtype=torch.float32, device=raw.device)
         if self.kernels is not None:
             self.kernels.choose(
                 raw,
@@ -336,11 +414,12 @@ class DecodeGraphs:
             greedy, picked[PICKED_LOGPROB] = sample(logits)
             picked[PICKED_TOKEN] = greedy.float()
             self.picks[:b].copy_(greedy)  # for the next step's following rows
-        if self.language_tokens is not None:
+        if languages and self.language_tokens is not None:
             language = raw[:, self.language_tokens].float().softmax(dim=-1).max(dim=-1)
             picked[PICKED_LANGUAGE] = language.indices.float()
             picked[PICKED_LANGUAGE_PROBABILITY] = language.values
-        return logits, picked
+        self.carried[:, :b].copy_(facts)  # what the rows that follow in the next step move on from
+        return logits
 
     # steps -----------------------------------------------------------------
 
@@ -367,6 +446,10 @@ class DecodeGraphs:
         entry, inputs = prepared.entry, prepared.inputs
         entry.meta.copy_(prepared.pinned, non_blocking=True)
         entry.staging.queued(prepared.lease)
+        if inputs.steps > 1:  # a run: every row follows, greedy (`overlap`)
+            logits, picked = self._runs[entry.key.batch].replay() if replay else self._forward_run(entry)
+            landing = entry.run_landing.take()
+            return PendingStep(len(inputs.slots), picked, None, self.language_tokens is not None, landing=landing)
         if replay:
             logits, picked = self._by_batch[entry.key.batch].replay()
         else:

@@ -39,12 +39,13 @@ class StepInputs:
     tokens: what each row feeds (-1 for a row that follows).
     positions: tokens each row has in its cache before this step.
     facts: [N_RULE_FACTS, n] the logit rules' facts (`RuleFacts` field order); for a
-        row that follows, as if its previous pick were no timestamp (the device
-        corrects them once it has the pick).
+        row that follows, only `end_allowed` is read (the device has the rest:
+        `overlap.fed_inputs`).
     temperatures: rows above 0 draw their token at that temperature, on the device.
     draw_keys: each row's key for that draw (`Row.draw_key`); any value where it draws none.
     follows: each row's index in the step before, whose pick it feeds on the device
         (the step is launched before that pick is known); -1: it feeds `tokens`.
+    steps: decode steps in the launch: above 1, a run (`overlap`), every row following.
     """
 
     slots: np.ndarray
@@ -54,6 +55,7 @@ class StepInputs:
     temperatures: np.ndarray
     follows: np.ndarray
     draw_keys: np.ndarray
+    steps: int = 1
 
     @classmethod
     def of_rows(cls, rows: Sequence[Row], timestamp_begin: int) -> StepInputs:
@@ -98,9 +100,10 @@ class Prepared:
 
 
 class PendingStep:
-    """A launched step; `result` waits for it alone (not for steps launched after it).
+    """A launched step or run; `results` waits for it alone (not for steps launched after it).
 
-    picked: [N_PICKED, batch] on the device, copied now (the n real rows are read)."""
+    picked: [N_PICKED, batch], or [steps, N_PICKED, batch] for a run, on the device,
+    copied now (the n real rows are read)."""
 
     def __init__(
         self,
@@ -117,7 +120,18 @@ class PendingStep:
         self._multilingual = multilingual
 
     def result(self) -> GraphStep:
-        rows = self._picked.get().numpy()[:, : self.n].tolist()  # a numpy slice costs the host less than a torch one
+        """The picks of a single step."""
+        (step,) = self.results()
+        return step
+
+    def results(self) -> list[GraphStep]:
+        """Each step's picks, in order."""
+        picked = self._picked.get().numpy()
+        if picked.ndim == 2:
+            picked = picked[None]
+        return [self._step(rows[:, : self.n].tolist()) for rows in picked]  # a numpy slice costs less than torch's
+
+    def _step(self, rows: list[list[float]]) -> GraphStep:
         languages = None
         if self._multilingual:
             languages = [(int(i), p) for i, p in zip(rows[PICKED_LANGUAGE], rows[PICKED_LANGUAGE_PROBABILITY])]

@@ -11,9 +11,11 @@ next without waiting for the host.
 
 What that asks of each row, relative to the step t in flight:
 - A row that chooses a token at t feeds it at t+1: it *follows*. Its position,
-  cache slot and page tables are known in advance; its token, and the two rule
-  facts that depend on it (whether it is a timestamp, and which), are read on
-  the device from t's picks. The host learns them with t's picks (`Launched.settle`).
+  cache slot and page tables are known in advance; its token, and the rule facts
+  that depend on it, are made on the device from t's picks and the facts t ran
+  with, which every step leaves on the device (`fed_inputs`); the host writes only
+  whether it may end (`end_allowed`, a count of its tokens). The host learns the
+  token with t's picks (`Launched.settle`).
 - A row that reaches its token limit at t is done then, and skips t+1. A row
   that ends with <|endoftext|> at t has already been launched into t+1: that
   step's work for it is discarded (its slot may be given to a new request at
@@ -25,6 +27,17 @@ What that asks of each row, relative to the step t in flight:
   picks at t are ranked on the host.
 So a row's tokens come from the same kernels on the same inputs as in a step
 planned after the one before it: the results are those of the synchronous path.
+
+Runs. For a few rows the host's work for a step takes longer than the GPU's, so
+even overlapped the GPU waits for the host at every token. When every row of the
+next step follows and may go on for `steps` tokens without the host (no prompt
+token, no draw at a temperature, no beam or sample group, no ending forbidden yet,
+its token limit not reached), the step is a *run*: `steps` decode steps captured in
+one graph (`cuda_graphs`), each fed the picks and facts of the one before on the
+device, as a following row is. The host plans, launches and handles the run once
+and then takes each row's tokens in order, as if they came from `steps` steps; a
+row that ends inside the run leaves there, and what the run computed for it after
+that is discarded, as for a row launched into the step after its last.
 """
 
 from __future__ import annotations
@@ -36,8 +49,16 @@ import numpy as np
 import torch
 
 from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, GraphStep, PendingStep, StepInputs
-from python_backend_lib.engine.rows import END_ALLOWED, LAST_IS_TIMESTAMP, LAST_TIMESTAMP, Row, RowState, follow_facts
-from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
+from python_backend_lib.engine.rows import (
+    AT_BEGIN,
+    END_ALLOWED,
+    LAST_IS_TIMESTAMP,
+    LAST_TIMESTAMP,
+    PENULTIMATE_IS_TIMESTAMP,
+    Row,
+    RowState,
+)
+from python_backend_lib.engine.rules import N_RULE_FACTS
 
 
 @dataclass(eq=False)
@@ -59,40 +80,35 @@ class Part:
 
 @dataclass
 class Launched:
-    """A launched graph step: its rows' parts, the tokens and facts it ran with
-    (those of following rows once `settle`d), and its picks to come."""
+    """A launched graph step (or run of `steps`): its rows' parts, the tokens its
+    first step fed (those of following rows once `settle`d), and its picks to come."""
 
     parts: list[Part]
     tokens: np.ndarray  # [n]
-    facts: np.ndarray  # [N_RULE_FACTS, n]
     pending: PendingStep
+    steps: int = 1
 
-    def result(self) -> GraphStep:
-        return self.pending.result()
+    def results(self) -> list[GraphStep]:
+        """Each of its steps' picks, in order (waits for the launch)."""
+        return self.pending.results()
 
-    def settle(self, previous: Launched, picked: GraphStep, timestamp_begin: int) -> None:
-        """Write in the tokens the following rows were fed on the device, `previous`'s
-        picks, with the facts those tokens changed: what the step ran with."""
-        columns = [j for j, part in enumerate(self.parts) if part.follows is not None]
-        if not columns:
-            return
-        sources = [self.parts[j].follows for j in columns]
-        chosen = np.array([picked.tokens[i] for i in sources], dtype=np.int64)
-        after = follow_facts(previous.facts[:, sources], chosen, timestamp_begin)
-        after[END_ALLOWED] = self.facts[END_ALLOWED, columns]  # counted when planned
-        self.tokens[columns] = chosen
-        self.facts[:, columns] = after
+    def settle(self, picked: GraphStep) -> None:
+        """Write in the tokens the following rows were fed on the device: the picks of
+        the last step of the launch before (`picked`)."""
+        for j, part in enumerate(self.parts):
+            if part.follows is not None:
+                self.tokens[j] = picked.tokens[part.follows]
 
     def states_before(self) -> dict[Row, RowState]:
-        """Each of its rows as if this step had not been launched (`mark_launched` undone):
-        what a rewind restores. Read once the step before it was handled and settled, and
+        """Each of its rows as if this launch had not happened (`mark_launched` undone):
+        what a rewind restores. Read once the launch before it was handled and settled, and
         before its own picks are (the engine's checkpoint before its next step): in between
         nothing changes a row, so the state is made only when asked for, not every step."""
         states = {}
         for part, token in zip(self.parts, self.tokens.tolist()):
             row = part.row
             pending = row.pending if part.follows is None else []
-            states[row] = RowState.of(row, [token, *pending], row.cached - 1)
+            states[row] = RowState.of(row, [token, *pending], row.cached - self.steps)
         return states
 
 
@@ -110,24 +126,32 @@ def detects_language(row: Row) -> bool:
     return row.prompt.detect_language and row.language is None
 
 
-def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_tokens: int, timestamp_begin: int) -> Plan:
+def plan_step(
+    rows: Sequence[Row],
+    previous: Launched | None,
+    graph_prompt_tokens: int,
+    timestamp_begin: int,
+    run_steps: int = 1,
+) -> Plan:
     """The parts of the step after `previous` (None: nothing in flight), for the rows in
-    `rows` that can take part in it, in their order."""
+    `rows` that can take part in it, in their order. run_steps: above 1, the step is a
+    run of that many steps where every row may take part in one (see the module's doc)."""
     in_flight = {part.row: (i, part) for i, part in enumerate(previous.parts)} if previous else {}
+    ahead = previous.steps if previous else 0  # tokens each row chooses in the launch in flight
     parts: list[Part] = []
     eager: list[Row] = []
     tokens, positions, slots, temperatures, follows_at, keys = [], [], [], [], [], []
-    host_facts: list[RuleFacts] = []  # of the rows fed a token the host knows, in order
+    host_facts: list[tuple] = []  # of the rows fed a token the host knows, in order
     end_allowed: list[bool] = []  # of the rows that follow, in order
     for row in rows:
         index, part = in_flight.get(row, (None, None))
         if part is not None and part.chooses:
             if row.group is not None and row.group.lockstep:
                 continue  # a beam's next token depends on every beam's picks there (`engine.beams`)
-            if len(row.generated) + 1 >= row.max_new_tokens:
-                continue  # done at the step in flight
+            if len(row.generated) + ahead >= row.max_new_tokens:
+                continue  # done in the launch in flight
             follows, token = index, -1  # the token comes at launch
-            end_allowed.append(len(row.generated) + 1 >= row.options.min_new_tokens)
+            end_allowed.append(len(row.generated) + ahead >= row.options.min_new_tokens)
         elif part is not None and part.at_start and detects_language(row):
             continue  # its next tokens depend on the language it detects there
         elif not row.pending:
@@ -146,18 +170,16 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
         slots.append(row.slot)
         temperature = row.options.temperature if chooses else 0.0
         temperatures.append(temperature)
-        # Only a draw at a temperature reads its key; a follower's pick is not appended yet.
-        keys.append(row.draw_key(ahead=1 if follows is not None else 0) if temperature > 0 else 0)
+        # Only a draw at a temperature reads its key; a follower's picks are not appended yet.
+        keys.append(row.draw_key(ahead=ahead if follows is not None else 0) if temperature > 0 else 0)
         follows_at.append(-1 if follows is None else follows)
     follows_at = np.array(follows_at, dtype=np.int64)
-    table = np.empty((N_RULE_FACTS, len(parts)), dtype=np.int64)
-    following = np.flatnonzero(follows_at >= 0)
-    if len(following):  # as if each pick were no timestamp; the device corrects it (`fed_inputs`)
-        before = previous.facts[:, follows_at[following]]
-        table[:, following] = follow_facts(before, np.full(len(following), -1), timestamp_begin)
-        table[END_ALLOWED, following] = end_allowed
+    # A following row's facts come from the device (`fed_inputs`) but whether it may end.
+    table = np.zeros((N_RULE_FACTS, len(parts)), dtype=np.int64)
+    table[END_ALLOWED, follows_at >= 0] = end_allowed
     if host_facts:
         table[:, follows_at < 0] = np.array(host_facts, dtype=np.int64).T
+    steps = run_steps if run_steps > 1 and not eager and _may_run(parts, end_allowed, ahead, run_steps) else 1
     inputs = StepInputs(
         slots=np.array(slots, dtype=np.int64),
         tokens=np.array(tokens, dtype=np.int64),
@@ -166,33 +188,59 @@ def plan_step(rows: Sequence[Row], previous: Launched | None, graph_prompt_token
         temperatures=np.array(temperatures, dtype=np.float64),
         follows=follows_at,
         draw_keys=np.array(keys, dtype=np.int64),
+        steps=steps,
     )
     return Plan(parts, inputs, eager)
 
 
-def fed_inputs(meta: torch.Tensor, picks: torch.Tensor, timestamp_begin: int) -> tuple[torch.Tensor, torch.Tensor]:
+def _may_run(parts: Sequence[Part], end_allowed: Sequence[bool], ahead: int, steps: int) -> bool:
+    """Whether every row can take its next `steps` tokens without the host: each follows
+    (so it chooses, and feeds no prompt), may end already, draws nothing, belongs to no
+    group, and has room for them all (`ahead`: tokens it chooses in the launch in flight)."""
+    if not parts or len(end_allowed) < len(parts) or not all(end_allowed):
+        return False
+    for part in parts:
+        row = part.row
+        if part.follows is None or row.group is not None or row.options.temperature > 0:
+            return False
+        if len(row.generated) + ahead + steps > row.max_new_tokens:
+            return False
+    return True
+
+
+def fed_inputs(
+    meta: torch.Tensor, picks: torch.Tensor, carried: torch.Tensor, timestamp_begin: int
+) -> tuple[torch.Tensor, torch.Tensor]:
     """On the device: a step's tokens [b] and rule facts [N_RULE_FACTS, b] (`RuleFacts`
-    field order) from its metadata [N_META, b], where each row that follows
-    (META_FOLLOWS) feeds the token its row picked at the step before (`picks`, by that
-    step's row order) and, if that token is a timestamp, has it as its last (the host
-    wrote the other facts: `plan_step`). `step_kernels.StepKernels.feed` is the same
-    in one kernel."""
+    field order) from its metadata [N_META, b]. Each row that follows (META_FOLLOWS)
+    feeds the token its row picked at the step before (`picks`, by that step's row
+    order), with the facts that row ran with there (`carried` [N_RULE_FACTS, rows],
+    which each step leaves) moved on past that token, as `rows.follow_facts` does on
+    the host, but whether it may end, which the host counts; the other rows keep the
+    token and facts the host wrote. `step_kernels.StepKernels.feed` is the same in one
+    kernel."""
     follows = meta[META_FOLLOWS]
     fed = follows >= 0
-    chosen = picks.index_select(0, follows.clamp(min=0))
+    at = follows.clamp(min=0)
+    chosen = picks.index_select(0, at)
     tokens = torch.where(fed, chosen, meta[META_TOKEN])
-    stamp = fed & (chosen >= timestamp_begin)
-    facts = meta[META_RULES:].clone()
-    facts[LAST_IS_TIMESTAMP] |= stamp
-    facts[LAST_TIMESTAMP] = torch.where(stamp, chosen, facts[LAST_TIMESTAMP])
+    stamp = (chosen >= timestamp_begin).long()
+    before = carried.index_select(1, at)
+    after = before.clone()
+    after[AT_BEGIN] = 0
+    after[LAST_IS_TIMESTAMP] = stamp
+    after[PENULTIMATE_IS_TIMESTAMP] = before[AT_BEGIN] | before[LAST_IS_TIMESTAMP]
+    after[LAST_TIMESTAMP] = torch.where(stamp.bool(), chosen, before[LAST_TIMESTAMP])
+    after[END_ALLOWED] = meta[META_RULES + END_ALLOWED]
+    facts = torch.where(fed, after, meta[META_RULES:])
     return tokens, facts
 
 
-def mark_launched(parts: Sequence[Part]) -> None:
-    """Each row of a launched step has one more token in its cache; a row that fed a
+def mark_launched(parts: Sequence[Part], steps: int = 1) -> None:
+    """Each row of a launch has `steps` more tokens in its cache; a row that fed a
     host token has it no longer pending."""
     for part in parts:
         row = part.row
-        row.cached += 1
+        row.cached += steps
         if part.follows is None:
             row.pending = row.pending[1:]

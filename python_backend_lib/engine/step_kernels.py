@@ -7,9 +7,10 @@ Done with PyTorch operations (`overlap.fed_inputs`, `rules.LogitRules`,
 one block of threads; at small batches that tail was a large share of a graph
 step's GPU time (docs/gpu.md). Here:
 
-- `_feed`: each row's token and rule facts, the picks of the step before written
-  in for rows that follow (what `overlap.fed_inputs` computes), and the fill of
-  its last self-attention page, which FlashInfer reads (so the host copies none);
+- `_feed`: each row's token and rule facts, for rows that follow the picks of the
+  step before and the facts it ran with moved on past them (what
+  `overlap.fed_inputs` computes), and the fill of its last self-attention page,
+  which FlashInfer reads (so the host copies none);
 - `_chunk_stats`: one program per (row, chunk of the vocabulary) masks its chunk
   by the masking rules (`_masked`), writes it out, and reduces it: the best token
   below the timestamps and the sums of exponentials that a softmax needs, for the
@@ -67,12 +68,13 @@ if triton is not None:
 
     # Strides, row counts and the picked rows' offsets vary with the bucket: without
     # do_not_specialize, Triton would compile a variant per divisibility class.
-    @triton.jit(do_not_specialize=["meta_stride", "facts_stride", "rows"])
+    @triton.jit(do_not_specialize=["meta_stride", "carried_stride", "facts_stride", "rows"])
     def _feed(
-        meta_ptr, meta_stride, picks_ptr, tokens_ptr, facts_ptr, facts_stride, last_page_len_ptr, rows,
-        timestamp_begin, META_TOKEN: tl.constexpr, META_POSITION: tl.constexpr, META_FOLLOWS: tl.constexpr,
-        META_RULES: tl.constexpr, N_FACTS: tl.constexpr, LAST_IS_TIMESTAMP: tl.constexpr,
-        LAST_TIMESTAMP: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr,
+        meta_ptr, meta_stride, picks_ptr, carried_ptr, carried_stride, tokens_ptr, facts_ptr, facts_stride,
+        last_page_len_ptr, rows, timestamp_begin, META_TOKEN: tl.constexpr, META_POSITION: tl.constexpr,
+        META_FOLLOWS: tl.constexpr, META_RULES: tl.constexpr, N_FACTS: tl.constexpr, AT_BEGIN: tl.constexpr,
+        LAST_IS_TIMESTAMP: tl.constexpr, PENULTIMATE_IS_TIMESTAMP: tl.constexpr, LAST_TIMESTAMP: tl.constexpr,
+        END_ALLOWED: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK: tl.constexpr,
     ):
         i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
         inside = i < rows
@@ -81,17 +83,29 @@ if triton is not None:
         tl.store(last_page_len_ptr + i, (position % PAGE_SIZE + 1).to(tl.int32), mask=inside)
         follows = tl.load(meta_ptr + META_FOLLOWS * meta_stride + i, mask=inside, other=-1)
         fed = follows >= 0
-        chosen = tl.load(picks_ptr + tl.maximum(follows, 0), mask=inside, other=0)
+        at = tl.maximum(follows, 0)
+        chosen = tl.load(picks_ptr + at, mask=inside, other=0)
         own = tl.load(meta_ptr + META_TOKEN * meta_stride + i, mask=inside, other=0)
         tl.store(tokens_ptr + i, tl.where(fed, chosen, own), mask=inside)
-        stamp = fed & (chosen >= timestamp_begin)
+        stamp = (chosen >= timestamp_begin).to(tl.int64)
+        was_begin = tl.load(carried_ptr + AT_BEGIN * carried_stride + at, mask=inside, other=0)
+        was_stamp = tl.load(carried_ptr + LAST_IS_TIMESTAMP * carried_stride + at, mask=inside, other=0)
         for k in tl.static_range(N_FACTS):
             fact = tl.load(meta_ptr + (META_RULES + k) * meta_stride + i, mask=inside, other=0)
-            if k == LAST_IS_TIMESTAMP:
-                fact = tl.where(stamp, 1, fact)
-            if k == LAST_TIMESTAMP:
-                fact = tl.where(stamp, chosen, fact)
-            tl.store(facts_ptr + k * facts_stride + i, fact, mask=inside)
+            if k == AT_BEGIN:
+                moved = tl.zeros_like(fact)
+            elif k == LAST_IS_TIMESTAMP:
+                moved = stamp
+            elif k == PENULTIMATE_IS_TIMESTAMP:
+                moved = was_begin | was_stamp
+            elif k == LAST_TIMESTAMP:
+                before = tl.load(carried_ptr + k * carried_stride + at, mask=inside, other=0)
+                moved = tl.where(stamp != 0, chosen, before)
+            elif k == END_ALLOWED:
+                moved = fact  # the host counts the row's tokens
+            else:
+                moved = tl.load(carried_ptr + k * carried_stride + at, mask=inside, other=0)
+            tl.store(facts_ptr + k * facts_stride + i, tl.where(fed, moved, fact), mask=inside)
 
     @triton.jit
     def _fact(facts_ptr, facts_stride, row, k: tl.constexpr):
@@ -333,21 +347,23 @@ class StepKernels:
         self.flags = flags.to(device)
 
     def feed(
-        self, meta: torch.Tensor, picks: torch.Tensor, *, last_page_len: torch.Tensor
+        self, meta: torch.Tensor, picks: torch.Tensor, carried: torch.Tensor, *, last_page_len: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """On the device: a step's tokens [b] and rule facts [N_RULE_FACTS, b] from its
-        metadata [N_META, b] and the step before's `picks`, as `overlap.fed_inputs`
-        computes them; and into `last_page_len` [b] int32, the keys in each row's last
-        self-attention page (FlashInfer's buffer), from the row's position."""
+        metadata [N_META, b] and the step before's `picks` and `carried` facts, as
+        `overlap.fed_inputs` computes them; and into `last_page_len` [b] int32, the keys
+        in each row's last self-attention page (FlashInfer's buffer), from the row's position."""
         rows = meta.shape[1]
         tokens = torch.empty(rows, dtype=torch.long, device=meta.device)
         facts = torch.empty(N_RULE_FACTS, rows, dtype=torch.long, device=meta.device)
         block = max(16, triton.next_power_of_2(rows))
         _feed[(triton.cdiv(rows, block),)](
-            meta, meta.stride(0), picks, tokens, facts, facts.stride(0), last_page_len, rows, self.timestamp_begin,
-            META_TOKEN=META_TOKEN, META_POSITION=META_POSITION, META_FOLLOWS=META_FOLLOWS, META_RULES=META_RULES,
-            N_FACTS=N_RULE_FACTS, LAST_IS_TIMESTAMP=_FACT["last_is_timestamp"], LAST_TIMESTAMP=_FACT["last_timestamp"],
-            PAGE_SIZE=PAGE_SIZE, BLOCK=block,
+            meta, meta.stride(0), picks, carried, carried.stride(0), tokens, facts, facts.stride(0), last_page_len,
+            rows, self.timestamp_begin, META_TOKEN=META_TOKEN, META_POSITION=META_POSITION,
+            META_FOLLOWS=META_FOLLOWS, META_RULES=META_RULES, N_FACTS=N_RULE_FACTS, AT_BEGIN=_FACT["at_begin"],
+            LAST_IS_TIMESTAMP=_FACT["last_is_timestamp"], PENULTIMATE_IS_TIMESTAMP=_FACT["penultimate_is_timestamp"],
+            LAST_TIMESTAMP=_FACT["last_timestamp"], END_ALLOWED=_FACT["end_allowed"], PAGE_SIZE=PAGE_SIZE,
+            BLOCK=block,
         )
         return tokens, facts
 

