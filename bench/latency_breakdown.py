@@ -93,7 +93,8 @@ def instrument() -> Timings:
     timings.wrap(cuda_graphs, "page_table", "    prepare: page tables (numpy)")
     timings.wrap(cuda_graphs, "pinned", "    prepare: pinned copies")
     timings.wrap(DecodeGraphs, "launch", STEP_PART + "launch (copy in, replay)")
-    timings.wrap(PendingStep, "result", STEP_PART + "wait for picks")
+    # Each launch's picks (a run's all at once); earlier libraries had one step's `result`.
+    timings.wrap(PendingStep, "results" if hasattr(PendingStep, "results") else "result", STEP_PART + "wait for picks")
     timings.wrap(Launched, "settle", STEP_PART + "settle the fed tokens")
     timings.wrap(DecodeBatch, "_finish", STEP_PART + "handle the picks")
     if hasattr(Launched, "remember_before"):  # an earlier checkout's library (bench.latency_variants)

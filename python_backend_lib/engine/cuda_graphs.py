@@ -31,8 +31,9 @@ Static buffers, and the rules for them:
 - Runs (`overlap`): the buckets of at most RUN_ROWS rows also hold a graph of
   RUN_STEPS steps, each step after the first fed by the one before (every row
   following itself, one position further: `run_meta`, made on the device from
-  `meta`). Each step of a run reads its own FlashInfer wrappers, planned on the
-  host for the positions it reaches; the first is the bucket's single step's.
+  `meta`). A run's rows stay within their last self page (`overlap.plan_step`
+  keeps them so), so every step of it reads the tables planned for its first; each
+  step's feed writes the last pages' fill for its own positions.
 - FlashInfer's page-table buffers, one int32 block per bucket: the self table
   is re-planned only when a row's page count or slot changes (every 16 tokens);
   the last pages' fill, which changes at every step, the step's first kernel
@@ -140,7 +141,7 @@ class _PaddedRows(NamedTuple):
 
 
 class _Entry:
-    """One bucket: its graphs' buffers and FlashInfer wrappers (one a step of its runs)."""
+    """One bucket: its graphs' buffers and FlashInfer wrappers."""
 
     def __init__(self, key: GraphKey, attention: FlashInferAttention, steps: int) -> None:
         """steps: the longest launch it holds (RUN_STEPS for a bucket with runs, else 1)."""
@@ -150,10 +151,10 @@ class _Entry:
         b = key.batch
         self.key = key
         paging = shape.cross_paging(key.cross_page_size)
-        self.decodes = [
-            PagedDecode(pool, attention.workspace, graph_batch=b, cross_paging=paging) for _ in range(steps)
-        ]
+        self.decode = PagedDecode(pool, attention.workspace, graph_batch=b, cross_paging=paging)
         self.meta = torch.zeros(N_META, b, dtype=torch.long, device=device)
+        self.decode.cache_index = self.meta[META_CACHE_INDEX]
+        self.steps = steps
         # A run's later steps: every row follows itself, one position (and cache index) further.
         self.run_meta = torch.zeros(steps, N_META, b, dtype=torch.long, device=device)
         self.run_keep = torch.ones(N_META, b, dtype=torch.long, device=device)
@@ -162,12 +163,9 @@ class _Entry:
         self.run_shift[:, META_POSITION] = torch.arange(steps, device=device)[:, None]
         self.run_shift[:, META_CACHE_INDEX] = torch.arange(steps, device=device)[:, None]
         self.run_shift[:, META_FOLLOWS] = torch.arange(b, device=device)
-        self.decodes[0].cache_index = self.meta[META_CACHE_INDEX]
-        for i in range(1, steps):
-            self.decodes[i].cache_index = self.run_meta[i, META_CACHE_INDEX]
         # FlashInfer's self page indices, copied here from pinned memory before each re-plan.
         self.self_indices = torch.zeros(b * shape.self_pages_per_slot, dtype=torch.int32, device=device)
-        self.planned: list[torch.cuda.Event | None] = [None] * steps  # after each wrapper's last plan's copies
+        self.planned: torch.cuda.Event | None = None  # after the last plan's copies
         self.staging = PinnedRing((N_META, b), torch.long)  # each step's metadata, on its way in
         self.landing = PinnedRing((N_PICKED, b), torch.float32)  # each step's picks, on their way out
         self.run_landing = PinnedRing((steps, N_PICKED, b), torch.float32) if steps > 1 else None
@@ -175,14 +173,10 @@ class _Entry:
         self.pad[META_CACHE_INDEX] = SCRATCH_SLOT * shape.text_ctx
         self.pad[META_FOLLOWS] = -1
         self.shape = shape
-        # Each wrapper's rows' slots and self pages (as bytes) when its self / cross tables were last written.
-        self.self_state: list[tuple[bytes, bytes] | None] = [None] * steps
-        self.cross_slots: list[bytes | None] = [None] * steps
-        self.captured_plan: list[tuple] | None = None
-
-    @property
-    def steps(self) -> int:
-        return len(self.decodes)
+        # The rows' slots and self pages (as bytes) when the self / cross tables were last written.
+        self.self_state: tuple[bytes, bytes] | None = None
+        self.cross_slots: bytes | None = None
+        self.captured_plan: tuple | None = None
 
     def prepare(self, inputs: StepInputs) -> Prepared:
         """Write the step's plans for `inputs` (the rest of the bucket padding) and
@@ -198,58 +192,50 @@ class _Entry:
         st[META_CACHE_INDEX, :n] = inputs.slots * self.shape.text_ctx + inputs.positions
         st[META_FOLLOWS, :n] = inputs.follows
         st[META_RULES:, :n] = inputs.facts
+        # The tables change only with the rows' slots and self pages (the padding's never
+        # do); otherwise the step's first kernel writes the last pages' fill from the
+        # positions (`_forward`). Keyed on the real rows, most steps build nothing more.
         slot_key = inputs.slots.tobytes()
-        for step in range(inputs.steps):
-            self._plan(step, inputs, slot_key)
-        return Prepared(self, inputs, lease.buffer, lease)
-
-    def _plan(self, step: int, inputs: StepInputs, slot_key: bytes) -> None:
-        """Plan the wrappers of the launch's `step` (0: the first) for its rows' positions.
-
-        The tables change only with the rows' slots and self pages (the padding's never
-        do); otherwise the step's first kernel writes the last pages' fill from the
-        positions (`_step`). Keyed on the real rows, most steps build nothing more."""
-        decode = self.decodes[step]
-        positions = inputs.positions + step
-        self_state = (slot_key, (positions // PAGE_SIZE).tobytes())
+        self_state = (slot_key, (inputs.positions // PAGE_SIZE).tobytes())
         padded: _PaddedRows | None = None  # built once, and only for a table that changes
-        if self_state != self.self_state[step]:
-            padded = self._padded(inputs.slots, positions)
+        if self_state != self.self_state:
+            padded = self._padded(inputs)
             self_table = page_table(padded.slots, padded.lengths, self.shape.self_pages_per_slot)
-            if self.planned[step] is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
-                self.planned[step].synchronize()
+            if self.planned is not None:  # FlashInfer's pinned schedule buffer is about to be rewritten
+                self.planned.synchronize()
             indices = self.self_indices[: len(self_table.indices)]
             indices.copy_(pinned(self_table.indices), non_blocking=True)
-            decode.plan_self(self_table, indices=indices)
-            self.self_state[step] = self_state
-            self._check_plan(step)
-            self.planned[step] = torch.cuda.Event()
-            self.planned[step].record()
-        if slot_key != self.cross_slots[step]:
+            self.decode.plan_self(self_table, indices=indices)
+            self.self_state = self_state
+            self._check_plan()
+            self.planned = torch.cuda.Event()
+            self.planned.record()
+        if slot_key != self.cross_slots:
             if padded is None:
-                padded = self._padded(inputs.slots, positions)
-            table = cross_table(padded.slots, self.shape, decode.cross_paging)
-            if self.cross_slots[step] is None:  # at capture, before any step is in flight
-                decode.plan_cross(table)
-                self._check_plan(step)
+                padded = self._padded(inputs)
+            table = cross_table(padded.slots, self.shape, self.decode.cross_paging)
+            if self.cross_slots is None:  # at capture, before any step is in flight
+                self.decode.plan_cross(table)
+                self._check_plan()
             else:  # as many pages a row whatever the slots: the schedule stands, the indices move
-                decode.cross_buffers[1].copy_(pinned(table.indices), non_blocking=True)
-            self.cross_slots[step] = slot_key
+                self.decode.cross_buffers[1].copy_(pinned(table.indices), non_blocking=True)
+            self.cross_slots = slot_key
+        return Prepared(self, inputs, lease.buffer, lease)
 
-    def _padded(self, slots: np.ndarray, positions: np.ndarray) -> _PaddedRows:
+    def _padded(self, inputs: StepInputs) -> _PaddedRows:
         """Every row of the bucket: the step's, then padding in the scratch slot."""
-        n, b = len(slots), self.key.batch
-        padded = np.full(b, SCRATCH_SLOT, dtype=np.int64)
+        n, b = len(inputs.slots), self.key.batch
+        slots = np.full(b, SCRATCH_SLOT, dtype=np.int64)
         lengths = np.ones(b, dtype=np.int64)  # self-attention keys, the new token included
-        padded[:n] = slots
-        lengths[:n] = positions + 1
-        return _PaddedRows(padded, lengths)
+        slots[:n] = inputs.slots
+        lengths[:n] = inputs.positions + 1
+        return _PaddedRows(slots, lengths)
 
-    def _check_plan(self, step: int) -> None:
-        if self.captured_plan is not None and self.decodes[step].plan_info != self.captured_plan[step]:
+    def _check_plan(self) -> None:
+        if self.captured_plan is not None and self.decode.plan_info != self.captured_plan:
             raise RuntimeError(
                 f"FlashInfer re-planned batch {self.key.batch} differently from its captured graph: "
-                f"{self.decodes[step].plan_info} != {self.captured_plan[step]}"
+                f"{self.decode.plan_info} != {self.captured_plan}"
             )
 
 
@@ -358,29 +344,33 @@ class DecodeGraphs:
 
     def _entry(self, batch: int) -> _Entry:
         """A bucket's buffers, every row padding, planned: its plans are the ones captured."""
-        steps = self.run_steps if batch in self.run_buckets else 1
-        entry = _Entry(self.key(batch), self.attention, steps)
+        entry = _Entry(self.key(batch), self.attention, self.run_steps if batch in self.run_buckets else 1)
         nothing = np.zeros(0, dtype=np.int64)
         empty = StepInputs(nothing, nothing, nothing, np.zeros((N_RULE_FACTS, 0), np.int64), np.zeros(0), nothing,
-                           draw_keys=nothing, steps=steps)
+                           draw_keys=nothing)
         entry.meta.copy_(entry.prepare(empty).pinned)
-        entry.captured_plan = [decode.plan_info for decode in entry.decodes]
+        entry.captured_plan = entry.decode.plan_info
         return entry
 
     def _forward(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         """One step over the bucket: (filtered logits [batch, vocab], picked [N_PICKED, batch])."""
         picked = torch.zeros(N_PICKED, entry.key.batch, dtype=torch.float32, device=entry.meta.device)
-        logits = self._step(entry.meta, entry.decodes[0], picked, languages=True)
+        logits = self._step(entry.meta, entry.decode, picked, languages=True)
         return logits, picked
 
     def _forward_run(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         """A run over the bucket: (the last step's filtered logits, picked [steps, N_PICKED, batch])."""
         # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
         picked = torch.zeros(entry.steps, N_PICKED, entry.key.batch, dtype=torch.float32, device=entry.meta.device)
-        logits = self._step(entry.meta, entry.decodes[0], picked[0], languages=False)
-        for i in range(1, entry.steps):
-            meta = torch.addcmul(entry.run_shift[i], entry.meta, entry.run_keep, out=entry.run_meta[i])
-            logits = self._step(meta, entry.decodes[i], picked[i], languages=False)
+        decode = entry.decode
+        logits = self._step(entry.meta, decode, picked[0], languages=False)
+        try:
+            for i in range(1, entry.steps):
+                meta = torch.addcmul(entry.run_shift[i], entry.meta, entry.run_keep, out=entry.run_meta[i])
+                decode.cache_index = meta[META_CACHE_INDEX]  # where this step's new K/V go
+                logits = self._step(meta, decode, picked[i], languages=False)
+        finally:
+            decode.cache_index = entry.meta[META_CACHE_INDEX]
         return logits, picked
 
     def _step(self, meta: torch.Tensor, decode: PagedDecode, picked: torch.Tensor, *, languages: bool) -> torch.Tensor:

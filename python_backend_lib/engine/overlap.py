@@ -32,7 +32,7 @@ Runs. For a few rows the host's work for a step takes longer than the GPU's, so
 even overlapped the GPU waits for the host at every token. When every row of the
 next step follows and may go on for `steps` tokens without the host (no prompt
 token, no draw at a temperature, no beam or sample group, no ending forbidden yet,
-its token limit not reached), the step is a *run*: `steps` decode steps captured in
+its token limit not reached, no new self-attention page), the step is a *run*: `steps` decode steps captured in
 one graph (`cuda_graphs`), each fed the picks and facts of the one before on the
 device, as a following row is. The host plans, launches and handles the run once
 and then takes each row's tokens in order, as if they came from `steps` steps; a
@@ -49,6 +49,7 @@ import numpy as np
 import torch
 
 from python_backend_lib.engine.graph_io import META_FOLLOWS, META_RULES, META_TOKEN, GraphStep, PendingStep, StepInputs
+from python_backend_lib.engine.kv_cache import PAGE_SIZE
 from python_backend_lib.engine.rows import (
     AT_BEGIN,
     END_ALLOWED,
@@ -196,7 +197,9 @@ def plan_step(
 def _may_run(parts: Sequence[Part], end_allowed: Sequence[bool], ahead: int, steps: int) -> bool:
     """Whether every row can take its next `steps` tokens without the host: each follows
     (so it chooses, and feeds no prompt), may end already, draws nothing, belongs to no
-    group, and has room for them all (`ahead`: tokens it chooses in the launch in flight)."""
+    group, has room for them all (`ahead`: tokens it chooses in the launch in flight),
+    and writes them within one self-attention page, so that FlashInfer's tables planned
+    for the run's first step serve every step of it (`cuda_graphs`)."""
     if not parts or len(end_allowed) < len(parts) or not all(end_allowed):
         return False
     for part in parts:
@@ -204,6 +207,8 @@ def _may_run(parts: Sequence[Part], end_allowed: Sequence[bool], ahead: int, ste
         if part.follows is None or row.group is not None or row.options.temperature > 0:
             return False
         if len(row.generated) + ahead + steps > row.max_new_tokens:
+            return False
+        if row.cached // PAGE_SIZE != (row.cached + steps - 1) // PAGE_SIZE:
             return False
     return True
 

@@ -66,7 +66,7 @@ class Counters:
 def read_counters(engine: Any) -> Counters:
     counts, stats = engine.batch.counts, engine.stats
     return Counters(
-        counts.graph_replays, counts.eager_passes, counts.graph_fallbacks, stats.failed_steps, stats.restarts
+        counts.graph_steps, counts.eager_passes, counts.graph_fallbacks, stats.failed_steps, stats.restarts
     )
 
 
@@ -134,7 +134,7 @@ class WhisperMetrics(Publisher):
         self._waiting = family.gauge("whisper_waiting_windows", "Windows waiting for a decoding slot")
         self._slots = family.gauge("whisper_decoding_slots", "Windows the engine decodes together at most")
         self._limit = family.gauge("whisper_request_limit", "Requests held at most before new ones are refused")
-        steps = "Decoder steps, by how they ran: cuda_graph (a captured graph replayed) or eager"
+        steps = "Decoder steps, by how they ran: cuda_graph (in a captured graph, a run's each counted) or eager"
         self._steps = {
             "cuda_graph": family.counter("whisper_decode_steps_total", steps, path="cuda_graph"),
             "eager": family.counter("whisper_decode_steps_total", steps, path="eager"),

@@ -369,8 +369,11 @@ def test_a_request_alone_decodes_through_runs_as_through_single_steps_bit_for_bi
 
         from python_backend_lib.audio.decode import decode_audio
         from python_backend_lib.audio.features import window_features
+        from python_backend_lib.text.tokenizer import load_tokenizer
 
-        model, config = model_for(source, torch.float16)
+        checkpoint = load_checkpoint(source)  # not sharpened: real speech, real transcripts
+        model = Whisper.from_checkpoint(checkpoint, device=CUDA, dtype=torch.float16)
+        config = checkpoint.config
         clips = ["jfk.wav", "sense_and_sensibility_01_austen_64kb-0870.wav", "cards_001.wav"]
         features = [window_features(decode_audio((DATA / clip).read_bytes()), config.dims.n_mels) for clip in clips]
         options = [DecodingOptions(language="en", timestamps=True), DecodingOptions(language="en"),
@@ -392,10 +395,12 @@ def test_a_request_alone_decodes_through_runs_as_through_single_steps_bit_for_bi
             assert in_runs.tokens == alone.tokens
             assert (in_runs.avg_logprob, in_runs.no_speech_prob) == (alone.avg_logprob, alone.no_speech_prob)
         replays, graph_steps = launches[steps]
-        assert graph_steps - replays > 10 * len(options) * (steps - 1)  # most steps in runs
+        assert graph_steps - replays >= 3 * len(options) * (steps - 1)  # three runs a request at least
     assert launches[1][0] == launches[1][1]
     if source == "default":
         assert results[1][0].finished and results[1][1].finished  # ended with <|endoftext|>
+        text = load_tokenizer(config).decode([t for t in results[1][0].tokens if t < config.special.eot])
+        assert "ask not what your country can do for you" in text.lower()
     print(f"\n{source}: (graph launches, steps) by run length: {launches}")
 
 

@@ -230,6 +230,38 @@ def test_overlapped_steps_give_the_stepwise_transcripts_of_real_speech():
     assert len(timestamps) >= 2 * len(admissions)  # the timestamp rules were exercised
 
 
+def test_a_run_takes_only_rows_that_may_take_every_step_of_it_on_their_page():
+    """plan_step makes a run of the next step only where every row follows, greedy, may
+    end, has room for the run's tokens, and writes them into its current self page (the
+    run's steps read the page tables planned for its first)."""
+    from python_backend_lib.engine.kv_cache import PAGE_SIZE
+    from python_backend_lib.engine.overlap import Launched, plan_step
+    from python_backend_lib.engine.prompt import Prompt
+
+    def plan(cached: list[int], steps: int, **options) -> int:
+        rows = []
+        for i, c in enumerate(cached):
+            row = Row(tag=i, options=DecodingOptions(**options), prompt=Prompt((50257,), 0, False, "en"), slot=i + 1,
+                      max_new_tokens=40, pending=[5])  # fmt: skip
+            row.cached, row.generated = c, list(range(100, 100 + c - 1))
+            rows.append(row)
+        first = plan_step(rows, None, 8, 50364)
+        previous = Launched(first.parts, first.inputs.tokens.copy(), None)
+        for row in rows:
+            row.pending, row.cached = [], row.cached + 1  # launched: each follows itself now
+        return plan_step(rows, previous, 8, 50364, run_steps=steps).inputs.steps
+
+    assert plan([3, 9], 2) == 2 and plan([3, 9], 3) == 3
+    assert plan([3, PAGE_SIZE - 2], 2) == 1  # its second step would open a page
+    assert plan([3, PAGE_SIZE - 3], 3) == 1 and plan([3, PAGE_SIZE - 3], 2) == 2
+    assert plan([3, PAGE_SIZE], 2) == 2  # on its new page from the first step
+    # At most 40 tokens: 37 or 38 generated, one chosen in flight, and the run's two.
+    assert plan([3, 38], 2) == 2 and plan([3, 39], 2) == 1
+    assert plan([3, 9], 2, min_new_tokens=12) == 1  # may not end yet
+    assert plan([3, 9], 2, temperature=0.5) == 1
+    assert plan([3, 9], 1) == 1
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("steps", [2, 3])
 def test_runs_give_the_stepwise_results_with_random_weights(monkeypatch, steps):
