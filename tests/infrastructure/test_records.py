@@ -601,6 +601,60 @@ def test_the_blocking_waits_paragraph_is_its_record():
     assert f"({run['run']['commit'][:7]} beside {by_label['before']['checkout_commit'][:7]}," in paragraph
 
 
+def _engine_at_work(engine: dict) -> tuple[float, float]:
+    """The engine thread's ms a request at work (its loop and steps, their waits for the
+    picks left out) and waiting for the picks, from a latency breakdown's engine part."""
+    parts = engine["engine_thread"]
+    wait = parts["  step: wait for picks"]["ms"]
+    loop = ("engine loop: collect new windows", "engine loop: deliver finished", "engine loop: checkpoint the rows",
+            "decoder step (on the engine thread)")  # fmt: skip
+    return sum(parts[name]["ms"] for name in loop) - wait, wait
+
+
+def test_the_runs_paragraph_and_row_are_their_record():
+    """performance.md's paragraph on two decode steps a launch quotes the lone-clip
+    record's `runs`: the four engine-alone runs column by column, the served pair, the
+    answers checked, and the first version's prepare and lone clips."""
+    from bench.comparisons import best_point
+
+    run = json.loads(LONE_CLIP.read_text(encoding="utf-8"))["runs"]
+    performance = PERFORMANCE.read_text(encoding="utf-8")
+    start = performance.index("**Two decode steps in one graph launch, kept**")
+    paragraph = " ".join(performance[start : performance.index("The three-model shape at 5d8604e", start)].split())
+    engines = [run["engine_alone"][name]["engine"] for name in ("before-1", "after-1", "before-2", "after-2")]
+    assert "| p50 ms | " + " | ".join(f"{e['latency_ms']['p50']:.2f}" for e in engines) + " |" in paragraph
+    assert "| graph launches a request (16 steps) | " + " | ".join(
+        f"{e['graph_launches_per_request']:.0f}" for e in engines) + " |" in paragraph
+    at_work = [_engine_at_work(e) for e in engines]
+    assert "left out) | " + " | ".join(f"{work:.2f}" for work, _ in at_work) + " |" in paragraph
+    assert "| its waits for picks, ms a request | " + " | ".join(f"{wait:.2f}" for _, wait in at_work) + " |" in paragraph
+    assert "| GPU kernels, ms a request | " + " | ".join(
+        f"{e['kernels']['kernel_ms_per_request']:.2f}" for e in engines) + " |" in paragraph
+    assert all(e["graph_steps_per_request"] == 16 for e in engines)
+    assert f"kept the engine thread at work {at_work[0][0]:.2f} ms a request for {engines[0]['kernels']['kernel_ms_per_request']:.2f} ms" in paragraph
+    served = {v["label"]: v for v in run["served"]["variants"]}
+    lone = {label: v["latency_5s"]["latency_ms"] for label, v in served.items()}
+    assert (f"a lone 5 s clip p50 {lone['after']['p50']:.2f} / p99 {lone['after']['p99']:.2f} ms against "
+            f"{lone['before']['p50']:.2f} / {lone['before']['p99']:.2f}") in paragraph
+    points = {label: best_point(v) for label, v in served.items()}
+    assert (f"{points['after']['goodput_per_s']:,.1f} requests/s (RTFx {points['after']['rtfx']:,.1f}) against "
+            f"{points['before']['goodput_per_s']:,.1f} ({points['before']['rtfx']:,.1f})") in paragraph
+    after, before = points["after"], points["before"]
+    assert f"{after['exact']:,} of {after['compared']:,} answers equal" in paragraph and after["differing"] == {"76": 1}
+    assert f"against {before['exact']:,} of {before['compared']:,}." in paragraph and before["exact"] == before["compared"]
+    assert run["served"]["run"]["commit"][:7] == "46b6fdb" and run["served"]["run"]["changed"]  # 3818a85's files
+    first = run["wrapper_per_step"]
+    prepare = first["breakdown"]["engine"]["engine_thread"]["  step: prepare (page tables, staging)"]["ms_per_call"]
+    assert f"the host's prepare took {prepare:.3f} ms a launch" in paragraph
+    first_lone = {v["label"]: v["latency_5s"]["latency_ms"]["p50"] for v in first["served"]["variants"]}
+    assert (f"a served lone clip {first_lone['after']:.2f} and {first_lone['after-2']:.2f} ms against "
+            f"{first_lone['before']:.2f} and {first_lone['before-2']:.2f}: no gain") in paragraph
+    row = next(line for line in performance.splitlines() if line.startswith("| two decode steps in one graph launch"))
+    assert (f"the engine alone p50 {engines[1]['latency_ms']['p50']:.2f} and {engines[3]['latency_ms']['p50']:.2f} ms "
+            f"against {engines[0]['latency_ms']['p50']:.2f} and {engines[2]['latency_ms']['p50']:.2f}") in row
+    assert f"served p50 {lone['after']['p50']:.2f} / p99 {lone['after']['p99']:.2f} ms" in row
+
+
 def test_the_hour_soak_at_ac528ca_is_the_records_last_run():
     """operating.md's hour at ac528ca quotes soak-hour.json's last run: its counts, its
     settled readings of the whisper and preprocessing stubs, and its growth."""
