@@ -81,6 +81,15 @@ def _failed(done: list[Finished], error: Exception) -> Exception:
     return StepFailed(done, error) if done else error
 
 
+def _and_then(done: list[Finished], work: Callable[[], list[Finished]]) -> list[Finished]:
+    """`done` and what `work` finishes. The requests in `done` have left the batch with
+    their results: when `work` raises, they travel on its StepFailed to be answered."""
+    try:
+        return done + work()
+    except Exception as error:
+        raise _failed(done, error) from error
+
+
 class DecodeBatch:
     def __init__(
         self,
@@ -349,7 +358,11 @@ class DecodeBatch:
         done: list[Finished] = []
         inside = {part.row for part in launched.parts} if len(steps) > 1 else followed
         for j, step in enumerate(steps):
-            done += self._finish_step(launched, step, followed if j == len(steps) - 1 else inside)
+            fed = followed if j == len(steps) - 1 else inside
+            try:
+                done += self._finish_step(launched, step, fed)
+            except Exception as error:  # a run's rows that ended at an earlier step have left
+                raise _failed(done, error) from error
         return done
 
     def _finish_step(self, launched: Launched, step: GraphStep, followed: set[Row]) -> list[Finished]:
@@ -367,8 +380,12 @@ class DecodeBatch:
             [step.languages[i] for i, _ in starting] if step.languages is not None else None,
         )
         choosing = [(i, p) for i, p in live if p.chooses and p.row not in waiting]
+        return _and_then(done, lambda: self._choose_picked(step, choosing, followed))
+
+    def _choose_picked(self, step: GraphStep, choosing: list[tuple[int, Part]], followed: set[Row]) -> list[Finished]:
+        """Take the picks of `choosing` ((index in the step, part) pairs) as their rows' tokens."""
         if not choosing:
-            return done
+            return []
         rows = [p.row for _, p in choosing]
         logits = None
         # Kept when the step was launched beside beam rows or for an observer; a search
@@ -378,7 +395,7 @@ class DecodeBatch:
         if self.logit_observer is not None:
             self.logit_observer(rows, logits)
         tokens = [step.tokens[i] for i, _ in choosing]
-        return done + self._advance_all(rows, tokens, [step.logprobs[i] for i, _ in choosing], followed, logits)
+        return self._advance_all(rows, tokens, [step.logprobs[i] for i, _ in choosing], followed, logits)
 
     def _step_eager(self, rows: list[Row]) -> list[Finished]:
         """Every row's pending tokens at once, through the attention backend."""
@@ -409,7 +426,7 @@ class DecodeBatch:
                     for group, result in ended]
         alone = [k for k, r in enumerate(rows) if not (r.group and r.group.lockstep)]
         picks = [rows[k] for k in alone], [tokens[k] for k in alone], [logprobs[k] for k in alone]
-        return answered + self._advance(*picks, followed)
+        return _and_then(answered, lambda: self._advance(*picks, followed))
 
     def _ends_segment(self, generated: list[int]) -> bool:
         """The last token is a timestamp right after text: it ends a segment (Whisper's
@@ -436,11 +453,14 @@ class DecodeBatch:
                 done.append((row, False))
             elif row not in followed:
                 row.pending = [token]
-        for row, completed in done:
-            result = row.result(completed) if row.group is None else row.group.end(row, completed)
-            if result is None:  # a sample's group answers when its last sample ends
-                self._retire(row)
-            else:
-                finished.append((row.tag, self._answered([row], result)))
+        try:
+            for row, completed in done:
+                result = row.result(completed) if row.group is None else row.group.end(row, completed)
+                if result is None:  # a sample's group answers when its last sample ends
+                    self._retire(row)
+                else:
+                    finished.append((row.tag, self._answered([row], result)))
+        except Exception as error:  # those answered already have left the batch
+            raise _failed(finished, error) from error
         return finished
 

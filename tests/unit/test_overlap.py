@@ -369,30 +369,41 @@ def test_a_failing_request_fails_alone_with_a_step_in_flight(speech):
 
 
 @pytest.mark.slow
-def test_a_step_that_fails_after_launching_the_next_is_rewound_and_retried(speech, monkeypatch):
+@pytest.mark.parametrize("run_steps", [1, 2])
+def test_a_step_that_fails_after_launching_the_next_is_rewound_and_retried(speech, monkeypatch, run_steps):
     """The failure comes while handling step t, step t+1 already launched: rows
     rewound to before t (each row's state as the launch remembered it) and retried
-    one by one give every request the result it gets without the failure."""
+    one by one give every request the result it gets without the failure. With runs,
+    t may be a run, and the failure come at either of its steps."""
     _, config = model_for("default", torch.float32)
     tokenizer = load_tokenizer(config)
     windows = [(f, DecodingOptions()) for f in speech]
     clean = _engine_results(make_batch("default", 3, overlap=True), windows, tokenizer)
-    batch = make_batch("default", 3, overlap=True)
-    original = DecodeBatch._advance
-    calls = {"n": 0}
+    batch = make_batch("default", 3, overlap=True, run_steps=run_steps)
+    original, finish = DecodeBatch._advance, DecodeBatch._finish
+    calls, handling, failed_in = {"n": 0}, [], []  # the steps of the launch being handled, at each failure
 
     def flaky(self, rows, tokens, logprobs, followed):
+        if handling[-1] != run_steps:  # with runs, only the runs' steps are counted
+            return original(self, rows, tokens, logprobs, followed)
         calls["n"] += 1
         if calls["n"] in (4, 9) and followed:  # mid-decode, a step launched after this one
+            failed_in.append(handling[-1])
             raise RuntimeError("a bug while handling a step")
         return original(self, rows, tokens, logprobs, followed)
 
+    def finishing(self, launched, steps, followed):
+        handling.append(launched.steps)
+        return finish(self, launched, steps, followed)
+
     monkeypatch.setattr(DecodeBatch, "_advance", flaky)
+    monkeypatch.setattr(DecodeBatch, "_finish", finishing)
     stats = []
     retried = _engine_results(batch, windows, tokenizer, stats=stats)
     assert stats[0].failed_steps == 2 and stats[0].restarts == 0
     assert [r.tokens for r in retried] == [r.tokens for r in clean]
     assert batch.free_slots == 3
+    assert failed_in == [run_steps, run_steps]  # with runs, each failure came while handling one
 
 
 @pytest.mark.slow
