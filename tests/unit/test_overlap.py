@@ -298,13 +298,13 @@ def test_runs_give_the_stepwise_transcripts_of_real_speech():
     model, config = model_for("default", torch.float64)
     tokenizer = load_tokenizer(config)
     options = DecodingOptions(timestamps=True)
-    features = [window_features(decode_audio(c.read())[: geometry.N_SAMPLES], config.dims.n_mels) for c in clips()[:6]]
+    features = [window_features(decode_audio(c.read())[: geometry.N_SAMPLES], config.dims.n_mels) for c in clips()[:4]]
     prompt = initial_tokens(config, options, tokenizer)
     admissions = [Admission(i, f.double(), options, prompt) for i, f in enumerate(features)]
     stepwise, _ = run(make_batch("default", 2, overlap=False, dtype=torch.float64), admissions, join_every=3)
     batch = make_batch("default", 2, overlap=True, dtype=torch.float64, run_steps=2)
     in_runs, _ = run(batch, admissions, join_every=3)
-    assert batch.graphs.run_launches > 20
+    assert batch.graphs.run_launches > 15
     assert_same(in_runs, stepwise)
     timestamps = [t for r in stepwise.values() for t in r.tokens if t >= config.special.timestamp_begin]
     assert len(timestamps) >= 2 * len(admissions)  # the timestamp rules were exercised
