@@ -360,7 +360,6 @@ class DecodeGraphs:
 
     def _forward_run(self, entry: _Entry) -> tuple[torch.Tensor, torch.Tensor]:
         """A run over the bucket: (the last step's filtered logits, picked [steps, N_PICKED, batch])."""
-        # Token and language ids are below 2**24, so float32 holds them exactly: one readback.
         picked = torch.zeros(entry.steps, N_PICKED, entry.key.batch, dtype=torch.float32, device=entry.meta.device)
         decode = entry.decode
         logits = self._step(entry.meta, decode, picked[0], languages=False)
@@ -376,7 +375,8 @@ class DecodeGraphs:
     def _step(self, meta: torch.Tensor, decode: PagedDecode, picked: torch.Tensor, *, languages: bool) -> torch.Tensor:
         """One decode step over the rows of `meta`, their picks written into `picked`
         [N_PICKED, batch] (the language's where `languages`), `picks` and `carried`;
-        returns the filtered logits."""
+        returns the filtered logits. `picked` is float32 for one readback: token and
+        language ids are below 2**24, which it holds exactly."""
         b = meta.shape[1]
         last_page_len = decode.self_buffers[2]  # what FlashInfer reads of each row's last self page
         if self.kernels is not None:
@@ -434,6 +434,8 @@ class DecodeGraphs:
         keep_logits: keep a copy of the filtered logits (the next step overwrites the graph's).
         """
         entry, inputs = prepared.entry, prepared.inputs
+        if inputs.steps > 1 and inputs.temperatures.any():
+            raise ValueError("a run draws nothing: its rows must be greedy")
         entry.meta.copy_(prepared.pinned, non_blocking=True)
         entry.staging.queued(prepared.lease)
         if inputs.steps > 1:  # a run: every row follows, greedy (`overlap`)

@@ -32,9 +32,9 @@ Runs. For a few rows the host's work for a step takes longer than the GPU's, so
 even overlapped the GPU waits for the host at every token. When every row of the
 next step follows and may go on for `steps` tokens without the host (no prompt
 token, no draw at a temperature, no beam or sample group, no ending forbidden yet,
-its token limit not reached, no new self-attention page), the step is a *run*: `steps` decode steps captured in
-one graph (`cuda_graphs`), each fed the picks and facts of the one before on the
-device, as a following row is. The host plans, launches and handles the run once
+its token limit not reached, no new self-attention page), the step is a *run*:
+`steps` decode steps captured in one graph (`cuda_graphs`), each fed the picks and
+facts of the one before on the device, as a following row is. The host plans, launches and handles the run once
 and then takes each row's tokens in order, as if they came from `steps` steps; a
 row that ends inside the run leaves there, and what the run computed for it after
 that is discarded, as for a row launched into the step after its last.
