@@ -436,3 +436,33 @@ def test_a_silent_window_is_answered_silent_before_any_token():
     results.update(batch.drain())
     assert results["quiet"].tokens == () and results["quiet"].no_speech_prob == 1.0
     assert len(results["loud"].tokens) == 4
+
+
+def test_a_silent_window_answered_in_a_step_that_then_fails_keeps_its_answer(monkeypatch):
+    """A silence check read while handling a step (not ready before it) answers its row
+    and takes it out of the batch; when taking the other rows' picks then raises, that
+    answer travels on the StepFailed for the engine to deliver, not lost with the error."""
+    from python_backend_lib.engine.batch import StepFailed
+    from python_backend_lib.engine.rows import SilenceCheck
+
+    _, config = model_for("default", torch.float32)
+    options = DecodingOptions(timestamps=True, max_new_tokens=4)
+    prompt = initial_tokens(config, options, None)
+    assert len(prompt.tokens) == 1  # tiny.en with timestamps: the first step chooses a token
+    silent = torch.full((config.dims.n_mels, N_FRAMES), -1.5)  # the log-mel of zeros
+    batch = make_batch("default", 2, overlap=True)
+    batch.admit([Admission("quiet", silent, options, prompt, content_frames=N_FRAMES),
+                 Admission("loud", random_features(config, 1), options, prompt)])  # fmt: skip
+    monkeypatch.setattr(SilenceCheck, "ready", lambda self: False)  # read only when a step waits for it
+
+    def failing(self, rows, tokens, logprobs, followed):
+        raise RuntimeError("a bug while taking the picks")
+
+    monkeypatch.setattr(DecodeBatch, "_advance", failing)
+    assert batch.step() == [] and len(batch._in_flight.parts) == 2  # the first step launched, both rows in it
+    with pytest.raises(StepFailed) as failed:
+        batch.step()
+    assert [tag for tag, _ in failed.value.finished] == ["quiet"]
+    assert failed.value.finished[0][1].no_speech_prob == 1.0
+    assert [row.tag for row in batch.rows] == ["loud"]
+
