@@ -16,6 +16,7 @@ The engine drives a batch from its thread; `offline.decode` drives it to complet
 from __future__ import annotations
 
 import dataclasses
+import functools
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
@@ -357,12 +358,9 @@ class DecodeBatch:
         followed: rows launched into the next step feeding what they chose at the last."""
         done: list[Finished] = []
         inside = {part.row for part in launched.parts} if len(steps) > 1 else followed
-        for j, step in enumerate(steps):
+        for j, step in enumerate(steps):  # a run's rows that end at a step leave the batch there
             fed = followed if j == len(steps) - 1 else inside
-            try:
-                done += self._finish_step(launched, step, fed)
-            except Exception as error:  # a run's rows that ended at an earlier step have left
-                raise _failed(done, error) from error
+            done = _and_then(done, functools.partial(self._finish_step, launched, step, fed))
         return done
 
     def _finish_step(self, launched: Launched, step: GraphStep, followed: set[Row]) -> list[Finished]:

@@ -155,14 +155,16 @@ class _Entry:
         self.meta = torch.zeros(N_META, b, dtype=torch.long, device=device)
         self.decode.cache_index = self.meta[META_CACHE_INDEX]
         self.steps = steps
-        # A run's later steps: every row follows itself, one position (and cache index) further.
-        self.run_meta = torch.zeros(steps, N_META, b, dtype=torch.long, device=device)
-        self.run_keep = torch.ones(N_META, b, dtype=torch.long, device=device)
-        self.run_keep[META_FOLLOWS] = 0
-        self.run_shift = torch.zeros(steps, N_META, b, dtype=torch.long, device=device)
-        self.run_shift[:, META_POSITION] = torch.arange(steps, device=device)[:, None]
-        self.run_shift[:, META_CACHE_INDEX] = torch.arange(steps, device=device)[:, None]
-        self.run_shift[:, META_FOLLOWS] = torch.arange(b, device=device)
+        if steps > 1:
+            # A run's step i > 0: meta * run_keep + run_shift[i], every row following itself
+            # i positions (and cache indices) further; written into run_meta[i] on the device.
+            self.run_meta = torch.zeros(steps, N_META, b, dtype=torch.long, device=device)
+            self.run_keep = torch.ones(N_META, b, dtype=torch.long, device=device)
+            self.run_keep[META_FOLLOWS] = 0
+            self.run_shift = torch.zeros(steps, N_META, b, dtype=torch.long, device=device)
+            self.run_shift[:, META_POSITION] = torch.arange(steps, device=device)[:, None]
+            self.run_shift[:, META_CACHE_INDEX] = torch.arange(steps, device=device)[:, None]
+            self.run_shift[:, META_FOLLOWS] = torch.arange(b, device=device)
         # FlashInfer's self page indices, copied here from pinned memory before each re-plan.
         self.self_indices = torch.zeros(b * shape.self_pages_per_slot, dtype=torch.int32, device=device)
         self.planned: torch.cuda.Event | None = None  # after the last plan's copies

@@ -34,10 +34,11 @@ next step follows and may go on for `steps` tokens without the host (no prompt
 token, no draw at a temperature, no beam or sample group, no ending forbidden yet,
 its token limit not reached, no new self-attention page), the step is a *run*:
 `steps` decode steps captured in one graph (`cuda_graphs`), each fed the picks and
-facts of the one before on the device, as a following row is. The host plans, launches and handles the run once
-and then takes each row's tokens in order, as if they came from `steps` steps; a
-row that ends inside the run leaves there, and what the run computed for it after
-that is discarded, as for a row launched into the step after its last.
+facts of the one before on the device, as a following row is. The host plans,
+launches and handles the run once and then takes each row's tokens in order, as if
+they came from `steps` steps; a row that ends inside the run leaves there, and what
+the run computed for it after that is discarded, as for a row launched into the
+step after its last.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from python_backend_lib.engine.rows import (
     Row,
     RowState,
 )
-from python_backend_lib.engine.rules import N_RULE_FACTS
+from python_backend_lib.engine.rules import N_RULE_FACTS, RuleFacts
 
 
 @dataclass(eq=False)
@@ -142,7 +143,7 @@ def plan_step(
     parts: list[Part] = []
     eager: list[Row] = []
     tokens, positions, slots, temperatures, follows_at, keys = [], [], [], [], [], []
-    host_facts: list[tuple] = []  # of the rows fed a token the host knows, in order
+    host_facts: list[RuleFacts] = []  # of the rows fed a token the host knows, in order
     end_allowed: list[bool] = []  # of the rows that follow, in order
     for row in rows:
         index, part = in_flight.get(row, (None, None))
