@@ -559,15 +559,15 @@ def test_five_engines_became_the_default_on_the_records_of_section_11():
     assert auto_instances_per_gpu(load_config("random:tiny").dims, mps=True).whisper == 5
 
 
-def test_the_five_engine_soaks_at_b92d07e_are_the_records_last_two_runs():
-    """reliability.md's paragraph on five engines' memory quotes gpu-soak.json's last two
-    runs: the 240 s soak that failed on the GPU's memory, the 480 s one that passed, both
-    at the commit it names, every request answered OK."""
+def test_the_five_engine_soaks_at_b92d07e_are_the_records_runs_at_that_commit():
+    """reliability.md's paragraph on five engines' memory quotes gpu-soak.json's two runs
+    at b92d07e: the 240 s soak that failed on the GPU's memory, the 480 s one that passed,
+    every request answered OK."""
     section = (REPO_ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
     paragraph = section[section.index("**Five engines warm their memory pools"):]
     paragraph = " ".join(paragraph[: paragraph.index("Record of the soaks")].split())
-    short, long = record("gpu-soak/gpu-soak")["runs"][-2:]
-    assert short["run"]["commit"] == long["run"]["commit"] and short["run"]["commit"][:7] in paragraph
+    short, long = [run for run in record("gpu-soak/gpu-soak")["runs"] if run["run"]["commit"].startswith("b92d07e")]
+    assert "b92d07e" in paragraph
     assert (short["seconds"], long["seconds"]) == (240.0, 480.0)
     for run, judged in ((short, "over the 0.5 GiB bound"), (long, "passed")):
         (soak,) = run["soaks"]
@@ -578,6 +578,28 @@ def test_the_five_engine_soaks_at_b92d07e_are_the_records_last_two_runs():
         growth = soak["memory_growth_gib"]["gpu 0"]
         assert f"{growth:g} GiB" in paragraph and judged in paragraph
         assert bool(soak["problems"]) == (growth > 0.5)
+
+
+def test_the_last_soak_paragraph_is_the_records_last_run():
+    """reliability.md's paragraph on the soak at the last session's final code quotes
+    gpu-soak.json's last run: its commit, every request answered OK, each instance's count,
+    and the memory it judged."""
+    section = (REPO_ROOT / "docs" / "reliability.md").read_text(encoding="utf-8")
+    last = record("gpu-soak/gpu-soak")["runs"][-1]
+    (soak,) = last["soaks"]
+    point, answered, growth = soak["point"], soak["answered"], soak["memory_growth_gib"]
+    start = section.index(f"**At {last['run']['commit'][:7]}**")
+    paragraph = " ".join(section[start : section.index("Record of the soaks", start)].split())
+    assert point["statuses"] == {"OK": point["sent"]} and len(answered) == 5 and not soak["problems"]
+    assert f"{soak['label']} for {soak['seconds']:.0f} s" in paragraph
+    assert f"answered {point['sent']:,} of {point['sent']:,} OK at concurrency {point['concurrency']}" in paragraph
+    assert f"({point['goodput_per_s']:.1f} a second)" in paragraph
+    assert f"the five instances {min(answered.values()):,.0f} to {max(answered.values()):,.0f} each" in paragraph
+    allocated = [v for k, v in growth.items() if k.startswith("allocated")]
+    reserved = [v for k, v in growth.items() if k.startswith("reserved")]
+    assert f"moved {min(allocated):+.3f} to {max(allocated):+.3f} GiB".replace("+-", "-") in paragraph
+    assert f"reserve {min(reserved):g} to {max(reserved):+.3f} GiB" in paragraph
+    assert f"the GPU's memory {growth['gpu 0']:+.3f} GiB, within the bound" in paragraph
 
 
 def test_the_blocking_waits_paragraph_is_its_record():
