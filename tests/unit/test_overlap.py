@@ -353,19 +353,38 @@ def speech():
 
 
 @pytest.mark.slow
-def test_a_failing_request_fails_alone_with_a_step_in_flight(speech):
+@pytest.mark.parametrize("run_steps", [1, 2])
+def test_a_failing_request_fails_alone_with_a_step_in_flight(speech, run_steps):
     """A step that raises while the one before it is in flight: the engine rewinds
     the rows (the step in flight abandoned), steps them one by one, and only the
-    request that fails alone gets the error."""
+    request that fails alone gets the error. The failing request is the fourth of three
+    slots: it joins mid-decode, as a slot frees. With runs, what is abandoned is a run."""
     _, config = model_for("default", torch.float32)
     tokenizer = load_tokenizer(config)
     windows = [(f, DecodingOptions()) for f in speech]
     clean = _engine_results(make_batch("default", 3, overlap=True), windows, tokenizer)
-    faulty_windows = windows[:2] + [(speech[2], DecodingOptions(prompt="boom"))] + windows[3:]
-    faulty = _engine_results(make_batch("default", 3, overlap=True, faults=FaultPlan(step_prompt="boom")), faulty_windows, tokenizer)
-    assert isinstance(faulty[2], InjectedFault)
-    for i in (0, 1, 3, 4):
+    faulty_windows = windows[:3] + [(speech[3], DecodingOptions(prompt="boom"))] + windows[4:]
+    batch = make_batch("default", 3, overlap=True, faults=FaultPlan(step_prompt="boom"), run_steps=run_steps)
+    abandoned = _abandoned_launches(batch)
+    faulty = _engine_results(batch, faulty_windows, tokenizer)
+    assert isinstance(faulty[3], InjectedFault)
+    for i in (0, 1, 2, 4):
         assert faulty[i].tokens == clean[i].tokens
+    assert batch.free_slots == 3 and not batch.rows
+    assert abandoned[0] == run_steps  # a step was in flight when the failing step raised; with runs, a run
+
+
+def _abandoned_launches(batch: DecodeBatch) -> list[int]:
+    """The steps of each launch in flight when `batch` rewound its rows, as they come."""
+    abandoned, rewind = [], batch.rewind
+
+    def rewinding(*args, **kwargs):
+        if batch._in_flight is not None:
+            abandoned.append(batch._in_flight.steps)
+        return rewind(*args, **kwargs)
+
+    batch.rewind = rewinding
+    return abandoned
 
 
 @pytest.mark.slow
@@ -417,6 +436,39 @@ def test_a_request_cancelled_with_a_step_in_flight_leaves_and_frees_its_slot(spe
     assert isinstance(outcomes[1], CancelledError)
     assert outcomes[0].tokens == clean[0].tokens and outcomes[2].tokens == clean[2].tokens
     assert batch.free_slots == 3 and not batch.rows
+
+
+@pytest.mark.slow
+def test_a_request_cancelled_with_a_run_in_flight_leaves_and_the_others_decode_as_without(speech):
+    """A request cancelled while a run of two steps holds its row: the row leaves, its slot
+    is freed (the run still writes there, ordered first), and the other requests, those
+    that waited for a slot among them, decode as they do without the cancel."""
+    _, config = model_for("default", torch.float32)
+    tokenizer = load_tokenizer(config)
+    windows = [(f, DecodingOptions(timestamps=True)) for f in speech]  # the rule facts matter
+    clean = _engine_results(make_batch("default", 3, overlap=True), windows, tokenizer)
+    assert len(clean[0].tokens) > 20  # it would go on well past each cancel below
+    held = []
+    for cancel_after in (4, 9):  # two moments: where the engine's launches fall depends on when requests join
+        batch = make_batch("default", 3, overlap=True, run_steps=2)
+        batch.drop = _noting_the_launch_in_flight(batch, batch.drop, held)
+        outcomes = _engine_results(batch, windows, tokenizer, cancel_after={0: cancel_after})
+        assert isinstance(outcomes[0], CancelledError)
+        assert [r.tokens for r in outcomes[1:]] == [r.tokens for r in clean[1:]]
+        assert batch.free_slots == 3 and not batch.rows
+    assert len(held) == 2 and 2 in held  # a run held the row as it left
+
+
+def _noting_the_launch_in_flight(batch: DecodeBatch, drop, held: list[int]):
+    """batch.drop, noting the steps of the launch in flight that holds the row as it leaves (0: none)."""
+
+    def dropping(tag):
+        in_flight = batch._in_flight
+        rows = {part.row for part in in_flight.parts} if in_flight else set()
+        held.append(in_flight.steps if any(row.tag is tag for row in rows) else 0)
+        return drop(tag)
+
+    return dropping
 
 
 def test_a_silent_window_is_answered_silent_before_any_token():
