@@ -191,8 +191,12 @@ fi
 
 # 4. Correctness.
 if has tests; then
-    later=10  # seconds kept for the phases after the tests: the benchmarks need most of the call
-    if has bench || has served-tiny || has served-large || has slow; then later=330; fi
+    # Seconds kept for the phases after the tests: the benchmarks need most of the call; else what
+    # the latency and slow phases took on an H200 with the kernels compiled (65 and 135 s), with room.
+    later=10
+    if has latency; then later=$((later + 80)); fi
+    if has slow; then later=$((later + 150)); fi
+    if has bench || has served-tiny || has served-large; then later=$((later > 330 ? later : 330)); fi
     say "tests (budget $(($(left) - later)) s)"
     if has scaling; then later=$((later > 300 ? later : 300)); fi
     timeout $(($(left) - later)) $PY -m pytest -q -s -p no:cacheprovider -m "${MARKS:-gpu and not slow}" ${TESTS:-tests/gpu tests/unit/test_step_kernels.py tests/unit/test_rule_table.py tests/unit/test_decoder_kernels.py}
