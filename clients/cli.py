@@ -156,7 +156,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     decoding.add_argument("--prompt", "--initial-prompt", "--initial_prompt", metavar="TEXT", help="text to condition the decoding on (names, spelling)")
     decoding.add_argument("--temperature", type=float, metavar="T", help="first sampling temperature (default: 0, greedy)")
-    decoding.add_argument("--temperature-increment", "--temperature_increment_on_fallback", type=float, metavar="T", help="added on each fallback (default: 0.2; 0: none)")
+    decoding.add_argument("--temperature-increment", "--temperature_increment_on_fallback", type=float, metavar="T", help="added on each fallback, up to 1.0, at most 11 temperatures a window (default: 0.2; 0: none)")
     decoding.add_argument("--beam-size", "--beam_size", type=int, metavar="N", help="beam search with N beams at temperature 0 (default: greedy)")
     decoding.add_argument("--best-of", "--best_of", type=int, metavar="N", help="above temperature 0, keep the best of N samples (default: 1)")
     decoding.add_argument("--seed", type=int, metavar="N", help="what the temperature fallback's draws follow (default: 0)")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -32,6 +33,10 @@ MAX_TEMPERATURE = 1.0
 DEFAULT_COMPRESSION_RATIO_THRESHOLD = 2.4
 DEFAULT_LOGPROB_THRESHOLD = -1.0
 DEFAULT_NO_SPEECH_THRESHOLD = 0.6
+# The temperatures a window may be decoded at, its first included: each is a whole decode
+# of up to 448 tokens, so a tiny increment would hold the engine on one window for hours
+# (openai-whisper's default ladder has 6; an increment of 0.1 from 0 gives 11).
+MAX_TEMPERATURES = 11
 # Each beam (or best_of sample) is a row of the engine's batch, with its own KV slot.
 MAX_BEAM_SIZE = 16
 
@@ -267,6 +272,14 @@ class TranscribeOptions:
             isinstance(increment, (int, float)) and 0.0 <= increment <= MAX_TEMPERATURE
         ):
             raise RequestError(f"temperature_increment must be from 0 to 1, got {increment!r}")
+        if (tried := self._fallbacks() + 1) > MAX_TEMPERATURES:  # counted, not listed: 1e-12 would list 10^12
+            first = self.decoding.temperature
+            smallest = math.ceil((MAX_TEMPERATURE - first) / (MAX_TEMPERATURES - 1) * 1000) / 1000
+            raise RequestError(
+                f"temperature_increment {increment!r} from temperature {first:g} tries "
+                f"{f'{tried:,}' if tried < 10**6 else 'over a million'} temperatures a "
+                f"window; at most {MAX_TEMPERATURES} are allowed (an increment of at least {smallest:g}, or 0 for none)"
+            )
         _check_threshold("compression_ratio_threshold", self.compression_ratio_threshold, low=0.0)
         _check_threshold("logprob_threshold", self.logprob_threshold)
         _check_threshold("no_speech_threshold", self.no_speech_threshold, low=0.0, high=1.0)
@@ -274,10 +287,15 @@ class TranscribeOptions:
     @property
     def temperatures(self) -> tuple[float, ...]:
         first = self.decoding.temperature
+        return tuple(round(first + i * self.temperature_increment, 6) for i in range(self._fallbacks() + 1))
+
+    def _fallbacks(self) -> int:
+        """How many hotter temperatures follow the first, up to 1.0."""
+        first = self.decoding.temperature
         if self.temperature_increment <= 0 or first >= MAX_TEMPERATURE:
-            return (first,)
-        steps = math.floor((MAX_TEMPERATURE - first) / self.temperature_increment + 1e-6)
-        return tuple(round(first + i * self.temperature_increment, 6) for i in range(steps + 1))
+            return 0
+        steps = (MAX_TEMPERATURE - first) / self.temperature_increment + 1e-6
+        return math.floor(steps) if math.isfinite(steps) else sys.maxsize  # a subnormal increment: infinitely many
 
 
 def _check_threshold(name: str, value: float | None, low: float = -math.inf, high: float = math.inf) -> None:

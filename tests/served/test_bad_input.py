@@ -106,6 +106,8 @@ BAD = {
     "wrong-shape": (Request(np.array([[JFK_WAV, JFK_WAV]], dtype=np.object_)), "unexpected shape for input 'AUDIO'"),
     "unknown-language": (Request(JFK_WAV, {"language": "zz"}), "'zz'"),
     "prompt-too-long": (Request(JFK_WAV, {"prompt": LONG_PROMPT}), f"the model allows at most {MAX_PROMPT_TOKENS}"),
+    # Each fallback temperature is a whole decode: 1,001 of them held the engine for minutes, and on after the client left.
+    "fallback-ladder-too-long": (Request(JFK_WAV, {"temperature_increment": 0.001}), "at most 11 are allowed"),
     "pcm-ragged": (
         Request(b"\0" * 7, {"input_format": "pcm_f32le", "sample_rate": 16000}),
         "raw PCM is 7 bytes, not a multiple of 4",

@@ -4,6 +4,7 @@ import math
 
 import pytest
 
+from python_backend_lib.core.errors import RequestError
 from python_backend_lib.core.languages import LANGUAGE_CODES, LANGUAGE_NAMES, language_code, language_name
 from python_backend_lib.core.options import DecodingOptions, Task, TranscribeOptions
 from python_backend_lib.core.segments import Segment, Word
@@ -194,3 +195,13 @@ def test_every_whisper_language_has_an_english_name():
 def test_temperature_ladder_stops_at_one():
     assert TranscribeOptions(decoding=DecodingOptions(temperature=0.3)).temperatures == (0.3, 0.5, 0.7, 0.9)
     assert TranscribeOptions(temperature_increment=0.5).temperatures == (0.0, 0.5, 1.0)
+
+
+def test_the_temperature_ladder_is_at_most_eleven_long():
+    """Each temperature is a whole decode of a window: an increment of 0.1 from 0 is the
+    longest ladder taken, 0.09 is refused (its check counts, never lists, the ladder)."""
+    assert len(TranscribeOptions(temperature_increment=0.1).temperatures) == 11
+    assert TranscribeOptions(decoding=DecodingOptions(temperature=0.5), temperature_increment=0.05).temperatures[-1] == 1.0
+    for increment in (0.09, 1e-12):
+        with pytest.raises(RequestError, match="at most 11 are allowed"):
+            TranscribeOptions(temperature_increment=increment)
