@@ -365,26 +365,13 @@ def test_a_failing_request_fails_alone_with_a_step_in_flight(speech, run_steps):
     clean = _engine_results(make_batch("default", 3, overlap=True), windows, tokenizer)
     faulty_windows = windows[:3] + [(speech[3], DecodingOptions(prompt="boom"))] + windows[4:]
     batch = make_batch("default", 3, overlap=True, faults=FaultPlan(step_prompt="boom"), run_steps=run_steps)
-    abandoned = _abandoned_launches(batch)
+    abandoned = _noting_the_launch_in_flight(batch, "rewind", lambda in_flight, saved: in_flight and in_flight.steps)
     faulty = _engine_results(batch, faulty_windows, tokenizer)
     assert isinstance(faulty[3], InjectedFault)
     for i in (0, 1, 2, 4):
         assert faulty[i].tokens == clean[i].tokens
     assert batch.free_slots == 3 and not batch.rows
     assert abandoned[0] == run_steps  # a step was in flight when the failing step raised; with runs, a run
-
-
-def _abandoned_launches(batch: DecodeBatch) -> list[int]:
-    """The steps of each launch in flight when `batch` rewound its rows, as they come."""
-    abandoned, rewind = [], batch.rewind
-
-    def rewinding(*args, **kwargs):
-        if batch._in_flight is not None:
-            abandoned.append(batch._in_flight.steps)
-        return rewind(*args, **kwargs)
-
-    batch.rewind = rewinding
-    return abandoned
 
 
 @pytest.mark.slow
@@ -451,24 +438,32 @@ def test_a_request_cancelled_with_a_run_in_flight_leaves_and_the_others_decode_a
     held = []
     for cancel_after in (4, 9):  # two moments: where the engine's launches fall depends on when requests join
         batch = make_batch("default", 3, overlap=True, run_steps=2)
-        batch.drop = _noting_the_launch_in_flight(batch, batch.drop, held)
+        noted = _noting_the_launch_in_flight(batch, "drop", _steps_holding)
         outcomes = _engine_results(batch, windows, tokenizer, cancel_after={0: cancel_after})
         assert isinstance(outcomes[0], CancelledError)
         assert [r.tokens for r in outcomes[1:]] == [r.tokens for r in clean[1:]]
         assert batch.free_slots == 3 and not batch.rows
+        held += noted
     assert len(held) == 2 and 2 in held  # a run held the row as it left
 
 
-def _noting_the_launch_in_flight(batch: DecodeBatch, drop, held: list[int]):
-    """batch.drop, noting the steps of the launch in flight that holds the row as it leaves (0: none)."""
+def _noting_the_launch_in_flight(batch: DecodeBatch, method: str, note) -> list:
+    """Wrap `batch.<method>` so that each call first notes `note(the launch in flight or None,
+    *arguments)`, unless that is None; returns the list the notes go to, filled as calls come."""
+    notes, original = [], getattr(batch, method)
 
-    def dropping(tag):
-        in_flight = batch._in_flight
-        rows = {part.row for part in in_flight.parts} if in_flight else set()
-        held.append(in_flight.steps if any(row.tag is tag for row in rows) else 0)
-        return drop(tag)
+    def noting(*args):
+        if (noted := note(batch._in_flight, *args)) is not None:
+            notes.append(noted)
+        return original(*args)
 
-    return dropping
+    setattr(batch, method, noting)
+    return notes
+
+
+def _steps_holding(in_flight, tag) -> int:
+    """The steps of the launch in flight if it holds a row of request `tag` (0: none does)."""
+    return in_flight.steps if in_flight and any(part.row.tag is tag for part in in_flight.parts) else 0
 
 
 def test_a_silent_window_is_answered_silent_before_any_token():
