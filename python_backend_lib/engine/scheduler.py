@@ -1,9 +1,10 @@
 """Continuous batching: one thread owns the model and decodes every request.
 
 Callers `submit` a window's features with its options and a callback, from any
-thread. Between two decoder steps the engine thread admits waiting requests
-(encoding them together), drops cancelled ones (running or still waiting for a
-slot) and answers finished ones, so requests join and leave the running batch
+thread; the windows submitted in one `together` block reach the engine at once.
+Between two decoder steps the engine thread admits waiting requests (encoding them
+together), drops cancelled ones (running or still waiting for a slot) and answers
+finished ones, so requests join and leave the running batch
 without waiting for each other. A pass encoding only requests cancelled
 meanwhile stops at the next encoder layer.
 
@@ -32,6 +33,7 @@ import queue
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from concurrent.futures import CancelledError
 from dataclasses import dataclass, field
 from typing import Callable
@@ -46,6 +48,7 @@ from python_backend_lib.devices.host_memory import IDLE_RELEASE_S, release_free_
 from python_backend_lib.devices.placement import on_device
 from python_backend_lib.engine.batch import DecodeBatch, Finished, StepFailed
 from python_backend_lib.engine.beams import admissible, rows_needed, with_beam_mates
+from python_backend_lib.engine.inbox import Inbox
 from python_backend_lib.engine.model import EncodingStopped
 from python_backend_lib.engine.prompt import initial_tokens
 from python_backend_lib.engine.rows import Admission, RowState, SegmentListener
@@ -124,8 +127,8 @@ class Engine:
         self.config = config
         self.tokenizer = tokenizer
         self.options = options
-        self._waiting: queue.SimpleQueue[Admission | None] = queue.SimpleQueue()
-        self._pending: list[Admission] = []  # taken off `_waiting`, not yet admitted
+        self._inbox = Inbox()  # submitted, one window or one `together` block's at a time
+        self._pending: list[Admission] = []  # taken from the inbox, not yet admitted
         self.stats = EngineStats()
         self._closing = False
         self._unhealthy: str | None = None  # why the engine gave up
@@ -186,14 +189,43 @@ class Engine:
             _Job(on_done, is_cancelled), features, options, prompt, content_frames, keep_audio, live, on_segment
         )
         with self._lock:
-            if self._closing:
-                raise EngineUnavailable("the engine is shut down")
-            if self._unhealthy is not None:
-                raise EngineUnavailable(f"the engine is unhealthy and refuses new work: {self._unhealthy}")
+            if (refusal := self._refusal()) is not None:
+                raise refusal
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="whisper-engine", daemon=True)
                 self._thread.start()
-            self._waiting.put(admission)
+            if not self._inbox.hold(admission):
+                self._inbox.put([admission])
+
+    @contextlib.contextmanager
+    def together(self) -> Iterator[None]:
+        """Hand the engine the windows this thread submits in the block at once, as it
+        ends: an idle engine would otherwise take the first alone, and the rest a step
+        later, in an encoder pass of their own. Nothing in the block may wait for
+        them. Where the engine shut down or gave up meanwhile, each gets EngineUnavailable."""
+        group = None
+        try:
+            with self._inbox.gathering() as group:
+                yield
+        finally:
+            if group:
+                with self._lock:
+                    refusal = self._refusal()
+                    if refusal is None:
+                        self._inbox.put(group)
+                for admission in group if refusal is not None else ():
+                    try:
+                        admission.tag.on_done(refusal)
+                    except Exception:
+                        log.exception("a result callback raised")
+
+    def _refusal(self) -> EngineUnavailable | None:
+        """Why new windows are refused now, if they are (under `_lock`)."""
+        if self._closing:
+            return EngineUnavailable("the engine is shut down")
+        if self._unhealthy is not None:
+            return EngineUnavailable(f"the engine is unhealthy and refuses new work: {self._unhealthy}")
+        return None
 
     @property
     def slots(self) -> int:
@@ -208,7 +240,7 @@ class Engine:
     @property
     def waiting(self) -> int:
         """Windows submitted and not yet in the batch (approximate from other threads)."""
-        return self._waiting.qsize() + len(self._pending)
+        return self._inbox.waiting + len(self._pending)
 
     @property
     def healthy(self) -> bool:
@@ -219,7 +251,7 @@ class Engine:
         """Finish the windows already submitted, then stop the thread."""
         with self._lock:
             self._closing = True
-            self._waiting.put(None)
+            self._inbox.put(None)
             thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)
@@ -273,25 +305,25 @@ class Engine:
                 if item is None:
                     stop = True
                 else:
-                    self.stats.submitted += 1
-                    pending.append(item)
-                item = self._waiting.get_nowait()
+                    self.stats.submitted += len(item)
+                    pending += item
+                item = self._inbox.take()
         except queue.Empty:
             pass
         pending.sort(key=lambda admission: not admission.live)  # stable: live first, FIFO within each
         return stop or self._closing
 
-    def _next(self, block: bool) -> Admission | None:
+    def _next(self, block: bool) -> list[Admission] | None:
         """The next submitted item (queue.Empty if none and not `block`). Idle for
         IDLE_RELEASE_S, the engine gives the memory its windows freed back to the system
         first: otherwise the process keeps the peak of its last burst."""
         if not block:
-            return self._waiting.get_nowait()
+            return self._inbox.take()
         try:
-            return self._waiting.get(timeout=IDLE_RELEASE_S)
+            return self._inbox.take(block=True, timeout=IDLE_RELEASE_S)
         except queue.Empty:
             self.stats.memory_releases += release_free_memory()
-            return self._waiting.get()
+            return self._inbox.take(block=True)
 
     def _admit(self, pending: list[Admission]) -> None:
         if not self.batch.accepting:  # the side stream holds enough to encode (`side_encoding`)
@@ -429,11 +461,13 @@ class Engine:
         refusal = EngineUnavailable(f"the engine is unhealthy and refuses new work: {self._unhealthy}")
         while True:
             try:
-                item = self._waiting.get_nowait()
+                item = self._inbox.take()
             except queue.Empty:
                 return
             if item is not None:
-                self._answer(item.tag, refusal)
+                self.stats.submitted += len(item)
+                for admission in item:
+                    self._answer(admission.tag, refusal)
 
     def _deliver(self, finished: list[Finished]) -> None:
         try:

@@ -199,6 +199,10 @@ class WhisperService:
             for item in admitted:
                 self._finished(item.pending, error)
             return
+        with self.pipeline.engine.together():  # the call's requests encode in one pass
+            self._start_each(admitted, features)
+
+    def _start_each(self, admitted: list[_Checked], features: list[torch.Tensor]) -> None:
         for item, log_mel in zip(admitted, features):
             try:
                 item.pending.watch = self.watcher.watch(item.request.is_cancelled, item.parameters.request_id)

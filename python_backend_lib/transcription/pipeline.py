@@ -228,10 +228,12 @@ class Pipeline:
             options = [options] * len(recordings)
         waveforms = [decode_audio(r) if isinstance(r, (bytes, bytearray)) else r for r in recordings]
         futures = []
-        for waveform, features, recording_options in zip(waveforms, self.features(waveforms), options):
-            future: Future[Transcript] = Future()
-            self.start(features, len(waveform), recording_options, _settle(future, self.assemble))
-            futures.append(future)
+        features = self.features(waveforms)
+        with self.engine.together():  # their first windows encode in one pass, not the first alone
+            for waveform, recording_features, recording_options in zip(waveforms, features, options):
+                future: Future[Transcript] = Future()
+                self.start(recording_features, len(waveform), recording_options, _settle(future, self.assemble))
+                futures.append(future)
         return [f.result() for f in futures]
 
     def close(self) -> None:

@@ -277,15 +277,39 @@ def test_an_engine_that_keeps_failing_gives_up_and_refuses_at_once():
 def test_close_with_a_window_decoding_answers_it_and_ends_the_engine_thread():
     """close() while a window decodes: the engine finishes it, then its thread ends. (It
     took close()'s marker on a collect while the window was decoding, then waited for
-    another once idle, and close() gave up on the thread after its timeout.)"""
+    another once idle, and close() gave up on the thread after its timeout.) A window
+    submitted in a `together` block that the close came in is refused as the block ends:
+    the engine thread is gone, and nothing else would answer it."""
     pipeline = Pipeline.load("default", device="cpu", setup=EngineSetup(slots=SLOTS))
     feature = window_features(decode_audio(clips()[0].read())[: geometry.N_SAMPLES], pipeline.n_mels)
     decoding = _submit(pipeline, feature, DecodingOptions(min_new_tokens=20, max_new_tokens=20))
     while pipeline.engine.turns < 2:  # admitted and stepping: close()'s marker comes mid-decode
         time.sleep(0.001)
-    pipeline.engine.close(timeout=20.0)
+    with pipeline.engine.together():
+        held = _submit(pipeline, feature, DecodingOptions())
+        pipeline.engine.close(timeout=20.0)
     assert len(decoding.result(timeout=0).tokens) == 20
     assert not pipeline.engine.thread.is_alive()
+    with pytest.raises(EngineUnavailable, match="shut down"):
+        held.result(timeout=0)
+
+
+def test_windows_submitted_together_reach_an_idle_engine_as_one(pipe, features, monkeypatch):
+    """An idle engine takes the first window handed to it at once; the windows of one
+    `together` block come as one, encoded in one pass however slowly they were
+    submitted (each one's wait counted), and decode as they do alone."""
+    solo = [_submit(pipe, f, DecodingOptions()).result().tokens for f in features[:3]]
+    passes = []
+    admit = pipe.engine.batch.admit
+    monkeypatch.setattr(pipe.engine.batch, "admit", lambda admissions, stop: passes.append(len(admissions)) or admit(admissions, stop))
+    with pipe.engine.together():
+        together = []
+        for f in features[:3]:
+            together.append(_submit(pipe, f, DecodingOptions()))
+            time.sleep(0.1)  # an engine handed this window would have taken it by now
+        assert pipe.engine.waiting == 0
+    assert [f.result(timeout=60).tokens for f in together] == solo
+    assert passes == [3] and pipe.engine.waiting == 0
 
 
 def test_a_stuck_step_stops_the_turns_and_a_stalled_engine_refuses_at_once():
