@@ -30,6 +30,10 @@ raises TranscriptionError "cancelled"):
     request_id = new_request_id()
     client.transcribe_document("talk.mp3", request_id=request_id)   # in one thread
     WhisperClient("localhost:8000").cancel(request_id)              # in another
+
+A client with a timeout (`timeout_s`) gives its requests ids of their own, and a request
+left unanswered past it is cancelled that way before the call raises TimedOut: Triton
+2.51 does not stop a running ensemble step when its client gives up.
 """
 
 from __future__ import annotations
@@ -58,6 +62,10 @@ class TranscriptionError(RuntimeError):
 
 class ServerUnreachable(TranscriptionError):
     """No answer came from the server: the message names the likely cause and the fix."""
+
+
+class TimedOut(TranscriptionError):
+    """No answer within the client's timeout; the message says whether the server was told to stop."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +123,15 @@ def new_request_id() -> str:
     return str(uuid.uuid4())
 
 
+def is_timeout(error: BaseException) -> bool:
+    """Whether tritonclient raised `error` because the caller's timeout passed: gRPC's
+    deadline, or HTTP's socket timeout (which may also mean the server never took the
+    connection)."""
+    if isinstance(error, InferenceServerException):
+        return str(error.status() or "").endswith("DEADLINE_EXCEEDED")
+    return isinstance(error, TimeoutError)
+
+
 class WhisperClient:
     """Send audio to a whisper-triton server and get the transcript back."""
 
@@ -134,6 +151,7 @@ class WhisperClient:
         self.protocol = self.address.protocol
         self.url = self.address.location
         self.model = model
+        self.timeout_s = timeout_s
         self._infer_arguments: dict[str, float] = {}
         if self.protocol is Protocol.HTTP:
             import tritonclient.http as triton
@@ -236,6 +254,8 @@ class WhisperClient:
                 result, error = responses.get()
                 if error is not None:  # Triton's last word on the request
                     finished = True
+                    if is_timeout(error):
+                        raise self._timed_out(str(options["request_id"]))
                     raise self._failure(error)
                 response = result.get_response()
                 outputs = TranscriptOutputs(*(_text(result, n) for n in TRANSCRIPT_OUTPUTS)) if response.outputs else None
@@ -274,7 +294,12 @@ class WhisperClient:
         return tensor
 
     def _call(self, model: str, inputs: list, outputs: tuple[str, ...], options: dict[str, object]):
-        """One request to `model`; TranscriptionError (ServerUnreachable without an answer) when it fails."""
+        """One request to `model`; TranscriptionError (ServerUnreachable without an answer,
+        TimedOut without one in time) when it fails. With a timeout, a request that
+        decodes carries an id, by which it is cancelled once the timeout passes."""
+        decodes = model in (self.model, tensor_names.WHISPER_NAME) and CANCEL_KEY not in options
+        if self.timeout_s is not None and decodes and "request_id" not in options:
+            options = {**options, "request_id": new_request_id()}
         try:
             return self._client.infer(
                 model,
@@ -284,7 +309,21 @@ class WhisperClient:
                 **self._infer_arguments,
             )
         except (InferenceServerException, OSError, http.client.HTTPException) as error:
+            if is_timeout(error):
+                raise self._timed_out(str(options["request_id"]) if "request_id" in options else None) from None
             raise self._failure(error) from None
+
+    def _timed_out(self, request_id: str | None) -> TimedOut:
+        """The error of a request left unanswered past the timeout, cancelled on the server
+        first when it has an id (a cancel that fails is said, not raised)."""
+        message = f"no answer from the server at {self.address} within this client's timeout of {self.timeout_s:g} s"
+        if request_id is None:
+            return TimedOut(message)
+        try:
+            self.cancel(request_id)
+        except TranscriptionError as error:
+            return TimedOut(f"{message}; cancelling it on the server failed too: {error}")
+        return TimedOut(f"{message}; cancelled on the server (request_id {request_id})")
 
     def _failure(self, error: Exception) -> TranscriptionError:
         """A failed request's error as this client raises it."""

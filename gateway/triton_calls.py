@@ -6,7 +6,9 @@ carries an id of its own (request parameter `request_id`): when its HTTP client
 goes away, the gateway sends the `whisper` model a cancel naming it (Triton
 2.51 passes no cancel into a running ensemble step, server#6739) and reads the
 server's answers to the end, rather than closing a gRPC call that Triton still
-runs (server#7368). Imported when the app is made: tritonclient is slow to import.
+runs (server#7368). A call left unanswered past the gateway's `--timeout` is cancelled
+the same way: its gRPC deadline alone would leave Triton decoding it. Imported when
+the app is made: tritonclient is slow to import.
 """
 
 from __future__ import annotations
@@ -16,11 +18,12 @@ import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
+import grpc
 import numpy as np
 import tritonclient.grpc.aio as triton
 from tritonclient.utils import InferenceServerException
 
-from clients.api import CANCEL_INPUTS, new_request_id
+from clients.api import CANCEL_INPUTS, is_timeout, new_request_id
 from clients.connection import ServerAddress
 from gateway.openai_errors import error_from_triton
 from gateway.transcript_events import StreamedReply, replies_of
@@ -57,6 +60,8 @@ class TritonCalls:
         try:
             result = await call
         except InferenceServerException as error:
+            if is_timeout(error):
+                await self.cancel(request_id)
             raise error_from_triton(error, self.address) from None
         return result.as_numpy(tensor_names.FORMATTED).reshape(-1)[0].decode("utf-8")
 
@@ -76,10 +81,28 @@ class TritonCalls:
         async def requests() -> AsyncIterator[dict[str, Any]]:
             yield request
 
-        replies = replies_of(self.client.stream_infer(requests(), stream_timeout=self.timeout_s), self.address)
+        answers = self.client.stream_infer(requests(), stream_timeout=self.timeout_s)
+        replies = replies_of(self._cancel_past_timeout(answers, request_id), self.address)
         first = asyncio.ensure_future(replies.__anext__())
         await self.cancel_if_abandoned(http_request, first, request_id)
         return await first, replies, request_id
+
+    async def _cancel_past_timeout(
+        self, answers: AsyncIterator[tuple[Any, Any]], request_id: str
+    ) -> AsyncIterator[tuple[Any, Any]]:
+        """The stream's (result, error) pairs; the request cancelled first when its timeout
+        ends it. The aio client raises gRPC's own error for a stream's deadline, where it
+        hands over other errors: it comes here as the pair it should have been."""
+        try:
+            async for result, error in answers:
+                if error is not None and is_timeout(error):
+                    await self.cancel(request_id)
+                yield result, error
+        except grpc.RpcError as raised:
+            error = InferenceServerException(msg=raised.details(), status=str(raised.code()))
+            if is_timeout(error):
+                await self.cancel(request_id)
+            yield None, error
 
     def abandon(self, request_id: str, replies: AsyncIterator[StreamedReply]) -> None:
         """A stream whose HTTP client left: cancel it and read it to its end, in a task of its

@@ -15,15 +15,18 @@ import socket
 import subprocess
 import time
 import urllib.parse
+import urllib.request
 
 import numpy as np
+import openai
 import pytest
 import soundfile
 import tritonclient.grpc
 from conftest import launch_server, whisper_triton_command
-from test_faults import JFK, is_ready, settled, transcribe, wait_for
+from test_faults import JFK, STREAM_ENGINE, is_ready, settled, transcribe, wait_for
+from test_gateway import start_gateway
 
-from clients.api import TranscriptionError, WhisperClient, new_request_id
+from clients.api import TimedOut, TranscriptionError, WhisperClient, new_request_id
 from python_backend_lib.audio.decode import decode_audio
 from python_backend_lib.contract import tensor_names
 from python_backend_lib.core import geometry
@@ -181,3 +184,64 @@ def test_a_gateway_client_that_hangs_up_has_its_transcription_cancelled(server, 
     print(f"freed {time.monotonic() - hung_up_at:.2f} s after the client hung up")
     assert freed[CANCELLED] == before[CANCELLED] + 1
     assert freed["whisper_requests_in_flight"] == freed["whisper_running_batch_size"] == 0
+
+
+# A client's timeout: far shorter than the two minutes of audio take to decode on the CPU.
+CLIENT_TIMEOUT_S = 1.0
+
+
+def cancelled(server, streamed: bool) -> float:
+    """The requests answered as cancelled by the whisper engine, or by the streamed path's."""
+    if not streamed:
+        return settled(server)[CANCELLED]
+    settled(server)
+    with urllib.request.urlopen(server.metrics_url, timeout=10) as reply:
+        lines = reply.read().decode().splitlines()
+    (line,) = [ln for ln in lines if ln.startswith("whisper_requests_total{") and STREAM_ENGINE in ln
+               and 'outcome="cancelled"' in ln]
+    return float(line.rpartition(" ")[2])
+
+
+@pytest.mark.parametrize("call", ["http", "grpc", "grpc-stream"])
+def test_a_request_past_the_clients_timeout_is_cancelled_on_the_server(server, tmp_path, call):
+    """Triton 2.51 decodes on when a client's timeout passes (its gRPC deadline, its HTTP
+    socket's): WhisperClient with a timeout gives each request an id and, past the
+    timeout, cancels it by that id, so the engine drops it and counts it cancelled; the
+    call raises TimedOut saying so, not that the server was unreachable."""
+    streamed = call == "grpc-stream"  # the streamed path's own engine
+    before = cancelled(server, streamed)
+    url = server.http_url if call == "http" else f"grpc://{server.grpc_url}"
+    audio = long_wav(tmp_path, 2)
+    with WhisperClient(url, timeout_s=CLIENT_TIMEOUT_S) as client, pytest.raises(TimedOut) as caught:
+        if streamed:
+            list(client.stream(audio))
+        else:
+            client.transcribe(audio)
+    assert f"within this client's timeout of {CLIENT_TIMEOUT_S:g} s; cancelled on the server" in str(caught.value)
+    assert cancelled(server, streamed) == before + 1
+    assert settled(server)["whisper_requests_in_flight"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+def test_a_transcription_past_the_gateways_timeout_is_a_504_and_cancelled_on_the_server(server, tmp_path, stream):
+    """The gateway's `--timeout` to Triton: past it, the OpenAI client gets a 504 (streamed,
+    an error event saying so: the aio client raised gRPC's own error for the stream's
+    deadline, which broke the response off), and the gateway cancels the request by its
+    id, so the server does not decode on."""
+    process, base_url = start_gateway(server.grpc_url, tmp_path, [f"--timeout={CLIENT_TIMEOUT_S:g}"])
+    before = cancelled(server, stream)
+    try:
+        with openai.OpenAI(base_url=base_url, api_key="unused", max_retries=0) as client:
+            with pytest.raises(openai.APIError) as caught:
+                events = client.audio.transcriptions.create(
+                    model="whisper-1", file=long_wav(tmp_path, 2).open("rb"), stream=stream
+                )
+                if stream:
+                    list(events)
+            assert caught.value.body["code"] == "timeout", caught.value.body
+            assert stream or isinstance(caught.value, openai.APIStatusError) and caught.value.status_code == 504
+        assert cancelled(server, stream) == before + 1
+        assert settled(server)["whisper_requests_in_flight"] == 0
+    finally:
+        process.terminate()
+        assert process.wait(timeout=60) == 0
