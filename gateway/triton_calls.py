@@ -90,19 +90,11 @@ class TritonCalls:
     async def _cancel_past_timeout(
         self, answers: AsyncIterator[tuple[Any, Any]], request_id: str
     ) -> AsyncIterator[tuple[Any, Any]]:
-        """The stream's (result, error) pairs; the request cancelled first when its timeout
-        ends it. The aio client raises gRPC's own error for a stream's deadline, where it
-        hands over other errors: it comes here as the pair it should have been."""
-        try:
-            async for result, error in answers:
-                if error is not None and is_timeout(error):
-                    await self.cancel(request_id)
-                yield result, error
-        except grpc.RpcError as raised:
-            error = InferenceServerException(msg=raised.details(), status=str(raised.code()))
-            if is_timeout(error):
+        """The stream's (result, error) pairs; the request cancelled first when its timeout ends it."""
+        async for result, error in _as_pairs(answers):
+            if error is not None and is_timeout(error):
                 await self.cancel(request_id)
-            yield None, error
+            yield result, error
 
     def abandon(self, request_id: str, replies: AsyncIterator[StreamedReply]) -> None:
         """A stream whose HTTP client left: cancel it and read it to its end, in a task of its
@@ -139,6 +131,17 @@ class TritonCalls:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+async def _as_pairs(answers: AsyncIterator[tuple[Any, Any]]) -> AsyncIterator[tuple[Any, Any]]:
+    """The aio client's (result, error) pairs of a stream. It raises gRPC's own error for
+    the stream's deadline, where it hands over other errors: that one comes as the last
+    pair, as it should have."""
+    try:
+        async for pair in answers:
+            yield pair
+    except grpc.RpcError as raised:
+        yield None, InferenceServerException(msg=raised.details(), status=str(raised.code()))
 
 
 def _audio_tensor(audio: bytes) -> Any:

@@ -457,17 +457,15 @@ class Engine:
         """Mark the engine unhealthy and refuse whatever still arrives."""
         with self._lock:
             self._unhealthy = f"{type(error).__name__}: {error}"
+            refusal = self._refusal()
         log.error("the engine failed %d times in a row and gives up: %s", MAX_CONSECUTIVE_RESTARTS, self._unhealthy)
-        refusal = EngineUnavailable(f"the engine is unhealthy and refuses new work: {self._unhealthy}")
         while True:
             try:
                 item = self._inbox.take()
             except queue.Empty:
                 return
-            if item is not None:
-                self.stats.submitted += len(item)
-                for admission in item:
-                    self._answer(admission.tag, refusal)
+            for admission in item or ():
+                self._answer(admission.tag, refusal)
 
     def _deliver(self, finished: list[Finished]) -> None:
         try:
